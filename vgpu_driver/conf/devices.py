@@ -1,0 +1,94 @@
+"""``[devices]`` and the per-type ``[mdev_<type>]`` groups, as nova reads them."""
+
+from oslo_config import cfg
+
+devices_group = cfg.OptGroup(
+    "devices",
+    title="Mediated device types",
+    help="Which mediated device (mdev) types this host offers to guests.")
+
+MDEV_CLASS_PATTERN = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
+
+devices_opts = [
+    cfg.ListOpt(
+        "enabled_mdev_types",
+        default=[],
+        deprecated_name="enabled_vgpu_types",
+        help="""
+The mdev type ids (as listed under
+``<sysfs>/class/mdev_bus/*/mdev_supported_types``, e.g. ``nvidia-35``) that
+guests can be given on this host.
+
+A physical GPU hosts one type at a time.  With several types, give each one a
+``[mdev_<type>]`` group whose ``device_addresses`` names the GPUs that serve
+it.  At most one type may omit ``device_addresses``: it serves every GPU not
+listed elsewhere.  Run ``vgpu-manage types`` to see what the host offers and
+``vgpu-manage config check`` to validate the result.
+"""),
+]
+
+
+def mdev_type_opts(type_id):
+    """The options of one ``[mdev_<type>]`` group."""
+    return [
+        cfg.ListOpt(
+            "device_addresses",
+            default=[],
+            deprecated_group=f"vgpu_{type_id}",
+            help=f"""
+Physical GPUs that serve type ``{type_id}``: PCI addresses of physical
+functions (``0000:84:00.0``), or, for boards with SR-IOV, of any of their
+virtual functions (the whole GPU then serves the type).  Kernel sample
+devices are named ``<class>_<device>`` (``mtty_mtty``).  An address may appear
+under one type only.  Empty means every GPU not listed under another type.
+"""),
+        cfg.StrOpt(
+            "mdev_class",
+            default="VGPU",
+            regex=MDEV_CLASS_PATTERN,
+            max_length=255,
+            help=f"""
+Placement resource class of the inventory reported for GPUs serving
+``{type_id}``: ``VGPU`` or a custom class ``CUSTOM_[A-Z0-9_]+``.  Flavors ask
+for it with ``resources:<class>=1``.
+"""),
+        cfg.IntOpt(
+            "max_instances",
+            min=1,
+            help=f"""
+Most mdevs of type ``{type_id}`` this host may hand out, over all its GPUs.
+Unset means as many as the GPUs can host.  GPUs are filled in PCI address
+order and capped partially; a GPU left without capacity keeps its provider
+with all of it reserved.  Each GPU's own limit (``max_instance`` in the
+type's description, free VFs on SR-IOV boards) always applies.
+"""),
+    ]
+
+
+def group_name(type_id):
+    return f"mdev_{type_id}"
+
+
+def register_opts(conf):
+    conf.register_group(devices_group)
+    conf.register_opts(devices_opts, group=devices_group)
+
+
+def register_dynamic_opts(conf):
+    for type_id in conf.devices.enabled_mdev_types:
+        name = group_name(type_id)
+        conf.register_group(cfg.OptGroup(name, title=f"mdev type {type_id}"))
+        conf.register_opts(mdev_type_opts(type_id), group=name)
+
+
+def template_group():
+    """A documented stand-in for the dynamic groups, for the sample config."""
+    group = cfg.OptGroup(
+        "mdev_<type>",
+        title="Per-type settings (template)",
+        help="""
+Template: one such group per type listed in ``[devices]/enabled_mdev_types``,
+named after it, for example ``[mdev_nvidia-35]``.  These groups are read only
+for enabled types.
+""")
+    return group, mdev_type_opts("<type>")

@@ -1,0 +1,166 @@
+"""The validated view of ``[devices]`` and ``[mdev_<type>]``.
+
+:func:`load` reads the options once, collects every problem with the option
+and value that caused it, and returns an immutable :class:`MdevConfig`.
+Errors make :func:`from_conf` raise (nova-compute must not start on them);
+warnings are logged and shown by ``vgpu-manage config check``.
+"""
+
+import dataclasses
+from types import MappingProxyType
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from vgpu_driver import exception
+from vgpu_driver import names
+from vgpu_driver.conf import devices
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TypeConfig:
+    type_id: str
+    device_addresses: tuple[str, ...] = ()
+    mdev_class: str = "VGPU"
+    max_instances: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MdevConfig:
+    """Which type each device serves, and each type's settings."""
+
+    types: tuple[TypeConfig, ...] = ()
+    default_type: str | None = None
+    by_address: MappingProxyType = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
+
+    def type_config(self, type_id):
+        for type_config in self.types:
+            if type_config.type_id == type_id:
+                return type_config
+        return None
+
+    def types_for(self, addresses):
+        """The distinct types the config assigns to any of ``addresses``."""
+        return sorted({self.by_address[a] for a in addresses if a in self.by_address})
+
+    @property
+    def enabled(self):
+        return tuple(t.type_id for t in self.types)
+
+
+def _option(group, name):
+    return f"[{group}] {name}"
+
+
+def _read(conf, group, name, problems):
+    """An option's value, or None with a problem when oslo.config rejects it."""
+    try:
+        return conf[group][name]
+    except (cfg.ConfigFileValueError, ValueError) as exc:
+        value = getattr(exc, "value", None)
+        reason = str(exc).rsplit("is not valid: ", 1)[-1]
+        problems.append(exception.ConfigProblem(_option(group, name), value, reason))
+        return None
+
+
+def _raw_value(conf, group, name):
+    """The text as written, for problem reports (oslo hides it on errors)."""
+    try:
+        value, _loc = conf._namespace._get_file_value([(group, name)])
+        return value[-1] if isinstance(value, list) else value
+    except Exception:  # noqa: BLE001 - best effort, reporting only
+        return None
+
+
+def _enabled_types(conf, problems):
+    enabled = []
+    for type_id in conf.devices.enabled_mdev_types:
+        try:
+            names.check_type_id(type_id)
+        except exception.InvalidSysfsName:
+            problems.append(exception.ConfigProblem(
+                _option("devices", "enabled_mdev_types"), type_id,
+                "not an mdev type id (see 'vgpu-manage types')"))
+            continue
+        if type_id in enabled:
+            problems.append(exception.ConfigProblem(
+                _option("devices", "enabled_mdev_types"), type_id,
+                "listed twice; the second entry is ignored", "warning"))
+            continue
+        enabled.append(type_id)
+    return enabled
+
+
+def _type_config(conf, type_id, problems):
+    group = devices.group_name(type_id)
+    addresses = []
+    for raw in _read(conf, group, "device_addresses", problems) or []:
+        try:
+            address = names.parse_device_address(raw)
+        except exception.InvalidSysfsName:
+            problems.append(exception.ConfigProblem(
+                _option(group, "device_addresses"), raw,
+                "not a PCI address (dddd:bb:ss.f) nor a virtual device "
+                "(<class>_<device>, e.g. mtty_mtty)"))
+            continue
+        if address in addresses:
+            problems.append(exception.ConfigProblem(
+                _option(group, "device_addresses"), raw, "listed twice", "warning"))
+            continue
+        addresses.append(address)
+    mdev_class = _read(conf, group, "mdev_class", problems)
+    max_instances = _read(conf, group, "max_instances", problems)
+    for problem in problems:
+        if problem.value is None and problem.option.startswith(f"[{group}]"):
+            problem.value = _raw_value(conf, group, problem.option.split("] ")[1])
+    return TypeConfig(type_id, tuple(addresses), mdev_class or "VGPU", max_instances)
+
+
+def load(conf):
+    """Read the mdev options: returns ``(MdevConfig, [ConfigProblem])``."""
+    problems = []
+    enabled = _enabled_types(conf, problems)
+    for type_id in enabled:
+        group = devices.group_name(type_id)
+        if group not in conf:
+            conf.register_group(cfg.OptGroup(group))
+            conf.register_opts(devices.mdev_type_opts(type_id), group=group)
+    type_configs, by_address, default_type = [], {}, None
+    for type_id in enabled:
+        type_config = _type_config(conf, type_id, problems)
+        type_configs.append(type_config)
+        if not type_config.device_addresses and default_type is None:
+            default_type = type_id
+        elif not type_config.device_addresses:
+            problems.append(exception.ConfigProblem(
+                _option(devices.group_name(type_id), "device_addresses"), [],
+                f"empty, but type {default_type} already serves every unlisted "
+                f"device; {type_id} will not be used (set its device_addresses)",
+                "warning"))
+        for address in type_config.device_addresses:
+            if address in by_address:
+                problems.append(exception.ConfigProblem(
+                    _option(devices.group_name(type_id), "device_addresses"), address,
+                    f"{address} is also listed under type {by_address[address]}; "
+                    f"a device serves one type: remove it from [mdev_{type_id}] or "
+                    f"[mdev_{by_address[address]}]"))
+                continue
+            by_address[address] = type_id
+    config = MdevConfig(tuple(type_configs), default_type,
+                        MappingProxyType(by_address))
+    return config, problems
+
+
+def from_conf(conf):
+    """The config, after logging warnings; raises InvalidConfiguration on errors."""
+    config, problems = load(conf)
+    errors = [p for p in problems if p.severity == "error"]
+    for problem in problems:
+        if problem.severity != "error":
+            LOG.warning("%s", problem)
+    if errors:
+        raise exception.InvalidConfiguration(errors)
+    return config

@@ -1,0 +1,13 @@
+"""Option listing for oslo-config-generator (entry point ``vgpu_driver``)."""
+
+from vgpu_driver.conf import devices
+from vgpu_driver.conf import vgpu
+
+
+def list_opts():
+    template_group, template_opts = devices.template_group()
+    return [
+        (devices.devices_group, devices.devices_opts),
+        (template_group, template_opts),
+        (vgpu.vgpu_group, vgpu.vgpu_opts),
+    ]

@@ -1,0 +1,146 @@
+"""sysfs -> an immutable snapshot of the host's physical GPUs.
+
+A physical GPU is what a provider stands for: a physical function with its
+mdev parents (itself on time-sliced boards, its VFs on SR-IOV boards, VFs
+with NVIDIA's vendor-specific VFIO files on the newest drivers), or a virtual
+parent such as the kernel's mtty sample.  Everything the inventory needs is
+read once, here, so the rest of the pipeline is pure.
+"""
+
+import collections
+import dataclasses
+import os
+
+from vgpu_driver import names
+from vgpu_driver.sysfs import base
+
+MODE_MDEV = "mdev"
+MODE_VENDOR_VFIO = "vendor-vfio"
+MODE_VIRTUAL = "virtual"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parent:
+    """One mdev parent (or vendor-VFIO VF) of a physical GPU."""
+
+    name: str
+    types: tuple[base.MdevTypeInfo, ...]
+    mdevs: tuple[base.MdevInfo, ...] = ()
+    current_vgpu_type: str | None = None
+
+    def type(self, type_id):
+        for mdev_type in self.types:
+            if mdev_type.type_id == type_id:
+                return mdev_type
+        return None
+
+    @property
+    def busy(self):
+        return bool(self.mdevs) or self.current_vgpu_type is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class PhysicalGPU:
+    address: str
+    mode: str
+    parents: tuple[Parent, ...]
+    pci: base.PciDeviceInfo | None = None
+
+    @property
+    def sriov(self):
+        return bool(self.pci and self.pci.sriov_totalvfs)
+
+    @property
+    def provider_suffix(self):
+        if self.mode == MODE_VIRTUAL:
+            return self.address
+        return names.parse_pci_address(self.address).provider_suffix
+
+    @property
+    def addresses(self):
+        """The GPU's own address and those of its parents (its VFs)."""
+        return (self.address, *(p.name for p in self.parents if p.name != self.address))
+
+    @property
+    def mdevs(self):
+        return tuple(m for p in self.parents for m in p.mdevs)
+
+    def vgpu_types_in_use(self):
+        """``{type_id: count}`` of the mdevs (or vendor vGPUs) that exist."""
+        counts = collections.Counter(m.type_id for m in self.mdevs)
+        counts.update(p.current_vgpu_type for p in self.parents if p.current_vgpu_type)
+        return dict(counts)
+
+    def offers(self, type_id):
+        """``[(parent, MdevTypeInfo)]`` for the parents that list ``type_id``."""
+        return [(p, p.type(type_id)) for p in self.parents if p.type(type_id)]
+
+    def type_info(self, type_id):
+        """The richest description of a type any parent gives (name, limits)."""
+        infos = [info for _, info in self.offers(type_id)]
+        infos.sort(key=lambda i: (i.name is None, i.description is None))
+        return infos[0] if infos else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSnapshot:
+    gpus: tuple[PhysicalGPU, ...]
+    mdevs: tuple[base.MdevInfo, ...]
+
+    def gpu(self, address):
+        for gpu in self.gpus:
+            if address in gpu.addresses:
+                return gpu
+        return None
+
+    def gpu_of_parent(self, parent_name):
+        for gpu in self.gpus:
+            if any(p.name == parent_name for p in gpu.parents):
+                return gpu
+        return None
+
+
+def _gpu_key(host, parent):
+    if parent.physfn is not None:
+        return str(parent.physfn), MODE_MDEV
+    if parent.address is not None:
+        return str(parent.address), MODE_MDEV
+    # A virtual parent: named <class>_<device> after devices/virtual/<class>/<device>.
+    rel = os.path.relpath(parent.device_path, host.paths.virtual_base())
+    return rel.replace(os.sep, "_"), MODE_VIRTUAL
+
+
+def _vendor_vfio_parents(host):
+    by_gpu = collections.defaultdict(list)
+    for vf in host.list_vendor_vfio():
+        types = tuple(base.MdevTypeInfo(type_id=f"nvidia-{number}", available_instances=1,
+                                        device_api="vfio-pci", name=name)
+                      for number, name in vf.creatable)
+        current = f"nvidia-{vf.current_type}" if vf.current_type else None
+        by_gpu[str(vf.physfn or vf.address)].append(
+            Parent(name=str(vf.address), types=types, current_vgpu_type=current))
+    return by_gpu
+
+
+def discover(host):
+    """Read the host once and return a :class:`HostSnapshot`."""
+    mdevs = tuple(host.list_mdevs())
+    by_parent = collections.defaultdict(list)
+    for mdev in mdevs:
+        by_parent[mdev.parent].append(mdev)
+    grouped = collections.defaultdict(list)
+    modes = {}
+    for info in host.list_parents():
+        key, mode = _gpu_key(host, info)
+        modes[key] = mode
+        grouped[key].append(Parent(name=info.name, types=info.types,
+                                   mdevs=tuple(by_parent.get(info.name, ()))))
+    for key, parents in _vendor_vfio_parents(host).items():
+        modes[key] = MODE_VENDOR_VFIO
+        grouped[key].extend(parents)
+    gpus = []
+    for key in sorted(grouped):
+        pci = host.pci_device(key) if modes[key] != MODE_VIRTUAL else None
+        gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
+                                parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
+    return HostSnapshot(gpus=tuple(gpus), mdevs=mdevs)

@@ -1,0 +1,112 @@
+"""Typed errors of vgpu-driver.
+
+Every error formats ``msg_fmt`` with keyword arguments, so its text names
+what happened and what an operator can do about it.  Errors are turned into
+exit codes (CLI) or nova exceptions (adapter) only at the edges.
+
+Tree::
+
+    VgpuDriverError
+    ├── InvalidConfiguration          nova.conf cannot be used as written
+    ├── InvalidSysfsName              a name read from sysfs/config is unsafe
+    ├── SysfsError                    the sysfs tree could not be read
+    ├── UnknownProfile                no such fake-host profile
+    ├── FakeHostExists                fake-host target is not empty
+    └── MdevWriteError                the kernel refused a write (has .errno)
+"""
+
+import errno as errno_mod
+
+
+class VgpuDriverError(Exception):
+    """Base class: formats ``msg_fmt`` with the keyword arguments."""
+
+    msg_fmt = "An unknown error occurred."
+
+    def __init__(self, message=None, **kwargs):
+        self.kwargs = kwargs
+        if message is None:
+            message = self.msg_fmt % kwargs
+        self.message = message
+        super().__init__(message)
+
+
+class ConfigProblem:
+    """One actionable finding about the configuration."""
+
+    __slots__ = ("option", "value", "reason", "severity")
+
+    def __init__(self, option, value, reason, severity="error"):
+        self.option = option
+        self.value = value
+        self.reason = reason
+        self.severity = severity
+
+    def __str__(self):
+        return f"{self.severity}: {self.option} = {self.value!r}: {self.reason}"
+
+    def __repr__(self):
+        return f"ConfigProblem({self})"
+
+
+class InvalidConfiguration(VgpuDriverError):
+    msg_fmt = "Invalid vGPU configuration:\n%(details)s"
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__(details="\n".join(f"  {p}" for p in self.problems))
+
+
+class InvalidSysfsName(VgpuDriverError):
+    msg_fmt = ("Refusing %(kind)s %(name)r%(source)s: it is not a valid %(kind)s, "
+               "so it is never joined into a sysfs path.")
+
+    def __init__(self, kind, name, source=None):
+        super().__init__(kind=kind, name=name,
+                         source=f" from {source}" if source else "")
+
+
+class SysfsError(VgpuDriverError):
+    msg_fmt = "Cannot read %(path)s: %(reason)s"
+
+
+class UnknownProfile(VgpuDriverError):
+    msg_fmt = "No fake-host profile named %(name)r; known profiles: %(known)s."
+
+
+class FakeHostExists(VgpuDriverError):
+    msg_fmt = ("%(path)s is not empty; choose an empty or new directory for the "
+               "fake host.")
+
+
+class MdevWriteError(VgpuDriverError):
+    """The kernel refused a write to an mdev control file."""
+
+    msg_fmt = "%(action)s failed on %(target)s: %(reason)s. %(hint)s"
+
+    HINTS = {
+        errno_mod.EINVAL: "The value written was malformed (a create needs a "
+                          "36-character UUID).",
+        errno_mod.EEXIST: "An mdev with this UUID already exists; reuse it or "
+                          "pick a new UUID.",
+        errno_mod.EUSERS: "The parent has no free instance of this type; check "
+                          "'vgpu-manage types' and free or reclaim mdevs.",
+        errno_mod.ENOSPC: "The parent's resources are exhausted; free an mdev "
+                          "first.",
+        errno_mod.ENOMEM: "The vendor driver ran out of memory or its instance "
+                          "limit; free an mdev first.",
+        errno_mod.ENODEV: "The parent device is gone or being unregistered; "
+                          "check the vendor driver and, for SR-IOV boards, that "
+                          "the VFs are enabled.",
+        errno_mod.EBUSY: "The device is in use; stop the guest using it first.",
+        errno_mod.EIO: "The vendor driver reported an I/O error; check the "
+                       "host kernel log.",
+    }
+
+    def __init__(self, action, target, os_error):
+        self.errno = os_error.errno
+        reason = os_error.strerror or str(os_error)
+        hint = self.HINTS.get(self.errno, "")
+        super().__init__(action=action, target=target,
+                         reason=f"[{errno_mod.errorcode.get(self.errno, self.errno)}] {reason}",
+                         hint=hint)

@@ -1,0 +1,174 @@
+"""Host snapshot + mdev config -> the desired provider tree (no I/O).
+
+One child provider per physical GPU, named ``<nodename>_pci_dddd_bb_ss_f``
+after its physical function.  Its capacity for the GPU's configured type is
+what exists plus what can still be created, capped by the type's per-GPU
+maximum, by the GPU's VFs on SR-IOV boards and by the host-wide
+``max_instances``.  A GPU that cannot serve its type right now keeps its
+provider with everything reserved, and says why.
+"""
+
+import dataclasses
+
+from vgpu_driver import names
+
+TRAIT_MAX_LENGTH = 255
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProvider:
+    """The desired state of one GPU's resource provider."""
+
+    name: str
+    parent_provider: str
+    gpu: str
+    type_id: str
+    type_name: str | None
+    resource_class: str
+    total: int
+    reserved: int = 0
+    max_unit: int = 0
+    traits: tuple[str, ...] = ()
+    reason: str | None = None
+    min_unit: int = 1
+    step_size: int = 1
+    allocation_ratio: float = 1.0
+
+    def inventory(self):
+        """The Placement inventory record for this provider's class."""
+        return {self.resource_class: {
+            "total": self.total, "reserved": self.reserved,
+            "min_unit": self.min_unit, "max_unit": self.max_unit,
+            "step_size": self.step_size, "allocation_ratio": self.allocation_ratio}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderTree:
+    root_name: str
+    providers: tuple[GpuProvider, ...]
+    # GPUs that get no provider, and why: (gpu address, reason).
+    unserved: tuple[tuple[str, str], ...] = ()
+
+    def provider(self, name):
+        for provider in self.providers:
+            if provider.name == name:
+                return provider
+        return None
+
+    def by_gpu(self, address):
+        for provider in self.providers:
+            if provider.gpu == address:
+                return provider
+        return None
+
+
+def provider_name(nodename, gpu):
+    return f"{nodename}_{gpu.provider_suffix}"
+
+
+def type_traits(type_id, type_name):
+    """Traits that let flavors ask for a type by id or by its vendor name."""
+    traits = [f"CUSTOM_MDEV_{names.trait_fragment(type_id)}"]
+    if type_name:
+        traits.append(f"CUSTOM_VGPU_{names.trait_fragment(type_name)}")
+    return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
+
+
+def _configured_type(gpu, config):
+    """``(type_id, None)`` or ``(None, reason the GPU is not served)``."""
+    assigned = config.types_for(gpu.addresses)
+    if len(assigned) > 1:
+        return None, (f"its addresses are listed under several types ({', '.join(assigned)}); "
+                      "a GPU serves one type: fix device_addresses")
+    if assigned:
+        return assigned[0], None
+    if config.default_type:
+        return config.default_type, None
+    if not config.types:
+        return None, "no mdev type is enabled ([devices] enabled_mdev_types)"
+    return None, "not listed in any [mdev_<type>] device_addresses"
+
+
+def _per_gpu_limit(gpu, type_info):
+    """The most mdevs of a type the GPU can ever host, when it is known."""
+    limits = []
+    if type_info.max_instance:
+        limits.append(type_info.max_instance)
+    if gpu.sriov:
+        limits.append(len(gpu.parents))
+    return min(limits) if limits else None
+
+
+def _gpu_capacity(gpu, type_id):
+    """``(total, reserved, reason)`` for one GPU before host-wide caps."""
+    in_use = gpu.vgpu_types_in_use()
+    existing = in_use.get(type_id, 0)
+    creatable = sum(info.available_instances for _, info in gpu.offers(type_id))
+    limit = _per_gpu_limit(gpu, gpu.type_info(type_id))
+    capacity = existing + creatable
+    if limit is not None:
+        capacity = min(capacity, max(limit, existing))
+    if capacity:
+        return capacity, 0, None
+    others = {t: n for t, n in in_use.items() if t != type_id}
+    blocking = ", ".join(f"{n} of {t}" for t, n in sorted(others.items()))
+    reason = (f"blocked by existing mdevs ({blocking}); remove the unused ones to "
+              f"serve {type_id}" if others else f"no {type_id} can be created now")
+    potential = limit or 1
+    return potential, potential, reason
+
+
+def _apply_host_cap(rows, max_instances):
+    """Cap a type's totals host-wide, filling GPUs in address order."""
+    remaining = max_instances
+    capped = []
+    for row in rows:
+        total, reserved, reason, existing = row["total"], row["reserved"], row["reason"], row[
+            "existing"]
+        usable = total - reserved
+        allowed = max(existing, min(usable, remaining))
+        remaining = max(remaining - allowed, 0)
+        if usable and allowed == 0:
+            reserved = total
+            reason = f"max_instances={max_instances} for {row['type_id']} is used by other GPUs"
+        elif usable:
+            total = allowed
+        capped.append({**row, "total": total, "reserved": reserved, "reason": reason})
+    return capped
+
+
+def compute(snapshot, config, nodename):
+    """The desired :class:`ProviderTree` of a host."""
+    rows, unserved = [], []
+    for gpu in snapshot.gpus:
+        type_id, why_not = _configured_type(gpu, config)
+        if type_id is None:
+            unserved.append((gpu.address, why_not))
+            continue
+        type_info = gpu.type_info(type_id)
+        if type_info is None and not gpu.vgpu_types_in_use().get(type_id):
+            offered = sorted({t.type_id for p in gpu.parents for t in p.types})
+            unserved.append((gpu.address, f"does not offer {type_id} (offers: "
+                                          f"{', '.join(offered) or 'nothing'})"))
+            continue
+        total, reserved, reason = _gpu_capacity(gpu, type_id)
+        rows.append({"gpu": gpu, "type_id": type_id, "total": total, "reserved": reserved,
+                     "reason": reason, "type_name": type_info.name if type_info else None,
+                     "existing": gpu.vgpu_types_in_use().get(type_id, 0)})
+    for type_config in config.types:
+        if type_config.max_instances is None:
+            continue
+        mine = [r for r in rows if r["type_id"] == type_config.type_id]
+        capped = iter(_apply_host_cap(mine, type_config.max_instances))
+        rows = [next(capped) if r["type_id"] == type_config.type_id else r for r in rows]
+    providers = []
+    for row in rows:
+        type_config = config.type_config(row["type_id"])
+        providers.append(GpuProvider(
+            name=provider_name(nodename, row["gpu"]), parent_provider=nodename,
+            gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
+            resource_class=type_config.mdev_class, total=row["total"],
+            reserved=row["reserved"], max_unit=row["total"],
+            traits=type_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
+    return ProviderTree(root_name=nodename, providers=tuple(providers),
+                        unserved=tuple(unserved))

@@ -1,0 +1,107 @@
+"""Validation of every name that may end up in a sysfs path.
+
+Names come from nova.conf, from sysfs itself and from the CLI.  None of them
+is joined into a path before it passed one of these checks, so a stray
+``../`` or ``/`` can never steer a write outside the sysfs root.
+"""
+
+import dataclasses
+import re
+import uuid as uuid_mod
+
+from vgpu_driver import exception
+
+_PCI_RE = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<slot>[01][0-9a-fA-F])\.(?P<function>[0-7])$")
+# Virtual (non-PCI) parents such as the kernel's mtty sample are named as in
+# nova: "<class>_<device>" for /sys/devices/virtual/<class>/<device>.
+_VIRTUAL_RE = re.compile(r"^(?P<cls>[a-z0-9][a-z0-9-]*)_(?P<dev>[a-z0-9][a-z0-9-]*)$")
+_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class PciAddress:
+    domain: int
+    bus: int
+    slot: int
+    function: int
+
+    def __str__(self):
+        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+
+    @property
+    def provider_suffix(self):
+        """The ``pci_dddd_bb_ss_f`` part of a provider name (as nova names it)."""
+        return (f"pci_{self.domain:04x}_{self.bus:02x}_{self.slot:02x}_"
+                f"{self.function:x}")
+
+    def offset(self, n):
+        """The address ``n`` routing IDs further on (how VFs are numbered)."""
+        devfn = (self.slot << 3 | self.function) + n
+        bus = self.bus + (devfn >> 8)
+        devfn &= 0xFF
+        return PciAddress(self.domain, bus, devfn >> 3, devfn & 7)
+
+
+def parse_pci_address(value, source=None):
+    match = _PCI_RE.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise exception.InvalidSysfsName("PCI address", value, source)
+    return PciAddress(int(match["domain"], 16), int(match["bus"], 16),
+                      int(match["slot"], 16), int(match["function"], 16))
+
+
+def is_pci_address(value):
+    return bool(isinstance(value, str) and _PCI_RE.match(value))
+
+
+def parse_device_address(value, source=None):
+    """A ``device_addresses`` entry: a PCI address or a virtual device name.
+
+    Returns the canonical string (PCI addresses lower-cased).
+    """
+    value = value.strip() if isinstance(value, str) else value
+    if isinstance(value, str) and ":" not in value and _VIRTUAL_RE.match(value):
+        return value
+    return str(parse_pci_address(value, source))
+
+
+def virtual_device_path(name):
+    """``mtty_mtty`` -> ``("mtty", "mtty")`` (under devices/virtual)."""
+    match = _VIRTUAL_RE.match(name)
+    if not match:
+        raise exception.InvalidSysfsName("virtual device name", name)
+    return match["cls"], match["dev"]
+
+
+def check_type_id(value, source=None):
+    if not isinstance(value, str) or not _TYPE_RE.match(value):
+        raise exception.InvalidSysfsName("mdev type id", value, source)
+    return value
+
+
+def check_parent_name(value, source=None):
+    """A name under class/mdev_bus: a PCI address or a plain device name."""
+    if is_pci_address(value):
+        return value.lower()
+    if isinstance(value, str) and _TYPE_RE.match(value) and ":" not in value:
+        return value
+    raise exception.InvalidSysfsName("mdev parent name", value, source)
+
+
+def check_mdev_uuid(value, source=None):
+    """A canonical lower-case UUID, the only form the kernel names mdevs by."""
+    if not isinstance(value, str) or not _UUID_RE.match(value):
+        raise exception.InvalidSysfsName("mdev UUID", value, source)
+    return value
+
+
+def new_mdev_uuid():
+    return str(uuid_mod.uuid4())
+
+
+def trait_fragment(text):
+    """Upper-case text with every run of other characters folded to ``_``."""
+    return re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_")

@@ -1,0 +1,152 @@
+"""The interface over the kernel's mdev ABI, and the records it returns.
+
+Records are plain frozen values with names taken from sysfs.  Implementations:
+:class:`~vgpu_driver.sysfs.linux.LinuxSysfs` (any directory that plays
+``/sys``) and :class:`~vgpu_driver.sysfs.fakekernel.FakeKernel` (the same
+reader, with the kernel's answers to writes emulated).
+"""
+
+import abc
+import dataclasses
+import re
+
+_FRAMEBUFFER_RE = re.compile(r"^(\d+)\s*([KMGT]?)i?B?$", re.IGNORECASE)
+_UNIT_TO_MB = {"K": 1 / 1024, "": 1 / (1024 * 1024), "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_description(text):
+    """NVIDIA's ``key=value, key=value`` description as a dict (else empty)."""
+    fields = {}
+    for item in re.split(r"[,\n]", text or ""):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def framebuffer_mb(value):
+    """``1024M`` -> 1024; None when absent or unreadable."""
+    match = _FRAMEBUFFER_RE.match(value or "")
+    if not match:
+        return None
+    return int(int(match[1]) * _UNIT_TO_MB[match[2].upper()])
+
+
+@dataclasses.dataclass(frozen=True)
+class MdevTypeInfo:
+    """One ``mdev_supported_types/<type>`` directory of a parent."""
+
+    type_id: str
+    available_instances: int
+    device_api: str
+    name: str | None = None
+    description: str | None = None
+
+    @property
+    def attributes(self):
+        return parse_description(self.description)
+
+    @property
+    def max_instance(self):
+        """The per-GPU maximum the vendor declares, when it declares one."""
+        value = self.attributes.get("max_instance")
+        return int(value) if value and value.isdigit() else None
+
+    @property
+    def framebuffer_mb(self):
+        return framebuffer_mb(self.attributes.get("framebuffer"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParentInfo:
+    """A device registered as mdev parent (a link under ``class/mdev_bus``).
+
+    ``address`` is None for virtual parents (kernel samples); ``physfn`` is
+    set for SR-IOV virtual functions.
+    """
+
+    name: str
+    device_path: str
+    types: tuple[MdevTypeInfo, ...]
+    address: object = None
+    physfn: object = None
+
+    def type(self, type_id):
+        for mdev_type in self.types:
+            if mdev_type.type_id == type_id:
+                return mdev_type
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MdevInfo:
+    """An existing mdev (a link under ``bus/mdev/devices``)."""
+
+    uuid: str
+    parent: str
+    type_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PciDeviceInfo:
+    """The PCI facts discovery needs about a physical function."""
+
+    address: object
+    vendor: str | None = None
+    device: str | None = None
+    numa_node: int | None = None
+    sriov_totalvfs: int | None = None
+    sriov_numvfs: int | None = None
+    virtfns: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class VendorVfioInfo:
+    """A VF driven through NVIDIA's vendor-specific VFIO files (no mdev).
+
+    ``creatable`` maps numeric vGPU type ids to names, and only lists what
+    can still be created on this VF; ``current_type`` is 0 when none is set.
+    """
+
+    address: object
+    physfn: object
+    creatable: tuple[tuple[int, str], ...]
+    current_type: int
+
+
+class SysfsHost(abc.ABC):
+    """The kernel's mdev ABI: what is there, and the writes that change it."""
+
+    paths = None
+
+    @abc.abstractmethod
+    def list_parents(self):
+        """All mdev parents with their types, sorted by name."""
+
+    @abc.abstractmethod
+    def list_mdevs(self):
+        """All existing mdevs, sorted by UUID."""
+
+    @abc.abstractmethod
+    def pci_device(self, address):
+        """A :class:`PciDeviceInfo` for an address, or None if absent."""
+
+    @abc.abstractmethod
+    def list_vendor_vfio(self):
+        """VFs exposing NVIDIA's vendor-specific VFIO files, by address."""
+
+    @abc.abstractmethod
+    def create_mdev(self, parent, type_id, uuid):
+        """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
+
+    @abc.abstractmethod
+    def remove_mdev(self, uuid):
+        """Write ``1`` to the mdev's ``remove``; raises MdevWriteError."""
+
+    @abc.abstractmethod
+    def set_sriov_numvfs(self, address, count):
+        """Enable ``count`` VFs on a physical function (0 disables them)."""
+
+    @abc.abstractmethod
+    def set_vendor_vgpu_type(self, address, type_number):
+        """Write a vGPU type id (0 clears) to a VF's ``current_vgpu_type``."""

@@ -1,0 +1,228 @@
+"""Reads and writes a sysfs tree rooted at a directory: the production path.
+
+The layout followed is the kernel's: parents are links under
+``class/mdev_bus`` into ``devices/...``; mdevs are links under
+``bus/mdev/devices`` to ``<parent device>/<uuid>``, whose ``mdev_type`` link
+names the type.  Links are resolved lexically (the kernel writes relative
+links), which is both exact for sysfs and cheap.
+"""
+
+import errno
+import os
+import re
+
+from oslo_log import log as logging
+
+from vgpu_driver import exception
+from vgpu_driver import names
+from vgpu_driver.sysfs import base
+from vgpu_driver.sysfs import paths as sysfs_paths
+
+LOG = logging.getLogger(__name__)
+
+_VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
+_CREATABLE_RE = re.compile(r"^\s*(\d+)\s*:?\s+(.*?)\s*$")
+
+
+def read_attr(path):
+    """The stripped text of a sysfs attribute, or None when it is absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def resolve_link(path):
+    """Where a sysfs link points, resolved lexically; None if not a link."""
+    try:
+        target = os.readlink(path)
+    except (FileNotFoundError, OSError):
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(path), target))
+
+
+def _int_or_none(text):
+    try:
+        return int(text, 0) if text is not None else None
+    except ValueError:
+        return None
+
+
+def parse_creatable_vgpu_types(text):
+    """``creatable_vgpu_types``: a header, then ``ID : Name`` lines."""
+    result = []
+    for line in (text or "").splitlines():
+        match = _CREATABLE_RE.match(line)
+        if match:
+            result.append((int(match[1]), match[2]))
+    return tuple(result)
+
+
+class LinuxSysfs(base.SysfsHost):
+    """The sysfs backend for a real kernel (or any tree laid out like one)."""
+
+    def __init__(self, root=sysfs_paths.DEFAULT_ROOT):
+        self.paths = sysfs_paths.SysfsPaths(root)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.paths.root!r})"
+
+    # -- reads ---------------------------------------------------------------
+
+    def _listdir(self, path):
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+
+    def list_parents(self):
+        parents = []
+        for entry in self._listdir(self.paths.parent_base()):
+            try:
+                name = names.check_parent_name(entry, "class/mdev_bus")
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping parent: %s", exc)
+                continue
+            parent = self._read_parent(name)
+            if parent is not None:
+                parents.append(parent)
+        return parents
+
+    def _read_parent(self, name):
+        link = self.paths.parent(name)
+        device_path = resolve_link(link) or link
+        types = tuple(self._read_types(device_path))
+        address = physfn = None
+        if names.is_pci_address(name):
+            address = names.parse_pci_address(name)
+            pf_path = resolve_link(os.path.join(device_path, "physfn"))
+            if pf_path is not None:
+                physfn = names.parse_pci_address(os.path.basename(pf_path),
+                                                 f"{name}/physfn")
+        return base.ParentInfo(name=name, device_path=device_path, types=types,
+                               address=address, physfn=physfn)
+
+    def _read_types(self, device_path):
+        types_dir = os.path.join(device_path, "mdev_supported_types")
+        for entry in self._listdir(types_dir):
+            try:
+                type_id = names.check_type_id(entry, types_dir)
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping type: %s", exc)
+                continue
+            type_dir = os.path.join(types_dir, type_id)
+            available = _int_or_none(read_attr(os.path.join(type_dir, "available_instances")))
+            yield base.MdevTypeInfo(
+                type_id=type_id,
+                available_instances=available or 0,
+                device_api=read_attr(os.path.join(type_dir, "device_api")) or "",
+                name=read_attr(os.path.join(type_dir, "name")),
+                description=read_attr(os.path.join(type_dir, "description")))
+
+    def list_mdevs(self):
+        mdevs = []
+        base_dir = self.paths.mdev_base()
+        for entry in self._listdir(base_dir):
+            try:
+                uuid = names.check_mdev_uuid(entry, "bus/mdev/devices")
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping mdev: %s", exc)
+                continue
+            mdev_path = resolve_link(os.path.join(base_dir, uuid))
+            type_path = resolve_link(os.path.join(mdev_path or "", "mdev_type"))
+            if mdev_path is None or type_path is None:
+                # Removed while we looked: the kernel drops both links at once.
+                continue
+            parent = os.path.basename(os.path.dirname(mdev_path))
+            mdevs.append(base.MdevInfo(uuid=uuid, parent=parent,
+                                       type_id=os.path.basename(type_path)))
+        return mdevs
+
+    def pci_device(self, address):
+        dev = self.paths.pci_device(names.parse_pci_address(str(address)))
+        if not os.path.isdir(dev):
+            return None
+        virtfns = []
+        for entry in os.listdir(dev):
+            match = _VIRTFN_RE.match(entry)
+            target = match and resolve_link(os.path.join(dev, entry))
+            if target:
+                virtfns.append((int(match[1]), names.parse_pci_address(
+                    os.path.basename(target), f"{address}/{entry}")))
+        return base.PciDeviceInfo(
+            address=address,
+            vendor=read_attr(os.path.join(dev, "vendor")),
+            device=read_attr(os.path.join(dev, "device")),
+            numa_node=_int_or_none(read_attr(os.path.join(dev, "numa_node"))),
+            sriov_totalvfs=_int_or_none(read_attr(os.path.join(dev, "sriov_totalvfs"))),
+            sriov_numvfs=_int_or_none(read_attr(os.path.join(dev, "sriov_numvfs"))),
+            virtfns=tuple(vf for _, vf in sorted(virtfns)))
+
+    def list_vendor_vfio(self):
+        found = []
+        for entry in self._listdir(self.paths.pci_base()):
+            if not names.is_pci_address(entry):
+                continue
+            vfio_dir = self.paths.vendor_vfio_dir(entry)
+            creatable = read_attr(os.path.join(vfio_dir, "creatable_vgpu_types"))
+            if creatable is None:
+                continue
+            address = names.parse_pci_address(entry)
+            pf = resolve_link(os.path.join(self.paths.pci_device(entry), "physfn"))
+            found.append(base.VendorVfioInfo(
+                address=address,
+                physfn=names.parse_pci_address(os.path.basename(pf)) if pf else None,
+                creatable=parse_creatable_vgpu_types(creatable),
+                current_type=_int_or_none(read_attr(
+                    os.path.join(vfio_dir, "current_vgpu_type"))) or 0))
+        return found
+
+    # -- writes --------------------------------------------------------------
+
+    def write_attr(self, path, value):
+        """Write one sysfs attribute, as the kernel's store handler sees it."""
+        if not self.paths.contains(path):
+            raise exception.InvalidSysfsName("sysfs path", path)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    def _write(self, action, target, path, value):
+        try:
+            self.write_attr(path, value)
+        except FileNotFoundError as exc:
+            raise exception.MdevWriteError(
+                action, target, OSError(errno.ENODEV, "No such device", exc.filename)
+            ) from exc
+        except OSError as exc:
+            raise exception.MdevWriteError(action, target, exc) from exc
+
+    def create_mdev(self, parent, type_id, uuid):
+        parent = names.check_parent_name(parent)
+        type_id = names.check_type_id(type_id)
+        uuid = names.check_mdev_uuid(uuid)
+        self._write("create", f"{type_id} on {parent}",
+                    os.path.join(self.paths.parent_type(parent, type_id), "create"), uuid)
+
+    def remove_mdev(self, uuid):
+        uuid = names.check_mdev_uuid(uuid)
+        self._write("remove", f"mdev {uuid}",
+                    os.path.join(self.paths.mdev(uuid), "remove"), "1")
+
+    def set_sriov_numvfs(self, address, count):
+        address = names.parse_pci_address(str(address))
+        self._write("sriov_numvfs", str(address),
+                    os.path.join(self.paths.pci_device(address), "sriov_numvfs"),
+                    str(int(count)))
+
+    def set_vendor_vgpu_type(self, address, type_number):
+        address = names.parse_pci_address(str(address))
+        self._write("current_vgpu_type", str(address),
+                    os.path.join(self.paths.vendor_vfio_dir(address), "current_vgpu_type"),
+                    str(int(type_number)))

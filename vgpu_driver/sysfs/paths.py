@@ -1,0 +1,59 @@
+"""The one place that knows where things live in sysfs.
+
+Everything is relative to a root directory that plays ``/sys``: the real one
+on a host, or a tree written by the fake kernel.  Helpers are named after the
+sysfs directories they return, and take only names that
+:mod:`vgpu_driver.names` has validated.
+"""
+
+import os
+
+DEFAULT_ROOT = "/sys"
+
+
+class SysfsPaths:
+    def __init__(self, root=DEFAULT_ROOT):
+        self.root = os.path.abspath(root)
+
+    def join(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def parent_base(self):
+        """``class/mdev_bus``: one link per registered mdev parent."""
+        return self.join("class", "mdev_bus")
+
+    def mdev_base(self):
+        """``bus/mdev/devices``: one link per existing mdev."""
+        return self.join("bus", "mdev", "devices")
+
+    def pci_base(self):
+        """``bus/pci/devices``: one link per PCI function."""
+        return self.join("bus", "pci", "devices")
+
+    def virtual_base(self):
+        return self.join("devices", "virtual")
+
+    def parent(self, name):
+        return os.path.join(self.parent_base(), name)
+
+    def parent_types(self, name):
+        return os.path.join(self.parent(name), "mdev_supported_types")
+
+    def parent_type(self, name, type_id):
+        return os.path.join(self.parent_types(name), type_id)
+
+    def mdev(self, uuid):
+        return os.path.join(self.mdev_base(), uuid)
+
+    def pci_device(self, address):
+        return os.path.join(self.pci_base(), str(address))
+
+    def vendor_vfio_dir(self, address):
+        """NVIDIA's vendor-specific VFIO directory of a VF."""
+        return os.path.join(self.pci_device(address), "nvidia")
+
+    def contains(self, path):
+        """True when ``path`` resolves to a place inside the root."""
+        real = os.path.realpath(path)
+        root = os.path.realpath(self.root)
+        return real == root or real.startswith(root + os.sep)
