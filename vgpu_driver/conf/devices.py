@@ -39,8 +39,9 @@ def mdev_type_opts(type_id):
 Physical GPUs that serve type ``{type_id}``: PCI addresses of physical
 functions (``0000:84:00.0``), or, for boards with SR-IOV, of any of their
 virtual functions (the whole GPU then serves the type).  Kernel sample
-devices are named ``<class>_<device>`` (``mtty_mtty``).  An address may appear
-under one type only.  Empty means every GPU not listed under another type.
+devices are named ``<class>_<device>`` (``mtty_mtty``).  An address may
+appear under one type only.  Empty means every GPU not listed under another
+type.
 """),
         cfg.StrOpt(
             "mdev_class",

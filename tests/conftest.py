@@ -1,0 +1,40 @@
+"""Shared fixtures: fake hosts built by the fake kernel, and nova.conf files."""
+
+import textwrap
+
+import pytest
+from oslo_config import cfg
+
+from vgpu_driver import conf as vgpu_conf
+from vgpu_driver.sysfs import fakekernel
+from vgpu_driver.sysfs import profiles
+
+
+@pytest.fixture
+def make_host(tmp_path):
+    """Build a fake host from one or more profile names (or profile dicts)."""
+    counter = iter(range(1000))
+
+    def make(*specs, mdevs=()):
+        loaded = [profiles.load(s) if isinstance(s, str) else s for s in specs]
+        profile = loaded[0] if len(loaded) == 1 else profiles.combine("combined", *loaded)
+        if mdevs:
+            profile = {**profile, "mdevs": [*profile.get("mdevs", ()), *mdevs]}
+        return fakekernel.FakeKernel.build(str(tmp_path / f"sys{next(counter)}"), profile)
+
+    return make
+
+
+@pytest.fixture
+def make_conf(tmp_path):
+    """A registered ConfigOpts loaded from an INI text."""
+
+    def make(text=""):
+        path = tmp_path / "nova.conf"
+        path.write_text(textwrap.dedent(text))
+        conf = cfg.ConfigOpts()
+        vgpu_conf.register_opts(conf)
+        conf([], project="nova", default_config_files=[str(path)])
+        return conf
+
+    return make

@@ -1,0 +1,1 @@
+"""Operator commands (``vgpu-manage``)."""

@@ -1,0 +1,76 @@
+"""Listings of what the host has: types, mdevs and the provider inventory."""
+
+from cliff import lister
+
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver.cmd import columns
+from vgpu_driver.conf import mdev_types
+
+
+class ListTypes(lister.Lister):
+    """List the mdev types every parent offers, with their free instances."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("--parent", help="Only this parent (PCI address or name).")
+        return parser
+
+    def take_action(self, parsed_args):
+        host = self.app.open_host()
+        cols = ("parent", "type", "name", "available_instances", "device_api",
+                "description")
+        rows = []
+        for parent in host.list_parents():
+            rows += [(parent.name, t.type_id, t.name, t.available_instances, t.device_api,
+                      t.description) for t in parent.types]
+        for vf in host.list_vendor_vfio():
+            rows += [(str(vf.address), f"nvidia-{number}", name, 1, "vfio-pci", None)
+                     for number, name in vf.creatable]
+        if parsed_args.parent:
+            rows = [r for r in rows if r[0] == parsed_args.parent.lower()]
+        return cols, [columns.optional(r) for r in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+class ListMdevs(lister.Lister):
+    """List existing mdevs with their parent, physical GPU and type."""
+
+    def take_action(self, parsed_args):
+        snapshot = discovery.discover(self.app.open_host())
+        cols = ("uuid", "parent", "gpu", "type", "instance", "state")
+        rows = []
+        for mdev in snapshot.mdevs:
+            gpu = snapshot.gpu_of_parent(mdev.parent)
+            # Who uses an mdev comes from libvirt and the claims journal;
+            # without them an mdev is only known to exist.
+            rows.append((mdev.uuid, mdev.parent, gpu.address if gpu else None,
+                         mdev.type_id, None, "active"))
+        return cols, [columns.optional(r) for r in rows]
+
+
+def load_mdev_config(app):
+    config, problems = mdev_types.load(app.conf)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise exception.InvalidConfiguration(errors)
+    for problem in problems:
+        app.LOG.warning("%s", problem)
+    return config
+
+
+class ShowInventory(lister.Lister):
+    """Show the provider each physical GPU gets, as it would be reported."""
+
+    def take_action(self, parsed_args):
+        config = load_mdev_config(self.app)
+        snapshot = discovery.discover(self.app.open_host())
+        tree = inventory.compute(snapshot, config, self.app.options.nodename)
+        cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
+                "reserved", "max_unit", "traits", "reason")
+        rows = [(p.name, p.parent_provider, p.gpu, p.type_id, p.resource_class, p.total,
+                 p.reserved, p.max_unit, columns.ListColumn(p.traits), p.reason)
+                for p in tree.providers]
+        rows += [(None, tree.root_name, gpu, None, None, 0, 0, 0, columns.ListColumn(()),
+                  f"no provider: {why}") for gpu, why in tree.unserved]
+        return cols, [columns.optional(r) for r in sorted(rows, key=lambda r: r[2])]

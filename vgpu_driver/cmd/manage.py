@@ -1,0 +1,89 @@
+"""``vgpu-manage``: the operator's view of a host's virtual GPUs.
+
+Global options say where to read nova.conf and sysfs from; each command is a
+cliff command declared in ``setup.cfg`` (namespace ``vgpu_driver.manage``),
+so every listing takes ``-f table|json|yaml|value|csv``.
+"""
+
+import socket
+import sys
+
+from cliff import app
+from cliff import commandmanager
+from oslo_config import cfg
+
+import vgpu_driver
+from vgpu_driver import conf as vgpu_conf
+from vgpu_driver import exception
+from vgpu_driver import sysfs
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_ERROR = 2
+
+
+class ManageApp(app.App):
+    def __init__(self):
+        super().__init__(
+            description="Inspect and manage virtual GPUs (VFIO mdevs) on a compute host.",
+            version=vgpu_driver.__version__,
+            command_manager=commandmanager.CommandManager("vgpu_driver.manage"),
+            deferred_help=True)
+        self._conf = None
+
+    def build_option_parser(self, description, version, argparse_kwargs=None):
+        parser = super().build_option_parser(description, version, argparse_kwargs)
+        parser.add_argument(
+            "--config-file", action="append", default=[], metavar="FILE",
+            help="nova.conf (or snippet) to read; repeatable. Default: nova's "
+                 "usual locations (/etc/nova/nova.conf ...).")
+        parser.add_argument(
+            "--sysfs-root", metavar="DIR",
+            help="Directory that plays /sys (overrides [vgpu] sysfs_root).")
+        parser.add_argument(
+            "--nodename", default=socket.gethostname(),
+            help="Compute node name; providers are named after it (default: %(default)s).")
+        parser.add_argument(
+            "--libvirt-uri", metavar="URI",
+            help="libvirt connection used to tell which guest uses which mdev.")
+        parser.add_argument(
+            "--state-dir", metavar="DIR",
+            help="Directory of the driver's state (overrides [vgpu] state_dir).")
+        return parser
+
+    @property
+    def conf(self):
+        """The parsed configuration, loaded on first use."""
+        if self._conf is None:
+            conf = cfg.ConfigOpts()
+            vgpu_conf.register_opts(conf)
+            files = self.options.config_file or cfg.find_config_files(project="nova")
+            conf([], project="nova", default_config_files=files)
+            if self.options.sysfs_root:
+                conf.set_override("sysfs_root", self.options.sysfs_root, group="vgpu")
+            if self.options.state_dir:
+                conf.set_override("state_dir", self.options.state_dir, group="vgpu")
+            self._conf = conf
+        return self._conf
+
+    def open_host(self):
+        return sysfs.open_host(self.conf.vgpu.sysfs_root)
+
+    def clean_up(self, cmd, result, err):
+        if isinstance(err, exception.VgpuDriverError | cfg.Error):
+            self.LOG.debug("%s", err, exc_info=err)
+
+    def run_subcommand(self, argv):
+        try:
+            return super().run_subcommand(argv)
+        except (exception.VgpuDriverError, cfg.Error) as exc:
+            self.stderr.write(f"error: {exc}\n")
+            return EXIT_ERROR
+
+
+def main(argv=None):
+    return ManageApp().run(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
