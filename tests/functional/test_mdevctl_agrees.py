@@ -39,7 +39,8 @@ WITH_MDEVS = {
 }
 
 # Bind $1 on /sys and $2 on /etc/mdevctl.d, then run the rest of the arguments.
-_NAMESPACE_SCRIPT = 'mount --bind "$1" /sys && mount --bind "$2" /etc/mdevctl.d && shift 2 && exec "$@"'
+_NAMESPACE_SCRIPT = ('mount --bind "$1" /sys && mount --bind "$2" /etc/mdevctl.d'
+                     ' && shift 2 && exec "$@"')
 
 
 def in_namespace(sysfs_root, etc_dir, *argv):

@@ -1,10 +1,9 @@
 """``config check``: is nova.conf's mdev configuration sound on this host?"""
 
-from cliff import command
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
-from vgpu_driver.cmd import manage
+from vgpu_driver.cmd import base
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import mdev_types
 
@@ -34,7 +33,7 @@ def host_problems(config, snapshot):
     return problems
 
 
-class CheckConfig(command.Command):
+class CheckConfig(base.Command):
     """Validate [devices] and [mdev_*]; exit 1 and list each problem if unsound."""
 
     def take_action(self, parsed_args):
@@ -44,8 +43,8 @@ class CheckConfig(command.Command):
         for problem in problems:
             self.app.stdout.write(f"{problem}\n")
         if any(p.severity == "error" for p in problems):
-            return manage.EXIT_PROBLEMS
+            return base.EXIT_PROBLEMS
         self.app.stdout.write(
             f"ok: {len(config.types)} enabled type(s), "
             f"{len(snapshot.gpus)} mdev-capable device(s) on this host\n")
-        return manage.EXIT_OK
+        return base.EXIT_OK

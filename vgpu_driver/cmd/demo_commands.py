@@ -14,15 +14,14 @@ import subprocess
 import sys
 import tempfile
 
-from cliff import command
-
+from vgpu_driver.cmd import base
 from vgpu_driver.sysfs import fakekernel
 from vgpu_driver.sysfs import profiles
 
 ORPHAN = ("0000:f5:00.0", "nvidia-222", "7f5a0e0c-3a59-4b7e-9f65-2bb1d1f1e0aa")
 
 
-class Demo(command.Command):
+class Demo(base.Command):
     """Show types and the per-GPU inventory of a shipped fake host."""
 
     def get_parser(self, prog_name):

@@ -1,13 +1,12 @@
 """``fake-host``: write a tree that plays /sys, answered by the fake kernel."""
 
-from cliff import command
-from cliff import lister
 
+from vgpu_driver.cmd import base
 from vgpu_driver.sysfs import fakekernel
 from vgpu_driver.sysfs import profiles
 
 
-class ListProfiles(lister.Lister):
+class ListProfiles(base.Lister):
     """List the host profiles a fake host can be made from."""
 
     def take_action(self, parsed_args):
@@ -18,7 +17,7 @@ class ListProfiles(lister.Lister):
         return ("name", "gpus", "description"), rows
 
 
-class CreateFakeHost(command.Command):
+class CreateFakeHost(base.Command):
     """Write a fake host into DIR; point --sysfs-root (or sysfs_root) at it."""
 
     def get_parser(self, prog_name):

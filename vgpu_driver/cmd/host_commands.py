@@ -1,15 +1,15 @@
 """Listings of what the host has: types, mdevs and the provider inventory."""
 
-from cliff import lister
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
+from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.conf import mdev_types
 
 
-class ListTypes(lister.Lister):
+class ListTypes(base.Lister):
     """List the mdev types every parent offers, with their free instances."""
 
     def get_parser(self, prog_name):
@@ -33,7 +33,7 @@ class ListTypes(lister.Lister):
         return cols, [columns.optional(r) for r in sorted(rows, key=lambda r: (r[0], r[1]))]
 
 
-class ListMdevs(lister.Lister):
+class ListMdevs(base.Lister):
     """List existing mdevs with their parent, physical GPU and type."""
 
     def take_action(self, parsed_args):
@@ -59,7 +59,7 @@ def load_mdev_config(app):
     return config
 
 
-class ShowInventory(lister.Lister):
+class ShowInventory(base.Lister):
     """Show the provider each physical GPU gets, as it would be reported."""
 
     def take_action(self, parsed_args):

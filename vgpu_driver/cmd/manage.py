@@ -14,12 +14,10 @@ from oslo_config import cfg
 
 import vgpu_driver
 from vgpu_driver import conf as vgpu_conf
-from vgpu_driver import exception
 from vgpu_driver import sysfs
-
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_ERROR = 2
+from vgpu_driver.cmd.base import EXIT_ERROR  # noqa: F401
+from vgpu_driver.cmd.base import EXIT_OK  # noqa: F401
+from vgpu_driver.cmd.base import EXIT_PROBLEMS  # noqa: F401
 
 
 class ManageApp(app.App):
@@ -68,17 +66,6 @@ class ManageApp(app.App):
 
     def open_host(self):
         return sysfs.open_host(self.conf.vgpu.sysfs_root)
-
-    def clean_up(self, cmd, result, err):
-        if isinstance(err, exception.VgpuDriverError | cfg.Error):
-            self.LOG.debug("%s", err, exc_info=err)
-
-    def run_subcommand(self, argv):
-        try:
-            return super().run_subcommand(argv)
-        except (exception.VgpuDriverError, cfg.Error) as exc:
-            self.stderr.write(f"error: {exc}\n")
-            return EXIT_ERROR
 
 
 def main(argv=None):

@@ -1,0 +1,152 @@
+"""vgpu-manage, run in-process with its real argument parsing and formatters."""
+
+import contextlib
+import io
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from vgpu_driver.cmd import manage
+
+M60_CONF = """
+    [devices]
+    enabled_mdev_types = nvidia-35, nvidia-36
+    [mdev_nvidia-35]
+    device_addresses = 0000:84:00.0,0000:85:00.0
+    [mdev_nvidia-36]
+    device_addresses = 0000:86:00.0
+    """
+
+
+@pytest.fixture
+def run(tmp_path):
+    def run(*argv, conf=""):
+        conf_file = tmp_path / "nova.conf"
+        conf_file.write_text(textwrap.dedent(conf))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1", *argv])
+        return code, out.getvalue(), err.getvalue()
+    return run
+
+
+def test_types_json_has_the_documented_keys(make_host, run):
+    host = make_host("a100-sriov")
+    code, out, _ = run("--sysfs-root", host.paths.root, "types", "-f", "json")
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 16 * 6
+    assert set(rows[0]) == {"parent", "type", "name", "available_instances", "device_api",
+                            "description"}
+    assert rows[0] == {
+        "parent": "0000:41:00.4", "type": "nvidia-468", "name": "NVIDIA A100-4C",
+        "available_instances": 1, "device_api": "vfio-pci",
+        "description": "num_heads=1, frl_config=60, framebuffer=4096M, "
+                       "max_resolution=4096x2160, max_instance=10"}
+
+
+def test_types_of_one_parent_as_csv(make_host, run):
+    host = make_host("mtty")
+    code, out, _ = run("--sysfs-root", host.paths.root, "types", "--parent", "mtty",
+                       "-f", "csv", "-c", "type", "-c", "available_instances")
+    assert out.splitlines() == ['"type","available_instances"', '"mtty-1",24', '"mtty-2",12']
+
+
+def test_mdev_list_json(make_host, run):
+    host = make_host("a100-sriov")
+    uid = str(uuid.uuid4())
+    host.create_mdev("0000:41:01.2", "nvidia-470", uid)
+    code, out, _ = run("--sysfs-root", host.paths.root, "mdev", "list", "-f", "json")
+    assert json.loads(out) == [{"uuid": uid, "parent": "0000:41:01.2", "gpu": "0000:41:00.0",
+                                "type": "nvidia-470", "instance": None, "state": "active"}]
+
+
+def test_inventory_json_of_nova_guide_host(make_host, run):
+    host = make_host("m60-multi")
+    code, out, _ = run("--sysfs-root", host.paths.root, "inventory", "-f", "json",
+                       conf=M60_CONF)
+    rows = {r["gpu"]: r for r in json.loads(out)}
+    assert code == 0
+    assert [rows[g]["total"] for g in sorted(rows)] == [16, 16, 8, 0]
+    assert rows["0000:87:00.0"]["provider"] is None
+    assert rows["0000:87:00.0"]["reason"].startswith("no provider: ")
+    assert rows["0000:86:00.0"] == {
+        "provider": "cn1_pci_0000_86_00_0", "parent_provider": "cn1", "gpu": "0000:86:00.0",
+        "type": "nvidia-36", "resource_class": "VGPU", "total": 8, "reserved": 0,
+        "max_unit": 8, "traits": ["CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B"],
+        "reason": None}
+
+
+def test_inventory_yaml_and_value_formats(make_host, run):
+    host = make_host("a100-sriov")
+    conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
+    _, out, _ = run("--sysfs-root", host.paths.root, "inventory", "-f", "yaml", conf=conf)
+    assert "total: 10" in out and "- CUSTOM_VGPU_NVIDIA_A100_4C" in out
+    _, out, _ = run("--sysfs-root", host.paths.root, "inventory", "-f", "value",
+                    "-c", "provider", "-c", "total", conf=conf)
+    assert out.strip() == "cn1_pci_0000_41_00_0 10"
+
+
+def test_inventory_refuses_an_unsound_config(make_host, run):
+    host = make_host("m60-multi")
+    code, out, err = run("--sysfs-root", host.paths.root, "inventory",
+                         conf="[devices]\nenabled_mdev_types = nvidia-35\n"
+                              "[mdev_nvidia-35]\nmax_instances = 0\n")
+    assert code == manage.EXIT_ERROR and out == ""
+    assert "[mdev_nvidia-35] max_instances = '0'" in err
+
+
+def test_config_check_sound(make_host, run):
+    host = make_host("m60-multi")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=M60_CONF)
+    assert code == 0
+    assert out == "ok: 2 enabled type(s), 4 mdev-capable device(s) on this host\n"
+
+
+def test_config_check_lists_each_problem(make_host, run):
+    host = make_host("m60-multi")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf="""
+        [devices]
+        enabled_mdev_types = nvidia-35, nvidia-36, nvidia-99
+        [mdev_nvidia-35]
+        device_addresses = 0000:84:00.0, 0000:99:00.0, 0000:86:00
+        mdev_class = vgpu
+        [mdev_nvidia-36]
+        device_addresses = 0000:84:00.0
+        """)
+    assert code == manage.EXIT_PROBLEMS
+    assert out.splitlines() == [
+        "error: [mdev_nvidia-35] device_addresses = '0000:86:00': not a PCI address "
+        "(dddd:bb:ss.f) nor a virtual device (<class>_<device>, e.g. mtty_mtty)",
+        "error: [mdev_nvidia-35] mdev_class = 'vgpu': Value 'vgpu' doesn't match regex "
+        "'^(VGPU|CUSTOM_[A-Z0-9_]+)$'",
+        "error: [mdev_nvidia-36] device_addresses = '0000:84:00.0': 0000:84:00.0 is also "
+        "listed under type nvidia-35; a device serves one type: remove it from "
+        "[mdev_nvidia-36] or [mdev_nvidia-35]",
+        "warning: [mdev_nvidia-35] device_addresses = '0000:99:00.0': no mdev-capable "
+        "device at this address on this host",
+        "warning: [devices] enabled_mdev_types = 'nvidia-99': no device on this host "
+        "offers this type",
+    ]
+
+
+def test_fake_host_profiles_and_create(tmp_path, run):
+    code, out, _ = run("fake-host", "profiles", "-f", "value", "-c", "name")
+    assert out.split() == ["a100-sriov", "l40s-vfio", "m60-multi", "mtty", "t4x8"]
+    target = tmp_path / "host"
+    code, out, _ = run("fake-host", "create", "--profile", "a100-sriov", "--profile", "t4x8",
+                       str(target))
+    assert code == 0 and "9 device(s), 24 mdev parent(s)" in out
+    code, out, _ = run("--sysfs-root", str(target), "types", "-f", "value", "-c", "parent")
+    assert len(set(out.split())) == 24
+
+
+def test_fake_host_refuses_a_non_empty_dir_and_unknown_profiles(tmp_path, run):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("")
+    code, _, err = run("fake-host", "create", "--profile", "t4x8", str(tmp_path / "busy"))
+    assert code == manage.EXIT_ERROR and "is not empty" in err
+    code, _, err = run("fake-host", "create", "--profile", "h100", str(tmp_path / "new"))
+    assert code == manage.EXIT_ERROR
+    assert "No fake-host profile named 'h100'; known profiles: a100-sriov" in err
