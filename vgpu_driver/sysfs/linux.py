@@ -114,14 +114,15 @@ class LinuxSysfs(base.SysfsHost):
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping type: %s", exc)
                 continue
-            type_dir = os.path.join(types_dir, type_id)
-            available = _int_or_none(read_attr(os.path.join(type_dir, "available_instances")))
+            # Plain concatenation: this loop runs for every type of every parent.
+            prefix = f"{types_dir}/{type_id}/"
+            available = _int_or_none(read_attr(prefix + "available_instances"))
             yield base.MdevTypeInfo(
                 type_id=type_id,
                 available_instances=available or 0,
-                device_api=read_attr(os.path.join(type_dir, "device_api")) or "",
-                name=read_attr(os.path.join(type_dir, "name")),
-                description=read_attr(os.path.join(type_dir, "description")))
+                device_api=read_attr(prefix + "device_api") or "",
+                name=read_attr(prefix + "name"),
+                description=read_attr(prefix + "description"))
 
     def list_mdevs(self):
         mdevs = []
