@@ -8,20 +8,32 @@ PROFILE=${1:-test}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
+as_root_apt_install() {
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing Debian packages: $*"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+    else
+        echo "==> missing Debian packages (install them as root): $*" >&2
+        return 1
+    fi
+}
+
 if [ ! -x "$VENV/bin/pip" ]; then
     echo "==> creating $VENV with $($PYTHON --version)"
-    "$PYTHON" -m venv "$VENV"
+    rm -rf "$VENV"
+    # Debian's own python3 needs python3-venv (ensurepip) for this.
+    if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
+        rm -rf "$VENV"
+        as_root_apt_install python3-venv python3-dev
+        "$PYTHON" -m venv "$VENV"
+    fi
 fi
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q tox bindep
 
 missing=$(cd "$TOP" && "$VENV/bin/bindep" -b "$PROFILE" || true)
 if [ -n "$missing" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "==> installing Debian packages: $(echo $missing)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
-    else
-        echo "==> missing Debian packages (install them as root): $(echo $missing)" >&2
-    fi
+    # shellcheck disable=SC2086 # one package per word
+    as_root_apt_install $missing || true
 fi
