@@ -8,16 +8,8 @@ import uuid
 
 import pytest
 
+from tests import confs
 from vgpu_driver.cmd import manage
-
-M60_CONF = """
-    [devices]
-    enabled_mdev_types = nvidia-35, nvidia-36
-    [mdev_nvidia-35]
-    device_addresses = 0000:84:00.0,0000:85:00.0
-    [mdev_nvidia-36]
-    device_addresses = 0000:86:00.0
-    """
 
 
 @pytest.fixture
@@ -65,7 +57,7 @@ def test_mdev_list_json(make_host, run):
 def test_inventory_json_of_nova_guide_host(make_host, run):
     host = make_host("m60-multi")
     code, out, _ = run("--sysfs-root", host.paths.root, "inventory", "-f", "json",
-                       conf=M60_CONF)
+                       conf=confs.NOVA_GUIDE_M60)
     rows = {r["gpu"]: r for r in json.loads(out)}
     assert code == 0
     assert [rows[g]["total"] for g in sorted(rows)] == [16, 16, 8, 0]
@@ -99,7 +91,8 @@ def test_inventory_refuses_an_unsound_config(make_host, run):
 
 def test_config_check_sound(make_host, run):
     host = make_host("m60-multi")
-    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=M60_CONF)
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check",
+                       conf=confs.NOVA_GUIDE_M60)
     assert code == 0
     assert out == "ok: 2 enabled type(s), 4 mdev-capable device(s) on this host\n"
 

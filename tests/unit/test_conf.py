@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests import confs
 from vgpu_driver import exception
 from vgpu_driver.conf import mdev_types
 
@@ -12,14 +13,7 @@ def problems(make_conf, text):
 
 
 def test_nova_guide_example_is_sound(make_conf):
-    config = mdev_types.from_conf(make_conf("""
-        [devices]
-        enabled_mdev_types = nvidia-35, nvidia-36
-        [mdev_nvidia-35]
-        device_addresses = 0000:84:00.0,0000:85:00.0
-        [mdev_nvidia-36]
-        device_addresses = 0000:86:00.0
-        """))
+    config = mdev_types.from_conf(make_conf(confs.NOVA_GUIDE_M60))
     assert config.enabled == ("nvidia-35", "nvidia-36")
     assert config.default_type is None
     assert dict(config.by_address) == {"0000:84:00.0": "nvidia-35",
@@ -147,3 +141,20 @@ def test_from_conf_raises_with_every_error(make_conf):
     assert len(caught.value.problems) == 2
     assert "[mdev_nvidia-35] device_addresses" in str(caught.value)
     assert "[mdev_nvidia-35] max_instances" in str(caught.value)
+
+
+def test_every_shipped_example_is_sound(make_conf):
+    """Each block of etc/vgpu-driver/nova.conf.example, uncommented, loads cleanly."""
+    import pathlib
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "etc/vgpu-driver/nova.conf.example"
+    blocks = example.read_text().split("# --- ")[1:]
+    assert len(blocks) == 4
+    for block in blocks:
+        ini = "\n".join(line[2:] for line in block.splitlines()[1:]
+                        if line.startswith("# [") or line.startswith("# ") and "=" in line)
+        conf = make_conf(ini)
+        config, found = mdev_types.load(conf)
+        assert found == [], (block, found)
+        assert config.types or conf.vgpu.state_dir == "/var/lib/vgpu-driver"
+    assert [t.type_id for t in config.types] == []  # the last block: [vgpu] only

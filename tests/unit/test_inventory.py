@@ -4,6 +4,7 @@ import uuid
 
 import pytest
 
+from tests import confs
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver.conf import mdev_types
@@ -84,14 +85,7 @@ def test_vfs_of_one_gpu_under_two_types_are_refused(make_host, tree_of):
 
 
 def test_m60_as_in_nova_guide(make_host, tree_of):
-    tree = tree_of(make_host("m60-multi"), """
-        [devices]
-        enabled_mdev_types = nvidia-35, nvidia-36
-        [mdev_nvidia-35]
-        device_addresses = 0000:84:00.0,0000:85:00.0
-        [mdev_nvidia-36]
-        device_addresses = 0000:86:00.0
-        """)
+    tree = tree_of(make_host("m60-multi"), confs.NOVA_GUIDE_M60)
     assert [(p.name, p.type_id, p.total) for p in tree.providers] == [
         ("cn1_pci_0000_84_00_0", "nvidia-35", 16), ("cn1_pci_0000_85_00_0", "nvidia-35", 16),
         ("cn1_pci_0000_86_00_0", "nvidia-36", 8)]

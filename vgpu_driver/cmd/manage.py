@@ -42,9 +42,6 @@ class ManageApp(app.App):
             "--nodename", default=socket.gethostname(),
             help="Compute node name; providers are named after it (default: %(default)s).")
         parser.add_argument(
-            "--libvirt-uri", metavar="URI",
-            help="libvirt connection used to tell which guest uses which mdev.")
-        parser.add_argument(
             "--state-dir", metavar="DIR",
             help="Directory of the driver's state (overrides [vgpu] state_dir).")
         return parser

@@ -45,6 +45,14 @@ def _os_error(code, path):
     return OSError(code, os.strerror(code), path)
 
 
+def _parse_int(value, attr):
+    """What kstrtoul() accepts (any base), else EINVAL as the store handlers give."""
+    try:
+        return int(value.strip(), 0)
+    except ValueError:
+        raise _os_error(errno.EINVAL, attr) from None
+
+
 def _write_file(path, text="", mode=0o444):
     if os.path.exists(path):
         os.chmod(path, 0o644)
@@ -360,10 +368,7 @@ class FakeKernel(linux.LinuxSysfs):
         return os.path.join(self.paths.root, MARKER_DIR, f"held-{uuid}")
 
     def _store_remove(self, mdev_dir, value):
-        try:
-            wanted = int(value.strip(), 0)
-        except ValueError:
-            raise _os_error(errno.EINVAL, "remove") from None
+        wanted = _parse_int(value, "remove")
         if not wanted:
             return
         uuid = os.path.basename(mdev_dir)
@@ -380,10 +385,7 @@ class FakeKernel(linux.LinuxSysfs):
 
     def _store_numvfs(self, pf_dir, value):
         gpu = self._gpu_of(pf_dir)
-        try:
-            wanted = int(value.strip(), 0)
-        except ValueError:
-            raise _os_error(errno.EINVAL, "sriov_numvfs") from None
+        wanted = _parse_int(value, "sriov_numvfs")
         current = len(self._current_vfs(gpu))
         if wanted > gpu["sriov"]["totalvfs"]:
             raise _os_error(errno.ERANGE, "sriov_numvfs")
@@ -398,10 +400,7 @@ class FakeKernel(linux.LinuxSysfs):
 
     def _store_vgpu_type(self, vf_dir, value):
         gpu = self._gpu_of(vf_dir)
-        try:
-            wanted = int(value.strip(), 0)
-        except ValueError:
-            raise _os_error(errno.EINVAL, "current_vgpu_type") from None
+        wanted = _parse_int(value, "current_vgpu_type")
         current_file = os.path.join(vf_dir, "nvidia", "current_vgpu_type")
         current = int(linux.read_attr(current_file) or 0)
         if wanted == 0:
