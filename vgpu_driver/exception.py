@@ -12,7 +12,19 @@ Tree::
     ├── SysfsError                    the sysfs tree could not be read
     ├── UnknownProfile                no such fake-host profile
     ├── FakeHostExists                fake-host target is not empty
-    └── MdevWriteError                the kernel refused a write (has .errno)
+    ├── MdevWriteError                the kernel refused a write (has .errno)
+    │   ├── MdevInvalidRequest        EINVAL
+    │   ├── MdevAlreadyExists         EEXIST
+    │   ├── MdevNoCapacity            EUSERS, ENOSPC, ENOMEM
+    │   ├── MdevParentGone            ENODEV
+    │   ├── MdevBusy                  EBUSY, or a remove that did not finish in time
+    │   └── MdevIOError               EIO
+    ├── AllocationError               an allocation cannot be met (nova reschedules)
+    │   ├── UnknownProvider           the allocation names no GPU of this host
+    │   ├── GpuGone                   the GPU (or all its parents) vanished
+    │   ├── WrongTypePresent          the GPU holds mdevs of another type in use
+    │   └── NoGpuCapacity             nothing free and nothing creatable
+    └── ClaimConflict                 an mdev is claimed by another instance
 """
 
 import errno as errno_mod
@@ -101,12 +113,90 @@ class MdevWriteError(VgpuDriverError):
         errno_mod.EBUSY: "The device is in use; stop the guest using it first.",
         errno_mod.EIO: "The vendor driver reported an I/O error; check the "
                        "host kernel log.",
+        errno_mod.ETIMEDOUT: "The kernel is still waiting for the guest to release "
+                             "the device; the mdev goes once the guest lets go.",
     }
 
     def __init__(self, action, target, os_error):
         self.errno = os_error.errno
+        self.action = action
+        self.target = target
         reason = os_error.strerror or str(os_error)
         hint = self.HINTS.get(self.errno, "")
         super().__init__(action=action, target=target,
                          reason=f"[{errno_mod.errorcode.get(self.errno, self.errno)}] {reason}",
                          hint=hint)
+
+    @staticmethod
+    def from_os_error(action, target, os_error):
+        """The typed subclass for the errno the kernel gave."""
+        cls = _BY_ERRNO.get(os_error.errno, MdevWriteError)
+        return cls(action, target, os_error)
+
+
+class MdevInvalidRequest(MdevWriteError):
+    pass
+
+
+class MdevAlreadyExists(MdevWriteError):
+    pass
+
+
+class MdevNoCapacity(MdevWriteError):
+    pass
+
+
+class MdevParentGone(MdevWriteError):
+    pass
+
+
+class MdevBusy(MdevWriteError):
+    pass
+
+
+class MdevIOError(MdevWriteError):
+    pass
+
+
+_BY_ERRNO = {
+    errno_mod.EINVAL: MdevInvalidRequest,
+    errno_mod.EEXIST: MdevAlreadyExists,
+    errno_mod.EUSERS: MdevNoCapacity,
+    errno_mod.ENOSPC: MdevNoCapacity,
+    errno_mod.ENOMEM: MdevNoCapacity,
+    errno_mod.ENODEV: MdevParentGone,
+    errno_mod.ENOENT: MdevParentGone,
+    errno_mod.EBUSY: MdevBusy,
+    errno_mod.ETIMEDOUT: MdevBusy,
+    errno_mod.EIO: MdevIOError,
+}
+
+
+class AllocationError(VgpuDriverError):
+    """The allocation cannot be turned into mdevs here; nova may reschedule."""
+
+    msg_fmt = "Cannot give %(instance)s its vGPU on %(gpu)s: %(reason)s"
+
+
+class UnknownProvider(AllocationError):
+    msg_fmt = ("Cannot give %(instance)s its vGPU: resource provider %(provider)s is not "
+               "a GPU of this host (was it removed? run 'vgpu-manage inventory').")
+
+
+class GpuGone(AllocationError):
+    msg_fmt = ("Cannot give %(instance)s its vGPU on %(gpu)s: the GPU has no mdev parent "
+               "any more (driver unloaded, or SR-IOV VFs not enabled).")
+
+
+class WrongTypePresent(AllocationError):
+    msg_fmt = ("Cannot give %(instance)s a %(type_id)s vGPU on %(gpu)s: the GPU holds "
+               "%(present)s still in use; it serves %(type_id)s once they are gone.")
+
+
+class NoGpuCapacity(AllocationError):
+    msg_fmt = ("Cannot give %(instance)s %(wanted)d x %(type_id)s on %(gpu)s: %(free)d free "
+               "and %(creatable)d creatable (%(claimed)d already claimed).")
+
+
+class ClaimConflict(VgpuDriverError):
+    msg_fmt = "mdev %(mdev)s is already claimed by instance %(owner)s."

@@ -74,7 +74,7 @@ def type_traits(type_id, type_name):
     return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
 
 
-def _configured_type(gpu, config):
+def configured_type(gpu, config):
     """``(type_id, None)`` or ``(None, reason the GPU is not served)``."""
     assigned = config.types_for(gpu.addresses)
     if len(assigned) > 1:
@@ -89,33 +89,50 @@ def _configured_type(gpu, config):
     return None, "not listed in any [mdev_<type>] device_addresses"
 
 
-def _per_gpu_limit(gpu, type_info):
+def per_gpu_limit(gpu, type_info):
     """The most mdevs of a type the GPU can ever host, when it is known."""
     limits = []
-    if type_info.max_instance:
+    if type_info is not None and type_info.max_instance:
         limits.append(type_info.max_instance)
     if gpu.sriov:
         limits.append(len(gpu.parents))
     return min(limits) if limits else None
 
 
-def _gpu_capacity(gpu, type_id):
+def _blocked_reason(gpu, type_id, in_use):
+    """Why a GPU cannot serve its type now: mdevs of other types."""
+    others = {}
+    for mdev in gpu.mdevs:
+        if mdev.type_id != type_id:
+            others.setdefault(mdev.type_id, []).append(mdev.uuid)
+    for parent in gpu.parents:
+        if parent.current_vgpu_type and parent.current_vgpu_type != type_id:
+            others.setdefault(parent.current_vgpu_type, []).append(parent.name)
+    if not others:
+        return f"no {type_id} can be created now"
+    listed = ", ".join(f"{len(u)} of {t}" for t, u in sorted(others.items()))
+    if in_use is None:
+        return (f"blocked by existing mdevs ({listed}); remove the unused ones to "
+                f"serve {type_id}")
+    busy = sum(1 for uuids in others.values() for u in uuids if u in in_use)
+    if busy:
+        return (f"draining: mdevs ({listed}) of which {busy} in use by guests; serves "
+                f"{type_id} once they are gone")
+    return f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
+
+
+def _gpu_capacity(gpu, type_id, in_use=None):
     """``(total, reserved, reason)`` for one GPU before host-wide caps."""
-    in_use = gpu.vgpu_types_in_use()
-    existing = in_use.get(type_id, 0)
+    existing = gpu.vgpu_types_in_use().get(type_id, 0)
     creatable = sum(info.available_instances for _, info in gpu.offers(type_id))
-    limit = _per_gpu_limit(gpu, gpu.type_info(type_id))
+    limit = per_gpu_limit(gpu, gpu.type_info(type_id))
     capacity = existing + creatable
     if limit is not None:
         capacity = min(capacity, max(limit, existing))
     if capacity:
         return capacity, 0, None
-    others = {t: n for t, n in in_use.items() if t != type_id}
-    blocking = ", ".join(f"{n} of {t}" for t, n in sorted(others.items()))
-    reason = (f"blocked by existing mdevs ({blocking}); remove the unused ones to "
-              f"serve {type_id}" if others else f"no {type_id} can be created now")
     potential = limit or 1
-    return potential, potential, reason
+    return potential, potential, _blocked_reason(gpu, type_id, in_use)
 
 
 def _apply_host_cap(rows, max_instances):
@@ -137,11 +154,15 @@ def _apply_host_cap(rows, max_instances):
     return capped
 
 
-def compute(snapshot, config, nodename):
-    """The desired :class:`ProviderTree` of a host."""
+def compute(snapshot, config, nodename, in_use=None):
+    """The desired :class:`ProviderTree` of a host.
+
+    ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
+    GPU draining for a type change from one blocked by unused mdevs.
+    """
     rows, unserved = [], []
     for gpu in snapshot.gpus:
-        type_id, why_not = _configured_type(gpu, config)
+        type_id, why_not = configured_type(gpu, config)
         if type_id is None:
             unserved.append((gpu.address, why_not))
             continue
@@ -151,7 +172,7 @@ def compute(snapshot, config, nodename):
             unserved.append((gpu.address, f"does not offer {type_id} (offers: "
                                           f"{', '.join(offered) or 'nothing'})"))
             continue
-        total, reserved, reason = _gpu_capacity(gpu, type_id)
+        total, reserved, reason = _gpu_capacity(gpu, type_id, in_use)
         rows.append({"gpu": gpu, "type_id": type_id, "total": total, "reserved": reserved,
                      "reason": reason, "type_name": type_info.name if type_info else None,
                      "existing": gpu.vgpu_types_in_use().get(type_id, 0)})

@@ -98,6 +98,10 @@ def check_mdev_uuid(value, source=None):
     return value
 
 
+def is_mdev_uuid(value):
+    return bool(isinstance(value, str) and _UUID_RE.match(value))
+
+
 def new_mdev_uuid():
     return str(uuid_mod.uuid4())
 

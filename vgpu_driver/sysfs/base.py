@@ -140,8 +140,12 @@ class SysfsHost(abc.ABC):
         """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
 
     @abc.abstractmethod
-    def remove_mdev(self, uuid):
-        """Write ``1`` to the mdev's ``remove``; raises MdevWriteError."""
+    def remove_mdev(self, uuid, timeout=None):
+        """Write ``1`` to the mdev's ``remove``; raises MdevWriteError.
+
+        The kernel may block a remove while a guest holds the device; with
+        ``timeout`` (seconds) that raises MdevBusy instead of waiting forever.
+        """
 
     @abc.abstractmethod
     def set_sriov_numvfs(self, address, count):

@@ -10,11 +10,13 @@ links), which is both exact for sysfs and cheap.
 import errno
 import os
 import re
+import threading
 
 from oslo_log import log as logging
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import privsep
 from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs import paths as sysfs_paths
 
@@ -43,6 +45,26 @@ def resolve_link(path):
     except (FileNotFoundError, OSError):
         return None
     return os.path.normpath(os.path.join(os.path.dirname(path), target))
+
+
+def _call_with_timeout(func, timeout, *args):
+    """Run ``func`` in a daemon thread; ETIMEDOUT if it is still blocked after."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = func(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="sysfs-write", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise OSError(errno.ETIMEDOUT, f"still blocked after {timeout:g}s", args[0])
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
 
 
 def _int_or_none(text):
@@ -143,6 +165,40 @@ class LinuxSysfs(base.SysfsHost):
                                        type_id=os.path.basename(type_path)))
         return mdevs
 
+    def parent_mdevs(self, parent):
+        """``[(uuid, type_id)]`` of the mdevs on one parent; None if it is gone.
+
+        Reads one directory, not the whole bus: allocations look at one GPU.
+        """
+        device_path = resolve_link(self.paths.parent(names.check_parent_name(parent)))
+        try:
+            entries = os.listdir(device_path) if device_path else None
+        except FileNotFoundError:
+            entries = None
+        if entries is None:
+            return None
+        found = []
+        for entry in sorted(entries):
+            if names.is_mdev_uuid(entry):
+                type_path = resolve_link(f"{device_path}/{entry}/mdev_type")
+                if type_path:
+                    found.append((entry, os.path.basename(type_path)))
+        return found
+
+    def available_instances(self, parent, type_id):
+        """One type's ``available_instances`` on one parent (0 if absent)."""
+        path = os.path.join(self.paths.parent_type(names.check_parent_name(parent),
+                                                   names.check_type_id(type_id)),
+                            "available_instances")
+        return _int_or_none(read_attr(path)) or 0
+
+    def mdev_created_at(self, uuid):
+        """When an mdev appeared (its sysfs entry's change time), or None."""
+        try:
+            return os.lstat(self.paths.mdev(names.check_mdev_uuid(uuid))).st_ctime
+        except FileNotFoundError:
+            return None
+
     def pci_device(self, address):
         dev = self.paths.pci_device(names.parse_pci_address(str(address)))
         if not os.path.isdir(dev):
@@ -185,24 +241,26 @@ class LinuxSysfs(base.SysfsHost):
     # -- writes --------------------------------------------------------------
 
     def write_attr(self, path, value):
-        """Write one sysfs attribute, as the kernel's store handler sees it."""
-        if not self.paths.contains(path):
-            raise exception.InvalidSysfsName("sysfs path", path)
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
+        """Write one sysfs attribute, through the privileged entry point."""
+        privsep.write_attr(self.paths.root, path, value)
 
-    def _write(self, action, target, path, value):
+    def _write(self, action, target, path, value, timeout=None):
+        """One write; kernel errnos become typed errors naming the target.
+
+        With ``timeout``, the write runs in a worker thread: the kernel can
+        block a ``remove`` for as long as a guest holds the device.
+        """
         try:
-            self.write_attr(path, value)
+            if timeout is None:
+                self.write_attr(path, value)
+            else:
+                _call_with_timeout(self.write_attr, timeout, path, value)
         except FileNotFoundError as exc:
-            raise exception.MdevWriteError(
+            raise exception.MdevParentGone(
                 action, target, OSError(errno.ENODEV, "No such device", exc.filename)
             ) from exc
         except OSError as exc:
-            raise exception.MdevWriteError(action, target, exc) from exc
+            raise exception.MdevWriteError.from_os_error(action, target, exc) from exc
 
     def create_mdev(self, parent, type_id, uuid):
         parent = names.check_parent_name(parent)
@@ -211,10 +269,10 @@ class LinuxSysfs(base.SysfsHost):
         self._write("create", f"{type_id} on {parent}",
                     os.path.join(self.paths.parent_type(parent, type_id), "create"), uuid)
 
-    def remove_mdev(self, uuid):
+    def remove_mdev(self, uuid, timeout=None):
         uuid = names.check_mdev_uuid(uuid)
         self._write("remove", f"mdev {uuid}",
-                    os.path.join(self.paths.mdev(uuid), "remove"), "1")
+                    os.path.join(self.paths.mdev(uuid), "remove"), "1", timeout)
 
     def set_sriov_numvfs(self, address, count):
         address = names.parse_pci_address(str(address))

@@ -1,0 +1,159 @@
+"""The claims journal: which instance holds which mdev, kept on disk.
+
+An mdev is *free* when no libvirt domain and no claim references it.  Every
+allocation records its claims here, in one transaction, before any mdev is
+created or handed out, so two allocations (threads or processes) can never
+take the same mdev, and a crash never loses track of one.  sqlite's
+``BEGIN IMMEDIATE`` takes the database's write lock: allocation decisions on
+a host are serialised by it, across processes.
+
+States: ``claimed`` (handed out, guest not defined yet), ``attached`` (the
+guest's domain references it), ``migrating_in`` (held for an incoming live
+migration), ``releasing`` (being removed: not free until it is gone).
+"""
+
+import contextlib
+import dataclasses
+import os
+import sqlite3
+import time
+
+from vgpu_driver import exception
+from vgpu_driver import names
+
+CLAIMED = "claimed"
+ATTACHED = "attached"
+MIGRATING_IN = "migrating_in"
+RELEASING = "releasing"
+STATES = (CLAIMED, ATTACHED, MIGRATING_IN, RELEASING)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS claims (
+    mdev_uuid     TEXT PRIMARY KEY,
+    instance_uuid TEXT NOT NULL,
+    gpu           TEXT NOT NULL,
+    parent        TEXT NOT NULL,
+    type_id       TEXT NOT NULL,
+    state         TEXT NOT NULL
+                  CHECK (state IN ('claimed', 'attached', 'migrating_in', 'releasing')),
+    created_at    REAL NOT NULL,
+    updated_at    REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS claims_by_instance ON claims (instance_uuid);
+"""
+
+_COLUMNS = "mdev_uuid, instance_uuid, gpu, parent, type_id, state, created_at, updated_at"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    mdev_uuid: str
+    instance_uuid: str
+    gpu: str
+    parent: str
+    type_id: str
+    state: str
+    created_at: float
+    updated_at: float
+
+
+class Journal:
+    """The claims database in ``[vgpu] state_dir``; one per process is fine."""
+
+    FILENAME = "claims.sqlite"
+
+    def __init__(self, state_dir, busy_timeout=30.0):
+        os.makedirs(state_dir, mode=0o750, exist_ok=True)
+        self.path = os.path.join(state_dir, self.FILENAME)
+        self._busy_timeout = busy_timeout
+        with self._connect() as db:
+            db.executescript(_SCHEMA)
+
+    def _connect(self):
+        # One connection per use: connections are not shared across threads,
+        # and opening one costs microseconds.
+        db = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return contextlib.closing(db)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """A write transaction holding the host-wide allocation lock."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield Transaction(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def claims(self, instance_uuid=None):
+        with self._connect() as db:
+            return Transaction(db).claims(instance_uuid)
+
+
+class Transaction:
+    """Reads and writes of one transaction (see :meth:`Journal.transaction`)."""
+
+    def __init__(self, db):
+        self._db = db
+
+    def claims(self, instance_uuid=None):
+        query = f"SELECT {_COLUMNS} FROM claims"
+        args = ()
+        if instance_uuid is not None:
+            query += " WHERE instance_uuid = ?"
+            args = (instance_uuid,)
+        return [Claim(*row) for row in self._db.execute(query + " ORDER BY mdev_uuid", args)]
+
+    def by_mdev(self):
+        return {c.mdev_uuid: c for c in self.claims()}
+
+    def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED):
+        names.check_mdev_uuid(mdev_uuid)
+        if state not in STATES:
+            raise ValueError(state)
+        now = time.time()
+        try:
+            self._db.execute(
+                f"INSERT INTO claims ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (mdev_uuid, instance_uuid, gpu, parent, type_id, state, now, now))
+        except sqlite3.IntegrityError:
+            owner = self._db.execute("SELECT instance_uuid FROM claims WHERE mdev_uuid = ?",
+                                     (mdev_uuid,)).fetchone()
+            raise exception.ClaimConflict(mdev=mdev_uuid,
+                                          owner=owner[0] if owner else "?") from None
+
+    def set_state(self, instance_uuid, state, mdev_uuids=None):
+        if state not in STATES:
+            raise ValueError(state)
+        query = "UPDATE claims SET state = ?, updated_at = ? WHERE instance_uuid = ?"
+        args = [state, time.time(), instance_uuid]
+        if mdev_uuids is not None:
+            query += f" AND mdev_uuid IN ({', '.join('?' * len(mdev_uuids))})"
+            args += list(mdev_uuids)
+        return self._db.execute(query, args).rowcount
+
+    def move(self, mdev_uuid, parent):
+        """Record that an mdev now lives on another parent of its GPU."""
+        self._db.execute("UPDATE claims SET parent = ?, updated_at = ? WHERE mdev_uuid = ?",
+                         (parent, time.time(), mdev_uuid))
+
+    def remove(self, instance_uuid=None, mdev_uuids=None):
+        """Delete claims of an instance and/or of given mdevs; returns them."""
+        clauses, args = [], []
+        if instance_uuid is not None:
+            clauses.append("instance_uuid = ?")
+            args.append(instance_uuid)
+        if mdev_uuids is not None:
+            clauses.append(f"mdev_uuid IN ({', '.join('?' * len(mdev_uuids))})")
+            args += list(mdev_uuids)
+        if not clauses:
+            raise ValueError("refusing to delete every claim")
+        where = " AND ".join(clauses)
+        gone = [Claim(*row) for row in self._db.execute(
+            f"SELECT {_COLUMNS} FROM claims WHERE {where}", args)]
+        self._db.execute(f"DELETE FROM claims WHERE {where}", args)
+        return gone

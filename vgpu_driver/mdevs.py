@@ -1,0 +1,266 @@
+"""Allocations -> mdevs: reuse a free one or create one, claims first.
+
+For each GPU provider in an instance's Placement allocation and each unit
+asked for, :meth:`MdevManager.allocate` takes a free mdev of the GPU's type
+(free: referenced by no domain and no claim) or creates one on a parent that
+can take it.  The decision and its claims are written in one journal
+transaction before any mdev is created or handed out; the creations follow.
+Choices are deterministic: free mdevs and parents in name order.
+
+Per allocation, only the parents of the GPUs asked for are read (their mdev
+directories and one ``available_instances`` each), so the cost does not grow
+with the host or with the number of guests.
+"""
+
+import dataclasses
+
+from oslo_log import log as logging
+
+from vgpu_driver import claims as claims_mod
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver import names
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One mdev an allocation hands out: reused, or to be created."""
+
+    mdev_uuid: str
+    gpu: str
+    parent: str
+    type_id: str
+    create: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _ParentState:
+    name: str
+    mdevs: tuple[tuple[str, str], ...]   # (uuid, type id)
+    available: int
+
+
+class MdevManager:
+    """The mdev lifecycle of one host: allocate and release, claims first."""
+
+    def __init__(self, host, journal, domains, mdev_config, *, remove_on_release=False,
+                 remove_timeout=30.0):
+        self.host = host
+        self.journal = journal
+        self.domains = domains
+        self.config = mdev_config
+        self.remove_on_release = remove_on_release
+        self.remove_timeout = remove_timeout
+        self._snapshot = None
+
+    # -- the host's structure, cached: which parents each GPU has ---------------------
+
+    def snapshot(self, refresh=False):
+        if refresh or self._snapshot is None:
+            self._snapshot = discovery.discover(self.host)
+        return self._snapshot
+
+    def configured_type(self, gpu):
+        type_id, _why = inventory.configured_type(gpu, self.config)
+        return type_id
+
+    def _gpu_states(self, instance, address, type_id):
+        """The GPU and the live state of its parents; refreshes a stale cache."""
+        for refresh in (False, True):
+            gpu = self.snapshot(refresh=refresh).gpu(address)
+            states = self._parent_states(gpu, type_id) if gpu is not None else None
+            if states is not None:
+                break
+        if gpu is None or not states:
+            raise exception.GpuGone(instance=instance, gpu=address)
+        if gpu.mode == discovery.MODE_VENDOR_VFIO:
+            raise exception.AllocationError(
+                instance=instance, gpu=address,
+                reason="GPUs on NVIDIA's vendor-specific VFIO framework are passed "
+                       "through as PCI VFs, not allocated as mdevs")
+        return gpu, states
+
+    def _parent_states(self, gpu, type_id):
+        """Each parent's mdevs and room for ``type_id``; None if one vanished."""
+        states = []
+        for parent in gpu.parents:
+            mdevs = self.host.parent_mdevs(parent.name)
+            if mdevs is None:
+                return None
+            available = self.host.available_instances(parent.name, type_id) \
+                if parent.type(type_id) else 0
+            states.append(_ParentState(parent.name, tuple(mdevs), available))
+        return states
+
+    # -- allocation ---------------------------------------------------------------------
+
+    def _requests(self, instance, allocations, providers):
+        """``[(GpuProvider, units)]`` for the mdev classes in an allocation."""
+        mdev_classes = {t.mdev_class for t in self.config.types}
+        requests = []
+        for rp_uuid, allocation in sorted(allocations.items()):
+            resources = allocation.get("resources", {})
+            units = sum(n for rc, n in resources.items() if rc in mdev_classes)
+            if not units:
+                continue
+            provider = providers.get(rp_uuid)
+            if provider is None:
+                raise exception.UnknownProvider(instance=instance, provider=rp_uuid)
+            units = resources.get(provider.resource_class, 0)
+            if units:
+                requests.append((provider, units))
+        return requests
+
+    def allocate(self, instance_uuid, allocations, providers):
+        """The mdev UUIDs for an instance's allocation, claimed and present.
+
+        ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
+        ``providers`` maps those rp UUIDs to this host's ``GpuProvider``.
+        Calling it again for the same instance returns the same mdevs.
+        """
+        requests = self._requests(instance_uuid, allocations, providers)
+        if not requests:
+            return []
+        with self.journal.transaction() as txn:
+            plan = self._plan(txn, instance_uuid, requests)
+            held = {c.mdev_uuid for c in txn.claims(instance_uuid)}
+            for item in plan:
+                if item.mdev_uuid not in held:
+                    txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id)
+        try:
+            for item in plan:
+                if item.create:
+                    self._create(item)
+        except exception.VgpuDriverError:
+            self._undo(instance_uuid, plan)
+            raise
+        LOG.info("Instance %s gets mdevs %s", instance_uuid,
+                 ", ".join(f"{p.mdev_uuid} ({'created' if p.create else 'reused'} on "
+                           f"{p.parent})" for p in plan))
+        return [item.mdev_uuid for item in plan]
+
+    def _plan(self, txn, instance, requests):
+        claimed = txn.by_mdev()
+        used = set(self.domains.mdev_users()) | set(claimed)
+        plan = []
+        for provider, units in requests:
+            plan += self._plan_gpu(instance, provider.gpu, provider.type_id, units, claimed,
+                                   used)
+        return plan
+
+    def _plan_gpu(self, instance, address, type_id, units, claimed, used):
+        gpu, states = self._gpu_states(instance, address, type_id)
+        existing = {uuid for s in states for uuid, _ in s.mdevs}
+        mine = [c for c in claimed.values()
+                if c.instance_uuid == instance and c.gpu == gpu.address]
+        plan = [Planned(c.mdev_uuid, gpu.address, c.parent, c.type_id,
+                        create=c.mdev_uuid not in existing) for c in mine[:units]]
+        wanted = units - len(plan)
+        free = [(s.name, uuid) for s in states for uuid, t in s.mdevs
+                if t == type_id and uuid not in used]
+        for parent, uuid in free[:wanted]:
+            plan.append(Planned(uuid, gpu.address, parent, type_id, create=False))
+        wanted -= min(wanted, len(free))
+        if wanted:
+            slots = self._creatable(gpu, type_id, states, claimed, existing)
+            if len(slots) < wanted:
+                self._refuse(instance, gpu, type_id, units, len(free), len(slots),
+                             states, claimed, used)
+            plan += [Planned(names.new_mdev_uuid(), gpu.address, parent, type_id, create=True)
+                     for parent in slots[:wanted]]
+        # The same order on a retry, whatever was reused or created first time.
+        return sorted(plan, key=lambda item: item.mdev_uuid)
+
+    def _creatable(self, gpu, type_id, states, claimed, existing):
+        """Parents to create on, one entry per mdev that still fits, in order.
+
+        Claims whose mdev is not created yet hold their place: the kernel's
+        counts do not know about them.
+        """
+        pending = {}
+        for claim in claimed.values():
+            if claim.gpu == gpu.address and claim.mdev_uuid not in existing:
+                pending[claim.parent] = pending.get(claim.parent, 0) + 1
+        slots = []
+        for state in states:
+            room = state.available - pending.get(state.name, 0)
+            slots += [state.name] * max(room, 0)
+        limit = inventory.per_gpu_limit(gpu, gpu.type_info(type_id))
+        if limit is not None:
+            of_type = sum(1 for s in states for _, t in s.mdevs if t == type_id)
+            slots = slots[:max(limit - of_type - sum(pending.values()), 0)]
+        return slots
+
+    def _refuse(self, instance, gpu, type_id, units, free, creatable, states, claimed, used):
+        others = {}
+        for state in states:
+            for uuid, t in state.mdevs:
+                if t != type_id:
+                    others.setdefault(t, []).append(uuid)
+        in_use = {t: [u for u in uuids if u in used] for t, uuids in others.items()}
+        if not free and not creatable and any(in_use.values()):
+            present = ", ".join(f"{len(u)} mdev(s) of {t}" for t, u in sorted(in_use.items())
+                                if u)
+            raise exception.WrongTypePresent(instance=instance, gpu=gpu.address,
+                                             type_id=type_id, present=present)
+        pending = sum(1 for c in claimed.values() if c.gpu == gpu.address)
+        raise exception.NoGpuCapacity(instance=instance, gpu=gpu.address, type_id=type_id,
+                                      wanted=units, free=free, creatable=creatable,
+                                      claimed=pending)
+
+    def _create(self, item):
+        try:
+            self.host.create_mdev(item.parent, item.type_id, item.mdev_uuid)
+        except exception.MdevAlreadyExists:
+            # Made by an earlier attempt that died after the kernel answered.
+            if item.mdev_uuid not in {u for u, _ in self.host.parent_mdevs(item.parent) or ()}:
+                raise
+
+    def _undo(self, instance_uuid, plan):
+        """Drop the claims of a failed allocation; what it created stays free."""
+        with self.journal.transaction() as txn:
+            txn.remove(instance_uuid, [p.mdev_uuid for p in plan])
+        LOG.warning("Released the claims of a failed allocation for %s", instance_uuid)
+
+    # -- after the guest is defined, and when it goes ---------------------------------------
+
+    def mark_attached(self, instance_uuid):
+        with self.journal.transaction() as txn:
+            return txn.set_state(instance_uuid, claims_mod.ATTACHED)
+
+    def release(self, instance_uuid):
+        """Forget an instance's claims; remove its mdevs if so configured.
+
+        With removal, claims stay (``releasing``) until the kernel has removed
+        the mdev, so nothing can hand it out while it goes.
+        """
+        with self.journal.transaction() as txn:
+            mine = txn.claims(instance_uuid)
+            if not self.remove_on_release:
+                txn.remove(instance_uuid)
+                return [c.mdev_uuid for c in mine]
+            txn.set_state(instance_uuid, claims_mod.RELEASING)
+        return self.finish_release([c.mdev_uuid for c in mine])
+
+    def finish_release(self, mdev_uuids):
+        """Remove mdevs held ``releasing`` and drop their claims once gone."""
+        users = self.domains.mdev_users()
+        done = []
+        for uuid in mdev_uuids:
+            if uuid in users:
+                LOG.warning("Not removing mdev %s: domain %s still uses it", uuid,
+                            users[uuid].name)
+            elif self.host.mdev_created_at(uuid) is not None:
+                try:
+                    self.host.remove_mdev(uuid, timeout=self.remove_timeout)
+                except exception.MdevWriteError as exc:
+                    LOG.warning("mdev %s not removed yet: %s", uuid, exc)
+                    continue
+            done.append(uuid)
+        if done:
+            with self.journal.transaction() as txn:
+                txn.remove(mdev_uuids=done)
+        return done

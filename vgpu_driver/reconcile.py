@@ -1,0 +1,221 @@
+"""Putting a host's mdevs right: orphans, stale types, reboots, stale claims.
+
+* An **orphan** is an mdev no domain and no claim references.  Orphans of a
+  type the GPU no longer serves are removed automatically, so a GPU can
+  switch types; others are removed on request (``vgpu-manage orphans``).
+* After a **reboot** the kernel has no mdevs and SR-IOV VFs come back only
+  once the vendor's enablement has run; every mdev a guest or claim still
+  references is created again, with its UUID, on its GPU.
+* A **stale claim** is one no guest came to use, or whose guest is gone.
+
+Removals hold a ``releasing`` claim while the kernel works, so nothing hands
+the mdev out meanwhile.
+"""
+
+import dataclasses
+import time
+
+from oslo_log import log as logging
+
+from vgpu_driver import claims as claims_mod
+from vgpu_driver import exception
+
+LOG = logging.getLogger(__name__)
+
+RECLAIMER = "vgpu-driver:reclaim"
+
+FREE = "free"
+STALE_TYPE = "stale-type"
+UNMANAGED = "unmanaged"
+
+
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    mdev_uuid: str
+    parent: str
+    gpu: str
+    type_id: str
+    kind: str          # free | stale-type | unmanaged
+    age: float | None  # seconds since the mdev appeared
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one mdev during a reconcile step."""
+
+    mdev_uuid: str
+    result: str        # removed | kept | restored | failed | would-remove
+    reason: str = ""
+
+
+class Reconciler:
+    def __init__(self, manager, clock=time.time):
+        self.manager = manager
+        self.clock = clock
+
+    @property
+    def host(self):
+        return self.manager.host
+
+    # -- orphans --------------------------------------------------------------------------
+
+    def orphans(self, grace=0.0):
+        """Unreferenced mdevs older than ``grace`` seconds, sorted by UUID."""
+        snapshot = self.manager.snapshot(refresh=True)
+        referenced = set(self.manager.domains.mdev_users())
+        referenced |= {c.mdev_uuid for c in self.manager.journal.claims()}
+        now = self.clock()
+        found = []
+        for mdev in snapshot.mdevs:
+            if mdev.uuid in referenced:
+                continue
+            created = self.host.mdev_created_at(mdev.uuid)
+            age = None if created is None else max(now - created, 0.0)
+            if age is not None and age < grace:
+                continue
+            gpu = snapshot.gpu_of_parent(mdev.parent)
+            serves = self.manager.configured_type(gpu) if gpu else None
+            kind = UNMANAGED if serves is None else (
+                FREE if serves == mdev.type_id else STALE_TYPE)
+            found.append(Orphan(mdev.uuid, mdev.parent, gpu.address if gpu else "",
+                                mdev.type_id, kind, age))
+        return found
+
+    def reclaim(self, orphans, dry_run=False):
+        """Remove the given orphans, each only if it is still unreferenced."""
+        if dry_run:
+            return [Outcome(o.mdev_uuid, "would-remove", o.kind) for o in orphans]
+        outcomes, taken = [], []
+        with self.manager.journal.transaction() as txn:
+            claimed = txn.by_mdev()
+            users = self.manager.domains.mdev_users()
+            for orphan in orphans:
+                if orphan.mdev_uuid in claimed or orphan.mdev_uuid in users:
+                    outcomes.append(Outcome(orphan.mdev_uuid, "kept", "in use now"))
+                    continue
+                txn.add(RECLAIMER, orphan.mdev_uuid, orphan.gpu, orphan.parent,
+                        orphan.type_id, claims_mod.RELEASING)
+                taken.append(orphan.mdev_uuid)
+        removed = set(self.manager.finish_release(taken))
+        for uuid in taken:
+            if uuid in removed:
+                LOG.info("Removed orphan mdev %s", uuid)
+                outcomes.append(Outcome(uuid, "removed"))
+            else:
+                outcomes.append(Outcome(uuid, "failed", "the kernel has not removed it "
+                                                        "yet; it stays reserved"))
+        return outcomes
+
+    def reclaim_stale_types(self, grace=0.0):
+        """Remove unused mdevs of a type their GPU no longer serves."""
+        stale = [o for o in self.orphans(grace) if o.kind == STALE_TYPE]
+        return self.reclaim(stale) if stale else []
+
+    def finish_releases(self):
+        """Finish removals a crash or a busy device interrupted."""
+        pending = [c.mdev_uuid for c in self.manager.journal.claims()
+                   if c.state == claims_mod.RELEASING]
+        return self.manager.finish_release(pending) if pending else []
+
+    # -- in-use view for the inventory ------------------------------------------------------
+
+    def in_use(self):
+        """mdev UUIDs a domain or a claim references (draining vs blocked)."""
+        return set(self.manager.domains.mdev_users()) | {
+            c.mdev_uuid for c in self.manager.journal.claims()}
+
+    # -- claims nobody came for ----------------------------------------------------------------
+
+    def clean_stale_claims(self, grace=600.0, live_instances=None):
+        """Drop claims whose guest never came or is gone; returns them.
+
+        A ``claimed`` claim older than ``grace`` that no domain references
+        never got its guest; an ``attached`` one without a domain lost it.
+        ``migrating_in`` claims are kept for the migration to settle them.
+        With ``live_instances``, claims of other instances go too.
+        """
+        users = self.manager.domains.mdev_users()
+        now = self.clock()
+        stale = []
+        for claim in self.manager.journal.claims():
+            if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
+                                                          claims_mod.RELEASING):
+                continue
+            gone = live_instances is not None and claim.instance_uuid not in live_instances
+            if gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace:
+                stale.append(claim)
+        if stale:
+            with self.manager.journal.transaction() as txn:
+                txn.remove(mdev_uuids=[c.mdev_uuid for c in stale])
+        for claim in stale:
+            LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
+                     claim.state, claim.instance_uuid, claim.mdev_uuid)
+        return stale
+
+    # -- after a reboot ---------------------------------------------------------------------------
+
+    def wanted_mdevs(self):
+        """``{uuid: Claim}`` of every mdev a guest or claim still needs."""
+        return {c.mdev_uuid: c for c in self.manager.journal.claims()
+                if c.state != claims_mod.RELEASING}
+
+    def restore(self, wait=120.0, first_delay=0.5, max_delay=8.0, sleep=time.sleep):
+        """Create again, with their UUIDs, the referenced mdevs sysfs lacks.
+
+        Waits (bounded, with backoff) for parents that are not there yet,
+        such as VFs before the vendor enables them; returns one Outcome per
+        mdev that was missing.
+        """
+        users = self.manager.domains.mdev_users()
+        wanted = self.wanted_mdevs()
+        unknown = [u for u in users if u not in wanted]
+        present = {m.uuid for m in self.manager.snapshot(refresh=True).mdevs}
+        missing = {u: c for u, c in wanted.items() if u not in present}
+        outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "
+                                         "records its GPU and type")
+                    for u in sorted(unknown) if u not in present]
+        deadline = self.clock() + wait
+        delay = first_delay
+        while missing:
+            for uuid, claim in sorted(missing.items()):
+                outcome = self._restore_one(claim)
+                if outcome is not None:
+                    outcomes.append(outcome)
+                    del missing[uuid]
+            if not missing or self.clock() >= deadline:
+                break
+            sleep(min(delay, max(deadline - self.clock(), 0)))
+            delay = min(delay * 2, max_delay)
+        for uuid, claim in sorted(missing.items()):
+            outcomes.append(Outcome(uuid, "failed", f"parent {claim.parent} of GPU "
+                                                    f"{claim.gpu} did not appear within "
+                                                    f"{wait:g}s"))
+        for outcome in outcomes:
+            log = LOG.info if outcome.result == "restored" else LOG.error
+            log("mdev %s: %s %s", outcome.mdev_uuid, outcome.result, outcome.reason)
+        return outcomes
+
+    def _restore_one(self, claim):
+        """Outcome once settled, or None to wait for the parent."""
+        snapshot = self.manager.snapshot(refresh=True)
+        gpu = snapshot.gpu(claim.gpu)
+        if gpu is None:
+            return None
+        parents = [p.name for p in gpu.parents if p.type(claim.type_id)]
+        # Its own parent first, then any other of the same GPU.
+        order = sorted(parents, key=lambda name: name != claim.parent)
+        if claim.parent not in parents and gpu.sriov:
+            return None  # its VF is not back yet: the vendor enables VFs after boot
+        for parent in order:
+            try:
+                self.host.create_mdev(parent, claim.type_id, claim.mdev_uuid)
+            except exception.MdevWriteError as exc:
+                last = exc
+                continue
+            if parent != claim.parent:
+                with self.manager.journal.transaction() as txn:
+                    txn.move(claim.mdev_uuid, parent)
+            return Outcome(claim.mdev_uuid, "restored", f"on {parent}")
+        if not order:
+            return None
+        return Outcome(claim.mdev_uuid, "failed", str(last))
