@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from tests import confs
+from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 
 
@@ -19,7 +20,9 @@ def run(tmp_path):
         conf_file.write_text(textwrap.dedent(conf))
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1", *argv])
+            code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1",
+                                "--state-dir", str(tmp_path / "state"),
+                                "--libvirt-uri", "test:///default", *argv])
         return code, out.getvalue(), err.getvalue()
     return run
 
@@ -51,7 +54,7 @@ def test_mdev_list_json(make_host, run):
     host.create_mdev("0000:41:01.2", "nvidia-470", uid)
     code, out, _ = run("--sysfs-root", host.paths.root, "mdev", "list", "-f", "json")
     assert json.loads(out) == [{"uuid": uid, "parent": "0000:41:01.2", "gpu": "0000:41:00.0",
-                                "type": "nvidia-470", "instance": None, "state": "active"}]
+                                "type": "nvidia-470", "instance": None, "state": "free"}]
 
 
 def test_inventory_json_of_nova_guide_host(make_host, run):
@@ -85,7 +88,7 @@ def test_inventory_refuses_an_unsound_config(make_host, run):
     code, out, err = run("--sysfs-root", host.paths.root, "inventory",
                          conf="[devices]\nenabled_mdev_types = nvidia-35\n"
                               "[mdev_nvidia-35]\nmax_instances = 0\n")
-    assert code == manage.EXIT_ERROR and out == ""
+    assert code == base.EXIT_ERROR and out == ""
     assert "[mdev_nvidia-35] max_instances = '0'" in err
 
 
@@ -108,7 +111,7 @@ def test_config_check_lists_each_problem(make_host, run):
         [mdev_nvidia-36]
         device_addresses = 0000:84:00.0
         """)
-    assert code == manage.EXIT_PROBLEMS
+    assert code == base.EXIT_PROBLEMS
     assert out.splitlines() == [
         "error: [mdev_nvidia-35] device_addresses = '0000:86:00': not a PCI address "
         "(dddd:bb:ss.f) nor a virtual device (<class>_<device>, e.g. mtty_mtty)",
@@ -139,7 +142,36 @@ def test_fake_host_refuses_a_non_empty_dir_and_unknown_profiles(tmp_path, run):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("")
     code, _, err = run("fake-host", "create", "--profile", "t4x8", str(tmp_path / "busy"))
-    assert code == manage.EXIT_ERROR and "is not empty" in err
+    assert code == base.EXIT_ERROR and "is not empty" in err
     code, _, err = run("fake-host", "create", "--profile", "h100", str(tmp_path / "new"))
-    assert code == manage.EXIT_ERROR
+    assert code == base.EXIT_ERROR
     assert "No fake-host profile named 'h100'; known profiles: a100-sriov" in err
+
+
+def test_orphans_list_and_reclaim(make_host, run):
+    host = make_host("t4x8")
+    free, stale = str(uuid.uuid4()), str(uuid.uuid4())
+    host.create_mdev("0000:18:00.0", "nvidia-231", free)
+    host.create_mdev("0000:19:00.0", "nvidia-222", stale)
+    conf = "[devices]\nenabled_mdev_types = nvidia-231\n"
+    code, out, _ = run("--sysfs-root", host.paths.root, "orphans", "list", "-f", "json",
+                       "-c", "uuid", "-c", "kind", conf=conf)
+    assert code == 0
+    assert sorted(json.loads(out), key=lambda r: r["kind"]) == [
+        {"uuid": free, "kind": "free"}, {"uuid": stale, "kind": "stale-type"}]
+    code, out, _ = run("--sysfs-root", host.paths.root, "orphans", "reclaim", "--dry-run",
+                       "-f", "value", "-c", "result", conf=conf)
+    assert out.split() == ["would-remove", "would-remove"] and len(host.list_mdevs()) == 2
+    code, out, _ = run("--sysfs-root", host.paths.root, "orphans", "reclaim", "-f", "json",
+                       conf=conf)
+    assert code == 0 and {r["result"] for r in json.loads(out)} == {"removed"}
+    assert host.list_mdevs() == []
+
+
+def test_orphans_refuse_to_run_blind(make_host, run):
+    host = make_host("t4x8")
+    code, _, err = run("--sysfs-root", host.paths.root, "--libvirt-uri",
+                       "qemu+unix:///system?socket=/nonexistent", "orphans", "reclaim",
+                       conf="[devices]\nenabled_mdev_types = nvidia-231\n")
+    assert code == base.EXIT_ERROR
+    assert "Without it, mdevs used by guests cannot be told from free ones" in err

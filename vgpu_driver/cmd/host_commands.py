@@ -4,6 +4,7 @@
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
+from vgpu_driver import libvirt_host
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.conf import mdev_types
@@ -34,18 +35,31 @@ class ListTypes(base.Lister):
 
 
 class ListMdevs(base.Lister):
-    """List existing mdevs with their parent, physical GPU and type."""
+    """List existing mdevs: parent, physical GPU, type, and who holds each.
+
+    ``state`` is the claim's (claimed, attached, migrating_in, releasing),
+    ``in-use`` for a guest's mdev nobody claimed, or ``free``.  Guests come
+    from libvirt; when it cannot be reached, only claims are shown.
+    """
 
     def take_action(self, parsed_args):
         snapshot = discovery.discover(self.app.open_host())
+        journal = self.app.journal()
+        claimed = {c.mdev_uuid: c for c in journal.claims()} if journal else {}
+        try:
+            users = self.app.domains().mdev_users()
+        except libvirt_host.LibvirtUnavailable as exc:
+            self.app.LOG.warning("%s", exc)
+            users = {}
         cols = ("uuid", "parent", "gpu", "type", "instance", "state")
         rows = []
         for mdev in snapshot.mdevs:
             gpu = snapshot.gpu_of_parent(mdev.parent)
-            # Who uses an mdev comes from libvirt and the claims journal;
-            # without them an mdev is only known to exist.
+            claim, user = claimed.get(mdev.uuid), users.get(mdev.uuid)
+            instance = user.uuid if user else claim.instance_uuid if claim else None
+            state = claim.state if claim else "in-use" if user else "free"
             rows.append((mdev.uuid, mdev.parent, gpu.address if gpu else None,
-                         mdev.type_id, None, "active"))
+                         mdev.type_id, instance, state))
         return cols, [columns.optional(r) for r in rows]
 
 

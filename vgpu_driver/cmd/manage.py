@@ -5,6 +5,7 @@ cliff command declared in ``setup.cfg`` (namespace ``vgpu_driver.manage``),
 so every listing takes ``-f table|json|yaml|value|csv``.
 """
 
+import os
 import socket
 import sys
 
@@ -13,11 +14,13 @@ from cliff import commandmanager
 from oslo_config import cfg
 
 import vgpu_driver
+from vgpu_driver import claims
 from vgpu_driver import conf as vgpu_conf
+from vgpu_driver import libvirt_host
+from vgpu_driver import mdevs
+from vgpu_driver import privsep
+from vgpu_driver import reconcile
 from vgpu_driver import sysfs
-from vgpu_driver.cmd.base import EXIT_ERROR  # noqa: F401
-from vgpu_driver.cmd.base import EXIT_OK  # noqa: F401
-from vgpu_driver.cmd.base import EXIT_PROBLEMS  # noqa: F401
 
 
 class ManageApp(app.App):
@@ -42,6 +45,10 @@ class ManageApp(app.App):
             "--nodename", default=socket.gethostname(),
             help="Compute node name; providers are named after it (default: %(default)s).")
         parser.add_argument(
+            "--libvirt-uri", metavar="URI",
+            help="libvirt connection telling which guest uses which mdev (overrides "
+                 "[vgpu] libvirt_uri).")
+        parser.add_argument(
             "--state-dir", metavar="DIR",
             help="Directory of the driver's state (overrides [vgpu] state_dir).")
         return parser
@@ -56,16 +63,37 @@ class ManageApp(app.App):
             conf([], project="nova", default_config_files=files)
             if self.options.sysfs_root:
                 conf.set_override("sysfs_root", self.options.sysfs_root, group="vgpu")
-            if self.options.state_dir:
-                conf.set_override("state_dir", self.options.state_dir, group="vgpu")
+            for option in ("state_dir", "libvirt_uri"):
+                value = getattr(self.options, option)
+                if value:
+                    conf.set_override(option, value, group="vgpu")
             self._conf = conf
         return self._conf
 
     def open_host(self):
         return sysfs.open_host(self.conf.vgpu.sysfs_root)
 
+    def journal(self, create=False):
+        """The claims journal; None when there is none and ``create`` is off."""
+        state_dir = self.conf.vgpu.state_dir
+        if not create and not os.path.exists(os.path.join(state_dir, claims.Journal.FILENAME)):
+            return None
+        return claims.Journal(state_dir)
+
+    def domains(self):
+        return libvirt_host.LibvirtDomains(self.conf.vgpu.libvirt_uri)
+
+    def lifecycle(self, mdev_config):
+        """A manager and reconciler over this host, its journal and libvirt."""
+        manager = mdevs.MdevManager(
+            self.open_host(), self.journal(create=True), self.domains(), mdev_config,
+            remove_on_release=self.conf.vgpu.remove_mdevs_on_release,
+            remove_timeout=self.conf.vgpu.mdev_remove_timeout)
+        return manager, reconcile.Reconciler(manager)
+
 
 def main(argv=None):
+    privsep.run_in_process_when_root()
     return ManageApp().run(sys.argv[1:] if argv is None else argv)
 
 

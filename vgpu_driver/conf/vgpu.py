@@ -26,6 +26,48 @@ kernel that lives in it.
 Directory for the driver's persistent state (the mdev claims journal).  It
 must survive reboots and be local to the host.
 """),
+    cfg.BoolOpt(
+        "remove_mdevs_on_release",
+        default=False,
+        help="""
+What to do with an instance's mdevs when it is deleted.  False keeps them
+for the next guest of the same type (nova's behaviour; fastest).  True
+removes them, leaving the GPU free to change type.  Either way an unused
+mdev of a type its GPU no longer serves is removed automatically.
+"""),
+    cfg.FloatOpt(
+        "mdev_remove_timeout",
+        default=30.0,
+        min=0.1,
+        help="""
+Seconds to wait for the kernel to remove an mdev.  The kernel blocks a
+removal while a guest still holds the device; past this time the mdev stays
+reserved and its removal is retried later.
+"""),
+    cfg.FloatOpt(
+        "restore_wait",
+        default=300.0,
+        min=0.0,
+        help="""
+At start-up, seconds to wait for the parents of mdevs that guests still
+reference to appear (SR-IOV VFs appear only after the vendor's enablement
+step).  Each mdev that could not be re-created by then is reported.
+"""),
+    cfg.FloatOpt(
+        "claim_grace",
+        default=600.0,
+        min=0.0,
+        help="""
+Seconds after which a claim that no guest has come to use is dropped as
+stale (for example, after a crash during a boot).
+"""),
+    cfg.StrOpt(
+        "libvirt_uri",
+        default="qemu:///system",
+        help="""
+libvirt connection whose domains (active and inactive) tell which mdevs are
+in use.
+"""),
 ]
 
 

@@ -1,0 +1,65 @@
+"""``orphans list`` and ``orphans reclaim``: mdevs nobody uses.
+
+An orphan is an mdev no libvirt domain (active or inactive) and no claim
+references.  Both commands need libvirt: without it a guest's mdev cannot be
+told from an orphan, and nothing is removed.
+"""
+
+from vgpu_driver import reconcile
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import columns
+from vgpu_driver.cmd import host_commands
+
+COLUMNS = ("uuid", "parent", "gpu", "type", "kind", "age")
+
+
+def _add_grace(parser):
+    parser.add_argument("--grace", type=float, default=0.0, metavar="SECONDS",
+                        help="Leave out mdevs younger than this (default: 0).")
+
+
+class ListOrphans(base.Lister):
+    """List mdevs no guest and no claim references.
+
+    kind: free (of the type its GPU serves, reusable), stale-type (of a type
+    its GPU no longer serves), unmanaged (on a GPU vgpu-driver does not serve).
+    """
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        _add_grace(parser)
+        return parser
+
+    def take_action(self, parsed_args):
+        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        rows = [(o.mdev_uuid, o.parent, o.gpu, o.type_id, o.kind,
+                 None if o.age is None else round(o.age, 1))
+                for o in reconciler.orphans(parsed_args.grace)]
+        return COLUMNS, [columns.optional(r) for r in rows]
+
+
+class ReclaimOrphans(base.Lister):
+    """Remove orphan mdevs (free and stale-type; unmanaged ones on request)."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        _add_grace(parser)
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Only say what would be removed.")
+        parser.add_argument("--include-unmanaged", action="store_true",
+                            help="Also remove orphans on GPUs vgpu-driver does not serve.")
+        return parser
+
+    def take_action(self, parsed_args):
+        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        orphans = [o for o in reconciler.orphans(parsed_args.grace)
+                   if parsed_args.include_unmanaged or o.kind != reconcile.UNMANAGED]
+        outcomes = reconciler.reclaim(orphans, dry_run=parsed_args.dry_run)
+        self.failed = any(o.result == "failed" for o in outcomes)
+        return ("uuid", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
+                                              for o in outcomes]
+
+    def run(self, parsed_args):
+        self.failed = False
+        code = super().run(parsed_args)
+        return code or (base.EXIT_PROBLEMS if self.failed else base.EXIT_OK)
