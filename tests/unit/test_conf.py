@@ -158,3 +158,11 @@ def test_every_shipped_example_is_sound(make_conf):
         assert found == [], (block, found)
         assert config.types or conf.vgpu.state_dir == "/var/lib/vgpu-driver"
     assert [t.type_id for t in config.types] == []  # the last block: [vgpu] only
+
+
+def test_overrides_stay_in_their_own_config(make_conf):
+    first, second = make_conf(""), make_conf("")
+    first.set_override("state_dir", "/elsewhere", group="vgpu")
+    first.set_override("enabled_mdev_types", ["nvidia-35"], group="devices")
+    assert second.vgpu.state_dir == "/var/lib/vgpu-driver"
+    assert second.devices.enabled_mdev_types == []

@@ -2,10 +2,14 @@
 
 from oslo_config import cfg
 
-devices_group = cfg.OptGroup(
-    "devices",
-    title="Mediated device types",
-    help="Which mediated device (mdev) types this host offers to guests.")
+
+def devices_group():
+    """A new group object per ConfigOpts (see ``conf.vgpu.vgpu_group``)."""
+    return cfg.OptGroup(
+        "devices",
+        title="Mediated device types",
+        help="Which mediated device (mdev) types this host offers to guests.")
+
 
 MDEV_CLASS_PATTERN = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
 
@@ -71,8 +75,8 @@ def group_name(type_id):
 
 
 def register_opts(conf):
-    conf.register_group(devices_group)
-    conf.register_opts(devices_opts, group=devices_group)
+    conf.register_group(devices_group())
+    conf.register_opts(devices_opts, group="devices")
 
 
 def register_dynamic_opts(conf):

@@ -7,7 +7,7 @@ from vgpu_driver.conf import vgpu
 def list_opts():
     template_group, template_opts = devices.template_group()
     return [
-        (devices.devices_group, devices.devices_opts),
+        (devices.devices_group(), devices.devices_opts),
         (template_group, template_opts),
-        (vgpu.vgpu_group, vgpu.vgpu_opts),
+        (vgpu.vgpu_group(), vgpu.vgpu_opts),
     ]

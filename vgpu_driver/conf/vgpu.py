@@ -4,10 +4,18 @@ from oslo_config import cfg
 
 from vgpu_driver.sysfs import paths
 
-vgpu_group = cfg.OptGroup(
-    "vgpu",
-    title="vgpu-driver",
-    help="Options of vgpu-driver itself (not read by nova).")
+
+def vgpu_group():
+    """A new group object per ConfigOpts.
+
+    ConfigOpts.register_group only copies a group shallowly, so one group
+    object registered twice shares its option table, overrides included,
+    between configs (nova's own CONF among them).
+    """
+    return cfg.OptGroup(
+        "vgpu",
+        title="vgpu-driver",
+        help="Options of vgpu-driver itself (not read by nova).")
 
 vgpu_opts = [
     cfg.StrOpt(
@@ -72,5 +80,5 @@ in use.
 
 
 def register_opts(conf):
-    conf.register_group(vgpu_group)
-    conf.register_opts(vgpu_opts, group=vgpu_group)
+    conf.register_group(vgpu_group())
+    conf.register_opts(vgpu_opts, group="vgpu")
