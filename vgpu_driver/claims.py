@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import sqlite3
+import threading
 import time
 
 from vgpu_driver import exception
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS claims (
     updated_at    REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS claims_by_instance ON claims (instance_uuid);
+CREATE INDEX IF NOT EXISTS claims_by_gpu ON claims (gpu);
 """
 
 _COLUMNS = "mdev_uuid, instance_uuid, gpu, parent, type_id, state, created_at, updated_at"
@@ -66,32 +68,36 @@ class Journal:
         os.makedirs(state_dir, mode=0o750, exist_ok=True)
         self.path = os.path.join(state_dir, self.FILENAME)
         self._busy_timeout = busy_timeout
-        with self._connect() as db:
-            db.executescript(_SCHEMA)
+        self._local = threading.local()
+        self._db().executescript(_SCHEMA)
 
-    def _connect(self):
-        # One connection per use: connections are not shared across threads,
-        # and opening one costs microseconds.
-        db = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        return contextlib.closing(db)
+    def _db(self):
+        """This thread's connection, kept open: opening one per transaction
+        costs a WAL checkpoint each time.  A forked child opens its own."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            db = sqlite3.connect(self.path, timeout=self._busy_timeout,
+                                 isolation_level=None, check_same_thread=True)
+            db.execute("PRAGMA journal_mode=WAL")
+            # Claims must survive power loss too: a reboot restores from them.
+            db.execute("PRAGMA synchronous=FULL")
+            local.db, local.pid = db, os.getpid()
+        return local.db
 
     @contextlib.contextmanager
     def transaction(self):
         """A write transaction holding the host-wide allocation lock."""
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield Transaction(db)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield Transaction(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def claims(self, instance_uuid=None):
-        with self._connect() as db:
-            return Transaction(db).claims(instance_uuid)
+        return Transaction(self._db()).claims(instance_uuid)
 
 
 class Transaction:
@@ -110,6 +116,15 @@ class Transaction:
 
     def by_mdev(self):
         return {c.mdev_uuid: c for c in self.claims()}
+
+    def on_gpu_or_of(self, gpus, instance_uuid):
+        """Claims on any of ``gpus`` or held by ``instance_uuid``: all an
+        allocation on those GPUs needs to look at, whatever the host's size."""
+        marks = ", ".join("?" * len(gpus))
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM claims WHERE gpu IN ({marks}) OR instance_uuid = ?",
+            (*gpus, instance_uuid))
+        return {row[0]: Claim(*row) for row in rows}
 
     def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED):
         names.check_mdev_uuid(mdev_uuid)

@@ -36,6 +36,16 @@ class Planned:
     create: bool
 
 
+class _Referenced:
+    """``uuid in referenced``: by a domain or a claim, without merging both."""
+
+    def __init__(self, users, claimed):
+        self._users, self._claimed = users, claimed
+
+    def __contains__(self, uuid):
+        return uuid in self._users or uuid in self._claimed
+
+
 @dataclasses.dataclass(frozen=True)
 class _ParentState:
     name: str
@@ -143,8 +153,8 @@ class MdevManager:
         return [item.mdev_uuid for item in plan]
 
     def _plan(self, txn, instance, requests):
-        claimed = txn.by_mdev()
-        used = set(self.domains.mdev_users()) | set(claimed)
+        claimed = txn.on_gpu_or_of(sorted({p.gpu for p, _ in requests}), instance)
+        used = _Referenced(self.domains.mdev_users(), claimed)
         plan = []
         for provider, units in requests:
             plan += self._plan_gpu(instance, provider.gpu, provider.type_id, units, claimed,

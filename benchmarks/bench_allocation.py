@@ -1,0 +1,669 @@
+"""Allocation latency as domains grow, against Nova's per-spawn XML scan.
+
+Nova decides which mdevs are free on every spawn by asking libvirt for every
+defined domain, parsing each one's XML and collecting its mdev hostdevs, so
+its cost grows with the number of domains.  This measures
+:meth:`vgpu_driver.mdevs.MdevManager.allocate` (claims journal, domain
+references, one GPU's sysfs) against that scan, timed in the same run on the
+same host, with 50, 500 and 5000 defined domains and 500 claims.  The
+targets are ``baseline / ours >= 20`` at 500 domains and
+``ours(5000) / ours(50) <= 1.5``.
+
+The domains are defined in libvirt's ``test://`` driver, so the baseline pays
+libvirt's real ``listAllDomains`` and ``XMLDesc`` calls.  Our side reads them
+through a :class:`~vgpu_driver.domains.DomainReferences` index built here:
+each domain's XML is parsed once, and define/undefine events keep the index
+current.
+
+Run ``python benchmarks/bench_allocation.py [--rounds N] [--json FILE]``.  It
+reports and always exits 0 on correct results; only a wrong answer (the
+timings would then mean nothing) exits 1.
+"""
+
+import argparse
+import cProfile
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from types import MappingProxyType
+
+try:
+    import libvirt
+except ImportError:  # pragma: no cover - depends on the environment
+    sys.exit("bench_allocation needs libvirt-python (pip install -e '.[libvirt]')")
+from lxml import etree
+
+from vgpu_driver import claims as claims_mod
+from vgpu_driver import discovery
+from vgpu_driver import domains
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver import mdevs
+from vgpu_driver.conf.mdev_types import MdevConfig
+from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.sysfs import fakekernel
+from vgpu_driver.sysfs import profiles
+
+NODENAME = "bench-host"
+TYPE_ID = "nvidia-222"  # T4-1B: at most 16 per GPU.
+MDEVS_PER_GPU = 16
+TARGET_USED = 15  # mdevs of the GPU allocated from that guests use; one stays free
+OTHER_USED = 5  # per other GPU
+CLAIMS = 500
+SIZES = (50, 500, 5000)
+RATIO_SIZE = 500
+
+RATIO_TARGET = 20.0
+FLAT_TARGET = 1.5
+
+# What Nova collects from each domain: the UUIDs of its mdev hostdevs.
+MDEV_XPATH = "./devices/hostdev[@mode='subsystem'][@type='mdev']/source/address/@uuid"
+EVENT_TIMEOUT = 10.0
+
+
+# -- the host and its guests ----------------------------------------------------
+
+
+def host_profile():
+    """``t4x8`` with every T4 full: 16 T4-1B each, UUIDs sorted per GPU.
+
+    Returns ``(profile, {gpu address: [mdev uuids, sorted]})``.
+    """
+    profile = profiles.load("t4x8")
+    by_gpu = {gpu["address"]: sorted(str(uuid.uuid4()) for _ in range(MDEVS_PER_GPU))
+              for gpu in profile["gpus"]}
+    profile["mdevs"] = [{"parent": address, "type": TYPE_ID, "uuid": u}
+                        for address, uuids in by_gpu.items() for u in uuids]
+    profile["description"] = (f"8 x T4 (t4x8), {MDEVS_PER_GPU} {TYPE_ID} mdevs on each "
+                              f"({MDEVS_PER_GPU * len(by_gpu)} in all)")
+    return profile, by_gpu
+
+
+class Guests:
+    """Who uses what: the same domains and claims for every size.
+
+    50 *local* domains use host mdevs: the first 15 of the target GPU (the
+    16th, last in name order, is the only free one there, so every
+    allocation skips 15 used mdevs first) and the first 5 of each other
+    GPU.  The rest stand for guests whose mdevs are not on this host right
+    now (shut off, their mdevs gone); each costs the baseline a parse.
+    The journal holds the same 500 ``attached`` claims at every size: those
+    of the 50 local domains, and those of the next 450, recorded on the
+    other GPUs (their mdevs are recreated when the guests start).
+    """
+
+    def __init__(self, by_gpu, target):
+        self.target = target
+        self.free = by_gpu[target][TARGET_USED]
+        self.local = [(target, u) for u in by_gpu[target][:TARGET_USED]]
+        others = [address for address in by_gpu if address != target]
+        for address in others:
+            self.local += [(address, u) for u in by_gpu[address][:OTHER_USED]]
+        remote_count = max(SIZES) - len(self.local)
+        self.remote = [str(uuid.uuid4()) for _ in range(remote_count)]
+        self.domain_uuids = [str(uuid.uuid4()) for _ in range(max(SIZES))]
+        self.claims = [(self.domain_uuids[i], mdev, gpu, claims_mod.ATTACHED)
+                       for i, (gpu, mdev) in enumerate(self.local)]
+        pending = CLAIMS - len(self.claims)
+        self.claims += [(self.domain_uuids[len(self.local) + i], mdev,
+                         others[i % len(others)], claims_mod.ATTACHED)
+                        for i, mdev in enumerate(self.remote[:pending])]
+
+    def mdev_of(self, index):
+        if index < len(self.local):
+            return self.local[index][1]
+        return self.remote[index - len(self.local)]
+
+    def domain_mdevs(self, count):
+        """``{mdev uuid: domain uuid}`` of the first ``count`` domains."""
+        return {self.mdev_of(i): self.domain_uuids[i] for i in range(count)}
+
+
+def domain_xml(index, dom_uuid, mdev_uuid):
+    """A guest as nova-compute defines it, with one mdev hostdev."""
+    return f"""<domain type='test'>
+  <name>instance-{index:08x}</name>
+  <uuid>{dom_uuid}</uuid>
+  <metadata>
+    <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
+      <nova:flavor name="g1.vgpu"><nova:memory>4096</nova:memory><nova:vcpus>4</nova:vcpus>
+      </nova:flavor>
+    </nova:instance>
+  </metadata>
+  <memory unit='KiB'>4194304</memory>
+  <vcpu>4</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2' cache='none'/>
+      <source file='/var/lib/nova/instances/{dom_uuid}/disk'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <interface type='bridge'>
+      <mac address='fa:16:3e:{index >> 16 & 255:02x}:{index >> 8 & 255:02x}:{index & 255:02x}'/>
+      <source bridge='br-int'/>
+      <model type='virtio'/>
+    </interface>
+    <hostdev mode='subsystem' type='mdev' model='vfio-pci' managed='no'>
+      <source><address uuid='{mdev_uuid}'/></source>
+    </hostdev>
+  </devices>
+</domain>"""
+
+
+def mdev_uuids(xml):
+    return etree.fromstring(xml).xpath(MDEV_XPATH)
+
+
+# -- our side: a libvirt-backed DomainReferences -------------------------------------
+
+
+class LibvirtDomainIndex(domains.DomainReferences):
+    """``{mdev uuid: DomainRef}`` from libvirt, parsed once, kept by events.
+
+    The package has no libvirt-backed source yet; this is its realistic
+    shape.  Lifecycle events (registered before the first scan, so none is
+    lost) reparse the one domain that changed.  The map is replaced, not
+    mutated, on each change, so :meth:`mdev_users` is O(1) and never sees
+    a half-made update.
+    """
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._by_domain = {}
+        self._users = MappingProxyType({})
+        self.update_ms = []
+        self._callback = conn.domainEventRegisterAny(
+            None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_event, None)
+        # Events that come during the scan wait for the lock, then apply on top.
+        with self._lock:
+            users = {}
+            for dom in conn.listAllDomains(0):
+                ref = domains.DomainRef(dom.UUIDString(), dom.name())
+                uuids = mdev_uuids(dom.XMLDesc(0))
+                self._by_domain[ref.uuid] = ref, tuple(uuids)
+                users.update(dict.fromkeys(uuids, ref))
+            self._users = MappingProxyType(users)
+
+    def close(self):
+        self._conn.domainEventDeregisterAny(self._callback)
+
+    def _set(self, dom_uuid, name, uuids):
+        """One domain's mdevs changed: a new map, one copy, no full rebuild."""
+        with self._lock:
+            users = dict(self._users)
+            old_ref, before = self._by_domain.pop(dom_uuid, (None, ()))
+            for mdev_uuid in before:
+                if users.get(mdev_uuid) is old_ref:
+                    del users[mdev_uuid]
+            if uuids:
+                ref = domains.DomainRef(dom_uuid, name)
+                self._by_domain[dom_uuid] = ref, tuple(uuids)
+                users.update(dict.fromkeys(uuids, ref))
+            self._users = MappingProxyType(users)
+
+    def _on_event(self, conn, dom, event, detail, opaque):
+        start = time.perf_counter()
+        try:
+            gone = (event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED and not dom.isActive()) or (
+                event == libvirt.VIR_DOMAIN_EVENT_STOPPED and not dom.isPersistent())
+            uuids = () if gone else mdev_uuids(dom.XMLDesc(0))
+        except libvirt.libvirtError:
+            uuids = ()  # gone before we looked
+        self._set(dom.UUIDString(), dom.name(), uuids)
+        self.update_ms.append((time.perf_counter() - start) * 1000)
+
+    def mdev_users(self):
+        return self._users
+
+    def wait_for(self, mdev_uuid, present):
+        deadline = time.monotonic() + EVENT_TIMEOUT
+        while (mdev_uuid in self._users) != present:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no event for mdev {mdev_uuid} in {EVENT_TIMEOUT}s")
+            time.sleep(0.0002)
+
+
+def start_event_loop():
+    """libvirt's default event loop in a daemon thread, as nova-compute runs it."""
+    libvirt.virEventRegisterDefaultImpl()
+
+    def run():
+        while True:
+            libvirt.virEventRunDefaultImpl()
+
+    threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+
+
+def open_libvirt(tmp, guests, count):
+    """A private ``test://`` driver holding the first ``count`` domains."""
+    node = os.path.join(tmp, f"node-{count}.xml")
+    with open(node, "w") as f:
+        f.write("<node/>")
+    conn = libvirt.open("test://" + node)
+    start = time.perf_counter()
+    for index in range(count):
+        conn.defineXML(domain_xml(index, guests.domain_uuids[index], guests.mdev_of(index)))
+    define_ms = (time.perf_counter() - start) * 1000
+    flush_events(conn)
+    return conn, define_ms
+
+
+def flush_events(conn):
+    """Wait until every event queued so far is dispatched (they come in order).
+
+    So no DEFINED event of the setup reaches the index once it listens.
+    """
+    done = threading.Event()
+    sentinel = str(uuid.uuid4())
+
+    def on_event(_conn, dom, event, _detail, _opaque):
+        if dom.UUIDString() == sentinel and event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED:
+            done.set()
+
+    callback = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                           on_event, None)
+    try:
+        conn.defineXML(domain_xml(0xFFFFFFF, sentinel, str(uuid.uuid4()))).undefine()
+        if not done.wait(EVENT_TIMEOUT):
+            raise RuntimeError(f"libvirt events not dispatched in {EVENT_TIMEOUT}s")
+    finally:
+        conn.domainEventDeregisterAny(callback)
+
+
+# -- the two paths ------------------------------------------------------------------
+
+
+def nova_scan(conn, host, parents):
+    """What Nova does per spawn: every domain's XML, then a free mdev.
+
+    Cheaper than Nova itself: lxml and one XPath instead of building the
+    full guest config objects, and the one parent's sysfs directory instead
+    of libvirt's node devices.  It writes no claim either.
+    """
+    used = set()
+    for dom in conn.listAllDomains(0):
+        used.update(mdev_uuids(dom.XMLDesc(0)))
+    for parent in parents:
+        for mdev_uuid, type_id in host.parent_mdevs(parent):
+            if type_id == TYPE_ID and mdev_uuid not in used:
+                return mdev_uuid
+    return None
+
+
+class Ours:
+    """One spawn's allocation, then (untimed) the guest's define and delete."""
+
+    def __init__(self, manager, index, conn, provider):
+        self.manager, self.index, self.conn = manager, index, conn
+        self.rp_uuid = str(uuid.uuid4())
+        self.providers = {self.rp_uuid: provider}
+        self.allocations = {self.rp_uuid: {"resources": {provider.resource_class: 1}}}
+        self.spawns = 0
+
+    def allocate(self, instance_uuid):
+        return self.manager.allocate(instance_uuid, self.allocations, self.providers)
+
+    def guest_comes_and_goes(self, instance_uuid, mdev_uuid):
+        """Define the guest, attach, undefine, release: state as before."""
+        self.spawns += 1
+        dom = self.conn.defineXML(domain_xml(0xF000000 + self.spawns, instance_uuid,
+                                             mdev_uuid))
+        self.index.wait_for(mdev_uuid, present=True)
+        self.manager.mark_attached(instance_uuid)
+        dom.undefine()
+        self.index.wait_for(mdev_uuid, present=False)
+        self.manager.release(instance_uuid)
+
+
+# -- timing --------------------------------------------------------------------
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim(0)``, or nothing where there is no glibc."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (AttributeError, OSError, TypeError):
+        return None
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
+def settle():
+    """Before each timed window: collect garbage and hand freed memory back.
+
+    Otherwise whichever side runs second pays for the heap the other left
+    behind: an allocation right after a 500-domain scan took about twice as
+    long as one right after another allocation.
+    """
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
+
+
+def time_rounds(rounds, baseline, ours, expected):
+    """Interleaved rounds, alternating which side goes first.
+
+    One untimed run of each first.  Every answer is checked; the wrong
+    ones are returned with the samples.
+    """
+    wrong = []
+
+    def one_baseline():
+        settle()
+        start = time.perf_counter()
+        got = baseline()
+        elapsed = (time.perf_counter() - start) * 1000
+        if got != expected:
+            wrong.append(f"baseline picked {got}, expected {expected}")
+        return elapsed
+
+    def one_ours():
+        instance = str(uuid.uuid4())
+        settle()
+        start = time.perf_counter()
+        try:
+            got = ours.allocate(instance)
+        except exception.VgpuDriverError as exc:
+            got = f"{type(exc).__name__}: {exc}"
+        elapsed = (time.perf_counter() - start) * 1000
+        if got != [expected]:
+            wrong.append(f"ours gave {got}, expected [{expected}]")
+        if isinstance(got, list) and got:
+            ours.guest_comes_and_goes(instance, got[0])
+        return elapsed
+
+    one_baseline()
+    one_ours()
+    baseline_ms, ours_ms = [], []
+    for index in range(rounds):
+        if index % 2:
+            ours_ms.append(one_ours())
+            baseline_ms.append(one_baseline())
+        else:
+            baseline_ms.append(one_baseline())
+            ours_ms.append(one_ours())
+    return baseline_ms, ours_ms, wrong
+
+
+def _summary(samples):
+    return {"median": statistics.median(samples), "min": min(samples),
+            "max": max(samples), "samples": samples}
+
+
+def profile_ours(ours, rounds):
+    """cProfile over ``rounds`` allocations (guest lifecycle not profiled)."""
+    profiler = cProfile.Profile()
+    for _ in range(rounds):
+        instance = str(uuid.uuid4())
+        settle()
+        profiler.enable()
+        got = ours.allocate(instance)
+        profiler.disable()
+        ours.guest_comes_and_goes(instance, got[0])
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, func), (_cc, calls, tottime, cumtime, _) in stats.stats.items():
+        where = _short(filename)
+        rows.append({"function": f"{where}:{line}({func})", "calls": calls // rounds,
+                     "tottime_ms": tottime * 1000 / rounds,
+                     "cumtime_ms": cumtime * 1000 / rounds})
+    return rows
+
+
+def _short(filename):
+    for marker in ("vgpu_driver" + os.sep, "benchmarks" + os.sep):
+        if marker in filename:
+            return filename[filename.index(marker):]
+    return os.path.basename(filename) if filename.startswith(("/", "<frozen")) else filename
+
+
+# -- checking and reporting ----------------------------------------------------
+
+
+def check_state(journal, index, conn, guests, count):
+    """Both sides see the same world: index == full scan, claims as made."""
+    problems = []
+    scanned = {}
+    for dom in conn.listAllDomains(0):
+        for mdev_uuid in mdev_uuids(dom.XMLDesc(0)):
+            scanned[mdev_uuid] = dom.UUIDString()
+    indexed = {m: ref.uuid for m, ref in index.mdev_users().items()}
+    if indexed != scanned:
+        problems.append(f"the index has {len(indexed)} mdevs, a full scan finds "
+                        f"{len(scanned)} ({len(set(indexed) ^ set(scanned))} differ)")
+    if scanned != guests.domain_mdevs(count):
+        problems.append(f"libvirt holds {len(scanned)} mdev references, not {count}")
+    held = {c.mdev_uuid: c.instance_uuid for c in journal.claims()}
+    if held != {mdev: inst for inst, mdev, _gpu, _state in guests.claims}:
+        problems.append(f"the journal holds {len(held)} claims, expected {CLAIMS}")
+    return problems
+
+
+def _fs_type(path):
+    """The file-system type under ``path`` (from /proc/mounts), if known."""
+    best, fs = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                mount = fields[1]
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and \
+                        len(mount) > len(best):
+                    best, fs = mount, fields[2]
+    except OSError:
+        pass
+    return fs
+
+
+def _mark(ok):
+    return "PASS" if ok else "MISS"
+
+
+def print_setup(results):
+    print(f"Host: {results['host']}")
+    print(f"  allocating 1 x {TYPE_ID} on {results['gpu']}: {TARGET_USED} of its "
+          f"{MDEVS_PER_GPU} mdevs are in use, the free one is last in name order")
+    local = results["local_domains"]
+    print(f"Journal: {CLAIMS} attached claims ({local} for guests on host mdevs, the "
+          f"others on other GPUs); state dir on {results['state_fs']}")
+    print(f"Domains: libvirt {results['libvirt']} test driver, each with a disk, an "
+          f"interface and one mdev hostdev; {local} use host mdevs, the others mdevs "
+          f"that are not on this host")
+    print()
+    print("Setup per size (untimed in the rounds)")
+    print(f"  {'domains':>7} {'defineXML ms':>13} {'index build ms':>15} "
+          f"{'index update ms':>16}")
+    for size in results["sizes"]:
+        print(f"  {size['domains']:>7} {size['define_ms']:>13.1f} "
+              f"{size['index_build_ms']:>15.1f} {size['index_update_ms']:>16.3f}")
+    print("  (index update: median handling of one define/undefine event)")
+    print()
+
+
+def print_timing(results):
+    print(f"Timing: allocate 1 VGPU, {results['rounds']} interleaved rounds per size "
+          f"(Python {platform.python_version()}, tree and journal under "
+          f"{results['tmp_dir']})")
+    print(f"  {'domains':>7} {'ours ms':>9} {'min':>7} {'baseline ms':>12} {'min':>8} "
+          f"{'baseline/ours':>14}")
+    for size in results["sizes"]:
+        ours, base = size["ours_ms"], size["baseline_ms"]
+        print(f"  {size['domains']:>7} {ours['median']:>9.3f} {ours['min']:>7.3f} "
+              f"{base['median']:>12.2f} {base['min']:>8.2f} {size['ratio_median']:>14.1f}")
+    print(f"  (medians; baseline/ours is the ratio of the medians; each timed window "
+          f"follows {results['settle']})")
+    print()
+    targets = results["targets"]
+    print("Targets")
+    print(f"  [{_mark(targets['ratio_ok'])}] baseline/ours at {RATIO_SIZE} domains "
+          f"{targets['ratio_at_size']:.1f} >= {RATIO_TARGET:.0f}")
+    print(f"  [{_mark(targets['flat_ok'])}] ours({max(SIZES)}) / ours({min(SIZES)}) "
+          f"{targets['flatness']:.2f} <= {FLAT_TARGET}")
+
+
+# Parts of an allocation, as ``(label, [function suffixes whose cumulative times add up])``.
+PROFILE_PARTS = (
+    ("claims journal (claims.py, sqlite3)",
+     ["claims.py(transaction)", "claims.py(claims)", "claims.py(add)"]),
+    ("one GPU's sysfs (mdevs.py _gpu_states)", ["mdevs.py(_gpu_states)"]),
+    ("domain references (the mdev_users() call itself)", ["(mdev_users)"]),
+)
+
+
+def _cum(rows, suffixes):
+    total = 0.0
+    for row in rows:
+        function = row["function"]
+        name = function[:function.index(":")] + function[function.index("("):]
+        if any(name.endswith(suffix) for suffix in suffixes):
+            total += row["cumtime_ms"]
+    return total
+
+
+def profile_parts(rows):
+    """``[(label, ms)]``: the journal, the sysfs reads, the domain references, the rest."""
+    total = max(r["cumtime_ms"] for r in rows)
+    parts = [(label, _cum(rows, suffixes)) for label, suffixes in PROFILE_PARTS]
+    parts.append(("the rest (planning, logging)", total - sum(ms for _, ms in parts)))
+    return total, parts
+
+
+def print_profile(rows, size, rounds):
+    total, parts = profile_parts(rows)
+    print()
+    print(f"Where ours spends its time: cProfile over {rounds} allocations at {size} domains, "
+          f"{total:.3f} ms each (profiled)")
+    for label, ms in parts:
+        print(f"  {ms:>7.3f} ms {100 * ms / total:>4.0f} %  {label}")
+    print(f"  {'own ms':>7} {'cum ms':>7} {'calls':>5}  functions by own time")
+    for row in sorted(rows, key=lambda r: r["tottime_ms"], reverse=True)[:10]:
+        print(f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
+              f"{row['function']}")
+
+
+# -- one size, and the whole run --------------------------------------------------------
+
+
+def run_size(args, tmp, count, host, journal, guests, config, provider, parents):
+    conn, define_ms = open_libvirt(tmp, guests, count)
+    start = time.perf_counter()
+    index = LibvirtDomainIndex(conn)
+    build_ms = (time.perf_counter() - start) * 1000
+    try:
+        problems = check_state(journal, index, conn, guests, count)
+        if problems:
+            return None, problems, None
+        manager = mdevs.MdevManager(host, journal, index, config)
+        ours = Ours(manager, index, conn, provider)
+        baseline_ms, ours_ms, wrong = time_rounds(
+            args.rounds, lambda: nova_scan(conn, host, parents), ours, guests.free)
+        problems = wrong + check_state(journal, index, conn, guests, count)
+        profile = profile_ours(ours, args.rounds) if count == max(SIZES) else None
+        base, mine = _summary(baseline_ms), _summary(ours_ms)
+        size = {"domains": count, "define_ms": define_ms, "index_build_ms": build_ms,
+                "index_update_ms": statistics.median(index.update_ms),
+                "baseline_ms": base, "ours_ms": mine,
+                "ratio_median": base["median"] / mine["median"],
+                "ratio_min": base["min"] / mine["min"]}
+        return size, problems, profile
+    finally:
+        index.close()
+        conn.close()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="Timed rounds of each path per size (default: 30).")
+    parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
+    parser.add_argument("--tmpdir", metavar="DIR",
+                        help="Where to write the fake tree and the claims journal "
+                             "(default: the system's temp dir).")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def setup_host(tmp):
+    """The fake host, its journal with the claims, and what allocation needs."""
+    profile, by_gpu = host_profile()
+    host = fakekernel.FakeKernel.build(os.path.join(tmp, "sys"), profile)
+    target = sorted(by_gpu)[0]
+    guests = Guests(by_gpu, target)
+    journal = claims_mod.Journal(os.path.join(tmp, "state"))
+    with journal.transaction() as txn:
+        for instance, mdev_uuid, gpu, state in guests.claims:
+            txn.add(instance, mdev_uuid, gpu, gpu, TYPE_ID, state)
+    config = MdevConfig(types=(TypeConfig(TYPE_ID),), default_type=TYPE_ID)
+    snapshot = discovery.discover(host)
+    provider = inventory.compute(snapshot, config, NODENAME).by_gpu(target)
+    parents = [p.name for p in snapshot.gpu(target).parents]
+    return profile, host, journal, guests, config, provider, parents
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    start_event_loop()
+    sizes, problems, profile = [], [], None
+    with tempfile.TemporaryDirectory(prefix="bench-allocation-", dir=args.tmpdir) as tmp:
+        host_profile_, host, journal, guests, config, provider, parents = setup_host(tmp)
+        local = len(guests.local)
+        state_fs = _fs_type(os.path.realpath(tmp))
+        for count in SIZES:
+            size, wrong, size_profile = run_size(args, tmp, count, host, journal, guests,
+                                                 config, provider, parents)
+            problems += [f"{count} domains: {p}" for p in wrong]
+            if size is None:
+                break
+            sizes.append(size)
+            profile = size_profile or profile
+    if problems:
+        print("WRONG RESULTS, the timings mean nothing:\n  " + "\n  ".join(problems[:20]))
+        return 1
+    by_size = {s["domains"]: s for s in sizes}
+    flatness = by_size[max(SIZES)]["ours_ms"]["median"] / by_size[min(SIZES)]["ours_ms"][
+        "median"]
+    results = {
+        "benchmark": "allocation", "host": host_profile_["description"],
+        "gpu": provider.gpu, "claims": CLAIMS, "local_domains": local,
+        "rounds": args.rounds, "settle": "gc.collect()" + (
+            " + malloc_trim(0)" if MALLOC_TRIM is not None else ""),
+        "python": platform.python_version(),
+        "libvirt": ".".join(str(libvirt.getVersion() // 1000 ** i % 1000)
+                            for i in (2, 1, 0)),
+        "tmp_dir": os.path.dirname(tmp), "state_fs": state_fs, "sizes": sizes,
+        "profile": {"domains": max(SIZES), "parts_ms": dict(profile_parts(profile)[1]),
+                    "functions": sorted(profile, key=lambda r: r["tottime_ms"],
+                                        reverse=True)[:40]},
+        "targets": {"ratio": RATIO_TARGET, "ratio_at_size": by_size[RATIO_SIZE][
+            "ratio_median"], "flat": FLAT_TARGET, "flatness": flatness},
+    }
+    results["targets"]["ratio_ok"] = results["targets"]["ratio_at_size"] >= RATIO_TARGET
+    results["targets"]["flat_ok"] = flatness <= FLAT_TARGET
+    print_setup(results)
+    print_timing(results)
+    print_profile(profile, max(SIZES), args.rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"\nNumbers written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
