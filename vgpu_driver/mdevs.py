@@ -24,6 +24,8 @@ from vgpu_driver import names
 
 LOG = logging.getLogger(__name__)
 
+_CONSISTENT_READ_TRIES = 5
+
 
 @dataclasses.dataclass(frozen=True)
 class Planned:
@@ -94,14 +96,24 @@ class MdevManager:
         return gpu, states
 
     def _parent_states(self, gpu, type_id):
-        """Each parent's mdevs and room for ``type_id``; None if one vanished."""
+        """Each parent's mdevs and room for ``type_id``; None if one vanished.
+
+        Creations run outside the journal lock, so one may land between the
+        two reads of a parent; its count is then consistent only if the mdev
+        list is the same before and after reading ``available_instances``.
+        """
         states = []
         for parent in gpu.parents:
             mdevs = self.host.parent_mdevs(parent.name)
-            if mdevs is None:
-                return None
-            available = self.host.available_instances(parent.name, type_id) \
-                if parent.type(type_id) else 0
+            for _attempt in range(_CONSISTENT_READ_TRIES):
+                if mdevs is None:
+                    return None
+                available = self.host.available_instances(parent.name, type_id) \
+                    if parent.type(type_id) else 0
+                again = self.host.parent_mdevs(parent.name)
+                if again == mdevs:
+                    break
+                mdevs = again
             states.append(_ParentState(parent.name, tuple(mdevs), available))
         return states
 

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid as uuid_mod
 
@@ -54,11 +55,16 @@ def _parse_int(value, attr):
 
 
 def _write_file(path, text="", mode=0o444):
-    if os.path.exists(path):
-        os.chmod(path, 0o644)
-    with open(path, "w") as f:
+    """Replace an attribute's content at once, never rewriting it in place.
+
+    Readers take no lock, and the kernel never shows a reader a half-written
+    value: a reader sees the old content or the new one.
+    """
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
         f.write(text)
-    os.chmod(path, mode)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def _link(target_abs, link_path):
