@@ -73,13 +73,25 @@ def load_mdev_config(app):
     return config
 
 
+def in_use(app):
+    """mdevs guests or claims reference, or None when libvirt is unreachable."""
+    journal = app.journal()
+    claimed = {c.mdev_uuid for c in journal.claims()} if journal else set()
+    try:
+        return claimed | set(app.domains().mdev_users())
+    except libvirt_host.LibvirtUnavailable as exc:
+        app.LOG.warning("%s", exc)
+        return None
+
+
 class ShowInventory(base.Lister):
     """Show the provider each physical GPU gets, as it would be reported."""
 
     def take_action(self, parsed_args):
         config = load_mdev_config(self.app)
         snapshot = discovery.discover(self.app.open_host())
-        tree = inventory.compute(snapshot, config, self.app.options.nodename)
+        tree = inventory.compute(snapshot, config, self.app.options.nodename,
+                                 in_use(self.app))
         cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
                 "reserved", "max_unit", "traits", "reason")
         rows = [(p.name, p.parent_provider, p.gpu, p.type_id, p.resource_class, p.total,

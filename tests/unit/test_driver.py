@@ -1,0 +1,55 @@
+"""The core facade: start-up order and the spawn/delete round trip."""
+
+import uuid
+
+from vgpu_driver import domains
+from vgpu_driver import driver
+
+A100 = "0000:41:00.0"
+
+
+def make_driver(make_conf, host, tmp_path, extra=""):
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = nvidia-468
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        restore_wait = 5
+        {extra}
+        """)
+    return driver.VGPUDriver(conf, domains.InProcessDomains())
+
+
+def test_spawn_delete_round_trip(make_host, make_conf, tmp_path):
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path)
+    tree = vgpu.provider_tree("cn1")
+    providers = {"rp-a100": tree.by_gpu(A100)}
+    instance = str(uuid.uuid4())
+    got = vgpu.allocate(instance, {"rp-a100": {"resources": {"VGPU": 2}}}, providers)
+    vgpu.domains.define(instance, got)
+    vgpu.instance_defined(instance)
+    assert [c.state for c in vgpu.journal.claims(instance)] == ["attached", "attached"]
+    assert vgpu.provider_tree("cn1").by_gpu(A100).total == 10
+    vgpu.domains.undefine(instance)
+    assert sorted(vgpu.release(instance)) == sorted(got)
+
+
+def test_init_host_after_a_reboot(make_host, make_conf, tmp_path):
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    kept = str(uuid.uuid4())
+    got = vgpu.allocate(kept, {"rp": {"resources": {"VGPU": 1}}}, providers)
+    vgpu.domains.define(kept, got)
+    vgpu.instance_defined(kept)
+    vgpu.allocate("crashed-boot", {"rp": {"resources": {"VGPU": 1}}}, providers)
+    host.reboot()
+    host.set_sriov_numvfs(A100, 16)
+    restarted = make_driver(make_conf, host, tmp_path, "claim_grace = 0")
+    restarted.domains.define(kept, got)
+    outcomes = restarted.init_host()
+    assert {o.result for o in outcomes} == {"restored"}
+    assert {c.instance_uuid for c in restarted.journal.claims()} == {kept}
+    assert {m.uuid for m in host.list_mdevs()} == set(got)

@@ -1,0 +1,70 @@
+"""VGPUDriver: the core facade a compute driver calls.
+
+It wires config, sysfs, the claims journal and the domain source together,
+and says in one place what happens when: at start-up (``init_host``), when
+inventory is reported, when an instance is spawned or deleted.  It imports
+no nova; :mod:`vgpu_driver.nova` adapts it.
+"""
+
+from oslo_log import log as logging
+
+from vgpu_driver import claims
+from vgpu_driver import discovery
+from vgpu_driver import inventory
+from vgpu_driver import mdevs
+from vgpu_driver import reconcile
+from vgpu_driver import sysfs
+from vgpu_driver.conf import mdev_types
+
+LOG = logging.getLogger(__name__)
+
+
+class VGPUDriver:
+    def __init__(self, conf, domains, host=None):
+        """``conf``: a ConfigOpts with vgpu-driver's options registered and
+        parsed; ``domains``: a DomainReferences (libvirt on a host)."""
+        self.conf = conf
+        self.mdev_config = mdev_types.from_conf(conf)
+        self.host = host or sysfs.open_host(conf.vgpu.sysfs_root)
+        self.journal = claims.Journal(conf.vgpu.state_dir)
+        self.domains = domains
+        self.manager = mdevs.MdevManager(
+            self.host, self.journal, domains, self.mdev_config,
+            remove_on_release=conf.vgpu.remove_mdevs_on_release,
+            remove_timeout=conf.vgpu.mdev_remove_timeout)
+        self.reconciler = reconcile.Reconciler(self.manager)
+
+    def init_host(self):
+        """Put the host right after a (re)start; returns the restore outcomes.
+
+        Order matters: finish interrupted removals; drop claims nobody came
+        for (else they would be re-created for nothing); re-create what
+        guests and claims still reference (waiting for VFs); then free GPUs
+        of unused mdevs of types they no longer serve.
+        """
+        self.reconciler.finish_releases()
+        self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
+        outcomes = self.reconciler.restore(wait=self.conf.vgpu.restore_wait)
+        self.reconciler.reclaim_stale_types()
+        return outcomes
+
+    def provider_tree(self, nodename):
+        """The desired providers, after reclaiming unused stale-type mdevs."""
+        self.reconciler.reclaim_stale_types()
+        snapshot = self.manager.snapshot(refresh=True)
+        return inventory.compute(snapshot, self.mdev_config, nodename,
+                                 self.reconciler.in_use())
+
+    def allocate(self, instance_uuid, allocations, providers):
+        """mdev UUIDs for an instance; see :meth:`MdevManager.allocate`."""
+        return self.manager.allocate(instance_uuid, allocations, providers)
+
+    def instance_defined(self, instance_uuid):
+        """The guest's domain now references its mdevs."""
+        self.manager.mark_attached(instance_uuid)
+
+    def release(self, instance_uuid):
+        return self.manager.release(instance_uuid)
+
+    def snapshot(self):
+        return discovery.discover(self.host)
