@@ -20,7 +20,6 @@ reports and always exits 0 on correct results; only a wrong answer (the
 timings would then mean nothing) exits 1.
 """
 
-import argparse
 import cProfile
 import ctypes
 import ctypes.util
@@ -41,6 +40,7 @@ try:
     import libvirt
 except ImportError:  # pragma: no cover - depends on the environment
     sys.exit("bench_allocation needs libvirt-python (pip install -e '.[libvirt]')")
+import common
 from lxml import etree
 
 from vgpu_driver import claims as claims_mod
@@ -398,11 +398,6 @@ def time_rounds(rounds, baseline, ours, expected):
     return baseline_ms, ours_ms, wrong
 
 
-def _summary(samples):
-    return {"median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "samples": samples}
-
-
 def profile_ours(ours, rounds):
     """cProfile over ``rounds`` allocations (guest lifecycle not profiled)."""
     profiler = cProfile.Profile()
@@ -468,10 +463,6 @@ def _fs_type(path):
     return fs
 
 
-def _mark(ok):
-    return "PASS" if ok else "MISS"
-
-
 def print_setup(results):
     print(f"Host: {results['host']}")
     print(f"  allocating 1 x {TYPE_ID} on {results['gpu']}: {TARGET_USED} of its "
@@ -508,9 +499,9 @@ def print_timing(results):
     print()
     targets = results["targets"]
     print("Targets")
-    print(f"  [{_mark(targets['ratio_ok'])}] baseline/ours at {RATIO_SIZE} domains "
+    print(f"  [{common.mark(targets['ratio_ok'])}] baseline/ours at {RATIO_SIZE} domains "
           f"{targets['ratio_at_size']:.1f} >= {RATIO_TARGET:.0f}")
-    print(f"  [{_mark(targets['flat_ok'])}] ours({max(SIZES)}) / ours({min(SIZES)}) "
+    print(f"  [{common.mark(targets['flat_ok'])}] ours({max(SIZES)}) / ours({min(SIZES)}) "
           f"{targets['flatness']:.2f} <= {FLAT_TARGET}")
 
 
@@ -572,7 +563,7 @@ def run_size(args, tmp, count, host, journal, guests, config, provider, parents)
             args.rounds, lambda: nova_scan(conn, host, parents), ours, guests.free)
         problems = wrong + check_state(journal, index, conn, guests, count)
         profile = profile_ours(ours, args.rounds) if count == max(SIZES) else None
-        base, mine = _summary(baseline_ms), _summary(ours_ms)
+        base, mine = common.summary(baseline_ms), common.summary(ours_ms)
         size = {"domains": count, "define_ms": define_ms, "index_build_ms": build_ms,
                 "index_update_ms": statistics.median(index.update_ms),
                 "baseline_ms": base, "ours_ms": mine,
@@ -584,18 +575,6 @@ def run_size(args, tmp, count, host, journal, guests, config, provider, parents)
         conn.close()
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=30,
-                        help="Timed rounds of each path per size (default: 30).")
-    parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
-    parser.add_argument("--tmpdir", metavar="DIR",
-                        help="Where to write the fake tree and the claims journal "
-                             "(default: the system's temp dir).")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    return args
 
 
 def setup_host(tmp):
@@ -616,7 +595,10 @@ def setup_host(tmp):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = common.parse_args(argv, __doc__.split("\n\n")[0],
+                             'Timed rounds of each path per size',
+                             "Where to write the fake tree and the claims journal "
+                             "(default: the system's temp dir).")
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     start_event_loop()
     sizes, problems, profile = [], [], None

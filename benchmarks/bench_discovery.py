@@ -17,19 +17,19 @@ reports and always exits 0 on a correct result; only a wrong inventory (the
 timings would then mean nothing) exits 1.
 """
 
-import argparse
 import builtins
 import contextlib
 import copy
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from types import MappingProxyType
+
+import common
 
 from vgpu_driver import discovery
 from vgpu_driver import inventory
@@ -294,11 +294,6 @@ def time_rounds(rounds, floor, real):
     return floor_ms, real_ms
 
 
-def _summary(samples):
-    return {"median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "samples": samples}
-
-
 # -- checking and reporting ----------------------------------------------------
 
 
@@ -342,10 +337,6 @@ def print_io(real, floor):
     print()
 
 
-def _mark(ok):
-    return "PASS" if ok else "MISS"
-
-
 def print_timing(results):
     floor, real = results["floor_ms"], results["real_ms"]
     print(f"Timing: {results['rounds']} interleaved rounds, warm cache "
@@ -358,28 +349,19 @@ def print_timing(results):
     print(f"  ratio real/floor: {ratio:.2f} (of medians), {ratio_min:.2f} (of minimums)")
     print()
     print("Targets")
-    print(f"  [{_mark(results['targets']['ratio_ok'])}] real/floor {ratio:.2f} "
+    print(f"  [{common.mark(results['targets']['ratio_ok'])}] real/floor {ratio:.2f} "
           f"<= {RATIO_TARGET}")
-    print(f"  [{_mark(results['targets']['real_ms_ok'])}] real {real['median']:.2f} ms "
+    print(f"  [{common.mark(results['targets']['real_ms_ok'])}] real {real['median']:.2f} ms "
           f"< {REAL_MS_TARGET:.0f} ms")
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=30,
-                        help="Timed rounds of each path (default: 30).")
-    parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
-    parser.add_argument("--tmpdir", metavar="DIR",
-                        help="Where to write the fake tree (default: the system's temp "
-                             "dir; /dev/shm is closer to sysfs, which lives in memory).")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    return args
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = common.parse_args(argv, __doc__.split("\n\n")[0],
+                             'Timed rounds of each path',
+                             "Where to write the fake tree (default: the system's temp "
+                             "dir; /dev/shm is closer to sysfs, which lives in memory).")
     profile, a100_pfs = large_host_profile()
     config = mdev_config(a100_pfs)
     with tempfile.TemporaryDirectory(prefix="bench-discovery-", dir=args.tmpdir) as tmp:
@@ -398,7 +380,7 @@ def main(argv=None):
         print_io(real_io, floor_io)
         floor_ms, real_ms = time_rounds(args.rounds, lambda: raw_floor(root),
                                         lambda: real_path(root, config))
-    floor, real = _summary(floor_ms), _summary(real_ms)
+    floor, real = common.summary(floor_ms), common.summary(real_ms)
     results = {
         "benchmark": "discovery+inventory", "host": profile["description"],
         "rounds": args.rounds, "python": platform.python_version(),
