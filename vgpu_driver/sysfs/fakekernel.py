@@ -15,9 +15,11 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
 * ``remove`` blocks while a guest holds the device (:meth:`hold`).
 * ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host.
 
-What the vendor driver knows (per-type limits, ports) is kept beside the
-tree in ``.vgpu-fake-kernel/host.json``; the tree itself is the state, and a
-file lock makes writes from several processes safe.
+What the vendor driver knows (per-type limits, ports; see
+:mod:`vgpu_driver.sysfs.vendor`) is kept beside the tree in
+``.vgpu-fake-kernel/host.json``; the tree itself is the state, a file lock
+makes writes from several processes safe, and attributes are replaced
+atomically so lock-free readers never see half a value.
 """
 
 import contextlib
@@ -33,8 +35,8 @@ import uuid as uuid_mod
 
 from vgpu_driver import exception
 from vgpu_driver import names
-from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs import linux
+from vgpu_driver.sysfs import vendor
 
 MARKER_DIR = ".vgpu-fake-kernel"
 _UUID_TEXT_RE = re.compile(
@@ -96,7 +98,7 @@ class FakeKernel(linux.LinuxSysfs):
         if os.path.isdir(root) and os.listdir(root):
             raise exception.FakeHostExists(path=root)
         os.makedirs(os.path.join(root, MARKER_DIR), exist_ok=True)
-        model = _host_model(profile)
+        model = vendor.host_model(profile)
         with open(os.path.join(root, MARKER_DIR, "host.json"), "w") as f:
             json.dump(model, f, indent=1, sort_keys=True)
         kernel = cls(root)
@@ -268,33 +270,6 @@ class FakeKernel(linux.LinuxSysfs):
                 found.append((dev, uuid, os.path.basename(type_link)))
         return found
 
-    # -- the vendor driver's capacity rules -------------------------------------------
-
-    def _available(self, gpu, dev, type_spec, existing):
-        model = gpu["model"]
-        if model == "mtty":
-            used = sum(self._type_spec(gpu, t)["ports"] for _, _, t in existing)
-            return (gpu["ports"] - used) // type_spec["ports"]
-        if model == "nvidia-timesliced":
-            present = {t for _, _, t in existing}
-            if present and present != {type_spec["id"]}:
-                return 0
-            return max(type_spec["max"] - len(existing), 0)
-        # SR-IOV (mdev per VF, or vendor VFIO): one vGPU per VF, one size per GPU.
-        if any(d == dev for d, _, _ in existing):
-            return 0
-        sizes = {self._type_spec(gpu, t)["framebuffer_mb"] for _, _, t in existing}
-        if sizes and sizes != {type_spec["framebuffer_mb"]}:
-            return 0
-        return 1 if len(existing) < type_spec["max"] else 0
-
-    @staticmethod
-    def _type_spec(gpu, type_id):
-        for spec in gpu["types"]:
-            if spec["id"] == type_id:
-                return spec
-        return None
-
     def _refresh(self, gpu):
         """Rewrite what the driver reports after any change on ``gpu``."""
         existing = self._gpu_mdev_types(gpu)
@@ -303,14 +278,14 @@ class FakeKernel(linux.LinuxSysfs):
                 lines = ["ID    : vGPU Name"]
                 lines += [f"{spec['id'].split('-', 1)[1]:<6}: {spec['name']}"
                           for spec in gpu["types"]
-                          if self._available(gpu, dev, spec, existing)]
+                          if vendor.available(gpu, dev, spec, existing)]
                 _write_file(os.path.join(dev, "nvidia", "creatable_vgpu_types"),
                             "\n".join(lines) + "\n")
                 continue
             for spec in gpu["types"]:
                 _write_file(os.path.join(dev, "mdev_supported_types", spec["id"],
                                          "available_instances"),
-                            f"{self._available(gpu, dev, spec, existing)}\n")
+                            f"{vendor.available(gpu, dev, spec, existing)}\n")
 
     # -- store handlers ------------------------------------------------------------
 
@@ -345,10 +320,10 @@ class FakeKernel(linux.LinuxSysfs):
         if not os.path.lexists(self.paths.parent(os.path.basename(dev))):
             raise _os_error(errno.ENODEV, dev)
         gpu = self._gpu_of(dev)
-        spec = self._type_spec(gpu, type_id)
+        spec = vendor.type_spec(gpu, type_id)
         if spec is None:
             raise _os_error(errno.EINVAL, type_id)
-        if self._available(gpu, dev, spec, self._gpu_mdev_types(gpu)) < 1:
+        if vendor.available(gpu, dev, spec, self._gpu_mdev_types(gpu)) < 1:
             raise _os_error(errno.ENOSPC if gpu["model"] == "mtty" else errno.EUSERS,
                             type_id)
         mdev_dir = os.path.join(dev, uuid)
@@ -414,9 +389,9 @@ class FakeKernel(linux.LinuxSysfs):
         elif current:
             raise _os_error(errno.EBUSY, "current_vgpu_type")
         else:
-            spec = self._type_spec(gpu, f"nvidia-{wanted}")
+            spec = vendor.type_spec(gpu, f"nvidia-{wanted}")
             existing = self._gpu_mdev_types(gpu)
-            if spec is None or not self._available(gpu, vf_dir, spec, existing):
+            if spec is None or not vendor.available(gpu, vf_dir, spec, existing):
                 raise _os_error(errno.EINVAL, "current_vgpu_type")
             _write_file(current_file, f"{wanted}\n", 0o644)
         self._refresh(gpu)
@@ -449,24 +424,3 @@ class FakeKernel(linux.LinuxSysfs):
         """The vendor driver unregisters a parent (unbind in progress)."""
         with self._locked():
             _remove_link(self.paths.parent(names.check_parent_name(name)))
-
-
-def _host_model(profile):
-    """The vendor driver's knowledge of each GPU, from a profile."""
-    type_sets = profile.get("type_sets", {})
-    gpus = []
-    for gpu in profile["gpus"]:
-        entry = dict(gpu)
-        specs = type_sets[gpu["types"]] if isinstance(gpu["types"], str) else gpu["types"]
-        entry["types"] = [_driver_type_spec(spec) for spec in specs]
-        gpus.append(entry)
-    return {"name": profile.get("name"), "gpus": gpus}
-
-
-def _driver_type_spec(spec):
-    entry = dict(spec)
-    fields = base.parse_description(spec.get("description"))
-    if "max" not in entry and fields.get("max_instance", "").isdigit():
-        entry["max"] = int(fields["max_instance"])
-    entry.setdefault("framebuffer_mb", base.framebuffer_mb(fields.get("framebuffer")))
-    return entry

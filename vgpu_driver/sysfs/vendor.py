@@ -1,0 +1,73 @@
+"""What the fake kernel's vendor drivers know: each GPU model's capacity rules.
+
+A host profile becomes a *host model*: per GPU its model and, per type, the
+limits its driver enforces.  :func:`available` answers "how many more of this
+type can this parent take now?" from what exists on the GPU, as the driver
+would; the fake kernel writes the answer to ``available_instances`` (or
+``creatable_vgpu_types``) and refuses creates beyond it.
+
+Models:
+
+* ``mtty``: the kernel sample; a pool of serial ports, types take 1 or 2.
+* ``nvidia-timesliced`` (Turing and older): the GPU is the parent, one type
+  at a time, up to the type's ``max_instance``.
+* ``nvidia-sriov`` and ``nvidia-vfio`` (Ampere and later): each VF hosts one
+  vGPU; all vGPUs of a GPU share one framebuffer size, up to the type's
+  per-GPU maximum.
+"""
+
+from vgpu_driver.sysfs import base
+
+
+def type_spec(gpu, type_id):
+    for spec in gpu["types"]:
+        if spec["id"] == type_id:
+            return spec
+    return None
+
+
+def available(gpu, dev, spec, existing):
+    """Room for ``spec`` on parent ``dev`` of ``gpu``.
+
+    ``existing`` lists ``(parent dir, uuid, type id)`` of every vGPU on the
+    GPU.
+    """
+    model = gpu["model"]
+    if model == "mtty":
+        used = sum(type_spec(gpu, t)["ports"] for _, _, t in existing)
+        return (gpu["ports"] - used) // spec["ports"]
+    if model == "nvidia-timesliced":
+        present = {t for _, _, t in existing}
+        if present and present != {spec["id"]}:
+            return 0
+        return max(spec["max"] - len(existing), 0)
+    # SR-IOV (mdev per VF, or vendor VFIO): one vGPU per VF, one size per GPU.
+    if any(d == dev for d, _, _ in existing):
+        return 0
+    sizes = {type_spec(gpu, t)["framebuffer_mb"] for _, _, t in existing}
+    if sizes and sizes != {spec["framebuffer_mb"]}:
+        return 0
+    return 1 if len(existing) < spec["max"] else 0
+
+
+def host_model(profile):
+    """The vendor drivers' knowledge of each GPU of a profile."""
+    type_sets = profile.get("type_sets", {})
+    gpus = []
+    for gpu in profile["gpus"]:
+        entry = dict(gpu)
+        specs = type_sets[gpu["types"]] if isinstance(gpu["types"], str) else gpu["types"]
+        entry["types"] = [_driver_type_spec(spec) for spec in specs]
+        gpus.append(entry)
+    return {"name": profile.get("name"), "gpus": gpus}
+
+
+def _driver_type_spec(spec):
+    """A type with its limits made explicit (``max``, ``framebuffer_mb``),
+    read from NVIDIA's description where the profile does not say."""
+    entry = dict(spec)
+    fields = base.parse_description(spec.get("description"))
+    if "max" not in entry and fields.get("max_instance", "").isdigit():
+        entry["max"] = int(fields["max_instance"])
+    entry.setdefault("framebuffer_mb", base.framebuffer_mb(fields.get("framebuffer")))
+    return entry
