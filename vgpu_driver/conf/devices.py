@@ -57,6 +57,19 @@ Placement resource class of the inventory reported for GPUs serving
 ``{type_id}``: ``VGPU`` or a custom class ``CUSTOM_[A-Z0-9_]+``.  Flavors ask
 for it with ``resources:<class>=1``.
 """),
+        cfg.BoolOpt(
+            "display",
+            help=f"""
+Give guests of ``{type_id}`` the vGPU's display (libvirt ``display='on'``),
+for a console through the vGPU.  Unset leaves it to libvirt (off).
+"""),
+        cfg.BoolOpt(
+            "ramfb",
+            help=f"""
+Also give guests of ``{type_id}`` a boot-time framebuffer (``ramfb='on'``),
+so firmware and boot messages show before the guest's vGPU driver loads.
+Needs ``display = true``.
+"""),
         cfg.IntOpt(
             "max_instances",
             min=1,

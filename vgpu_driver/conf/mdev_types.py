@@ -25,6 +25,8 @@ class TypeConfig:
     device_addresses: tuple[str, ...] = ()
     mdev_class: str = "VGPU"
     max_instances: int | None = None
+    display: bool | None = None
+    ramfb: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +115,17 @@ def _type_config(conf, type_id, problems):
         addresses.append(address)
     mdev_class = _read(conf, group, "mdev_class", problems)
     max_instances = _read(conf, group, "max_instances", problems)
+    display = _read(conf, group, "display", problems)
+    ramfb = _read(conf, group, "ramfb", problems)
+    if ramfb and not display:
+        problems.append(exception.ConfigProblem(
+            _option(group, "ramfb"), True, "needs display = true (libvirt shows the boot "
+                                           "framebuffer through the vGPU's display)"))
     for problem in problems:
         if problem.value is None and problem.option.startswith(f"[{group}]"):
             problem.value = _raw_value(conf, group, problem.option.split("] ")[1])
-    return TypeConfig(type_id, tuple(addresses), mdev_class or "VGPU", max_instances)
+    return TypeConfig(type_id, tuple(addresses), mdev_class or "VGPU", max_instances,
+                      display, ramfb)
 
 
 def load(conf):

@@ -1,0 +1,171 @@
+"""mdev hostdevs in a libvirt domain XML, edited as a tree (lxml).
+
+Only ``<hostdev>`` elements vgpu-driver owns are touched: everything else in
+the document (metadata, namespaces, other devices, comments) stays as it was.
+XML is never assembled from strings.
+
+* mdev: ``<hostdev mode='subsystem' type='mdev' model='vfio-pci'
+  managed='no'><source><address uuid='…'/></source></hostdev>``, the model
+  following the type's ``device_api`` (vfio-pci, vfio-ccw, vfio-ap), with
+  ``display``/``ramfb`` where the type asks for them;
+* NVIDIA vendor-specific VFIO: the VF itself, ``<hostdev mode='subsystem'
+  type='pci' managed='no'>`` with its PCI address.
+"""
+
+from lxml import etree
+
+from vgpu_driver import exception
+from vgpu_driver import names
+
+MODELS = {"vfio-pci": "vfio-pci", "vfio-ccw": "vfio-ccw", "vfio-ap": "vfio-ap"}
+_MDEV_XPATH = "./devices/hostdev[@type='mdev']"
+
+
+class UnmappedMdev(exception.VgpuDriverError):
+    msg_fmt = ("The domain uses mdev %(uuid)s, which the migration mapping does not "
+               "name; the destination claimed %(mapped)s. Refusing to migrate a guest "
+               "that would lose a vGPU.")
+
+
+class UnsupportedDeviceApi(exception.VgpuDriverError):
+    msg_fmt = ("mdev type device_api %(api)r has no libvirt hostdev model (known: "
+               "%(known)s).")
+
+
+def parse(xml):
+    """A domain XML (str or bytes) as an lxml tree; comments and blanks kept."""
+    parser = etree.XMLParser(remove_blank_text=False, resolve_entities=False,
+                             no_network=True)
+    data = xml.encode() if isinstance(xml, str) else xml
+    return etree.fromstring(data, parser)
+
+
+def to_string(root):
+    return etree.tostring(root, encoding="unicode")
+
+
+def _devices(root):
+    devices = root.find("devices")
+    if devices is None:
+        devices = etree.SubElement(root, "devices")
+    return devices
+
+
+def _append(devices, element):
+    """Add after the last hostdev (else last), keeping the file's indentation."""
+    hostdevs = devices.findall("hostdev")
+    anchor = hostdevs[-1] if hostdevs else (devices[-1] if len(devices) else None)
+    if anchor is None:
+        devices.append(element)
+        return
+    element.tail = anchor.tail
+    if anchor is devices[-1]:
+        # The last child's tail indents </devices>; the anchor now needs a sibling's.
+        previous = anchor.getprevious()
+        anchor.tail = previous.tail if previous is not None else devices.text
+    anchor.addnext(element)
+
+
+def mdev_uuids(root):
+    """The mdev UUIDs a domain references, lower-cased, in document order."""
+    return [h.find("source/address").get("uuid").lower()
+            for h in root.findall(_MDEV_XPATH)
+            if h.find("source/address") is not None]
+
+
+def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
+    """Add an mdev hostdev for ``uuid`` (no-op if the domain has it already)."""
+    uuid = names.check_mdev_uuid(uuid)
+    if uuid in mdev_uuids(root):
+        return root
+    if device_api not in MODELS:
+        raise UnsupportedDeviceApi(api=device_api, known=", ".join(sorted(MODELS)))
+    hostdev = etree.Element("hostdev", mode="subsystem", type="mdev",
+                            model=MODELS[device_api], managed="no")
+    if display is not None:
+        hostdev.set("display", "on" if display else "off")
+    if ramfb is not None:
+        hostdev.set("ramfb", "on" if ramfb else "off")
+    source = etree.SubElement(hostdev, "source")
+    etree.SubElement(source, "address", uuid=uuid)
+    _append(_devices(root), hostdev)
+    return root
+
+
+def remove_mdev(root, uuid):
+    """Remove the hostdev of ``uuid``; returns whether there was one."""
+    found = False
+    for hostdev in root.findall(_MDEV_XPATH):
+        address = hostdev.find("source/address")
+        if address is not None and address.get("uuid", "").lower() == uuid.lower():
+            _drop(hostdev)
+            found = True
+    return found
+
+
+def _drop(element):
+    """Remove an element, giving its tail to what came before it."""
+    previous = element.getprevious()
+    parent = element.getparent()
+    if previous is not None:
+        previous.tail = element.tail
+    else:
+        parent.text = element.tail if element.tail and parent.text is None else parent.text
+    parent.remove(element)
+
+
+def _pci_address_attrs(address):
+    address = names.parse_pci_address(str(address))
+    return {"domain": f"0x{address.domain:04x}", "bus": f"0x{address.bus:02x}",
+            "slot": f"0x{address.slot:02x}", "function": f"0x{address.function:x}"}
+
+
+def pci_vfs(root):
+    """The PCI addresses of ``type='pci'`` hostdevs, as ``dddd:bb:ss.f``."""
+    found = []
+    for hostdev in root.findall("./devices/hostdev[@type='pci']"):
+        address = hostdev.find("source/address")
+        if address is None:
+            continue
+        parts = [int(address.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+        found.append(str(names.PciAddress(*parts)))
+    return found
+
+
+def add_pci_vf(root, address):
+    """Pass a vendor-VFIO VF through (``managed='no'``: the host binds it)."""
+    if str(names.parse_pci_address(str(address))) in pci_vfs(root):
+        return root
+    hostdev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
+    source = etree.SubElement(hostdev, "source")
+    etree.SubElement(source, "address", **_pci_address_attrs(address))
+    _append(_devices(root), hostdev)
+    return root
+
+
+def remove_pci_vf(root, address):
+    wanted = _pci_address_attrs(address)
+    found = False
+    for hostdev in root.findall("./devices/hostdev[@type='pci']"):
+        address_el = hostdev.find("source/address")
+        if address_el is not None and all(
+                int(address_el.get(k, "-1"), 16) == int(v, 16) for k, v in wanted.items()):
+            _drop(hostdev)
+            found = True
+    return found
+
+
+def rewrite_mdevs(root, mapping):
+    """Point every mdev hostdev at ``mapping[uuid]`` (migration to another host).
+
+    Raises UnmappedMdev, before changing anything, if one is not mapped.
+    """
+    mapping = {k.lower(): v for k, v in mapping.items()}
+    addresses = [h.find("source/address") for h in root.findall(_MDEV_XPATH)]
+    for address in addresses:
+        if address.get("uuid", "").lower() not in mapping:
+            raise UnmappedMdev(uuid=address.get("uuid"),
+                               mapped=", ".join(sorted(mapping)) or "nothing")
+    for address in addresses:
+        address.set("uuid", names.check_mdev_uuid(mapping[address.get("uuid").lower()]))
+    return root
