@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS claims (
     type_id       TEXT NOT NULL,
     state         TEXT NOT NULL
                   CHECK (state IN ('claimed', 'attached', 'migrating_in', 'releasing')),
+    created       INTEGER NOT NULL DEFAULT 0,
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL
 );
@@ -44,7 +45,8 @@ CREATE INDEX IF NOT EXISTS claims_by_instance ON claims (instance_uuid);
 CREATE INDEX IF NOT EXISTS claims_by_gpu ON claims (gpu);
 """
 
-_COLUMNS = "mdev_uuid, instance_uuid, gpu, parent, type_id, state, created_at, updated_at"
+_COLUMNS = ("mdev_uuid, instance_uuid, gpu, parent, type_id, state, created, created_at, "
+            "updated_at")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +57,13 @@ class Claim:
     parent: str
     type_id: str
     state: str
+    created: bool     # this claim's allocation created the mdev (vs reused it)
     created_at: float
     updated_at: float
+
+
+def _claim(row):
+    return Claim(*row[:6], bool(row[6]), *row[7:])
 
 
 class Journal:
@@ -112,7 +119,7 @@ class Transaction:
         if instance_uuid is not None:
             query += " WHERE instance_uuid = ?"
             args = (instance_uuid,)
-        return [Claim(*row) for row in self._db.execute(query + " ORDER BY mdev_uuid", args)]
+        return [_claim(row) for row in self._db.execute(query + " ORDER BY mdev_uuid", args)]
 
     def by_mdev(self):
         return {c.mdev_uuid: c for c in self.claims()}
@@ -124,17 +131,19 @@ class Transaction:
         rows = self._db.execute(
             f"SELECT {_COLUMNS} FROM claims WHERE gpu IN ({marks}) OR instance_uuid = ?",
             (*gpus, instance_uuid))
-        return {row[0]: Claim(*row) for row in rows}
+        return {row[0]: _claim(row) for row in rows}
 
-    def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED):
+    def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED,
+            created=False):
         names.check_mdev_uuid(mdev_uuid)
         if state not in STATES:
             raise ValueError(state)
         now = time.time()
         try:
             self._db.execute(
-                f"INSERT INTO claims ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (mdev_uuid, instance_uuid, gpu, parent, type_id, state, now, now))
+                f"INSERT INTO claims ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (mdev_uuid, instance_uuid, gpu, parent, type_id, state, int(created), now,
+                 now))
         except sqlite3.IntegrityError:
             owner = self._db.execute("SELECT instance_uuid FROM claims WHERE mdev_uuid = ?",
                                      (mdev_uuid,)).fetchone()
@@ -168,7 +177,7 @@ class Transaction:
         if not clauses:
             raise ValueError("refusing to delete every claim")
         where = " AND ".join(clauses)
-        gone = [Claim(*row) for row in self._db.execute(
+        gone = [_claim(row) for row in self._db.execute(
             f"SELECT {_COLUMNS} FROM claims WHERE {where}", args)]
         self._db.execute(f"DELETE FROM claims WHERE {where}", args)
         return gone

@@ -1,15 +1,28 @@
 """libvirt's view: which domain (active or inactive) uses which mdev.
 
 Every defined domain counts, running or not: a shut-off guest still owns its
-mdev.  The XML is read with lxml, never searched as text.
+mdev.  :class:`LibvirtHost` keeps an index ``{mdev uuid: DomainRef}`` that
+is built once and then kept current by libvirt's domain events (each event
+re-reads the one domain it names), so deciding whether an mdev is free costs
+nothing however many domains the host has.  Without an event loop it falls
+back to a full scan per lookup.
 """
 
-from lxml import etree
+import os
+import re
+import threading
+from types import MappingProxyType
+
+from oslo_log import log as logging
 
 from vgpu_driver import domains
 from vgpu_driver import exception
+from vgpu_driver import guest
 
-MDEV_UUID_XPATH = "./devices/hostdev[@type='mdev']/source/address/@uuid"
+LOG = logging.getLogger(__name__)
+
+_event_loop_lock = threading.Lock()
+_event_loop_started = False
 
 
 class LibvirtUnavailable(exception.VgpuDriverError):
@@ -17,35 +30,146 @@ class LibvirtUnavailable(exception.VgpuDriverError):
                "guests cannot be told from free ones.")
 
 
-def mdev_uuids_of(domain_xml):
-    """The mdev UUIDs a domain XML references, lower-cased, in order."""
-    root = etree.fromstring(domain_xml.encode() if isinstance(domain_xml, str)
-                            else domain_xml)
-    return [u.lower() for u in root.xpath(MDEV_UUID_XPATH)]
+def _libvirt(uri):
+    try:
+        import libvirt
+    except ImportError as exc:
+        raise LibvirtUnavailable(uri=uri, reason="libvirt-python is not installed "
+                                                 "(pip install vgpu-driver[libvirt])") from exc
+    return libvirt
 
 
-class LibvirtDomains(domains.DomainReferences):
-    """Domain references read from a libvirt connection on each call."""
+def start_event_loop(uri="libvirt"):
+    """Run libvirt's default event loop in a daemon thread, once per process.
 
-    def __init__(self, uri):
+    nova-compute runs its own; tools and tests that want event-driven
+    indexes call this first.
+    """
+    global _event_loop_started
+    libvirt = _libvirt(uri)
+    with _event_loop_lock:
+        if _event_loop_started:
+            return
+        libvirt.virEventRegisterDefaultImpl()
+
+        def run():
+            while True:
+                libvirt.virEventRunDefaultImpl()
+
+        threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+        _event_loop_started = True
+
+
+def version_tuple(number):
+    """libvirt's packed version (major * 1e6 + minor * 1e3 + micro)."""
+    return number // 1_000_000, number // 1_000 % 1_000, number % 1_000
+
+
+def kernel_version(release=None):
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", release or os.uname().release)
+    return tuple(int(x or 0) for x in match.groups()) if match else (0, 0, 0)
+
+
+class LibvirtHost(domains.DomainReferences):
+    """A libvirt connection and the mdev index over its domains."""
+
+    EVENTS = ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", "VIR_DOMAIN_EVENT_ID_DEVICE_ADDED",
+              "VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED")
+
+    def __init__(self, uri, use_events=True):
         self.uri = uri
-        try:
-            import libvirt
-        except ImportError as exc:
-            raise LibvirtUnavailable(uri=uri, reason="libvirt-python is not installed "
-                                                     "(pip install vgpu-driver[libvirt])"
-                                     ) from exc
+        libvirt = self._libvirt = _libvirt(uri)
         # Errors are raised as exceptions; libvirt need not also print them.
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         try:
-            self._conn = libvirt.open(uri)
+            self.conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
             raise LibvirtUnavailable(uri=uri, reason=str(exc)) from exc
+        self._lock = threading.Lock()
+        self._by_domain = {}
+        self._users = MappingProxyType({})
+        self._callbacks = []
+        self.event_driven = use_events and _event_loop_started and self._listen()
+        self.refresh()
+
+    def _listen(self):
+        """Subscribe before the first scan, so no change falls in between."""
+        try:
+            for name in self.EVENTS:
+                self._callbacks.append(self.conn.domainEventRegisterAny(
+                    None, getattr(self._libvirt, name), self._on_event, None))
+        except self._libvirt.libvirtError as exc:
+            LOG.warning("libvirt at %s sends no domain events (%s); mdev users are "
+                        "read by a full scan each time", self.uri, exc)
+            self.close()
+            return False
+        return True
+
+    def close(self):
+        for callback in self._callbacks:
+            try:
+                self.conn.domainEventDeregisterAny(callback)
+            except self._libvirt.libvirtError:
+                pass
+        self._callbacks = []
+
+    # -- the index ---------------------------------------------------------------------
+
+    def refresh(self):
+        """Rebuild the index from every defined domain (one XML read each)."""
+        by_domain = {}
+        for dom in self.conn.listAllDomains(0):
+            try:
+                by_domain[dom.UUIDString()] = self._read(dom)
+            except self._libvirt.libvirtError:
+                continue  # undefined while we listed
+        with self._lock:
+            self._by_domain = by_domain
+            self._users = self._build(by_domain)
+
+    @staticmethod
+    def _read(dom):
+        ref = domains.DomainRef(dom.UUIDString(), dom.name())
+        return ref, tuple(guest.mdev_uuids(guest.parse(dom.XMLDesc(0))))
+
+    @staticmethod
+    def _build(by_domain):
+        return MappingProxyType({mdev: ref for ref, mdevs in by_domain.values()
+                                 for mdev in mdevs})
+
+    def _on_event(self, _conn, dom, *_args):
+        """One domain changed: read it again (or drop it if it is gone)."""
+        try:
+            gone = not dom.isPersistent() and not dom.isActive()
+            entry = None if gone else self._read(dom)
+        except self._libvirt.libvirtError:
+            entry = None  # undefined before we looked
+        with self._lock:
+            by_domain = dict(self._by_domain)
+            if entry is None:
+                by_domain.pop(dom.UUIDString(), None)
+            else:
+                by_domain[dom.UUIDString()] = entry
+            self._by_domain = by_domain
+            self._users = self._build(by_domain)
 
     def mdev_users(self):
-        users = {}
-        for domain in self._conn.listAllDomains(0):
-            ref = domains.DomainRef(domain.UUIDString(), domain.name())
-            for mdev in mdev_uuids_of(domain.XMLDesc(0)):
-                users[mdev] = ref
-        return users
+        if not self.event_driven:
+            self.refresh()
+        return self._users
+
+    def domain_mdevs(self, domain_uuid):
+        """The mdevs one domain references (by the index)."""
+        entry = self._by_domain.get(domain_uuid)
+        return entry[1] if entry else ()
+
+    # -- versions ------------------------------------------------------------------------
+
+    def versions(self):
+        """``{"libvirt": (x, y, z), "qemu": ..., "kernel": ...}`` of this host."""
+        try:
+            hypervisor = version_tuple(self.conn.getVersion())
+        except self._libvirt.libvirtError:
+            hypervisor = (0, 0, 0)
+        return {"libvirt": version_tuple(self.conn.getLibVersion()),
+                "qemu": hypervisor, "kernel": kernel_version()}

@@ -136,12 +136,13 @@ class MdevManager:
                 requests.append((provider, units))
         return requests
 
-    def allocate(self, instance_uuid, allocations, providers):
+    def allocate(self, instance_uuid, allocations, providers, state=claims_mod.CLAIMED):
         """The mdev UUIDs for an instance's allocation, claimed and present.
 
         ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
         ``providers`` maps those rp UUIDs to this host's ``GpuProvider``.
         Calling it again for the same instance returns the same mdevs.
+        ``state`` is the claims' (``migrating_in`` for an incoming migration).
         """
         requests = self._requests(instance_uuid, allocations, providers)
         if not requests:
@@ -151,7 +152,8 @@ class MdevManager:
             held = {c.mdev_uuid for c in txn.claims(instance_uuid)}
             for item in plan:
                 if item.mdev_uuid not in held:
-                    txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id)
+                    txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
+                            state, created=item.create)
         try:
             for item in plan:
                 if item.create:

@@ -175,3 +175,21 @@ def test_orphans_refuse_to_run_blind(make_host, run):
                        conf="[devices]\nenabled_mdev_types = nvidia-231\n")
     assert code == base.EXIT_ERROR
     assert "Without it, mdevs used by guests cannot be told from free ones" in err
+
+
+def test_mdev_list_names_the_guest_using_each_mdev(make_host, run, tmp_path):
+    from tests import libvirt_domains
+
+    host = make_host("t4x8")
+    used, free = str(uuid.uuid4()), str(uuid.uuid4())
+    for mdev in (used, free):
+        host.create_mdev("0000:18:00.0", "nvidia-222", mdev)
+    guest_uuid = str(uuid.uuid4())
+    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
+        libvirt_domains.domain_xml("web-1", [used], guest_uuid)])
+    code, out, _ = run("--sysfs-root", host.paths.root, "--libvirt-uri", uri,
+                       "mdev", "list", "-f", "json", "-c", "uuid", "-c", "instance",
+                       "-c", "state")
+    assert sorted(json.loads(out), key=lambda r: r["state"]) == [
+        {"uuid": free, "instance": None, "state": "free"},
+        {"uuid": used, "instance": guest_uuid, "state": "in-use"}]

@@ -81,7 +81,7 @@ class ManageApp(app.App):
         return claims.Journal(state_dir)
 
     def domains(self):
-        return libvirt_host.LibvirtDomains(self.conf.vgpu.libvirt_uri)
+        return libvirt_host.LibvirtHost(self.conf.vgpu.libvirt_uri, use_events=False)
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""

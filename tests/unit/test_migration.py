@@ -1,0 +1,186 @@
+"""Live migration between two fake hosts, each with its own libvirt (test
+driver), journal and fake kernel: version gates, the mdev mapping, rollback,
+and a destination restarting in the middle."""
+
+import uuid
+from types import MappingProxyType
+
+import pytest
+
+from tests import libvirt_domains
+from vgpu_driver import claims
+from vgpu_driver import discovery
+from vgpu_driver import guest
+from vgpu_driver import inventory
+from vgpu_driver import libvirt_host
+from vgpu_driver import mdevs
+from vgpu_driver import migration
+from vgpu_driver import reconcile
+from vgpu_driver.conf import mdev_types
+
+A100 = "0000:41:00.0"
+NEW_ENOUGH = {"libvirt": (9, 0, 0), "qemu": (8, 2, 0), "kernel": (6, 1, 0)}
+
+
+class Compute:
+    """One compute host: fake kernel, libvirt test driver, journal, manager."""
+
+    def __init__(self, root, kernel, types, name):
+        self.root, self.kernel, self.name = root, kernel, name
+        self.config = mdev_types.MdevConfig(
+            types=tuple(mdev_types.TypeConfig(t) for t in types), default_type=types[0],
+            by_address=MappingProxyType({}))
+        uri = libvirt_domains.node_file(root / f"{name}-node.xml", [])
+        self.libvirt = libvirt_host.LibvirtHost(uri, use_events=False)
+        self.restart()
+
+    def restart(self):
+        """A new process: everything in memory is gone, the journal stays."""
+        journal = claims.Journal(str(self.root / f"{self.name}-state"))
+        self.manager = mdevs.MdevManager(self.kernel, journal, self.libvirt, self.config)
+        self.reconciler = reconcile.Reconciler(self.manager)
+        self.migrations = migration.Migrations(self.manager)
+        tree = inventory.compute(discovery.discover(self.kernel), self.config, self.name)
+        self.providers = {f"rp-{self.name}-{p.gpu}": p for p in tree.providers}
+
+    def allocation(self, gpu, units=1):
+        rp = f"rp-{self.name}-{gpu}"
+        return {rp: {"resources": {"VGPU": units}}}
+
+    def boot(self, name, gpu, units=1):
+        instance = str(uuid.uuid4())
+        got = self.manager.allocate(instance, self.allocation(gpu, units), self.providers)
+        self.libvirt.conn.defineXML(libvirt_domains.domain_xml(name, got, instance))
+        self.manager.mark_attached(instance)
+        return instance, got
+
+    def states(self, instance):
+        return sorted(c.state for c in self.manager.journal.claims(instance))
+
+
+@pytest.fixture
+def pair(make_host, tmp_path):
+    source = Compute(tmp_path, make_host("a100-sriov"), ["nvidia-468"], "src")
+    destination = Compute(tmp_path, make_host("a100-sriov"), ["nvidia-468"], "dst")
+    return source, destination
+
+
+def migrate(source, destination, instance, mdevs_on_source, units=1):
+    """What the two computes do, in order, for one live migration."""
+    migration.check_versions(instance, NEW_ENOUGH, NEW_ENOUGH)
+    types = source.migrations.source_mdev_types(mdevs_on_source)
+    mapping = destination.migrations.claim_incoming(
+        instance, types, destination.allocation(A100, units), destination.providers)
+    dom = source.libvirt.conn.lookupByUUIDString(instance)
+    xml = source.migrations.rewrite_xml(dom.XMLDesc(0), mapping)
+    return mapping, xml, dom
+
+
+def test_success_moves_the_guest_to_mdevs_claimed_on_the_destination(pair):
+    source, destination = pair
+    instance, on_source = source.boot("web-1", A100, units=2)
+    mapping, xml, dom = migrate(source, destination, instance, on_source, units=2)
+    assert sorted(mapping) == sorted(on_source)
+    assert destination.states(instance) == [claims.MIGRATING_IN] * 2
+    destination.libvirt.conn.defineXML(xml)           # the guest arrives
+    dom.undefine()                                    # and leaves the source
+    destination.migrations.finish_incoming(instance)
+    source.migrations.finish_outgoing(instance)
+    arrived = destination.libvirt.conn.lookupByUUIDString(instance)
+    assert sorted(guest.mdev_uuids(guest.parse(arrived.XMLDesc(0)))) == sorted(
+        mapping.values())
+    assert destination.states(instance) == [claims.ATTACHED] * 2
+    assert source.manager.journal.claims(instance) == []
+    assert {m.uuid for m in destination.kernel.list_mdevs()} == set(mapping.values())
+    # The source's mdevs are free for the next guest.
+    assert sorted(source.manager.allocate("next", source.allocation(A100, 2),
+                                          source.providers)) == sorted(on_source)
+
+
+def test_unsupported_type_is_refused_before_anything_is_claimed(make_host, tmp_path):
+    source = Compute(tmp_path, make_host("a100-sriov"), ["nvidia-468"], "src")
+    t4 = Compute(tmp_path, make_host("t4x8"), ["nvidia-222"], "dst")
+    instance, on_source = source.boot("web-1", A100)
+    types = source.migrations.source_mdev_types(on_source)
+    with pytest.raises(migration.MigrationPreCheckFailed) as caught:
+        t4.migrations.claim_incoming(instance, types, t4.allocation("0000:18:00.0"),
+                                     t4.providers)
+    assert "source mdev types ['nvidia-468'] are not served by this host (it serves " \
+           "['nvidia-222'])" in str(caught.value)
+    assert t4.manager.journal.claims() == [] and t4.kernel.list_mdevs() == []
+
+
+def test_an_unmapped_mdev_stops_the_migration_on_the_source(pair):
+    source, destination = pair
+    instance, on_source = source.boot("web-1", A100, units=2)
+    _mapping, _xml, dom = migrate(source, destination, instance, on_source, units=2)
+    partial = {on_source[0]: str(uuid.uuid4())}
+    with pytest.raises(guest.UnmappedMdev, match=on_source[1]):
+        source.migrations.rewrite_xml(dom.XMLDesc(0), partial)
+
+
+def test_rollback_removes_only_what_the_attempt_created(pair):
+    source, destination = pair
+    free = str(uuid.uuid4())
+    destination.kernel.create_mdev("0000:41:00.4", "nvidia-468", free)  # reusable
+    instance, on_source = source.boot("web-1", A100, units=2)
+    mapping, _xml, _dom = migrate(source, destination, instance, on_source, units=2)
+    assert free in mapping.values()
+    created = [u for u in mapping.values() if u != free]
+    removed = destination.migrations.rollback_incoming(instance)
+    assert removed == created
+    assert destination.manager.journal.claims() == []
+    assert {m.uuid for m in destination.kernel.list_mdevs()} == {free}
+    assert source.states(instance) == [claims.ATTACHED] * 2  # the guest never left
+
+
+def test_destination_restart_during_migration_keeps_the_claims(pair):
+    source, destination = pair
+    instance, on_source = source.boot("web-1", A100)
+    mapping, xml, dom = migrate(source, destination, instance, on_source)
+    destination.restart()
+    destination.reconciler.clean_stale_claims(grace=0)   # what init_host does
+    assert destination.states(instance) == [claims.MIGRATING_IN]
+    # Even a reboot of the destination: the claimed mdev comes back.
+    destination.kernel.reboot()
+    destination.kernel.set_sriov_numvfs(A100, 16)
+    outcomes = destination.reconciler.restore(wait=2)
+    assert [(o.mdev_uuid, o.result) for o in outcomes] == [
+        (list(mapping.values())[0], "restored")]
+    # Nothing else can take it while the migration is under way.
+    other = destination.manager.allocate("other", destination.allocation(A100),
+                                         destination.providers)
+    assert other[0] not in mapping.values()
+    destination.libvirt.conn.defineXML(xml)
+    dom.undefine()
+    destination.migrations.finish_incoming(instance)
+    assert destination.states(instance) == [claims.ATTACHED]
+
+
+@pytest.mark.parametrize("side,versions,message", [
+    ("source", {"libvirt": (8, 5, 0)},
+     "the source host's libvirt is 8.5.0, 8.6.0 or later is needed"),
+    ("destination", {"qemu": (8, 0, 0)},
+     "the destination host's QEMU is 8.0.0, 8.1.0 or later is needed"),
+    ("destination", {"kernel": (5, 15, 0)},
+     "the destination host's Linux kernel is 5.15.0, 5.18.0 or later is needed"),
+])
+def test_version_gates_name_the_side_and_component(side, versions, message):
+    old = {**NEW_ENOUGH, **versions}
+    args = (old, NEW_ENOUGH) if side == "source" else (NEW_ENOUGH, old)
+    with pytest.raises(migration.MigrationPreCheckFailed) as caught:
+        migration.check_versions("i-1", *args)
+    assert str(caught.value) == f"Cannot live-migrate instance i-1 with vGPUs: {message}"
+
+
+def test_both_sides_too_old_are_both_named():
+    with pytest.raises(migration.MigrationPreCheckFailed) as caught:
+        migration.check_versions("i-1", {"libvirt": (8, 0, 0)}, {"libvirt": (7, 0, 0)})
+    assert "source host's libvirt is 8.0.0" in str(caught.value)
+    assert "destination host's libvirt is 7.0.0" in str(caught.value)
+
+
+def test_post_copy_warning(caplog):
+    assert migration.post_copy_warning(False) is None
+    assert "post-copy" in migration.post_copy_warning(True)
+    assert "live_migration_permit_post_copy is on" in caplog.text

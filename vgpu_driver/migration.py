@@ -1,0 +1,145 @@
+"""Live migration of guests with mdevs: version gates, claims, XML mapping.
+
+Destination: check that the source's mdev types are served here, claim
+mdevs for them (journal state ``migrating_in``, so a restart during the
+migration keeps them), and return the mapping source UUID -> destination
+UUID.  Source: rewrite the domain XML with that mapping, refusing any mdev
+it does not name.  Rollback drops the destination claims and removes the
+mdevs that were created for this attempt only; success turns the claims into
+ordinary ``attached`` ones.
+"""
+
+import collections
+
+from oslo_log import log as logging
+
+from vgpu_driver import claims
+from vgpu_driver import exception
+from vgpu_driver import guest
+
+LOG = logging.getLogger(__name__)
+
+MIN_VERSIONS = {"libvirt": (8, 6, 0), "qemu": (8, 1, 0), "kernel": (5, 18, 0)}
+_NAMES = {"libvirt": "libvirt", "qemu": "QEMU", "kernel": "Linux kernel"}
+
+
+class MigrationPreCheckFailed(exception.VgpuDriverError):
+    msg_fmt = "Cannot live-migrate instance %(instance)s with vGPUs: %(reason)s"
+
+
+def _dotted(version):
+    return ".".join(str(v) for v in version)
+
+
+def too_old(versions):
+    """``[(component, have, need)]`` below the minimum for mdev migration."""
+    return [(name, tuple(versions.get(name) or (0, 0, 0)), need)
+            for name, need in MIN_VERSIONS.items()
+            if tuple(versions.get(name) or (0, 0, 0)) < need]
+
+
+def check_versions(instance, source_versions, destination_versions):
+    """Refuse, naming the side and component, when either host is too old."""
+    problems = []
+    for side, versions in (("source", source_versions),
+                           ("destination", destination_versions)):
+        problems += [f"the {side} host's {_NAMES[name]} is {_dotted(have)}, "
+                     f"{_dotted(need)} or later is needed"
+                     for name, have, need in too_old(versions)]
+    if problems:
+        raise MigrationPreCheckFailed(instance=instance, reason="; ".join(problems))
+
+
+def post_copy_warning(permit_post_copy):
+    """QEMU refuses VFIO migration with post-copy; say so before it fails."""
+    if not permit_post_copy:
+        return None
+    message = ("live_migration_permit_post_copy is on: QEMU refuses to migrate a guest "
+               "with a vGPU (VFIO device) in post-copy mode; set it to false on vGPU "
+               "hosts")
+    LOG.warning(message)
+    return message
+
+
+class Migrations:
+    """Both ends of a live migration, on top of an MdevManager."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    # -- source ------------------------------------------------------------------------
+
+    def source_mdev_types(self, mdev_uuids):
+        """``{uuid: type id}`` of a guest's mdevs, as this host's sysfs has them."""
+        types = {m.uuid: m.type_id for m in self.manager.snapshot(refresh=True).mdevs}
+        missing = [u for u in mdev_uuids if u not in types]
+        if missing:
+            raise exception.VgpuDriverError(
+                f"mdevs {', '.join(missing)} of the guest are not on this host")
+        return {u: types[u] for u in mdev_uuids}
+
+    @staticmethod
+    def rewrite_xml(domain_xml, mapping):
+        """The domain XML to send, with every mdev mapped to the destination's."""
+        return guest.to_string(guest.rewrite_mdevs(guest.parse(domain_xml), mapping))
+
+    # -- destination ---------------------------------------------------------------------
+
+    def claim_incoming(self, instance, source_mdev_types, allocations, providers):
+        """Claim this host's mdevs for an incoming guest; ``{source: destination}``."""
+        wanted = collections.Counter(source_mdev_types.values())
+        served = {p.type_id for p in providers.values()}
+        unsupported = sorted(t for t in wanted if t not in served
+                             or t not in self.manager.config.enabled)
+        if unsupported:
+            raise MigrationPreCheckFailed(
+                instance=instance,
+                reason=f"source mdev types {unsupported} are not served by this host "
+                       f"(it serves {sorted(served)})")
+        mdevs = self.manager.allocate(instance, allocations, providers,
+                                      state=claims.MIGRATING_IN)
+        by_type = collections.defaultdict(list)
+        for claim in self.manager.journal.claims(instance):
+            if claim.mdev_uuid in mdevs:
+                by_type[claim.type_id].append(claim.mdev_uuid)
+        mapping = {}
+        for source_uuid, type_id in sorted(source_mdev_types.items()):
+            if not by_type.get(type_id):
+                self.rollback_incoming(instance)
+                raise MigrationPreCheckFailed(
+                    instance=instance,
+                    reason=f"the destination's allocation has no {type_id} for source "
+                           f"mdev {source_uuid}")
+            mapping[source_uuid] = by_type[type_id].pop(0)
+        extra = [u for uuids in by_type.values() for u in uuids]
+        if extra:
+            self.rollback_incoming(instance)
+            raise MigrationPreCheckFailed(
+                instance=instance,
+                reason=f"the destination's allocation has {len(extra)} more vGPU(s) than "
+                       "the guest")
+        LOG.info("Incoming migration of %s: mdevs %s", instance, mapping)
+        return mapping
+
+    def finish_incoming(self, instance):
+        """The guest runs here now: its claims are ordinary attached ones."""
+        with self.manager.journal.transaction() as txn:
+            return txn.set_state(instance, claims.ATTACHED)
+
+    def rollback_incoming(self, instance):
+        """Drop the migration's claims; remove the mdevs made for it alone."""
+        with self.manager.journal.transaction() as txn:
+            incoming = [c for c in txn.claims(instance) if c.state == claims.MIGRATING_IN]
+            made = [c.mdev_uuid for c in incoming if c.created]
+            txn.remove(instance, [c.mdev_uuid for c in incoming if not c.created])
+            # The ones to remove stay reserved until the kernel has removed them.
+            if made:
+                txn.set_state(instance, claims.RELEASING, made)
+        removed = self.manager.finish_release(made) if made else []
+        LOG.info("Rolled back incoming migration of %s; removed %s", instance,
+                 ", ".join(removed) or "nothing")
+        return removed
+
+    def finish_outgoing(self, instance):
+        """The guest left: its claims here go, its mdevs are free again."""
+        return self.manager.release(instance)
