@@ -10,8 +10,10 @@ from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import discovery
+from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
+from vgpu_driver import migration
 from vgpu_driver import reconcile
 from vgpu_driver import sysfs
 from vgpu_driver.conf import mdev_types
@@ -33,6 +35,7 @@ class VGPUDriver:
             remove_on_release=conf.vgpu.remove_mdevs_on_release,
             remove_timeout=conf.vgpu.mdev_remove_timeout)
         self.reconciler = reconcile.Reconciler(self.manager)
+        self.migrations = migration.Migrations(self.manager)
 
     def init_host(self):
         """Put the host right after a (re)start; returns the restore outcomes.
@@ -65,6 +68,24 @@ class VGPUDriver:
 
     def release(self, instance_uuid):
         return self.manager.release(instance_uuid)
+
+    def add_hostdevs(self, domain_xml, mdev_uuids):
+        """The domain XML with a hostdev per mdev, as each mdev's type wants it:
+        the model from its ``device_api``, ``display``/``ramfb`` from
+        ``[mdev_<type>]``."""
+        root = guest.parse(domain_xml)
+        snapshot = self.manager.snapshot(refresh=True)
+        by_uuid = {m.uuid: m for m in snapshot.mdevs}
+        for uuid in mdev_uuids:
+            mdev = by_uuid[uuid]
+            gpu = snapshot.gpu_of_parent(mdev.parent)
+            info = gpu.type_info(mdev.type_id) if gpu else None
+            type_config = self.mdev_config.type_config(mdev.type_id)
+            guest.add_mdev(root, uuid,
+                           device_api=(info.device_api if info else None) or "vfio-pci",
+                           display=type_config.display if type_config else None,
+                           ramfb=type_config.ramfb if type_config else None)
+        return guest.to_string(root)
 
     def snapshot(self):
         return discovery.discover(self.host)

@@ -53,3 +53,30 @@ def test_init_host_after_a_reboot(make_host, make_conf, tmp_path):
     assert {o.result for o in outcomes} == {"restored"}
     assert {c.instance_uuid for c in restarted.journal.claims()} == {kept}
     assert {m.uuid for m in host.list_mdevs()} == set(got)
+
+
+def test_hostdevs_follow_the_type_settings(make_host, make_conf, tmp_path):
+    from tests import libvirt_domains
+    from tests import libvirt_schema
+    from vgpu_driver import guest
+
+    host = make_host("mtty")
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = mtty-2
+        [mdev_mtty-2]
+        display = true
+        ramfb = true
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        """)
+    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains())
+    provider = vgpu.provider_tree("cn1").providers[0]
+    got = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
+    xml = vgpu.add_hostdevs(libvirt_domains.domain_xml("g"), got)
+    libvirt_schema.assert_valid_domain(xml)
+    root = guest.parse(xml)
+    assert guest.mdev_uuids(root) == got
+    assert {(h.get("model"), h.get("display"), h.get("ramfb"))
+            for h in root.findall("devices/hostdev")} == {("vfio-pci", "on", "on")}
