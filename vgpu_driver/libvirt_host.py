@@ -4,13 +4,16 @@ Every defined domain counts, running or not: a shut-off guest still owns its
 mdev.  :class:`LibvirtHost` keeps an index ``{mdev uuid: DomainRef}`` that
 is built once and then kept current by libvirt's domain events (each event
 re-reads the one domain it names), so deciding whether an mdev is free costs
-nothing however many domains the host has.  Without an event loop it falls
-back to a full scan per lookup.
+nothing however many domains the host has.  Changes libvirt sends no event
+for (a device added to a shut-off guest's saved config) are caught by a full
+re-read at most ``max_staleness`` seconds old.  Without an event loop every
+lookup re-reads the domains.
 """
 
 import os
 import re
 import threading
+import time
 from types import MappingProxyType
 
 from oslo_log import log as logging
@@ -76,8 +79,14 @@ class LibvirtHost(domains.DomainReferences):
     EVENTS = ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", "VIR_DOMAIN_EVENT_ID_DEVICE_ADDED",
               "VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED")
 
-    def __init__(self, uri, use_events=True):
+    def __init__(self, uri, use_events=True, max_staleness=60.0):
+        """``max_staleness``: seconds after which even an event-driven index
+        is re-read in full.  libvirt sends no event when a shut-off guest's
+        saved config gains or loses a device (``attach-device --config``), so
+        events alone could leave such an mdev looking free forever."""
         self.uri = uri
+        self.max_staleness = max_staleness
+        self._refreshed_at = float("-inf")
         libvirt = self._libvirt = _libvirt(uri)
         # Errors are raised as exceptions; libvirt need not also print them.
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -126,6 +135,7 @@ class LibvirtHost(domains.DomainReferences):
         with self._lock:
             self._by_domain = by_domain
             self._users = self._build(by_domain)
+            self._refreshed_at = time.monotonic()
 
     @staticmethod
     def _read(dom):
@@ -154,7 +164,8 @@ class LibvirtHost(domains.DomainReferences):
             self._users = self._build(by_domain)
 
     def mdev_users(self):
-        if not self.event_driven:
+        if (not self.event_driven
+                or time.monotonic() - self._refreshed_at > self.max_staleness):
             self.refresh()
         return self._users
 
