@@ -9,11 +9,12 @@ same host, with 50, 500 and 5000 defined domains and 500 claims.  The
 targets are ``baseline / ours >= 20`` at 500 domains and
 ``ours(5000) / ours(50) <= 1.5``.
 
-The domains are defined in libvirt's ``test://`` driver, so the baseline pays
-libvirt's real ``listAllDomains`` and ``XMLDesc`` calls.  Our side reads them
-through a :class:`~vgpu_driver.domains.DomainReferences` index built here:
-each domain's XML is parsed once, and define/undefine events keep the index
-current.
+The domains are defined in libvirt's ``test:///default`` driver, so the
+baseline pays libvirt's real ``listAllDomains`` and ``XMLDesc`` calls.  Our
+side reads them through the package's index,
+:class:`vgpu_driver.libvirt_host.LibvirtHost`, on its own connection to the
+same driver: each domain's XML is parsed once, and libvirt's events keep the
+index current.
 
 Run ``python benchmarks/bench_allocation.py [--rounds N] [--json FILE]``.  It
 reports and always exits 0 on correct results; only a wrong answer (the
@@ -21,9 +22,6 @@ timings would then mean nothing) exits 1.
 """
 
 import cProfile
-import ctypes
-import ctypes.util
-import gc
 import json
 import os
 import platform
@@ -31,23 +29,22 @@ import pstats
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from types import MappingProxyType
 
 try:
     import libvirt
 except ImportError:  # pragma: no cover - depends on the environment
     sys.exit("bench_allocation needs libvirt-python (pip install -e '.[libvirt]')")
 import common
-from lxml import etree
+import libvirt_domains
 
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import exception
+from vgpu_driver import guest
 from vgpu_driver import inventory
+from vgpu_driver import libvirt_host
 from vgpu_driver import mdevs
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
@@ -65,10 +62,6 @@ RATIO_SIZE = 500
 
 RATIO_TARGET = 20.0
 FLAT_TARGET = 1.5
-
-# What Nova collects from each domain: the UUIDs of its mdev hostdevs.
-MDEV_XPATH = "./devices/hostdev[@mode='subsystem'][@type='mdev']/source/address/@uuid"
-EVENT_TIMEOUT = 10.0
 
 
 # -- the host and its guests ----------------------------------------------------
@@ -129,157 +122,12 @@ class Guests:
         return {self.mdev_of(i): self.domain_uuids[i] for i in range(count)}
 
 
-def domain_xml(index, dom_uuid, mdev_uuid):
-    """A guest as nova-compute defines it, with one mdev hostdev."""
-    return f"""<domain type='test'>
-  <name>instance-{index:08x}</name>
-  <uuid>{dom_uuid}</uuid>
-  <metadata>
-    <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
-      <nova:flavor name="g1.vgpu"><nova:memory>4096</nova:memory><nova:vcpus>4</nova:vcpus>
-      </nova:flavor>
-    </nova:instance>
-  </metadata>
-  <memory unit='KiB'>4194304</memory>
-  <vcpu>4</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <devices>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='qcow2' cache='none'/>
-      <source file='/var/lib/nova/instances/{dom_uuid}/disk'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <interface type='bridge'>
-      <mac address='fa:16:3e:{index >> 16 & 255:02x}:{index >> 8 & 255:02x}:{index & 255:02x}'/>
-      <source bridge='br-int'/>
-      <model type='virtio'/>
-    </interface>
-    <hostdev mode='subsystem' type='mdev' model='vfio-pci' managed='no'>
-      <source><address uuid='{mdev_uuid}'/></source>
-    </hostdev>
-  </devices>
-</domain>"""
-
-
-def mdev_uuids(xml):
-    return etree.fromstring(xml).xpath(MDEV_XPATH)
-
-
-# -- our side: a libvirt-backed DomainReferences -------------------------------------
-
-
-class LibvirtDomainIndex(domains.DomainReferences):
-    """``{mdev uuid: DomainRef}`` from libvirt, parsed once, kept by events.
-
-    The package has no libvirt-backed source yet; this is its realistic
-    shape.  Lifecycle events (registered before the first scan, so none is
-    lost) reparse the one domain that changed.  The map is replaced, not
-    mutated, on each change, so :meth:`mdev_users` is O(1) and never sees
-    a half-made update.
-    """
-
-    def __init__(self, conn):
-        self._conn = conn
-        self._lock = threading.Lock()
-        self._by_domain = {}
-        self._users = MappingProxyType({})
-        self.update_ms = []
-        self._callback = conn.domainEventRegisterAny(
-            None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_event, None)
-        # Events that come during the scan wait for the lock, then apply on top.
-        with self._lock:
-            users = {}
-            for dom in conn.listAllDomains(0):
-                ref = domains.DomainRef(dom.UUIDString(), dom.name())
-                uuids = mdev_uuids(dom.XMLDesc(0))
-                self._by_domain[ref.uuid] = ref, tuple(uuids)
-                users.update(dict.fromkeys(uuids, ref))
-            self._users = MappingProxyType(users)
-
-    def close(self):
-        self._conn.domainEventDeregisterAny(self._callback)
-
-    def _set(self, dom_uuid, name, uuids):
-        """One domain's mdevs changed: a new map, one copy, no full rebuild."""
-        with self._lock:
-            users = dict(self._users)
-            old_ref, before = self._by_domain.pop(dom_uuid, (None, ()))
-            for mdev_uuid in before:
-                if users.get(mdev_uuid) is old_ref:
-                    del users[mdev_uuid]
-            if uuids:
-                ref = domains.DomainRef(dom_uuid, name)
-                self._by_domain[dom_uuid] = ref, tuple(uuids)
-                users.update(dict.fromkeys(uuids, ref))
-            self._users = MappingProxyType(users)
-
-    def _on_event(self, conn, dom, event, detail, opaque):
-        start = time.perf_counter()
-        try:
-            gone = (event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED and not dom.isActive()) or (
-                event == libvirt.VIR_DOMAIN_EVENT_STOPPED and not dom.isPersistent())
-            uuids = () if gone else mdev_uuids(dom.XMLDesc(0))
-        except libvirt.libvirtError:
-            uuids = ()  # gone before we looked
-        self._set(dom.UUIDString(), dom.name(), uuids)
-        self.update_ms.append((time.perf_counter() - start) * 1000)
-
-    def mdev_users(self):
-        return self._users
-
-    def wait_for(self, mdev_uuid, present):
-        deadline = time.monotonic() + EVENT_TIMEOUT
-        while (mdev_uuid in self._users) != present:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no event for mdev {mdev_uuid} in {EVENT_TIMEOUT}s")
-            time.sleep(0.0002)
-
-
-def start_event_loop():
-    """libvirt's default event loop in a daemon thread, as nova-compute runs it."""
-    libvirt.virEventRegisterDefaultImpl()
-
-    def run():
-        while True:
-            libvirt.virEventRunDefaultImpl()
-
-    threading.Thread(target=run, name="libvirt-events", daemon=True).start()
-
-
-def open_libvirt(tmp, guests, count):
-    """A private ``test://`` driver holding the first ``count`` domains."""
-    node = os.path.join(tmp, f"node-{count}.xml")
-    with open(node, "w") as f:
-        f.write("<node/>")
-    conn = libvirt.open("test://" + node)
-    start = time.perf_counter()
-    for index in range(count):
-        conn.defineXML(domain_xml(index, guests.domain_uuids[index], guests.mdev_of(index)))
-    define_ms = (time.perf_counter() - start) * 1000
-    flush_events(conn)
+def open_libvirt(guests, count):
+    """The shared ``test:///default`` driver, holding the first ``count`` domains."""
+    conn = libvirt_domains.open_empty()
+    define_ms = libvirt_domains.define(
+        conn, ((i, guests.domain_uuids[i], guests.mdev_of(i)) for i in range(count)))
     return conn, define_ms
-
-
-def flush_events(conn):
-    """Wait until every event queued so far is dispatched (they come in order).
-
-    So no DEFINED event of the setup reaches the index once it listens.
-    """
-    done = threading.Event()
-    sentinel = str(uuid.uuid4())
-
-    def on_event(_conn, dom, event, _detail, _opaque):
-        if dom.UUIDString() == sentinel and event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED:
-            done.set()
-
-    callback = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                           on_event, None)
-    try:
-        conn.defineXML(domain_xml(0xFFFFFFF, sentinel, str(uuid.uuid4()))).undefine()
-        if not done.wait(EVENT_TIMEOUT):
-            raise RuntimeError(f"libvirt events not dispatched in {EVENT_TIMEOUT}s")
-    finally:
-        conn.domainEventDeregisterAny(callback)
 
 
 # -- the two paths ------------------------------------------------------------------
@@ -288,13 +136,14 @@ def flush_events(conn):
 def nova_scan(conn, host, parents):
     """What Nova does per spawn: every domain's XML, then a free mdev.
 
-    Cheaper than Nova itself: lxml and one XPath instead of building the
-    full guest config objects, and the one parent's sysfs directory instead
-    of libvirt's node devices.  It writes no claim either.
+    Cheaper than Nova itself: an lxml parse and the package's
+    :func:`~vgpu_driver.guest.mdev_uuids` instead of building the full guest
+    config objects, and the one parent's sysfs directory instead of
+    libvirt's node devices.  It writes no claim either.
     """
     used = set()
     for dom in conn.listAllDomains(0):
-        used.update(mdev_uuids(dom.XMLDesc(0)))
+        used.update(guest.mdev_uuids(guest.parse(dom.XMLDesc(0))))
     for parent in parents:
         for mdev_uuid, type_id in host.parent_mdevs(parent):
             if type_id == TYPE_ID and mdev_uuid not in used:
@@ -318,39 +167,16 @@ class Ours:
     def guest_comes_and_goes(self, instance_uuid, mdev_uuid):
         """Define the guest, attach, undefine, release: state as before."""
         self.spawns += 1
-        dom = self.conn.defineXML(domain_xml(0xF000000 + self.spawns, instance_uuid,
-                                             mdev_uuid))
-        self.index.wait_for(mdev_uuid, present=True)
+        dom = self.conn.defineXML(libvirt_domains.domain_xml(
+            0xF000000 + self.spawns, instance_uuid, mdev_uuid))
+        libvirt_domains.wait_for(self.index, mdev_uuid, present=True)
         self.manager.mark_attached(instance_uuid)
         dom.undefine()
-        self.index.wait_for(mdev_uuid, present=False)
+        libvirt_domains.wait_for(self.index, mdev_uuid, present=False)
         self.manager.release(instance_uuid)
 
 
 # -- timing --------------------------------------------------------------------
-
-
-def _malloc_trim():
-    """glibc's ``malloc_trim(0)``, or nothing where there is no glibc."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (AttributeError, OSError, TypeError):
-        return None
-
-
-MALLOC_TRIM = _malloc_trim()
-
-
-def settle():
-    """Before each timed window: collect garbage and hand freed memory back.
-
-    Otherwise whichever side runs second pays for the heap the other left
-    behind: an allocation right after a 500-domain scan took about twice as
-    long as one right after another allocation.
-    """
-    gc.collect()
-    if MALLOC_TRIM is not None:
-        MALLOC_TRIM(0)
 
 
 def time_rounds(rounds, baseline, ours, expected):
@@ -362,7 +188,7 @@ def time_rounds(rounds, baseline, ours, expected):
     wrong = []
 
     def one_baseline():
-        settle()
+        common.settle()
         start = time.perf_counter()
         got = baseline()
         elapsed = (time.perf_counter() - start) * 1000
@@ -372,7 +198,7 @@ def time_rounds(rounds, baseline, ours, expected):
 
     def one_ours():
         instance = str(uuid.uuid4())
-        settle()
+        common.settle()
         start = time.perf_counter()
         try:
             got = ours.allocate(instance)
@@ -403,7 +229,7 @@ def profile_ours(ours, rounds):
     profiler = cProfile.Profile()
     for _ in range(rounds):
         instance = str(uuid.uuid4())
-        settle()
+        common.settle()
         profiler.enable()
         got = ours.allocate(instance)
         profiler.disable()
@@ -431,11 +257,10 @@ def _short(filename):
 def check_state(journal, index, conn, guests, count):
     """Both sides see the same world: index == full scan, claims as made."""
     problems = []
-    scanned = {}
-    for dom in conn.listAllDomains(0):
-        for mdev_uuid in mdev_uuids(dom.XMLDesc(0)):
-            scanned[mdev_uuid] = dom.UUIDString()
-    indexed = {m: ref.uuid for m, ref in index.mdev_users().items()}
+    if not index.event_driven:
+        problems.append("the index is not event-driven: every lookup would be a full scan")
+    scanned = libvirt_domains.scan(conn)
+    indexed = libvirt_domains.indexed(index)
     if indexed != scanned:
         problems.append(f"the index has {len(indexed)} mdevs, a full scan finds "
                         f"{len(scanned)} ({len(set(indexed) ^ set(scanned))} differ)")
@@ -548,10 +373,10 @@ def print_profile(rows, size, rounds):
 # -- one size, and the whole run --------------------------------------------------------
 
 
-def run_size(args, tmp, count, host, journal, guests, config, provider, parents):
-    conn, define_ms = open_libvirt(tmp, guests, count)
+def run_size(args, count, host, journal, guests, config, provider, parents):
+    conn, define_ms = open_libvirt(guests, count)
     start = time.perf_counter()
-    index = LibvirtDomainIndex(conn)
+    index = libvirt_domains.TimedHost()
     build_ms = (time.perf_counter() - start) * 1000
     try:
         problems = check_state(journal, index, conn, guests, count)
@@ -573,8 +398,6 @@ def run_size(args, tmp, count, host, journal, guests, config, provider, parents)
     finally:
         index.close()
         conn.close()
-
-
 
 
 def setup_host(tmp):
@@ -600,15 +423,15 @@ def main(argv=None):
                              "Where to write the fake tree and the claims journal "
                              "(default: the system's temp dir).")
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-    start_event_loop()
+    libvirt_host.start_event_loop()
     sizes, problems, profile = [], [], None
     with tempfile.TemporaryDirectory(prefix="bench-allocation-", dir=args.tmpdir) as tmp:
         host_profile_, host, journal, guests, config, provider, parents = setup_host(tmp)
         local = len(guests.local)
         state_fs = _fs_type(os.path.realpath(tmp))
         for count in SIZES:
-            size, wrong, size_profile = run_size(args, tmp, count, host, journal, guests,
-                                                 config, provider, parents)
+            size, wrong, size_profile = run_size(args, count, host, journal, guests, config,
+                                                 provider, parents)
             problems += [f"{count} domains: {p}" for p in wrong]
             if size is None:
                 break
@@ -623,8 +446,7 @@ def main(argv=None):
     results = {
         "benchmark": "allocation", "host": host_profile_["description"],
         "gpu": provider.gpu, "claims": CLAIMS, "local_domains": local,
-        "rounds": args.rounds, "settle": "gc.collect()" + (
-            " + malloc_trim(0)" if MALLOC_TRIM is not None else ""),
+        "rounds": args.rounds, "settle": common.SETTLE,
         "python": platform.python_version(),
         "libvirt": ".".join(str(libvirt.getVersion() // 1000 ** i % 1000)
                             for i in (2, 1, 0)),

@@ -96,6 +96,7 @@ class LibvirtHost(domains.DomainReferences):
             raise LibvirtUnavailable(uri=uri, reason=str(exc)) from exc
         self._lock = threading.Lock()
         self._by_domain = {}
+        self._users_dict = {}
         self._users = MappingProxyType({})
         self._callbacks = []
         self.event_driven = use_events and _event_loop_started and self._listen()
@@ -125,16 +126,21 @@ class LibvirtHost(domains.DomainReferences):
     # -- the index ---------------------------------------------------------------------
 
     def refresh(self):
-        """Rebuild the index from every defined domain (one XML read each)."""
-        by_domain = {}
-        for dom in self.conn.listAllDomains(0):
-            try:
-                by_domain[dom.UUIDString()] = self._read(dom)
-            except self._libvirt.libvirtError:
-                continue  # undefined while we listed
+        """Rebuild the index from every defined domain (one XML read each).
+
+        The scan holds the lock: an event that comes meanwhile waits and then
+        applies on top, instead of being overwritten by an older listing.
+        """
         with self._lock:
+            by_domain = {}
+            for dom in self.conn.listAllDomains(0):
+                try:
+                    by_domain[dom.UUIDString()] = self._read(dom)
+                except self._libvirt.libvirtError:
+                    continue  # undefined while we listed
             self._by_domain = by_domain
-            self._users = self._build(by_domain)
+            self._users_dict = self._build(by_domain)
+            self._users = MappingProxyType(self._users_dict)
             self._refreshed_at = time.monotonic()
 
     @staticmethod
@@ -144,8 +150,7 @@ class LibvirtHost(domains.DomainReferences):
 
     @staticmethod
     def _build(by_domain):
-        return MappingProxyType({mdev: ref for ref, mdevs in by_domain.values()
-                                 for mdev in mdevs})
+        return {mdev: ref for ref, mdevs in by_domain.values() for mdev in mdevs}
 
     def _on_event(self, _conn, dom, *_args):
         """One domain changed: read it again (or drop it if it is gone)."""
@@ -155,13 +160,18 @@ class LibvirtHost(domains.DomainReferences):
         except self._libvirt.libvirtError:
             entry = None  # undefined before we looked
         with self._lock:
-            by_domain = dict(self._by_domain)
-            if entry is None:
-                by_domain.pop(dom.UUIDString(), None)
-            else:
-                by_domain[dom.UUIDString()] = entry
-            self._by_domain = by_domain
-            self._users = self._build(by_domain)
+            # _by_domain is only read under the lock or by single lookups, so it
+            # changes in place; the mdev map readers iterate is replaced whole.
+            users = self._users_dict.copy()
+            old_ref, old_mdevs = self._by_domain.pop(dom.UUIDString(), (None, ()))
+            for mdev in old_mdevs:
+                if users.get(mdev) is old_ref:
+                    del users[mdev]
+            if entry is not None:
+                self._by_domain[dom.UUIDString()] = entry
+                users.update(dict.fromkeys(entry[1], entry[0]))
+            self._users_dict = users
+            self._users = MappingProxyType(users)
 
     def mdev_users(self):
         if (not self.event_driven

@@ -110,10 +110,9 @@ class MdevManager:
                     return None
                 available = self.host.available_instances(parent.name, type_id) \
                     if parent.type(type_id) else 0
-                again = self.host.parent_mdevs(parent.name)
-                if again == mdevs:
+                if self.host.parent_mdev_uuids(parent.name) == [u for u, _ in mdevs]:
                     break
-                mdevs = again
+                mdevs = self.host.parent_mdevs(parent.name)
             states.append(_ParentState(parent.name, tuple(mdevs), available))
         return states
 
@@ -148,8 +147,8 @@ class MdevManager:
         if not requests:
             return []
         with self.journal.transaction() as txn:
-            plan = self._plan(txn, instance_uuid, requests)
-            held = {c.mdev_uuid for c in txn.claims(instance_uuid)}
+            plan, claimed = self._plan(txn, instance_uuid, requests)
+            held = {u for u, c in claimed.items() if c.instance_uuid == instance_uuid}
             for item in plan:
                 if item.mdev_uuid not in held:
                     txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
@@ -173,7 +172,7 @@ class MdevManager:
         for provider, units in requests:
             plan += self._plan_gpu(instance, provider.gpu, provider.type_id, units, claimed,
                                    used)
-        return plan
+        return plan, claimed
 
     def _plan_gpu(self, instance, address, type_id, units, claimed, used):
         gpu, states = self._gpu_states(instance, address, type_id)

@@ -185,6 +185,14 @@ class LinuxSysfs(base.SysfsHost):
                     found.append((entry, os.path.basename(type_path)))
         return found
 
+    def parent_mdev_uuids(self, parent):
+        """The UUIDs of the mdevs on one parent, sorted (no link reads)."""
+        device_path = self.paths.parent(names.check_parent_name(parent))
+        try:
+            return sorted(e for e in os.listdir(device_path) if names.is_mdev_uuid(e))
+        except FileNotFoundError:
+            return None
+
     def available_instances(self, parent, type_id):
         """One type's ``available_instances`` on one parent (0 if absent)."""
         path = os.path.join(self.paths.parent_type(names.check_parent_name(parent),

@@ -1,0 +1,154 @@
+"""libvirt's test driver as the benchmarks use it: guests with one mdev each.
+
+Every connection a process opens to ``test:///default`` shares one driver
+state, and each gets the events of what the others do.  (A file URI such as
+``test:///path/node.xml`` does not: each ``libvirt.open`` of it loads its own
+copy, so nothing defined on one connection is seen on another.)  So the
+benchmark defines guests on its connection and
+:class:`~vgpu_driver.libvirt_host.LibvirtHost` opens its own, as
+nova-compute's connection and vgpu-driver's do on a real host.  The shared
+state outlives the connections, so :func:`open_empty` clears it first.
+
+The callers import libvirt first and exit with a hint when it is missing.
+"""
+
+import threading
+import time
+import uuid
+
+import libvirt
+
+from vgpu_driver import guest
+from vgpu_driver import libvirt_host
+
+URI = "test:///default"
+EVENT_TIMEOUT = 10.0
+
+
+def domain_xml(index, dom_uuid, mdev_uuid):
+    """A guest as nova-compute defines it, with one mdev hostdev."""
+    return f"""<domain type='test'>
+  <name>instance-{index:08x}</name>
+  <uuid>{dom_uuid}</uuid>
+  <metadata>
+    <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
+      <nova:flavor name="g1.vgpu"><nova:memory>4096</nova:memory><nova:vcpus>4</nova:vcpus>
+      </nova:flavor>
+    </nova:instance>
+  </metadata>
+  <memory unit='KiB'>4194304</memory>
+  <vcpu>4</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2' cache='none'/>
+      <source file='/var/lib/nova/instances/{dom_uuid}/disk'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <interface type='bridge'>
+      <mac address='fa:16:3e:{index >> 16 & 255:02x}:{index >> 8 & 255:02x}:{index & 255:02x}'/>
+      <source bridge='br-int'/>
+      <model type='virtio'/>
+    </interface>
+    <hostdev mode='subsystem' type='mdev' model='vfio-pci' managed='no'>
+      <source><address uuid='{mdev_uuid}'/></source>
+    </hostdev>
+  </devices>
+</domain>"""
+
+
+def open_empty():
+    """A connection to the shared test driver, with no domain left in it.
+
+    Removes what an earlier size defined, and the driver's own ``test``
+    domain (running, no mdev).  Nothing listens yet, so no index pays for it.
+    """
+    conn = libvirt.open(URI)
+    for dom in conn.listAllDomains(0):
+        persistent = dom.isPersistent()
+        if dom.isActive():
+            dom.destroy()
+        if persistent:
+            dom.undefine()
+    return conn
+
+
+def define(conn, guests):
+    """Define ``(index, domain uuid, mdev uuid)`` guests; returns the ms it took."""
+    start = time.perf_counter()
+    for index, dom_uuid, mdev_uuid in guests:
+        conn.defineXML(domain_xml(index, dom_uuid, mdev_uuid))
+    define_ms = (time.perf_counter() - start) * 1000
+    flush_events(conn)
+    return define_ms
+
+
+def flush_events(conn):
+    """Wait until every event queued so far is dispatched (they come in order).
+
+    So no event of the setup reaches an index built afterwards.
+    """
+    done = threading.Event()
+    sentinel = str(uuid.uuid4())
+
+    def on_event(_conn, dom, event, _detail, _opaque):
+        if dom.UUIDString() == sentinel and event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED:
+            done.set()
+
+    callback = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                           on_event, None)
+    try:
+        conn.defineXML(domain_xml(0xFFFFFFF, sentinel, str(uuid.uuid4()))).undefine()
+        if not done.wait(EVENT_TIMEOUT):
+            raise RuntimeError(f"libvirt events not dispatched in {EVENT_TIMEOUT}s")
+    finally:
+        conn.domainEventDeregisterAny(callback)
+
+
+def scan(conn):
+    """``{mdev uuid: domain uuid}`` from every domain's XML: a full rescan."""
+    found = {}
+    for dom in conn.listAllDomains(0):
+        for mdev_uuid in guest.mdev_uuids(guest.parse(dom.XMLDesc(0))):
+            found[mdev_uuid] = dom.UUIDString()
+    return found
+
+
+def indexed(host):
+    """What the index says, in :func:`scan`'s shape."""
+    return {mdev_uuid: ref.uuid for mdev_uuid, ref in host.mdev_users().items()}
+
+
+def wait_for(host, mdev_uuid, present, timeout=EVENT_TIMEOUT):
+    """Until ``mdev_uuid in host.mdev_users()`` is ``present`` (events are async)."""
+    deadline = time.monotonic() + timeout
+    while (mdev_uuid in host.mdev_users()) != present:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no event for mdev {mdev_uuid} in {timeout}s")
+        time.sleep(0.0002)
+
+
+class TimedHost(libvirt_host.LibvirtHost):
+    """:class:`LibvirtHost` that also times its event handler, for the report.
+
+    ``update_ms`` holds how long each event took to handle; ``applied`` maps
+    a domain UUID to the :func:`time.perf_counter` at which the index that
+    reflects its last event was in place.
+    """
+
+    def __init__(self, uri=URI):
+        self.update_ms = []
+        self.applied = {}
+        super().__init__(uri)
+
+    def _on_event(self, conn, dom, *args):
+        start = time.perf_counter()
+        super()._on_event(conn, dom, *args)
+        end = time.perf_counter()
+        self.update_ms.append((end - start) * 1000)
+        self.applied[dom.UUIDString()] = end
+
+    def close(self):
+        """Deregister the callbacks, and close the connection too."""
+        super().close()
+        self.conn.close()
