@@ -5,6 +5,7 @@ There is no global config object: callers create a ``cfg.ConfigOpts``, call
 """
 
 from vgpu_driver.conf import devices
+from vgpu_driver.conf import placement
 from vgpu_driver.conf import vgpu
 
 __all__ = ["register_opts", "register_dynamic_opts"]
@@ -13,6 +14,7 @@ __all__ = ["register_opts", "register_dynamic_opts"]
 def register_opts(conf):
     devices.register_opts(conf)
     vgpu.register_opts(conf)
+    placement.register_opts(conf)
 
 
 def register_dynamic_opts(conf):

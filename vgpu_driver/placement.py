@@ -1,0 +1,263 @@
+"""The desired provider tree -> Placement, through openstacksdk.
+
+:class:`ProviderSync` keeps the last known generation, inventory and traits
+of each provider, so a sync that changes nothing costs one read and no
+write.  Writes honour generations: a 409 re-reads that provider and tries
+again (bounded, with backoff).  Server errors, timeouts and refused
+connections are retried, then reported as PlacementUnavailable; the first
+request of a sync is a read, so an unreachable Placement is found before
+anything is written.  Traits vgpu-driver manages (``CUSTOM_MDEV_*``,
+``CUSTOM_VGPU_*``) are set and removed as the GPU's type changes; any other
+trait on a provider (an operator's) is kept.
+"""
+
+import dataclasses
+import time
+
+from keystoneauth1 import exceptions as ks_exceptions
+from oslo_log import log as logging
+
+from vgpu_driver import exception
+
+LOG = logging.getLogger(__name__)
+
+MICROVERSION = "1.39"
+MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_")
+
+
+class PlacementError(exception.VgpuDriverError):
+    msg_fmt = "Placement refused %(method)s %(url)s: HTTP %(status)s %(detail)s"
+
+
+class PlacementUnavailable(exception.VgpuDriverError):
+    msg_fmt = ("Placement did not answer %(method)s %(url)s after %(attempts)d attempts "
+               "(%(reason)s); nothing more was written. Check the [placement] options "
+               "and that Placement is up.")
+
+
+class Conflict(Exception):
+    """HTTP 409: a generation moved under us."""
+
+
+@dataclasses.dataclass
+class Known:
+    uuid: str
+    generation: int
+    inventories: dict
+    traits: frozenset
+    parent_uuid: str | None = None
+
+
+@dataclasses.dataclass
+class SyncReport:
+    reads: int = 0
+    writes: int = 0
+    planned: list = dataclasses.field(default_factory=list)   # (method, url, body)
+    created: list = dataclasses.field(default_factory=list)
+    updated: list = dataclasses.field(default_factory=list)
+    deleted: list = dataclasses.field(default_factory=list)
+    kept: list = dataclasses.field(default_factory=list)      # (name, consumers)
+
+
+class Client:
+    """Placement's REST API with retries, over an openstacksdk Connection."""
+
+    def __init__(self, connection, attempts=4, backoff=0.2, sleep=time.sleep):
+        self.proxy = connection.placement
+        self.attempts = attempts
+        self.backoff = backoff
+        self.sleep = sleep
+
+    def request(self, method, url, body=None, report=None):
+        """The JSON answer (or None); raises Conflict, PlacementError, or
+        PlacementUnavailable once retries are spent."""
+        reason = ""
+        for attempt in range(1, self.attempts + 1):
+            if report is not None:
+                setattr(report, "reads" if method == "GET" else "writes",
+                        getattr(report, "reads" if method == "GET" else "writes") + 1)
+            try:
+                response = self.proxy.request(url, method, json=body,
+                                              microversion=MICROVERSION, raise_exc=False)
+            except (ks_exceptions.ConnectFailure, ks_exceptions.ConnectTimeout,
+                    ks_exceptions.ReadTimeout) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 409:
+                    raise Conflict(response.text)
+                if response.status_code < 500:
+                    if response.status_code >= 400:
+                        raise PlacementError(method=method, url=url,
+                                             status=response.status_code,
+                                             detail=response.text[:300])
+                    return response.json() if response.content else None
+                reason = f"HTTP {response.status_code}"
+            if attempt < self.attempts:
+                self.sleep(self.backoff * 2 ** (attempt - 1))
+        raise PlacementUnavailable(method=method, url=url, attempts=self.attempts,
+                                   reason=reason)
+
+
+def _managed(trait):
+    return trait.startswith(MANAGED_TRAIT_PREFIXES)
+
+
+class ProviderSync:
+    """Keeps one compute node's GPU providers in Placement as desired."""
+
+    def __init__(self, client, conflict_attempts=5, sleep=time.sleep):
+        self.client = client
+        self.conflict_attempts = conflict_attempts
+        self.sleep = sleep
+        self.known = {}          # provider name -> Known
+        self.root_uuid = None
+        self._traits = set()     # custom traits known to exist
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _get(self, url, report):
+        return self.client.request("GET", url, report=report)
+
+    def _load(self, name, uuid, generation, parent_uuid, report):
+        base = f"/resource_providers/{uuid}"
+        inventories = self._get(f"{base}/inventories", report)["inventories"]
+        traits = self._get(f"{base}/traits", report)["traits"]
+        self.known[name] = Known(uuid, generation, inventories, frozenset(traits),
+                                 parent_uuid)
+
+    def _observe(self, tree, report):
+        """One read of the tree; re-read only providers whose generation moved."""
+        if self.root_uuid is None:
+            found = self._get(f"/resource_providers?name={tree.root_name}",
+                              report)["resource_providers"]
+            if not found:
+                return []
+            self.root_uuid = found[0]["uuid"]
+        listed = self._get(f"/resource_providers?in_tree={self.root_uuid}",
+                           report)["resource_providers"]
+        seen = {p["name"] for p in listed}
+        for name in [n for n in self.known if n not in seen]:
+            del self.known[name]
+        for rp in listed:
+            known = self.known.get(rp["name"])
+            if known is None or known.generation != rp["generation"]:
+                self._load(rp["name"], rp["uuid"], rp["generation"],
+                           rp["parent_provider_uuid"], report)
+        return listed
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _write(self, report, dry_run, method, url, body=None):
+        report.planned.append((method, url, body))
+        if dry_run:
+            return None
+        return self.client.request(method, url, body, report=report)
+
+    def _retrying(self, name, report, write):
+        """Run ``write(known)``; on 409 re-read the provider and try again."""
+        for attempt in range(1, self.conflict_attempts + 1):
+            try:
+                return write(self.known[name])
+            except Conflict:
+                if attempt == self.conflict_attempts:
+                    raise
+                LOG.info("Generation conflict on %s; re-reading it (attempt %d)", name,
+                         attempt)
+                self.sleep(0.05 * 2 ** (attempt - 1))
+                rp = self._get(f"/resource_providers/{self.known[name].uuid}", report)
+                self._load(name, rp["uuid"], rp["generation"], rp["parent_provider_uuid"],
+                           report)
+
+    def _set_inventories(self, name, inventories, report, dry_run):
+        def write(known):
+            if known.inventories == inventories:
+                return
+            answer = self._write(report, dry_run, "PUT",
+                                 f"/resource_providers/{known.uuid}/inventories",
+                                 {"resource_provider_generation": known.generation,
+                                  "inventories": inventories})
+            if answer is not None:
+                known.generation = answer["resource_provider_generation"]
+                known.inventories = answer["inventories"]
+        self._retrying(name, report, write)
+
+    def _set_traits(self, name, wanted_managed, report, dry_run):
+        def write(known):
+            traits = {t for t in known.traits if not _managed(t)} | set(wanted_managed)
+            if traits == known.traits:
+                return
+            for trait in sorted(t for t in traits - self._traits if t.startswith("CUSTOM_")):
+                self._write(report, dry_run, "PUT", f"/traits/{trait}")
+                self._traits.add(trait)
+            answer = self._write(report, dry_run, "PUT",
+                                 f"/resource_providers/{known.uuid}/traits",
+                                 {"resource_provider_generation": known.generation,
+                                  "traits": sorted(traits)})
+            if answer is not None:
+                known.generation = answer["resource_provider_generation"]
+                known.traits = frozenset(answer["traits"])
+        self._retrying(name, report, write)
+
+    def _create(self, name, parent_uuid, report, dry_run):
+        body = {"name": name}
+        if parent_uuid:
+            body["parent_provider_uuid"] = parent_uuid
+        answer = self._write(report, dry_run, "POST", "/resource_providers", body)
+        uuid = answer["uuid"] if answer else f"<new {name}>"
+        self.known[name] = Known(uuid, answer["generation"] if answer else 0, {},
+                                 frozenset(), parent_uuid)
+        report.created.append(name)
+        return uuid
+
+    # -- the sync --------------------------------------------------------------------------
+
+    def sync(self, tree, dry_run=False):
+        """Make Placement match ``tree``; returns a SyncReport."""
+        report = SyncReport()
+        self._observe(tree, report)
+        if self.root_uuid is None:
+            self.root_uuid = self._create(tree.root_name, None, report, dry_run)
+        before = {n: (k.inventories, k.traits) for n, k in self.known.items()}
+        for provider in tree.providers:
+            if provider.name not in self.known:
+                self._create(provider.name, self.root_uuid, report, dry_run)
+            self._set_inventories(provider.name, provider.inventory(), report, dry_run)
+            self._set_traits(provider.name, provider.traits, report, dry_run)
+            if provider.name in before and before[provider.name] != (
+                    self.known[provider.name].inventories, self.known[provider.name].traits):
+                report.updated.append(provider.name)
+        self._prune(tree, report, dry_run)
+        return report
+
+    def _prune(self, tree, report, dry_run):
+        """Providers of GPUs that vanished: deleted when unused, else reserved."""
+        desired = {p.name for p in tree.providers}
+        prefix = f"{tree.root_name}_"
+        for name, known in list(self.known.items()):
+            if name in desired or not name.startswith(prefix) or \
+                    known.parent_uuid != self.root_uuid:
+                continue
+            consumers = sorted(self._get(f"/resource_providers/{known.uuid}/allocations",
+                                         report)["allocations"])
+            if not consumers:
+                self._delete(name, report, dry_run)
+                continue
+            reserved = {rc: {**inv, "reserved": inv["total"]}
+                        for rc, inv in known.inventories.items()}
+            LOG.warning("GPU of provider %s is gone but %s still hold allocations on it; "
+                        "keeping it fully reserved", name, ", ".join(consumers))
+            self._set_inventories(name, reserved, report, dry_run)
+            report.kept.append((name, consumers))
+
+    def _delete(self, name, report, dry_run):
+        def write(known):
+            self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
+        self._retrying(name, report, write)
+        if not dry_run:
+            del self.known[name]
+        report.deleted.append(name)
+        LOG.info("Deleted provider %s: its GPU is gone and nothing is allocated on it", name)
+
+    def provider_uuids(self, tree):
+        """``{rp uuid: GpuProvider}`` for the tree's providers known here."""
+        return {self.known[p.name].uuid: p for p in tree.providers if p.name in self.known}

@@ -1,0 +1,101 @@
+"""The real openstack-placement service, run in-process: demos and tests.
+
+It is upstream Placement itself (its WSGI application, its database schema,
+its policy), on sqlite by default or on any database URL, served with the
+standard library's WSGI server on 127.0.0.1 so that openstacksdk and the
+``openstack`` CLI can reach it.  No authentication: the ``noauth2`` strategy
+with the ``admin`` token, as Placement's own functional tests use.
+
+    with EmbeddedPlacement() as placement:
+        conn = placement.connection()   # an openstacksdk Connection
+"""
+
+import socketserver
+import threading
+from wsgiref import simple_server
+
+from oslo_log import log as logging
+
+LOG = logging.getLogger(__name__)
+
+# noauth2 makes this token an admin; it is no secret.
+ADMIN_TOKEN = "admin"  # noqa: S105
+
+
+class _QuietHandler(simple_server.WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
+    daemon_threads = True
+
+
+def wsgi_app(database_url="sqlite://"):
+    """Placement's WSGI application on ``database_url`` (schema created)."""
+    from oslo_config import cfg
+    from placement import conf as placement_conf
+    from placement import db_api
+    from placement import deploy
+
+    config = cfg.ConfigOpts()
+    placement_conf.register_opts(config)
+    config.set_override("connection", database_url, group="placement_database")
+    config.set_override("sync_on_startup", True, group="placement_database")
+    config.set_override("auth_strategy", "noauth2", group="api")
+    config([], project="placement", default_config_files=[])
+    db_api.configure(config)
+    return deploy.loadapp(config)
+
+
+class EmbeddedPlacement:
+    """Placement served on 127.0.0.1 by a thread of this process."""
+
+    def __init__(self, database_url="sqlite://", port=0, middleware=None):
+        """``middleware``: optionally wraps the app (a callable app -> app)."""
+        self.database_url = database_url
+        self.port = port
+        self.middleware = middleware
+        self._server = None
+
+    def start(self):
+        app = wsgi_app(self.database_url)
+        if self.middleware is not None:
+            app = self.middleware(app)
+        self._server = simple_server.make_server("127.0.0.1", self.port, app,
+                                                 server_class=_ThreadingServer,
+                                                 handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="placement",
+                         daemon=True).start()
+        LOG.info("Placement (%s) serving on %s", self.database_url, self.endpoint)
+        return self
+
+    def stop(self):
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def endpoint(self):
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def connection(self):
+        """An openstacksdk Connection to this Placement, as an admin."""
+        import openstack
+
+        return openstack.connection.Connection(
+            auth_type="admin_token",
+            auth={"endpoint": self.endpoint, "token": ADMIN_TOKEN})
+
+    def cli_environment(self):
+        """Environment for the ``openstack`` CLI (osc-placement) to reach it."""
+        return {"OS_AUTH_TYPE": "admin_token", "OS_ENDPOINT": self.endpoint,
+                "OS_TOKEN": ADMIN_TOKEN, "OS_PLACEMENT_API_VERSION": "1.39"}
