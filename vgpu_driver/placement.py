@@ -79,8 +79,7 @@ class Client:
             try:
                 response = self.proxy.request(url, method, json=body,
                                               microversion=MICROVERSION, raise_exc=False)
-            except (ks_exceptions.ConnectFailure, ks_exceptions.ConnectTimeout,
-                    ks_exceptions.ReadTimeout) as exc:
+            except ks_exceptions.ConnectionError as exc:  # refused, timed out, reset
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code == 409:
@@ -112,6 +111,7 @@ class ProviderSync:
         self.known = {}          # provider name -> Known
         self.root_uuid = None
         self._traits = set()     # custom traits known to exist
+        self._resource_classes = set()  # custom resource classes known to exist
 
     # -- reading ------------------------------------------------------------------------
 
@@ -124,6 +124,17 @@ class ProviderSync:
         traits = self._get(f"{base}/traits", report)["traits"]
         self.known[name] = Known(uuid, generation, inventories, frozenset(traits),
                                  parent_uuid)
+
+    def observe(self, tree, report=None):
+        """Bring ``known`` up to date with Placement (one read when nothing moved)."""
+        return self._observe(tree, report if report is not None else SyncReport())
+
+    def allocations(self, name, report=None):
+        """``{consumer: {resource class: units}}`` on one known provider."""
+        answer = self._get(f"/resource_providers/{self.known[name].uuid}/allocations",
+                           report if report is not None else SyncReport())
+        return {consumer: dict(data["resources"])
+                for consumer, data in answer["allocations"].items()}
 
     def _observe(self, tree, report):
         """One read of the tree; re-read only providers whose generation moved."""
@@ -168,10 +179,17 @@ class ProviderSync:
                 self._load(name, rp["uuid"], rp["generation"], rp["parent_provider_uuid"],
                            report)
 
+    def _ensure_resource_classes(self, inventories, report, dry_run):
+        for rc in sorted(rc for rc in inventories if rc.startswith("CUSTOM_")):
+            if rc not in self._resource_classes:
+                self._write(report, dry_run, "PUT", f"/resource_classes/{rc}")
+                self._resource_classes.add(rc)
+
     def _set_inventories(self, name, inventories, report, dry_run):
         def write(known):
             if known.inventories == inventories:
                 return
+            self._ensure_resource_classes(inventories, report, dry_run)
             answer = self._write(report, dry_run, "PUT",
                                  f"/resource_providers/{known.uuid}/inventories",
                                  {"resource_provider_generation": known.generation,

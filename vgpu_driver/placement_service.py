@@ -8,6 +8,9 @@ with the ``admin`` token, as Placement's own functional tests use.
 
     with EmbeddedPlacement() as placement:
         conn = placement.connection()   # an openstacksdk Connection
+
+Placement keeps its database engine in a process-wide facade, so one
+EmbeddedPlacement runs at a time in a process (each on its own database).
 """
 
 import socketserver
@@ -31,12 +34,10 @@ class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
     daemon_threads = True
 
 
-def wsgi_app(database_url="sqlite://"):
-    """Placement's WSGI application on ``database_url`` (schema created)."""
+def _placement_config(database_url):
     from oslo_config import cfg
     from placement import conf as placement_conf
     from placement import db_api
-    from placement import deploy
 
     config = cfg.ConfigOpts()
     placement_conf.register_opts(config)
@@ -44,8 +45,8 @@ def wsgi_app(database_url="sqlite://"):
     config.set_override("sync_on_startup", True, group="placement_database")
     config.set_override("auth_strategy", "noauth2", group="api")
     config([], project="placement", default_config_files=[])
-    db_api.configure(config)
-    return deploy.loadapp(config)
+    db_api.configure(config)  # once per process; later engines are patched in
+    return config
 
 
 class EmbeddedPlacement:
@@ -59,7 +60,24 @@ class EmbeddedPlacement:
         self._server = None
 
     def start(self):
-        app = wsgi_app(self.database_url)
+        from oslo_db.sqlalchemy import engines
+        from placement import db_api
+
+        # Placement's database facade is global to the process: give it this
+        # instance's engine (as Placement's own test fixture does), so each
+        # EmbeddedPlacement has its own database.  One runs at a time.
+        from placement import deploy
+        from placement.objects import resource_class
+        from placement.objects import trait
+
+        config = _placement_config(self.database_url)
+        self._engine = engines.create_engine(self.database_url)
+        self._unpatch = db_api.placement_context_manager.patch_engine(self._engine)
+        # Placement syncs standard traits and resource classes once per process;
+        # a new database needs them again (its own test fixture resets the same).
+        trait._TRAITS_SYNCED = False
+        resource_class._RESOURCE_CLASSES_SYNCED = False
+        app = deploy.loadapp(config)  # schema, traits and classes in this database
         if self.middleware is not None:
             app = self.middleware(app)
         self._server = simple_server.make_server("127.0.0.1", self.port, app,
@@ -75,6 +93,8 @@ class EmbeddedPlacement:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+            self._unpatch()
+            self._engine.dispose()
 
     def __enter__(self):
         return self.start()

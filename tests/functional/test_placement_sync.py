@@ -1,0 +1,237 @@
+"""Per-GPU providers synced into the real Placement (openstack-placement,
+served on 127.0.0.1 by this process), read back through openstacksdk."""
+
+import contextlib
+import io
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from tests import confs
+from vgpu_driver import discovery
+from vgpu_driver import domains
+from vgpu_driver import inventory
+from vgpu_driver import placement
+from vgpu_driver import placement_service
+from vgpu_driver.cmd import manage
+from vgpu_driver.conf import mdev_types
+
+A100 = "0000:41:00.0"
+T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
+      "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"]
+
+
+@pytest.fixture
+def service():
+    with placement_service.EmbeddedPlacement() as running:
+        yield running
+
+
+@pytest.fixture
+def api(service):
+    conn = service.connection()
+
+    def call(method, url, body=None):
+        response = conn.placement.request(url, method, json=body,
+                                          microversion=placement.MICROVERSION)
+        return response.json() if response.content else None
+    return call
+
+
+@pytest.fixture
+def tree_for(make_conf):
+    def compute(host, conf_text, nodename="cn1", in_use=None):
+        config = mdev_types.from_conf(make_conf(conf_text))
+        return inventory.compute(discovery.discover(host), config, nodename, in_use)
+    return compute
+
+
+def placement_view(api, root_name):
+    """``{name: (parent name, {rc: (total, reserved)}, traits)}`` under a root."""
+    root = api("GET", f"/resource_providers?name={root_name}")["resource_providers"][0]
+    listed = api("GET", f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]
+    names = {p["uuid"]: p["name"] for p in listed}
+    view = {}
+    for rp in listed:
+        inventories = api("GET", f"/resource_providers/{rp['uuid']}/inventories")
+        traits = api("GET", f"/resource_providers/{rp['uuid']}/traits")["traits"]
+        view[rp["name"]] = (names.get(rp["parent_provider_uuid"]),
+                            {rc: (i["total"], i["reserved"])
+                             for rc, i in inventories["inventories"].items()},
+                            sorted(traits))
+    return view
+
+
+PROFILES = {
+    "t4x8": ("[devices]\nenabled_mdev_types = nvidia-231\n",
+             {f"cn1_pci_{a.replace(':', '_').replace('.', '_')}": ("VGPU", 8) for a in T4},
+             ["CUSTOM_MDEV_NVIDIA_231", "CUSTOM_VGPU_GRID_T4_2Q"]),
+    "a100-sriov": ("[devices]\nenabled_mdev_types = nvidia-468\n",
+                   {"cn1_pci_0000_41_00_0": ("VGPU", 10)},
+                   ["CUSTOM_MDEV_NVIDIA_468", "CUSTOM_VGPU_NVIDIA_A100_4C"]),
+    "m60-multi": (confs.NOVA_GUIDE_M60,
+                  {"cn1_pci_0000_84_00_0": ("VGPU", 16), "cn1_pci_0000_85_00_0": ("VGPU", 16),
+                   "cn1_pci_0000_86_00_0": ("VGPU", 8)}, None),
+    "mtty": ("[devices]\nenabled_mdev_types = mtty-2\n[mdev_mtty-2]\n"
+             "mdev_class = CUSTOM_SERIAL\n",
+             {"cn1_mtty_mtty": ("CUSTOM_SERIAL", 12)},
+             ["CUSTOM_MDEV_MTTY_2", "CUSTOM_VGPU_DUAL_PORT_SERIAL"]),
+    "l40s-vfio": ("[devices]\nenabled_mdev_types = nvidia-1156\n[mdev_nvidia-1156]\n"
+                  "max_instances = 6\n",
+                  {"cn1_pci_0000_c1_00_0": ("VGPU", 6)},
+                  ["CUSTOM_MDEV_NVIDIA_1156", "CUSTOM_VGPU_NVIDIA_L40S_8Q"]),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_first_sync_of_each_profile(profile, make_host, tree_for, service, api):
+    conf_text, expected, traits = PROFILES[profile]
+    tree = tree_for(make_host(profile), conf_text)
+    report = placement.ProviderSync(placement.Client(service.connection())).sync(tree)
+    assert sorted(report.created) == sorted(["cn1", *expected])
+    view = placement_view(api, "cn1")
+    assert view.pop("cn1") == (None, {}, [])
+    assert {name: (parent, inv) for name, (parent, inv, _) in view.items()} == {
+        name: ("cn1", {rc: (total, 0)}) for name, (rc, total) in expected.items()}
+    for _parent, _inv, got in view.values():
+        assert traits is None or got == traits
+
+
+def test_gpus_come_and_go(make_host, tree_for, service, api):
+    host = make_host("a100-sriov", "t4x8")
+    conf = "[devices]\nenabled_mdev_types = nvidia-468, nvidia-231\n" \
+           "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00.0\n"
+    sync = placement.ProviderSync(placement.Client(service.connection()))
+    host.set_sriov_numvfs(A100, 0)            # before the vendor enabled the VFs
+    sync.sync(tree_for(host, conf))
+    assert "cn1_pci_0000_41_00_0" not in placement_view(api, "cn1")
+    host.set_sriov_numvfs(A100, 16)            # the GPU is added
+    report = sync.sync(tree_for(host, conf))
+    assert report.created == ["cn1_pci_0000_41_00_0"]
+    a100 = sync.known["cn1_pci_0000_41_00_0"].uuid
+    host.set_sriov_numvfs(A100, 0)            # and removed, with nothing allocated
+    report = sync.sync(tree_for(host, conf))
+    assert report.deleted == ["cn1_pci_0000_41_00_0"]
+    assert api("GET", f"/resource_providers?uuid={a100}")["resource_providers"] == []
+    assert len(placement_view(api, "cn1")) == 9
+
+
+def test_a_vanished_gpu_with_allocations_is_kept_fully_reserved(make_host, tree_for,
+                                                                 service, api):
+    host = make_host("a100-sriov")
+    conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
+    sync = placement.ProviderSync(placement.Client(service.connection()))
+    sync.sync(tree_for(host, conf))
+    a100 = sync.known["cn1_pci_0000_41_00_0"].uuid
+    consumer = str(uuid.uuid4())
+    api("PUT", f"/allocations/{consumer}", {
+        "allocations": {a100: {"resources": {"VGPU": 1}}}, "project_id": "p", "user_id": "u",
+        "consumer_generation": None, "consumer_type": "INSTANCE"})
+    host.set_sriov_numvfs(A100, 0)
+    report = sync.sync(tree_for(host, conf))
+    assert report.kept == [("cn1_pci_0000_41_00_0", [consumer])] and report.deleted == []
+    assert placement_view(api, "cn1")["cn1_pci_0000_41_00_0"][1] == {"VGPU": (10, 10)}
+
+
+def test_type_change_reserves_the_draining_gpu_and_keeps_operator_traits(
+        make_host, tree_for, service, api):
+    old = str(uuid.uuid4())
+    host = make_host("t4x8", mdevs=[{"parent": T4[0], "type": "nvidia-222", "uuid": old}])
+    sync = placement.ProviderSync(placement.Client(service.connection()))
+    sync.sync(tree_for(host, "[devices]\nenabled_mdev_types = nvidia-222\n"))
+    first = sync.known["cn1_pci_0000_18_00_0"]
+    api("PUT", "/traits/CUSTOM_RACK_A")
+    api("PUT", f"/resource_providers/{first.uuid}/traits", {
+        "resource_provider_generation": api("GET", f"/resource_providers/{first.uuid}")[
+            "generation"],
+        "traits": sorted([*first.traits, "CUSTOM_RACK_A"])})
+    # The operator switches the host to T4-2Q while a guest still uses the old mdev.
+    tree = tree_for(host, "[devices]\nenabled_mdev_types = nvidia-231\n", in_use={old})
+    sync.sync(tree)
+    name, inv, traits = placement_view(api, "cn1")["cn1_pci_0000_18_00_0"]
+    assert inv == {"VGPU": (8, 8)}
+    assert traits == ["CUSTOM_MDEV_NVIDIA_231", "CUSTOM_RACK_A", "CUSTOM_VGPU_GRID_T4_2Q"]
+    assert tree.by_gpu(T4[0]).reason.startswith("draining:")
+    assert placement_view(api, "cn1")["cn1_pci_0000_19_00_0"][1] == {"VGPU": (8, 0)}
+
+
+def test_fifty_hosts_of_eight_gpus_and_their_candidates(make_host, tree_for, service, api):
+    host = make_host("t4x8")
+    trees = [tree_for(host, "[devices]\nenabled_mdev_types = "
+                            f"{'nvidia-231' if n % 2 else 'nvidia-222'}\n", f"host-{n:02d}")
+             for n in range(50)]
+    client = placement.Client(service.connection())
+    for tree in trees:
+        placement.ProviderSync(client).sync(tree)
+    candidates = api("GET", "/allocation_candidates?resources=VGPU:1"
+                            "&required=CUSTOM_VGPU_GRID_T4_2Q")
+    chosen = {rp for request in candidates["allocation_requests"]
+              for rp in request["allocations"]}
+    expected = {sync_uuid for tree in trees if tree.providers[0].type_id == "nvidia-231"
+                for sync_uuid in _uuids(api, tree)}
+    assert len(chosen) == 200 and chosen == expected
+    everything = api("GET", "/allocation_candidates?resources=VGPU:1")
+    assert len(everything["allocation_requests"]) == 400
+
+
+def _uuids(api, tree):
+    return {api("GET", f"/resource_providers?name={p.name}")["resource_providers"][0]["uuid"]
+            for p in tree.providers}
+
+
+def run_cli(tmp_path, service, monkeypatch, sysfs_root, *argv, conf=""):
+    for key, value in service.cli_environment().items():
+        monkeypatch.setenv(key, value)
+    conf_file = tmp_path / "nova.conf"
+    conf_file.write_text(textwrap.dedent(conf))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1",
+                            "--sysfs-root", sysfs_root, "--state-dir", str(tmp_path / "s"),
+                            "--libvirt-uri", "test:///default", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_sync_dry_run_sync_and_audit(make_host, service, api, tmp_path, monkeypatch):
+    host = make_host("a100-sriov")
+    conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
+    args = (tmp_path, service, monkeypatch, host.paths.root)
+    code, out, err = run_cli(*args, "sync", "--dry-run", "-f", "json", conf=conf)
+    planned = json.loads(out)
+    assert code == 0 and [r["method"] for r in planned][:2] == ["POST", "POST"]
+    assert "would make" in err
+    assert api("GET", "/resource_providers")["resource_providers"] == []
+    code, out, err = run_cli(*args, "sync", "-f", "value", "-c", "method", conf=conf)
+    assert code == 0 and "1 created" not in err and "2 created" in err
+    code, out, _ = run_cli(*args, "audit", "-f", "json", conf=conf)
+    assert (code, json.loads(out)) == (0, [])
+    # Placement allocates a vGPU nobody holds here: drift, exit 1.
+    a100 = api("GET", "/resource_providers?name=cn1_pci_0000_41_00_0")[
+        "resource_providers"][0]["uuid"]
+    ghost = str(uuid.uuid4())
+    api("PUT", f"/allocations/{ghost}", {
+        "allocations": {a100: {"resources": {"VGPU": 1}}}, "project_id": "p", "user_id": "u",
+        "consumer_generation": None, "consumer_type": "INSTANCE"})
+    host.create_mdev("0000:41:00.4", "nvidia-470", str(uuid.uuid4()))  # blocks the GPU
+    code, out, _ = run_cli(*args, "audit", "-f", "json", conf=conf)
+    kinds = {(r["kind"], r["consumer"]) for r in json.loads(out)}
+    assert code == 1
+    assert kinds == {("allocation-without-mdev", ghost), ("inventory", None)}
+
+
+def test_audit_sees_a_guest_placement_does_not_know(make_host, tree_for, service):
+    from vgpu_driver import audit
+
+    host = make_host("t4x8")
+    used = str(uuid.uuid4())
+    host.create_mdev(T4[0], "nvidia-222", used)
+    guests = domains.InProcessDomains()
+    guests.define("guest-1", [used])
+    tree = tree_for(host, "[devices]\nenabled_mdev_types = nvidia-222\n", in_use={used})
+    sync = placement.ProviderSync(placement.Client(service.connection()))
+    sync.sync(tree)
+    drifts = audit.audit(sync, tree, discovery.discover(host), [], guests.mdev_users())
+    assert [(d.kind, d.consumer, d.gpu) for d in drifts] == [
+        ("mdev-without-allocation", "guest-1", T4[0])]

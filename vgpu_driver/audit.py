@@ -1,0 +1,100 @@
+"""Compare the host's truth with Placement's, and list every difference.
+
+* ``allocation-without-mdev``: Placement allocates vGPUs of a GPU to a
+  consumer that holds fewer mdevs on that GPU here;
+* ``mdev-without-allocation``: a guest (domain or claim) holds mdevs of a GPU
+  that Placement does not allocate to it;
+* ``stale-provider``: a provider of this host whose GPU is gone;
+* ``missing-provider``: a GPU that should have a provider and has none;
+* ``inventory`` / ``traits``: a provider's inventory or managed traits differ
+  from what the host computes.
+"""
+
+import collections
+import dataclasses
+
+from vgpu_driver import claims
+from vgpu_driver import placement
+
+HELD_STATES = (claims.CLAIMED, claims.ATTACHED, claims.MIGRATING_IN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+    kind: str
+    provider: str
+    gpu: str | None
+    consumer: str | None
+    detail: str
+
+
+def host_usage(snapshot, claim_list, domain_users):
+    """``{(gpu, consumer): mdev count}`` from claims and guests' domains."""
+    gpu_of = {}
+    for mdev in snapshot.mdevs:
+        gpu = snapshot.gpu_of_parent(mdev.parent)
+        if gpu is not None:
+            gpu_of[mdev.uuid] = gpu.address
+    holders = {}
+    for claim in claim_list:
+        if claim.state in HELD_STATES:
+            holders[claim.mdev_uuid] = (claim.gpu, claim.instance_uuid)
+    for mdev, ref in domain_users.items():
+        if mdev not in holders and mdev in gpu_of:
+            holders[mdev] = (gpu_of[mdev], ref.uuid)
+    return collections.Counter(holders.values())
+
+
+def _inventory_detail(have, want):
+    def short(inventories):
+        return ", ".join(f"{rc} total={i['total']} reserved={i['reserved']}"
+                         for rc, i in sorted(inventories.items())) or "none"
+    return f"Placement has {short(have)}; the host computes {short(want)}"
+
+
+def audit(sync, tree, snapshot, claim_list, domain_users):
+    """Every difference between the host and Placement, as Drift rows."""
+    sync.observe(tree)
+    drifts = []
+    desired = {p.name: p for p in tree.providers}
+    prefix = f"{tree.root_name}_"
+    for name, known in sorted(sync.known.items()):
+        if name.startswith(prefix) and name not in desired and \
+                known.parent_uuid == sync.root_uuid:
+            drifts.append(Drift("stale-provider", name, None, None,
+                                "no GPU of this host has this provider's name any more"))
+    usage = host_usage(snapshot, claim_list, domain_users)
+    for name, provider in sorted(desired.items()):
+        known = sync.known.get(name)
+        if known is None:
+            drifts.append(Drift("missing-provider", name, provider.gpu, None,
+                                "Placement has no provider for this GPU"))
+            continue
+        if known.inventories != provider.inventory():
+            drifts.append(Drift("inventory", name, provider.gpu, None,
+                                _inventory_detail(known.inventories, provider.inventory())))
+        managed = {t for t in known.traits if t.startswith(placement.MANAGED_TRAIT_PREFIXES)}
+        if managed != set(provider.traits):
+            drifts.append(Drift("traits", name, provider.gpu, None,
+                                f"Placement has {sorted(managed)}; the host computes "
+                                f"{sorted(provider.traits)}"))
+        drifts += _allocation_drift(sync, name, provider, usage)
+    return drifts
+
+
+def _allocation_drift(sync, name, provider, usage):
+    drifts = []
+    allocated = {consumer: resources.get(provider.resource_class, 0)
+                 for consumer, resources in sync.allocations(name).items()}
+    here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}
+    for consumer, units in sorted(allocated.items()):
+        if here.get(consumer, 0) < units:
+            drifts.append(Drift("allocation-without-mdev", name, provider.gpu, consumer,
+                                f"{units} {provider.resource_class} allocated, "
+                                f"{here.get(consumer, 0)} mdev(s) held here"))
+    for consumer, count in sorted(here.items()):
+        if allocated.get(consumer, 0) < count:
+            drifts.append(Drift("mdev-without-allocation", name, provider.gpu, consumer,
+                                f"{count} mdev(s) held here, {allocated.get(consumer, 0)} "
+                                f"{provider.resource_class} allocated"))
+    return drifts

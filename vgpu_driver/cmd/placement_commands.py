@@ -1,0 +1,73 @@
+"""``sync`` and ``audit``: this host's GPU providers in Placement.
+
+Placement is reached with ``[placement]`` (keystoneauth options, as nova
+reads them) or, without ``auth_type`` there, the usual ``OS_*`` variables or
+``clouds.yaml``.
+"""
+
+import json
+
+from vgpu_driver import audit as audit_mod
+from vgpu_driver import discovery
+from vgpu_driver import inventory
+from vgpu_driver import placement
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import columns
+from vgpu_driver.cmd import host_commands
+from vgpu_driver.conf import placement as placement_conf
+
+
+def _tree(app):
+    config = host_commands.load_mdev_config(app)
+    snapshot = discovery.discover(app.open_host())
+    tree = inventory.compute(snapshot, config, app.options.nodename,
+                             host_commands.in_use(app))
+    return tree, snapshot
+
+
+def _sync(app):
+    return placement.ProviderSync(placement.Client(placement_conf.connection(app.conf)))
+
+
+class Sync(base.Lister):
+    """Push this host's GPU providers to Placement (once); list the requests."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Read Placement and list the writes a sync would make, "
+                                 "without making them.")
+        return parser
+
+    def take_action(self, parsed_args):
+        tree, _snapshot = _tree(self.app)
+        report = _sync(self.app).sync(tree, dry_run=parsed_args.dry_run)
+        verb = "would make" if parsed_args.dry_run else "made"
+        self.app.stderr.write(
+            f"{len(tree.providers)} GPU provider(s): {len(report.created)} created, "
+            f"{len(report.updated)} updated, {len(report.deleted)} deleted, "
+            f"{len(report.kept)} kept reserved; {verb} {len(report.planned)} write(s) "
+            f"after {report.reads} read(s)\n")
+        rows = [(method, url, json.dumps(body, sort_keys=True) if body else None)
+                for method, url, body in report.planned]
+        return ("method", "url", "body"), [columns.optional(r) for r in rows]
+
+
+class Audit(base.Lister):
+    """Compare the host with Placement; exit 1 if they drifted apart."""
+
+    def take_action(self, parsed_args):
+        tree, snapshot = _tree(self.app)
+        journal = self.app.journal()
+        claim_list = journal.claims() if journal else []
+        users = self.app.domains().mdev_users()
+        drifts = audit_mod.audit(_sync(self.app), tree, snapshot, claim_list, users)
+        self.drifted = bool(drifts)
+        rows = [(d.kind, d.provider, d.gpu, d.consumer, d.detail) for d in drifts]
+        return (("kind", "provider", "gpu", "consumer", "detail"),
+                [columns.optional(r) for r in rows])
+
+    def run(self, parsed_args):
+        self.drifted = False
+        code = super().run(parsed_args)
+        return code or (base.EXIT_PROBLEMS if self.drifted else base.EXIT_OK)
