@@ -14,6 +14,7 @@ trait on a provider (an operator's) is kept.
 import dataclasses
 import time
 
+from keystoneauth1 import adapter as ks_adapter
 from keystoneauth1 import exceptions as ks_exceptions
 from oslo_log import log as logging
 
@@ -60,10 +61,22 @@ class SyncReport:
 
 
 class Client:
-    """Placement's REST API with retries, over an openstacksdk Connection."""
+    """Placement's REST API with retries, over an openstacksdk Connection.
+
+    The Connection provides the session (auth, TLS, catalog); requests go
+    through a plain keystoneauth adapter for the ``placement`` service, as
+    nova's own client does.  (The SDK's proxy would discover API versions on
+    first use, outside the retries, so a Placement that is down would fail
+    there with an unhelpful error.)
+    """
 
     def __init__(self, connection, attempts=4, backoff=0.2, sleep=time.sleep):
-        self.proxy = connection.placement
+        config = connection.config
+        self.proxy = ks_adapter.Adapter(
+            session=connection.session, service_type="placement",
+            interface=config.get_interface("placement"),
+            region_name=config.get_region_name("placement"),
+            endpoint_override=config.get_endpoint("placement"))
         self.attempts = attempts
         self.backoff = backoff
         self.sleep = sleep
@@ -220,7 +233,14 @@ class ProviderSync:
         body = {"name": name}
         if parent_uuid:
             body["parent_provider_uuid"] = parent_uuid
-        answer = self._write(report, dry_run, "POST", "/resource_providers", body)
+        try:
+            answer = self._write(report, dry_run, "POST", "/resource_providers", body)
+        except Conflict as exc:
+            if "placement.duplicate_name" not in str(exc):
+                raise
+            # Created by an earlier attempt whose answer was lost: adopt it.
+            answer = self._get(f"/resource_providers?name={name}",
+                               report)["resource_providers"][0]
         uuid = answer["uuid"] if answer else f"<new {name}>"
         self.known[name] = Known(uuid, answer["generation"] if answer else 0, {},
                                  frozenset(), parent_uuid)
@@ -269,7 +289,12 @@ class ProviderSync:
 
     def _delete(self, name, report, dry_run):
         def write(known):
-            self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
+            try:
+                self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
+            except PlacementError as exc:
+                if exc.kwargs.get("status") != 404:
+                    raise
+                # Gone already: an earlier attempt's answer was lost.
         self._retrying(name, report, write)
         if not dry_run:
             del self.known[name]

@@ -83,8 +83,8 @@ class EmbeddedPlacement:
         self._server = simple_server.make_server("127.0.0.1", self.port, app,
                                                  server_class=_ThreadingServer,
                                                  handler_class=_QuietHandler)
-        threading.Thread(target=self._server.serve_forever, name="placement",
-                         daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                         name="placement", daemon=True).start()
         LOG.info("Placement (%s) serving on %s", self.database_url, self.endpoint)
         return self
 
