@@ -45,7 +45,10 @@ def _placement_config(database_url):
     config.set_override("sync_on_startup", True, group="placement_database")
     config.set_override("auth_strategy", "noauth2", group="api")
     config([], project="placement", default_config_files=[])
-    db_api.configure(config)  # once per process; later engines are patched in
+    # Once per process; later engines are patched in, so Placement's warning
+    # that it is "not reconfiguring" says nothing here.
+    logging.getLogger("placement.db_api").logger.setLevel(logging.ERROR)
+    db_api.configure(config)
     return config
 
 
