@@ -22,7 +22,6 @@ timings would then mean nothing) exits 1.
 """
 
 import cProfile
-import json
 import os
 import platform
 import pstats
@@ -462,10 +461,7 @@ def main(argv=None):
     print_setup(results)
     print_timing(results)
     print_profile(profile, max(SIZES), args.rounds)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nNumbers written to {args.json}")
+    common.write_json(args.json, results)
     return 0
 
 

@@ -20,7 +20,6 @@ timings would then mean nothing) exits 1.
 import builtins
 import contextlib
 import copy
-import json
 import os
 import platform
 import sys
@@ -394,10 +393,7 @@ def main(argv=None):
     results["targets"]["ratio_ok"] = results["ratio_median"] <= RATIO_TARGET
     results["targets"]["real_ms_ok"] = real["median"] < REAL_MS_TARGET
     print_timing(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nNumbers written to {args.json}")
+    common.write_json(args.json, results)
     return 0
 
 

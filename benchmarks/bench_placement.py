@@ -26,7 +26,6 @@ count, a provider, a candidate) exits 1.
 import argparse
 import collections
 import importlib.util
-import json
 import logging
 import os
 import platform
@@ -463,10 +462,7 @@ def main(argv=None):
     print_fleet(fleet)
     results.update({"large_host": large, "fleet": fleet, "rounds": args.rounds,
                     "first_sync_rounds": FIRST_SYNC_ROUNDS})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"Numbers written to {args.json}")
+    common.write_json(args.json, results)
     return 0
 
 

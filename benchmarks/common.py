@@ -4,6 +4,7 @@ import argparse
 import ctypes
 import ctypes.util
 import gc
+import json
 import statistics
 
 
@@ -50,3 +51,11 @@ def parse_args(argv, description, rounds_help, tmpdir_help):
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
+
+
+def write_json(path, results):
+    """Write the numbers when ``--json`` asked for them."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"\nNumbers written to {path}")
