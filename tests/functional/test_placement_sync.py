@@ -4,6 +4,7 @@ served on 127.0.0.1 by this process), read back through openstacksdk."""
 import contextlib
 import io
 import json
+import os
 import textwrap
 import uuid
 
@@ -17,6 +18,7 @@ from vgpu_driver import placement
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import placement as placement_conf
 
 A100 = "0000:41:00.0"
 T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
@@ -235,3 +237,22 @@ def test_audit_sees_a_guest_placement_does_not_know(make_host, tree_for, service
     drifts = audit.audit(sync, tree, discovery.discover(host), [], guests.mdev_users())
     assert [(d.kind, d.consumer, d.gpu) for d in drifts] == [
         ("mdev-without-allocation", "guest-1", T4[0])]
+
+
+def test_credentials_from_a_placement_section(make_host, tree_for, service, make_conf,
+                                              monkeypatch):
+    """The keystoneauth options nova reads in [placement] reach Placement."""
+    for key in list(os.environ):
+        if key.startswith("OS_"):
+            monkeypatch.delenv(key)
+    conf = make_conf(f"""
+        [placement]
+        auth_type = admin_token
+        endpoint = {service.endpoint}
+        token = admin
+        """)
+    connection = placement_conf.connection(conf)
+    host = make_host("a100-sriov")
+    report = placement.ProviderSync(placement.Client(connection)).sync(
+        tree_for(host, "[devices]\nenabled_mdev_types = nvidia-468\n"))
+    assert report.created == ["cn1", "cn1_pci_0000_41_00_0"]
