@@ -66,6 +66,14 @@ def provider_name(nodename, gpu):
     return f"{nodename}_{gpu.provider_suffix}"
 
 
+def provider_name_for(nodename, gpu_address):
+    """The provider name of a GPU known only by its address (a PCI address,
+    or a virtual device's ``<class>_<device>`` name)."""
+    if names.is_pci_address(gpu_address):
+        return f"{nodename}_{names.parse_pci_address(gpu_address).provider_suffix}"
+    return f"{nodename}_{gpu_address}"
+
+
 def type_traits(type_id, type_name):
     """Traits that let flavors ask for a type by id or by its vendor name."""
     traits = [f"CUSTOM_MDEV_{names.trait_fragment(type_id)}"]

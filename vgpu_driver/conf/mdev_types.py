@@ -136,7 +136,10 @@ def load(conf):
         group = devices.group_name(type_id)
         if group not in conf:
             conf.register_group(cfg.OptGroup(group))
-            conf.register_opts(devices.mdev_type_opts(type_id), group=group)
+        # nova may have registered the group with its own (fewer) options.
+        for opt in devices.mdev_type_opts(type_id):
+            if opt.dest not in conf[group]:
+                conf.register_opt(opt, group=group)
     type_configs, by_address, default_type = [], {}, None
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)

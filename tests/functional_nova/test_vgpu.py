@@ -1,0 +1,84 @@
+"""vgpu-driver inside nova-compute, proven with nova's own in-process services.
+
+Nova's functional framework runs its API, conductor, scheduler and compute
+services with a real Placement and fake libvirt; the compute here loads
+``vgpu_driver.nova.LibvirtVGPUDriver`` and reads a fake host written by our
+fake kernel (``[vgpu] sysfs_root``).  Every assertion compares Placement's
+usage on the per-GPU providers with the mdevs in the guests' domain XML and
+in the fake sysfs.
+"""
+
+import os
+import shutil
+import tempfile
+
+from nova.tests.fixtures import libvirt as fakelibvirt
+from nova.tests.functional.libvirt import base
+
+import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
+from vgpu_driver import guest as guest_xml
+from vgpu_driver import nova_alias
+from vgpu_driver.sysfs import fakekernel
+from vgpu_driver.sysfs import profiles
+
+
+class VGPUDriverTestBase(base.ServersTestBase):
+    microversion = "latest"
+    ADMIN_API = True
+    ENABLED_TYPES = "nvidia-468"
+
+    def setUp(self):
+        super().setUp()
+        nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
+        self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
+        self.flags(enabled_mdev_types=self.ENABLED_TYPES, group="devices")
+        self.tmp = tempfile.mkdtemp(prefix="vgpu-nova-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.kernels = {}
+
+    def start_vgpu_compute(self, hostname, *profile_names):
+        loaded = [profiles.load(p) for p in profile_names]
+        profile = loaded[0] if len(loaded) == 1 else profiles.combine(hostname, *loaded)
+        root = os.path.join(self.tmp, hostname, "sys")
+        self.kernels[hostname] = fakekernel.FakeKernel.build(root, profile)
+        self.flags(sysfs_root=root, state_dir=os.path.join(self.tmp, hostname, "state"),
+                   group="vgpu")
+        return self.start_compute(
+            hostname=hostname,
+            pci_info=fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0))
+
+    def gpu_providers(self, hostname):
+        """``{name: (total, reserved, usage)}`` of the host's GPU providers."""
+        root = self.compute_rp_uuids[hostname]
+        found = {}
+        for rp in self._get_all_rp_uuids_in_a_tree(root):
+            inventory = self._get_provider_inventory(rp)
+            if "VGPU" in inventory:
+                name = self.placement.get(f"/resource_providers/{rp}").body["name"]
+                usage = self._get_provider_usages(rp).get("VGPU", 0)
+                found[name] = (inventory["VGPU"]["total"], inventory["VGPU"]["reserved"],
+                               usage)
+        return found
+
+    def domain_mdevs(self, hostname):
+        """The mdevs in the guests' domain XML, read as nova reads guests."""
+        mdevs = []
+        for guest in self.computes[hostname].driver._host.list_guests(only_running=False):
+            mdevs += guest_xml.mdev_uuids(guest_xml.parse(guest.get_xml_desc()))
+        return mdevs
+
+
+class CreateServerTests(VGPUDriverTestBase):
+    def test_a100_host_reports_one_provider_of_ten_and_boots_a_vgpu_guest(self):
+        self.start_vgpu_compute("host1", "a100-sriov")
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
+                         self.gpu_providers("host1"))
+        flavor = self._create_flavor(extra_spec={"resources:VGPU": "1"})
+        server = self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self.assertEqual("ACTIVE", server["status"])
+        mdevs = self.domain_mdevs("host1")
+        self.assertEqual(1, len(mdevs))
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 1)}, self.gpu_providers("host1"))
+        self.assertEqual(mdevs, [m.uuid for m in self.kernels["host1"].list_mdevs()])
+        claims = self.computes["host1"].driver.vgpu.journal.claims(server["id"])
+        self.assertEqual([(mdevs[0], "attached")], [(c.mdev_uuid, c.state) for c in claims])

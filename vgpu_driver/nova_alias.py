@@ -1,0 +1,42 @@
+"""Make ``compute_driver = vgpu_driver.nova.LibvirtVGPUDriver`` loadable.
+
+nova-compute imports its driver as ``nova.virt.<compute_driver>``, so only
+modules under ``nova.virt`` can be drivers.  :func:`install` adds an import
+alias: ``nova.virt.vgpu_driver[.x]`` is ``vgpu_driver[.x]`` itself (the same
+module objects, nothing copied).  ``vgpu-nova-compute`` installs it, then
+runs nova-compute unchanged.  This module imports no nova.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+PREFIX = "nova.virt.vgpu_driver"
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != PREFIX and not fullname.startswith(PREFIX + "."):
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        # The real module: its name, spec and state stay its own.
+        return importlib.import_module("vgpu_driver" + spec.name[len(PREFIX):])
+
+    def exec_module(self, module):
+        pass  # already executed under its real name
+
+
+def install():
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder())
+
+
+def compute_main():
+    """``vgpu-nova-compute``: nova-compute, able to load vgpu-driver."""
+    install()
+    from nova.cmd import compute
+
+    return compute.main()
