@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 
+import nova.conf
 from nova.tests.fixtures import libvirt as fakelibvirt
 from nova.tests.functional.libvirt import base
 
@@ -32,6 +33,11 @@ class VGPUDriverTestBase(base.ServersTestBase):
         nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
         self.flags(enabled_mdev_types=self.ENABLED_TYPES, group="devices")
+        # nova registers [mdev_<type>] when its driver starts; tests set them first.
+        nova.conf.devices.register_dynamic_opts(nova.conf.CONF)
+        # Room for a dozen small guests on the fake host's two cores.
+        self.flags(cpu_allocation_ratio=16.0)
+        self.flags(instances=20, cores=40, group="quota")
         self.tmp = tempfile.mkdtemp(prefix="vgpu-nova-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.kernels = {}
@@ -82,3 +88,70 @@ class CreateServerTests(VGPUDriverTestBase):
         self.assertEqual(mdevs, [m.uuid for m in self.kernels["host1"].list_mdevs()])
         claims = self.computes["host1"].driver.vgpu.journal.claims(server["id"])
         self.assertEqual([(mdevs[0], "attached")], [(c.mdev_uuid, c.state) for c in claims])
+
+    def test_a100_schedules_at_most_ten_4c_guests(self):
+        """nova's per-VF providers offer 16 A100-4C; the board holds 10."""
+        self.start_vgpu_compute("host1", "a100-sriov")
+        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+                                     extra_spec={"resources:VGPU": "1"})
+        for _ in range(10):
+            self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self._create_server(flavor_id=flavor, networks="none", host="host1",
+                            expected_state="ERROR")
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 10)},
+                         self.gpu_providers("host1"))
+        mdevs = self.domain_mdevs("host1")
+        self.assertEqual(10, len(set(mdevs)))
+        self.assertEqual(sorted(mdevs),
+                         sorted(m.uuid for m in self.kernels["host1"].list_mdevs()))
+
+    def test_deleting_the_server_frees_its_mdev_for_the_next(self):
+        self.start_vgpu_compute("host1", "a100-sriov")
+        flavor = self._create_flavor(extra_spec={"resources:VGPU": "1"})
+        first = self._create_server(flavor_id=flavor, networks="none", host="host1")
+        (mdev,) = self.domain_mdevs("host1")
+        self._delete_server(first)
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
+                         self.gpu_providers("host1"))
+        self.assertEqual([], self.computes["host1"].driver.vgpu.journal.claims())
+        self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self.assertEqual([mdev], self.domain_mdevs("host1"))   # reused, not re-created
+
+
+class MultipleTypesTests(VGPUDriverTestBase):
+    """nova's guide layout: two types chosen by automatic traits, no tagging."""
+
+    ENABLED_TYPES = "nvidia-35,nvidia-36"
+
+    def setUp(self):
+        super().setUp()
+        self.flags(device_addresses=["0000:84:00.0", "0000:85:00.0"], group="mdev_nvidia-35")
+        self.flags(device_addresses=["0000:86:00.0"], group="mdev_nvidia-36")
+
+    def test_a_type_trait_picks_the_gpu_serving_it(self):
+        self.start_vgpu_compute("host1", "m60-multi")
+        self.assertEqual({"host1_pci_0000_84_00_0": (16, 0, 0),
+                          "host1_pci_0000_85_00_0": (16, 0, 0),
+                          "host1_pci_0000_86_00_0": (8, 0, 0)},
+                         self.gpu_providers("host1"))
+        flavor = self._create_flavor(extra_spec={
+            "resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_M60_1B": "required"})
+        self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self.assertEqual(1, self.gpu_providers("host1")["host1_pci_0000_86_00_0"][2])
+        (mdev,) = self.kernels["host1"].list_mdevs()
+        self.assertEqual(("0000:86:00.0", "nvidia-36"), (mdev.parent, mdev.type_id))
+
+
+class CustomClassTests(VGPUDriverTestBase):
+    ENABLED_TYPES = "mtty-2"
+
+    def setUp(self):
+        super().setUp()
+        self.flags(mdev_class="CUSTOM_SERIAL", group="mdev_mtty-2")
+
+    def test_a_custom_resource_class_is_allocated_like_vgpu(self):
+        self.start_vgpu_compute("host1", "mtty")
+        flavor = self._create_flavor(extra_spec={"resources:CUSTOM_SERIAL": "2"})
+        self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self.assertEqual(2, len(self.domain_mdevs("host1")))
+        self.assertEqual({"mtty-2"}, {m.type_id for m in self.kernels["host1"].list_mdevs()})
