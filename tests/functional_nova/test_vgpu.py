@@ -11,6 +11,7 @@ in the fake sysfs.
 import os
 import shutil
 import tempfile
+import time
 
 import nova.conf
 from nova.tests.fixtures import libvirt as fakelibvirt
@@ -155,3 +156,42 @@ class CustomClassTests(VGPUDriverTestBase):
         self._create_server(flavor_id=flavor, networks="none", host="host1")
         self.assertEqual(2, len(self.domain_mdevs("host1")))
         self.assertEqual({"mtty-2"}, {m.type_id for m in self.kernels["host1"].list_mdevs()})
+
+
+class SeveralVGPUsTests(VGPUDriverTestBase):
+    ENABLED_TYPES = "nvidia-231"
+
+    def test_multi_create_gets_one_mdev_each(self):
+        self.start_vgpu_compute("host1", "t4x8")
+        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+                                     extra_spec={"resources:VGPU": "1"})
+        # The image nova's own _create_server defaults to in its fake Glance.
+        self.api.post_server({"server": {
+            "name": "multi", "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
+            "flavorRef": flavor, "networks": "none", "min_count": 2}})
+        servers = self._wait_for_servers("multi", 2)
+        self.assertEqual(2, len(set(self.domain_mdevs("host1"))))
+        used = sum(usage for _t, _r, usage in self.gpu_providers("host1").values())
+        self.assertEqual(2, used)
+        held = {c.instance_uuid for c in self.computes["host1"].driver.vgpu.journal.claims()}
+        self.assertEqual({s["id"] for s in servers}, held)
+
+    def test_two_vgpus_isolated_on_two_gpus(self):
+        self.start_vgpu_compute("host1", "t4x8")
+        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={
+            "resources1:VGPU": "1", "resources2:VGPU": "1", "group_policy": "isolate"})
+        server = self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self.assertEqual(2, len(set(self.domain_mdevs("host1"))))
+        usages = [usage for _t, _r, usage in self.gpu_providers("host1").values() if usage]
+        self.assertEqual([1, 1], usages)
+        gpus = {c.gpu for c in self.computes["host1"].driver.vgpu.journal.claims(server["id"])}
+        self.assertEqual(2, len(gpus))
+
+    def _wait_for_servers(self, name, count):
+        for _ in range(100):
+            servers = [s for s in self.api.get_servers() if s["name"].startswith(name)]
+            if len(servers) == count and all(s["status"] == "ACTIVE" for s in servers):
+                return servers
+            self.assertFalse(any(s["status"] == "ERROR" for s in servers), servers)
+            time.sleep(0.1)
+        self.fail(f"{count} servers named {name} not ACTIVE in time")
