@@ -69,6 +69,19 @@ class VGPUDriver:
     def release(self, instance_uuid):
         return self.manager.release(instance_uuid)
 
+    def release_unused(self, instance_uuid, domain_mdevs):
+        """Drop the instance's claims on mdevs its domain no longer uses.
+
+        After a resize is confirmed or reverted, one host keeps the guest and
+        the other does not: each keeps exactly the claims its domain needs.
+        """
+        stale = [c.mdev_uuid for c in self.journal.claims(instance_uuid)
+                 if c.mdev_uuid not in set(domain_mdevs)]
+        if stale:
+            with self.journal.transaction() as txn:
+                txn.remove(instance_uuid, stale)
+        return stale
+
     def add_hostdevs(self, domain_xml, mdev_uuids):
         """The domain XML with a hostdev per mdev, as each mdev's type wants it:
         the model from its ``device_api``, ``display``/``ramfb`` from

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 
+import fixtures
 import nova.conf
 from nova.tests.fixtures import libvirt as fakelibvirt
 from nova.tests.functional.libvirt import base
@@ -195,3 +196,47 @@ class SeveralVGPUsTests(VGPUDriverTestBase):
             self.assertFalse(any(s["status"] == "ERROR" for s in servers), servers)
             time.sleep(0.1)
         self.fail(f"{count} servers named {name} not ACTIVE in time")
+
+
+class ResizeTests(VGPUDriverTestBase):
+    """nova's resize matrix: usage follows the guest, revert and confirm."""
+
+    def setUp(self):
+        super().setUp()
+        # As nova's own vGPU resize tests: the fake guests have no disk files.
+        self.useFixture(fixtures.MockPatch(
+            "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
+        self.useFixture(fixtures.MockPatch("os.rename"))
+
+    def test_resize_revert_and_confirm(self):
+        for host in ("host1", "host2"):
+            self.start_vgpu_compute(host, "a100-sriov")
+        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+                                     extra_spec={"resources:VGPU": "1"})
+        bigger = self._create_flavor(memory_mb=1024, vcpu=1, disk=1, ephemeral=0,
+                                     extra_spec={"resources:VGPU": "1"})
+        server = self._create_server(flavor_id=flavor, networks="none", host="host1")
+        source = "host1" if self.domain_mdevs("host1") else "host2"
+        target = "host2" if source == "host1" else "host1"
+
+        def usage(host):
+            return self.gpu_providers(host)[f"{host}_pci_0000_41_00_0"][2]
+
+        server = self._resize_server(server, bigger)
+        self.assertEqual((1, 1), (usage(source), usage(target)))
+        self.assertEqual(1, len(self.domain_mdevs(target)))
+        server = self._revert_resize(server)
+        self.assertEqual((1, 0), (usage(source), usage(target)))
+        self.assertEqual([], self.computes[target].driver.vgpu.journal.claims())
+        server = self._resize_server(server, bigger)
+        self._confirm_resize(server)
+        self.assertEqual((0, 1), (usage(source), usage(target)))
+        # Claims mirror the domains: the harness shares one CONF.host between its
+        # computes, so nova leaves the source domain defined here; our claims on
+        # the source follow whatever the source's domains still reference.
+        self.assertEqual(sorted(self.domain_mdevs(source)),
+                         sorted(c.mdev_uuid for c in
+                                self.computes[source].driver.vgpu.journal.claims()))
+        self.assertEqual(self.domain_mdevs(target),
+                         [c.mdev_uuid for c in
+                          self.computes[target].driver.vgpu.journal.claims(server["id"])])

@@ -80,3 +80,15 @@ def test_hostdevs_follow_the_type_settings(make_host, make_conf, tmp_path):
     assert guest.mdev_uuids(root) == got
     assert {(h.get("model"), h.get("display"), h.get("ramfb"))
             for h in root.findall("devices/hostdev")} == {("vfio-pci", "on", "on")}
+
+
+def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf, tmp_path):
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    old = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 1}}}, providers)
+    with vgpu.journal.transaction() as txn:   # a resize on the same host: a 2nd mdev
+        txn.add("i-1", str(uuid.uuid4()), A100, "0000:41:00.5", "nvidia-468")
+    kept = [c.mdev_uuid for c in vgpu.journal.claims("i-1") if c.mdev_uuid not in old]
+    assert vgpu.release_unused("i-1", kept) == old
+    assert [c.mdev_uuid for c in vgpu.journal.claims("i-1")] == kept

@@ -123,18 +123,35 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
         return mdevs
 
-    def spawn(self, context, instance, image_meta, injected_files, admin_password,
-              allocations, network_info=None, block_device_info=None, power_on=True,
-              accel_info=None):
+    def _for_instance(self, instance, operation, *args, **kwargs):
+        """Run a nova operation whose _allocate_mdevs claims for ``instance``."""
         self._spawning.instance = instance
         try:
-            super().spawn(context, instance, image_meta, injected_files, admin_password,
-                          allocations, network_info=network_info,
-                          block_device_info=block_device_info, power_on=power_on,
-                          accel_info=accel_info)
+            result = operation(*args, **kwargs)
         finally:
             self._spawning.instance = None
         self.vgpu.instance_defined(instance.uuid)
+        return result
+
+    def _instance_mdevs(self, instance):
+        return [m for m, i in self._get_all_assigned_mediated_devices(instance).items()
+                if i == instance.uuid]
+
+    def spawn(self, context, instance, *args, **kwargs):
+        return self._for_instance(instance, super().spawn, context, instance, *args,
+                                  **kwargs)
+
+    def finish_migration(self, context, migration, instance, *args, **kwargs):
+        return self._for_instance(instance, super().finish_migration, context, migration,
+                                  instance, *args, **kwargs)
+
+    def confirm_migration(self, context, migration, instance, network_info):
+        super().confirm_migration(context, migration, instance, network_info)
+        self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
+
+    def finish_revert_migration(self, context, instance, *args, **kwargs):
+        super().finish_revert_migration(context, instance, *args, **kwargs)
+        self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
     def destroy(self, context, instance, network_info, block_device_info=None,
                 destroy_disks=True, destroy_secrets=True):
