@@ -4,5 +4,5 @@
 set -euo pipefail
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$TOP/tools/bootstrap.sh" build
-"$VENV/bin/pip" install -q -e "$TOP"
+"$VENV/bin/pip" install -q -e "$TOP[libvirt]"
 exec "$VENV/bin/vgpu-manage" --config-file /dev/null demo "$@"
