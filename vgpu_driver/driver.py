@@ -9,7 +9,6 @@ no nova; :mod:`vgpu_driver.nova` adapts it.
 from oslo_log import log as logging
 
 from vgpu_driver import claims
-from vgpu_driver import discovery
 from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
@@ -99,6 +98,3 @@ class VGPUDriver:
                            display=type_config.display if type_config else None,
                            ramfb=type_config.ramfb if type_config else None)
         return guest.to_string(root)
-
-    def snapshot(self):
-        return discovery.discover(self.host)

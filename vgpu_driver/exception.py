@@ -9,7 +9,6 @@ Tree::
     VgpuDriverError
     ├── InvalidConfiguration          nova.conf cannot be used as written
     ├── InvalidSysfsName              a name read from sysfs/config is unsafe
-    ├── SysfsError                    the sysfs tree could not be read
     ├── UnknownProfile                no such fake-host profile
     ├── FakeHostExists                fake-host target is not empty
     ├── MdevWriteError                the kernel refused a write (has .errno)
@@ -76,10 +75,6 @@ class InvalidSysfsName(VgpuDriverError):
     def __init__(self, kind, name, source=None):
         super().__init__(kind=kind, name=name,
                          source=f" from {source}" if source else "")
-
-
-class SysfsError(VgpuDriverError):
-    msg_fmt = "Cannot read %(path)s: %(reason)s"
 
 
 class UnknownProfile(VgpuDriverError):
