@@ -52,8 +52,9 @@ class VGPUDriver:
 
     def provider_tree(self, nodename):
         """The desired providers, after reclaiming unused stale-type mdevs."""
-        self.reconciler.reclaim_stale_types()
-        snapshot = self.manager.snapshot(refresh=True)
+        # The reclaim reads the host; read it again only if it removed something.
+        removed = [o for o in self.reconciler.reclaim_stale_types() if o.result == "removed"]
+        snapshot = self.manager.snapshot(refresh=bool(removed))
         return inventory.compute(snapshot, self.mdev_config, nodename,
                                  self.reconciler.in_use())
 
