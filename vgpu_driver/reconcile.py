@@ -177,8 +177,11 @@ class Reconciler:
         deadline = self.clock() + wait
         delay = first_delay
         while missing:
+            # One read of the host per pass: only its structure (which GPUs and
+            # parents exist, what they offer) is used, and creations don't change it.
+            snapshot = self.manager.snapshot(refresh=True)
             for uuid, claim in sorted(missing.items()):
-                outcome = self._restore_one(claim)
+                outcome = self._restore_one(snapshot, claim)
                 if outcome is not None:
                     outcomes.append(outcome)
                     del missing[uuid]
@@ -195,9 +198,8 @@ class Reconciler:
             log("mdev %s: %s %s", outcome.mdev_uuid, outcome.result, outcome.reason)
         return outcomes
 
-    def _restore_one(self, claim):
+    def _restore_one(self, snapshot, claim):
         """Outcome once settled, or None to wait for the parent."""
-        snapshot = self.manager.snapshot(refresh=True)
         gpu = snapshot.gpu(claim.gpu)
         if gpu is None:
             return None
