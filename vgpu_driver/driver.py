@@ -15,6 +15,7 @@ from vgpu_driver import mdevs
 from vgpu_driver import migration
 from vgpu_driver import reconcile
 from vgpu_driver import sysfs
+from vgpu_driver import takeover
 from vgpu_driver.conf import mdev_types
 
 LOG = logging.getLogger(__name__)
@@ -40,12 +41,14 @@ class VGPUDriver:
         """Put the host right after a (re)start; returns the restore outcomes.
 
         Order matters: finish interrupted removals; drop claims nobody came
-        for (else they would be re-created for nothing); re-create what
-        guests and claims still reference (waiting for VFs); then free GPUs
-        of unused mdevs of types they no longer serve.
+        for (else they would be re-created for nothing); claim the mdevs
+        guests use without a claim (made by nova's driver before a switch);
+        re-create what guests and claims still reference (waiting for VFs);
+        then free GPUs of unused mdevs of types they no longer serve.
         """
         self.reconciler.finish_releases()
         self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
+        takeover.adopt(self.manager)
         outcomes = self.reconciler.restore(wait=self.conf.vgpu.restore_wait)
         self.reconciler.reclaim_stale_types()
         return outcomes
@@ -61,6 +64,19 @@ class VGPUDriver:
     def allocate(self, instance_uuid, allocations, providers):
         """mdev UUIDs for an instance; see :meth:`MdevManager.allocate`."""
         return self.manager.allocate(instance_uuid, allocations, providers)
+
+    def instance_claims(self, instance_uuid):
+        """``{mdev_uuid: Claim}`` the instance holds here (not those going away)."""
+        return self.reconciler.wanted_mdevs(instance_uuid)
+
+    def restore_instance(self, instance_uuid):
+        """Re-create, now, the instance's claimed mdevs that sysfs lacks
+        (a host reboot since its domain last started); returns the outcomes."""
+        return self.reconciler.restore(wait=0, instance_uuid=instance_uuid)
+
+    def mdev_types(self, mdev_uuids):
+        """``{uuid: type id}`` of mdevs on this host; raises if one is missing."""
+        return self.migrations.source_mdev_types(mdev_uuids)
 
     def instance_defined(self, instance_uuid):
         """The guest's domain now references its mdevs."""

@@ -154,21 +154,23 @@ class Reconciler:
 
     # -- after a reboot ---------------------------------------------------------------------------
 
-    def wanted_mdevs(self):
+    def wanted_mdevs(self, instance_uuid=None):
         """``{uuid: Claim}`` of every mdev a guest or claim still needs."""
-        return {c.mdev_uuid: c for c in self.manager.journal.claims()
+        return {c.mdev_uuid: c for c in self.manager.journal.claims(instance_uuid)
                 if c.state != claims_mod.RELEASING}
 
-    def restore(self, wait=120.0, first_delay=0.5, max_delay=8.0, sleep=time.sleep):
+    def restore(self, wait=120.0, first_delay=0.5, max_delay=8.0, sleep=time.sleep,
+                instance_uuid=None):
         """Create again, with their UUIDs, the referenced mdevs sysfs lacks.
 
         Waits (bounded, with backoff) for parents that are not there yet,
         such as VFs before the vendor enables them; returns one Outcome per
-        mdev that was missing.
+        mdev that was missing.  With ``instance_uuid``, only that instance's.
         """
         users = self.manager.domains.mdev_users()
-        wanted = self.wanted_mdevs()
-        unknown = [u for u in users if u not in wanted]
+        wanted = self.wanted_mdevs(instance_uuid)
+        unknown = [u for u in users if u not in wanted
+                   and instance_uuid in (None, users[u].uuid)]
         present = {m.uuid for m in self.manager.snapshot(refresh=True).mdevs}
         missing = {u: c for u, c in wanted.items() if u not in present}
         outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "

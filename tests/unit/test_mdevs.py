@@ -277,6 +277,17 @@ class TestReboot:
         after = {(m.uuid, m.parent, m.type_id) for m in life.host.list_mdevs()}
         assert after == before
 
+    def test_restores_one_instance_only_when_asked(self, lifecycle):
+        """A hard reboot re-creates that guest's mdevs, not its neighbours'."""
+        life = lifecycle("t4x8")
+        rebooting, mine = life.boot(T4A)
+        _, theirs = life.boot(T4B)
+        life.host.reboot()
+        outcomes = life.reconciler.restore(wait=0, instance_uuid=rebooting)
+        assert [(o.mdev_uuid, o.result) for o in outcomes] == [(mine[0], "restored")]
+        assert [m.uuid for m in life.host.list_mdevs()] == mine
+        assert theirs[0] not in {m.uuid for m in life.host.list_mdevs()}
+
     def test_reports_what_could_not_be_restored(self, lifecycle):
         life = lifecycle("a100-sriov")
         _, got = life.boot(A100)

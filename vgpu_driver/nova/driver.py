@@ -7,6 +7,7 @@ removed), and the mdevs an instance gets (claims first).  Everything else is
 nova's.
 """
 
+import contextlib
 import threading
 
 import nova.conf
@@ -14,6 +15,7 @@ from nova import exception as nova_exception
 from nova.virt.libvirt import driver as libvirt_driver
 from oslo_log import log as logging
 
+from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import domains
 from vgpu_driver import driver as core
 from vgpu_driver import exception
@@ -44,12 +46,20 @@ class NovaGuests(domains.DomainReferences):
         return users
 
 
+class _Operation(threading.local):
+    """The instance a nova operation works on, per thread (nova's calls into
+    ``_allocate_mdevs`` and ``destroy`` don't say)."""
+
+    instance = None
+    keep_claims = False
+
+
 class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def __init__(self, virtapi, read_only=False):
         super().__init__(virtapi, read_only)
         self._vgpu = None
         self._gpu_tree = None
-        self._spawning = threading.local()
+        self._operation = _Operation()
 
     @property
     def vgpu(self):
@@ -113,29 +123,61 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         return found
 
     def _allocate_mdevs(self, allocations):
-        instance = getattr(self._spawning, "instance", None)
+        instance = self._operation.instance
         if instance is None:
             return super()._allocate_mdevs(allocations)
+        return self._claim(instance.uuid, allocations)
+
+    def _claim(self, instance_uuid, allocations):
         try:
-            mdevs = self.vgpu.allocate(instance.uuid, allocations or {},
-                                       self._providers_by_uuid())
+            return self.vgpu.allocate(instance_uuid, allocations or {},
+                                      self._providers_by_uuid())
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
-        return mdevs
+
+    @contextlib.contextmanager
+    def _operating_on(self, instance, keep_claims=False):
+        """Within a nova operation on ``instance``: ``_allocate_mdevs`` claims
+        for it, and with ``keep_claims`` an inner ``destroy`` keeps its claims
+        (nova destroys the domain to define it again)."""
+        self._operation.instance = instance
+        self._operation.keep_claims = keep_claims
+        try:
+            yield
+        finally:
+            self._operation.instance = None
+            self._operation.keep_claims = False
 
     def _for_instance(self, instance, operation, *args, **kwargs):
         """Run a nova operation whose _allocate_mdevs claims for ``instance``."""
-        self._spawning.instance = instance
-        try:
+        with self._operating_on(instance):
             result = operation(*args, **kwargs)
-        finally:
-            self._spawning.instance = None
         self.vgpu.instance_defined(instance.uuid)
         return result
 
     def _instance_mdevs(self, instance):
-        return [m for m, i in self._get_all_assigned_mediated_devices(instance).items()
-                if i == instance.uuid]
+        """The mdevs the instance's domain on this host references."""
+        return list(super()._get_all_assigned_mediated_devices(instance))
+
+    def _get_all_assigned_mediated_devices(self, instance=None):
+        """nova's view (the domains) plus our claims: an instance keeps its
+        mdevs even while its domain is undefined (hard reboot, rescue, a
+        domain lost after a failed reboot)."""
+        assigned = super()._get_all_assigned_mediated_devices(instance)
+        for claim in self.vgpu.journal.claims(instance.uuid if instance else None):
+            if claim.state != vgpu_claims.RELEASING:
+                assigned.setdefault(claim.mdev_uuid, claim.instance_uuid)
+        return assigned
+
+    def _get_mdev_types_from_uuids(self, mdev_uuids):
+        """Types from this host's sysfs; a guest's mdev that is gone is an error,
+        not a vGPU silently left behind by a migration."""
+        try:
+            return self.vgpu.mdev_types(list(mdev_uuids))
+        except exception.VgpuDriverError as exc:
+            raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+
+    # -- spawn, resize, delete -------------------------------------------------------
 
     def spawn(self, context, instance, *args, **kwargs):
         return self._for_instance(instance, super().spawn, context, instance, *args,
@@ -153,8 +195,87 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         super().finish_revert_migration(context, instance, *args, **kwargs)
         self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
+    # -- hard reboot ------------------------------------------------------------------
+
+    def _hard_reboot(self, context, instance, *args, **kwargs):
+        """Define the guest again with the mdevs it holds, whatever its class.
+
+        Its claims say which mdevs are its own even when the domain is gone;
+        missing ones (a host reboot) are created again with their UUIDs; an
+        instance that holds none but has an allocation on our GPUs gets them
+        claimed now.
+        """
+        self._reclaim_for_reboot(context, instance)
+        with self._operating_on(instance, keep_claims=True):
+            result = super()._hard_reboot(context, instance, *args, **kwargs)
+        self.vgpu.instance_defined(instance.uuid)
+        return result
+
+    def _reclaim_for_reboot(self, context, instance):
+        if self._instance_mdevs(instance):
+            return
+        if self.vgpu.instance_claims(instance.uuid):
+            for outcome in self.vgpu.restore_instance(instance.uuid):
+                if outcome.result != "restored":
+                    LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
+                              instance.uuid, outcome.reason)
+            return
+        allocations = self.virtapi.reportclient.get_allocations_for_consumer(
+            context, instance.uuid)
+        mdevs = self._claim(instance.uuid, allocations)
+        if mdevs:
+            LOG.info("Instance %s had lost track of its mdevs; it gets %s",
+                     instance.uuid, ", ".join(mdevs))
+
+    # -- live migration ---------------------------------------------------------------
+
+    def check_source_migrate_data_at_dest(self, ctxt, instance, migrate_data, migration,
+                                          limits, allocs):
+        """Claim this host's mdevs for the incoming guest and map the source's.
+
+        The claims are journalled ``migrating_in``, so a restart of this
+        service during the migration keeps them.  (nova's implementation only
+        does this mdev work, so it is not called when there is some.)
+        """
+        source_types = (migrate_data.source_mdev_types
+                        if "source_mdev_types" in migrate_data else None)
+        if not source_types:
+            return super().check_source_migrate_data_at_dest(
+                ctxt, instance, migrate_data, migration, limits, allocs)
+        try:
+            mapping = self.vgpu.migrations.claim_incoming(
+                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
+        except exception.VgpuDriverError as exc:
+            raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+        migrate_data.target_mdevs = mapping
+        return migrate_data
+
+    def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
+        super().post_live_migration_at_destination(context, instance, *args, **kwargs)
+        self.vgpu.migrations.finish_incoming(instance.uuid)
+
+    def post_live_migration_at_source(self, context, instance, network_info):
+        super().post_live_migration_at_source(context, instance, network_info)
+        self.vgpu.migrations.finish_outgoing(instance.uuid)
+
+    def rollback_live_migration_at_destination(self, context, instance, *args, **kwargs):
+        with self._operating_on(instance, keep_claims=True):
+            super().rollback_live_migration_at_destination(context, instance, *args,
+                                                           **kwargs)
+        self._rollback_incoming(instance)
+
+    def cleanup_lingering_instance_resources(self, instance):
+        super().cleanup_lingering_instance_resources(instance)
+        self._rollback_incoming(instance)
+
+    def _rollback_incoming(self, instance):
+        if any(c.state == vgpu_claims.MIGRATING_IN
+               for c in self.vgpu.journal.claims(instance.uuid)):
+            self.vgpu.migrations.rollback_incoming(instance.uuid)
+
     def destroy(self, context, instance, network_info, block_device_info=None,
                 destroy_disks=True, destroy_secrets=True):
         super().destroy(context, instance, network_info, block_device_info=block_device_info,
                         destroy_disks=destroy_disks, destroy_secrets=destroy_secrets)
-        self.vgpu.release(instance.uuid)
+        if not self._operation.keep_claims:
+            self.vgpu.release(instance.uuid)
