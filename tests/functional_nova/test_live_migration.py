@@ -1,0 +1,206 @@
+"""Live migration of vGPU guests between two LibvirtVGPUDriver computes.
+
+The destination claims its mdevs at ``check_source_migrate_data_at_dest``
+(journal state ``migrating_in``), nova rewrites the domain XML with that
+mapping, and post-migration turns the claims into ``attached`` ones while
+the source lets its mdevs go.  Fake libvirt plays the migration itself
+(nova's ``LibvirtMigrationMixin``); the hosts' sysfs is our fake kernel.
+"""
+
+import os
+
+import fixtures
+from nova.tests.fixtures import libvirt as fakelibvirt
+from nova.tests.functional.api import client
+from nova.tests.functional.libvirt import base
+
+from tests.functional_nova import test_vgpu
+
+GPU_NAME = "0000_41_00_0"    # the A100's provider is <host>_pci_<this>
+# libvirt 8.6 and QEMU 8.1: the first versions that migrate mdevs.
+MDEV_MIGRATION_LIBVIRT = 8006000
+MDEV_MIGRATION_QEMU = 8001000
+
+
+class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTestBase):
+    SOURCE_TYPES = DEST_TYPES = "nvidia-468"   # A100-4C
+
+    def setUp(self):
+        super().setUp()
+        # Every compute started here, restarts included, has versions that
+        # migrate mdevs unless a test says otherwise.
+        self.useFixture(fixtures.MonkeyPatch(
+            "nova.tests.fixtures.libvirt.FAKE_LIBVIRT_VERSION", MDEV_MIGRATION_LIBVIRT))
+        self.useFixture(fixtures.MonkeyPatch(
+            "nova.tests.fixtures.libvirt.FAKE_QEMU_VERSION", MDEV_MIGRATION_QEMU))
+        self.src = self.start_host("src", self.SOURCE_TYPES)
+        self.dest = self.start_host("dest", self.DEST_TYPES)
+        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+                                          extra_spec={"resources:VGPU": "1"})
+
+    def start_host(self, hostname, enabled_types):
+        self.flags(enabled_mdev_types=enabled_types, group="devices")
+        self.start_vgpu_compute(hostname, "a100-sriov")
+        return self.computes[hostname]
+
+    def restart_host(self, hostname, **kwargs):
+        """Restart a compute service on its own fake host and state."""
+        # The computes share one CONF: point [vgpu] back at this host's.
+        self.flags(sysfs_root=os.path.join(self.tmp, hostname, "sys"),
+                   state_dir=os.path.join(self.tmp, hostname, "state"), group="vgpu")
+        if kwargs:
+            kwargs.update(keep_hypervisor_state=False, pci_info=fakelibvirt.HostPCIDevicesInfo(
+                num_pci=0, num_pfs=0, num_vfs=0))
+        service = self.restart_compute_service(hostname, **kwargs)
+        setattr(self, hostname, service)
+        return service
+
+    def usage(self, hostname):
+        return self.gpu_providers(hostname)[f"{hostname}_pci_{GPU_NAME}"][2]
+
+    def claims(self, hostname, instance=None):
+        return [(c.mdev_uuid, c.state)
+                for c in self.computes[hostname].driver.vgpu.journal.claims(instance)]
+
+    def sysfs_mdevs(self, hostname):
+        return {m.uuid for m in self.kernels[hostname].list_mdevs()}
+
+    def assert_usage_matches_domains(self, hostname):
+        """Placement's usage on the host's GPU equals the mdevs its domains use."""
+        self.assertEqual(len(self.domain_mdevs(hostname)), self.usage(hostname))
+
+    def boot(self):
+        self.server = self._create_server(flavor_id=self.flavor, networks="none",
+                                          host="src")
+        (mdev,) = self.domain_mdevs("src")
+        return mdev
+
+
+class LiveMigrationTests(LiveMigrationTestBase):
+    def test_live_migrate_server(self):
+        source_mdev = self.boot()
+        self._live_migrate(self.server, "completed")
+        (dest_mdev,) = self.domain_mdevs("dest")
+        self.assertEqual("dest", self.api.get_server(self.server["id"])[
+            "OS-EXT-SRV-ATTR:host"])
+        self.assertEqual([(dest_mdev, "attached")], self.claims("dest", self.server["id"]))
+        self.assertIn(dest_mdev, self.sysfs_mdevs("dest"))
+        # The source lets the guest's mdev go: no claim, free for the next guest.
+        self.assertEqual([], self.claims("src"))
+        self.assertEqual((0, 1), (self.usage("src"), self.usage("dest")))
+        self.assert_usage_matches_domains("dest")
+        other = self._create_server(flavor_id=self.flavor, networks="none", host="src")
+        self.assertEqual([(source_mdev, "attached")], self.claims("src", other["id"]))
+
+
+class ClaimDuringLiveMigrationTests(LiveMigrationTestBase):
+    """While the migration runs, the destination's mdev is claimed and counted
+    in Placement, and the XML sent over names it."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        self.seen = (self.claims("dest", self.server["id"]),
+                     (self.usage("src"), self.usage("dest")),
+                     test_vgpu.guest_xml.mdev_uuids(
+                         test_vgpu.guest_xml.parse(params["destination_xml"])))
+        super()._migrate_stub(domain, destination, params, flags)
+
+    def test_destination_claim_is_taken_before_the_guest_moves(self):
+        self.boot()
+        self._live_migrate(self.server, "completed")
+        claims, usage, sent = self.seen
+        ((claimed, state),) = claims
+        self.assertEqual("migrating_in", state)
+        self.assertEqual([claimed], sent)
+        self.assertEqual((1, 1), usage)
+        self.assertEqual([claimed], self.domain_mdevs("dest"))
+
+
+class UnsupportedTypeTests(LiveMigrationTestBase):
+    """The destination serves A100-5C only: the A100-4C guest cannot move."""
+
+    DEST_TYPES = "nvidia-469"
+
+    def test_live_migration_refused_for_a_type_the_destination_does_not_serve(self):
+        source_mdev = self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertEqual(500, ex.response.status_code)
+        self.assertIn("NoValidHost", str(ex))
+        self.assertIn("source mdev types ['nvidia-468'] are not served by this host",
+                      self.stdlog.logger.output)
+        self.assertEqual([source_mdev], self.domain_mdevs("src"))
+        self.assertEqual([], self.claims("dest"))
+        self.assertEqual(set(), self.sysfs_mdevs("dest"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+
+class OldHypervisorTests(LiveMigrationTestBase):
+    def test_live_migration_refused_on_an_old_source(self):
+        self.restart_host("src", libvirt_version=8005000, qemu_version=8000000)
+        self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        self.assertEqual([], self.claims("dest"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+
+class FailedLiveMigrationTests(LiveMigrationTestBase):
+    """The migration fails once the destination has claimed and created its
+    mdev: the rollback drops the claim and removes that mdev, nothing else."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        self.during = (self.claims("dest", self.server["id"]),
+                       (self.usage("src"), self.usage("dest")))
+        # The periodic update must not free the destination's claim meanwhile.
+        self._run_periodics()
+        self.during_after_periodics = (self.usage("src"), self.usage("dest"))
+        conn = self.src.driver._host.get_connection()
+        conn.lookupByUUIDString(self.server["id"]).fail_job()
+        self.migrate_stub_ran = True
+
+    def test_rollback_frees_the_destination(self):
+        source_mdev = self.boot()
+        self._live_migrate(self.server, "failed")
+        ((claimed, state),) = self.during[0]
+        self.assertEqual("migrating_in", state)
+        self.assertEqual((1, 1), self.during[1])
+        self.assertEqual((1, 1), self.during_after_periodics)
+        self.assertEqual([], self.claims("dest"))
+        self.assertNotIn(claimed, self.sysfs_mdevs("dest"))
+        self.assertEqual([source_mdev], self.domain_mdevs("src"))
+        self.assertEqual([(source_mdev, "attached")], self.claims("src"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+        self.assert_usage_matches_domains("src")
+
+
+class RestartDuringLiveMigrationTests(LiveMigrationTestBase):
+    """nova keeps the destination's reservation in memory: a restart of the
+    destination compute mid-migration forgets it.  Ours is journalled."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        before = self.claims("dest", self.server["id"])
+        self.restart_host("dest")
+        self.after_restart = (before, self.claims("dest", self.server["id"]),
+                              self.sysfs_mdevs("dest"))
+        # A boot on the restarted destination must not get the claimed mdev.
+        self.intruder = self._create_server(flavor_id=self.flavor, networks="none",
+                                            host="dest")
+        self.dest.driver._host.get_connection().createXML(params["destination_xml"], 0)
+        conn = self.src.driver._host.get_connection()
+        conn.lookupByUUIDString(self.server["id"]).complete_job()
+        self.migrate_stub_ran = True
+
+    def test_destination_restart_keeps_the_claim(self):
+        self.boot()
+        self._live_migrate(self.server, "completed")
+        before, after, present = self.after_restart
+        ((claimed, state),) = before
+        self.assertEqual(before, after)
+        self.assertEqual("migrating_in", state)
+        self.assertIn(claimed, present)
+        self.assertEqual([(claimed, "attached")], self.claims("dest", self.server["id"]))
+        (intruder_mdev, _state), = self.claims("dest", self.intruder["id"])
+        self.assertNotEqual(claimed, intruder_mdev)
+        self.assertEqual(sorted([claimed, intruder_mdev]), sorted(self.domain_mdevs("dest")))
+        self.assertEqual((0, 2), (self.usage("src"), self.usage("dest")))
