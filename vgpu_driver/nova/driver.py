@@ -212,13 +212,13 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         return result
 
     def _reclaim_for_reboot(self, context, instance):
-        if self._instance_mdevs(instance):
-            return
         if self.vgpu.instance_claims(instance.uuid):
             for outcome in self.vgpu.restore_instance(instance.uuid):
                 if outcome.result != "restored":
                     LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
                               instance.uuid, outcome.reason)
+            return
+        if self._instance_mdevs(instance):
             return
         allocations = self.virtapi.reportclient.get_allocations_for_consumer(
             context, instance.uuid)
