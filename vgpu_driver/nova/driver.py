@@ -23,6 +23,7 @@ from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
+from vgpu_driver.nova import reshape
 
 CONF = nova.conf.CONF
 LOG = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
         tree = self.vgpu.provider_tree(nodename)
         self._gpu_tree = tree
+        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
         desired = {p.name: p for p in tree.providers}
         for name, provider in desired.items():
             if not provider_tree.exists(name):

@@ -1,0 +1,86 @@
+"""Taking over the providers nova's own driver left, through Placement's reshaper.
+
+On a host nova's libvirt driver managed, an SR-IOV board has one provider
+per VF and the guests' allocations are on those.  They cannot simply be
+deleted (Placement refuses while allocations use them) nor left (the
+scheduler would keep using them).  nova's answer is a reshape: at start-up
+``update_provider_tree`` raises ``ReshapeNeeded``; the resource tracker
+calls again with every allocation of the host's providers; the driver moves
+inventory and allocations in the tree and in that dict; the report client
+sends both to ``POST /reshaper`` in one atomic request, then deletes the
+providers that left the tree.  The decisions are
+:mod:`vgpu_driver.takeover`'s; this module only speaks nova.
+"""
+
+from nova import exception as nova_exception
+from oslo_log import log as logging
+
+from vgpu_driver import takeover
+
+LOG = logging.getLogger(__name__)
+
+
+def existing_children(provider_tree, nodename):
+    """The root's child providers as :class:`takeover.ExistingProvider`."""
+    root = provider_tree.data(nodename)
+    found = []
+    for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
+        data = provider_tree.data(uuid)
+        if data.parent_uuid == root.uuid:
+            found.append(takeover.ExistingProvider(data.name, data.uuid,
+                                                   frozenset(data.inventory)))
+    return found
+
+
+def plan(provider_tree, nodename, vgpu, gpu_tree):
+    """Which existing providers our GPU providers replace on this host."""
+    mdev_classes = {t.mdev_class for t in vgpu.mdev_config.types}
+    return takeover.plan(nodename, gpu_tree, vgpu.manager.snapshot(),
+                         existing_children(provider_tree, nodename), mdev_classes)
+
+
+def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations):
+    """Ask for a reshape, or do it, when another driver's providers are there.
+
+    ``vgpu`` is the core :class:`~vgpu_driver.driver.VGPUDriver` and
+    ``gpu_tree`` the desired tree it computed.  With ``allocations`` None,
+    raises ``ReshapeNeeded`` if there is anything to take over; with them,
+    creates the GPU providers with their inventory, moves the allocations
+    onto them and removes the replaced providers from ``provider_tree``.
+    """
+    found = plan(provider_tree, nodename, vgpu, gpu_tree)
+    if not found:
+        return
+    if allocations is None:
+        LOG.info("Requesting a reshape to take over providers %s: their inventory and "
+                 "allocations move to %s", ", ".join(m.source.name for m in found.moves),
+                 ", ".join(t.name for t in found.targets))
+        raise nova_exception.ReshapeNeeded()
+    target_uuids = _ensure_targets(provider_tree, nodename, found)
+    moved = takeover.move_allocations(allocations, found, target_uuids)
+    _warn_mismatches(vgpu, moved)
+    for move in found.moves:
+        provider_tree.remove(move.source.uuid)
+    LOG.info("Reshaping: providers %s replaced by %s; allocations of %d consumer(s) "
+             "moved", ", ".join(m.source.name for m in found.moves),
+             ", ".join(t.name for t in found.targets), len(moved))
+
+
+def _ensure_targets(provider_tree, nodename, found):
+    """Create the GPU providers (a UUID to move allocations to) with their
+    inventory: the reshape sends both in the same request."""
+    uuids = {}
+    for target in found.targets:
+        if not provider_tree.exists(target.name):
+            provider_tree.new_child(target.name, nodename)
+        provider_tree.update_inventory(target.name, target.inventory())
+        uuids[target.name] = provider_tree.data(target.name).uuid
+    return uuids
+
+
+def _warn_mismatches(vgpu, moved):
+    held = takeover.held_per_gpu(vgpu.journal.claims())
+    for consumer, gpu, units, mdevs in takeover.mismatches(moved, held):
+        LOG.warning("Consumer %s had %d unit(s) allocated on GPU %s's old providers but "
+                    "holds %d mdev(s) of it here; the allocation is moved unchanged",
+                    consumer, units, gpu, mdevs)
