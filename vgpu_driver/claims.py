@@ -66,6 +66,17 @@ def _claim(row):
     return Claim(*row[:6], bool(row[6]), *row[7:])
 
 
+_PROCESS_LOCKS = {}
+_PROCESS_LOCKS_GUARD = threading.Lock()
+
+
+def _process_lock(path):
+    """This process's lock for one journal (a forked child gets fresh ones)."""
+    key = (os.getpid(), path)
+    with _PROCESS_LOCKS_GUARD:
+        return _PROCESS_LOCKS.setdefault(key, threading.RLock())
+
+
 class Journal:
     """The claims database in ``[vgpu] state_dir``; one per process is fine."""
 
@@ -93,15 +104,22 @@ class Journal:
 
     @contextlib.contextmanager
     def transaction(self):
-        """A write transaction holding the host-wide allocation lock."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield Transaction(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        """A write transaction holding the host-wide allocation lock.
+
+        Threads of this process queue on a lock of their own first, so only
+        one of them waits on sqlite's lock at a time: sqlite waits by
+        sleeping in C, which under eventlet (nova-compute can run on it)
+        would freeze every green thread, the lock holder's included.
+        """
+        with _process_lock(self.path):
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield Transaction(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def claims(self, instance_uuid=None):
         return Transaction(self._db()).claims(instance_uuid)
