@@ -115,6 +115,14 @@ class VGPUDriverTestBase(base.ServersTestBase):
                   self.gpu_providers(hostname).items() if usage}
         self.assertEqual(per_gpu, usages)
 
+    def create_servers(self, name, flavor, count):
+        """One API request for ``count`` servers (``min_count``), all ACTIVE."""
+        # The image nova's own _create_server defaults to in its fake Glance.
+        self.api.post_server({"server": {
+            "name": name, "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
+            "flavorRef": flavor, "networks": "none", "min_count": count}})
+        return self._wait_for_servers(name, count)
+
     def _wait_for_servers(self, name, count):
         for _ in range(100):
             servers = [s for s in self.api.get_servers() if s["name"].startswith(name)]
@@ -215,11 +223,7 @@ class SeveralVGPUsTests(VGPUDriverTestBase):
         self.start_vgpu_compute("host1", "t4x8")
         flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
                                      extra_spec={"resources:VGPU": "1"})
-        # The image nova's own _create_server defaults to in its fake Glance.
-        self.api.post_server({"server": {
-            "name": "multi", "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
-            "flavorRef": flavor, "networks": "none", "min_count": 2}})
-        servers = self._wait_for_servers("multi", 2)
+        servers = self.create_servers("multi", flavor, 2)
         self.assertEqual(2, len(set(self.domain_mdevs("host1"))))
         used = sum(usage for _t, _r, usage in self.gpu_providers("host1").values())
         self.assertEqual(2, used)
@@ -418,10 +422,7 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
             "vgpu_driver.driver.VGPUDriver.allocate", allocate_together))
         flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
                                      extra_spec={"resources:VGPU": "1"})
-        self.api.post_server({"server": {
-            "name": "racer", "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
-            "flavorRef": flavor, "networks": "none", "min_count": 2}})
-        servers = self._wait_for_servers("racer", 2)
+        servers = self.create_servers("racer", flavor, 2)
 
         ids = {s["id"] for s in servers}
         self.assertEqual(ids, set(arrived))

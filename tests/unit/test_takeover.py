@@ -5,9 +5,8 @@ import uuid
 import pytest
 
 from tests import confs
+from tests.unit.test_driver import make_driver
 from vgpu_driver import discovery
-from vgpu_driver import domains
-from vgpu_driver import driver
 from vgpu_driver import inventory
 from vgpu_driver import takeover
 from vgpu_driver.conf import mdev_types
@@ -130,18 +129,6 @@ def test_mismatches_name_consumers_without_their_mdevs():
 
 
 # -- adoption of the mdevs guests already use -------------------------------------------
-
-
-def make_driver(make_conf, host, tmp_path):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-468
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        restore_wait = 5
-        """)
-    return driver.VGPUDriver(conf, domains.InProcessDomains())
 
 
 def nova_made_mdevs(make_host, count):
