@@ -7,8 +7,9 @@ from lxml import etree
 from vgpu_driver import guest
 
 
-def domain_xml(name, mdevs=(), domain_uuid=None, device_api="vfio-pci"):
-    """A test-driver domain using ``mdevs``, built as a tree, never as text."""
+def domain_xml(name, mdevs=(), domain_uuid=None, device_api="vfio-pci", vfs=()):
+    """A test-driver domain using ``mdevs`` (and PCI hostdevs of ``vfs``,
+    vendor-VFIO vGPUs), built as a tree, never as text."""
     root = etree.Element("domain", type="test")
     etree.SubElement(root, "name").text = name
     etree.SubElement(root, "uuid").text = domain_uuid or str(uuid.uuid4())
@@ -18,6 +19,8 @@ def domain_xml(name, mdevs=(), domain_uuid=None, device_api="vfio-pci"):
     etree.SubElement(root, "devices")
     for mdev in mdevs:
         guest.add_mdev(root, mdev, device_api=device_api)
+    for vf in vfs:
+        guest.add_pci_vf(root, vf)
     return guest.to_string(root)
 
 

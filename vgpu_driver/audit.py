@@ -29,12 +29,16 @@ class Drift:
 
 
 def host_usage(snapshot, claim_list, domain_users):
-    """``{(gpu, consumer): mdev count}`` from claims and guests' domains."""
+    """``{(gpu, consumer): vGPU count}`` from claims and guests' domains.
+
+    A vGPU is an mdev or a vendor-VFIO VF set to a type; a domain's other
+    PCI hostdevs are no vGPU of any GPU here, and not counted.
+    """
     gpu_of = {}
-    for mdev in snapshot.mdevs:
-        gpu = snapshot.gpu_of_parent(mdev.parent)
+    for vgpu in snapshot.vgpus:
+        gpu = snapshot.gpu_of_parent(vgpu.parent)
         if gpu is not None:
-            gpu_of[mdev.uuid] = gpu.address
+            gpu_of[vgpu.id] = gpu.address
     holders = {}
     for claim in claim_list:
         if claim.state in HELD_STATES:

@@ -10,6 +10,13 @@ a host are serialised by it, across processes.
 States: ``claimed`` (handed out, guest not defined yet), ``attached`` (the
 guest's domain references it), ``migrating_in`` (held for an incoming live
 migration), ``releasing`` (being removed: not free until it is gone).
+
+On NVIDIA's vendor-specific VFIO framework there is no mdev: the vGPU is a
+VF given a type through ``current_vgpu_type``, and the guest gets the VF.
+Its claim names it by the VF's PCI address in ``mdev_uuid`` (the VF is also
+its ``parent``), the id domains name it by too.  The primary key then keeps
+a VF to one claim, as it does an mdev, and journals written before VFs were
+allocated read unchanged: the schema is the same.
 """
 
 import contextlib
@@ -51,15 +58,20 @@ _COLUMNS = ("mdev_uuid, instance_uuid, gpu, parent, type_id, state, created, cre
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    mdev_uuid: str
+    mdev_uuid: str    # the vGPU's id: an mdev UUID, or a vendor-VFIO VF's address
     instance_uuid: str
     gpu: str
     parent: str
     type_id: str
     state: str
-    created: bool     # this claim's allocation created the mdev (vs reused it)
+    created: bool     # this claim's allocation created the mdev (set the VF's type)
     created_at: float
     updated_at: float
+
+    @property
+    def is_vf(self):
+        """A vendor-VFIO vGPU: the VF itself, not an mdev."""
+        return names.is_vf_vgpu_id(self.mdev_uuid)
 
 
 def _claim(row):
@@ -153,7 +165,7 @@ class Transaction:
 
     def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED,
             created=False):
-        names.check_mdev_uuid(mdev_uuid)
+        mdev_uuid = names.check_vgpu_id(mdev_uuid)
         if state not in STATES:
             raise ValueError(state)
         now = time.time()

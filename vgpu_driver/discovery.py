@@ -83,9 +83,35 @@ class PhysicalGPU:
 
 
 @dataclasses.dataclass(frozen=True)
+class Vgpu:
+    """A vGPU that exists: an mdev, or a vendor-VFIO VF set to a type.
+
+    ``id`` is what claims and domains name it by (see
+    :func:`vgpu_driver.names.check_vgpu_id`): the mdev's UUID, or the VF's
+    PCI address, the VF then being its own parent.
+    """
+
+    id: str
+    parent: str
+    type_id: str
+
+    @property
+    def is_vf(self):
+        return names.is_vf_vgpu_id(self.id)
+
+
+@dataclasses.dataclass(frozen=True)
 class HostSnapshot:
     gpus: tuple[PhysicalGPU, ...]
     mdevs: tuple[base.MdevInfo, ...]
+
+    @property
+    def vgpus(self):
+        """Every vGPU of the host, mdevs first (by UUID), then VFs (by address)."""
+        found = [Vgpu(m.uuid, m.parent, m.type_id) for m in self.mdevs]
+        found += [Vgpu(p.name, p.name, p.current_vgpu_type)
+                  for gpu in self.gpus for p in gpu.parents if p.current_vgpu_type]
+        return tuple(found)
 
     def gpu(self, address):
         for gpu in self.gpus:
@@ -113,10 +139,11 @@ def _gpu_key(host, parent):
 def _vendor_vfio_parents(host):
     by_gpu = collections.defaultdict(list)
     for vf in host.list_vendor_vfio():
-        types = tuple(base.MdevTypeInfo(type_id=f"nvidia-{number}", available_instances=1,
-                                        device_api="vfio-pci", name=name)
+        types = tuple(base.MdevTypeInfo(type_id=names.vendor_type_id(number),
+                                        available_instances=1, device_api="vfio-pci",
+                                        name=name)
                       for number, name in vf.creatable)
-        current = f"nvidia-{vf.current_type}" if vf.current_type else None
+        current = names.vendor_type_id(vf.current_type) if vf.current_type else None
         by_gpu[str(vf.physfn or vf.address)].append(
             Parent(name=str(vf.address), types=types, current_vgpu_type=current))
     return by_gpu

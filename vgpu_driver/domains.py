@@ -1,5 +1,8 @@
-"""Who references which mdev: the guests' side of "is this mdev free?".
+"""Who references which vGPU: the guests' side of "is this vGPU free?".
 
+A guest references an mdev by an mdev hostdev (its UUID), and a vGPU of
+NVIDIA's vendor-specific VFIO framework by a PCI hostdev of its VF (the VF's
+address): both kinds of id are keys of one index, as they are of the claims.
 The source is an interface so the lifecycle can be driven by libvirt on a
 host and by a plain in-process registry in tests and tools.
 """
@@ -19,17 +22,30 @@ class DomainRef:
 
 
 class DomainReferences(abc.ABC):
+    #: Whether :meth:`mdev_users` also names every PCI hostdev by address.  A
+    #: source that does not cannot tell a guest's vendor-VFIO VF from a free
+    #: one: then no VF is handed out, and a VF set to a type that no claim
+    #: holds always counts as used (never reused nor reclaimed).
+    sees_pci_hostdevs = False
+
     @abc.abstractmethod
     def mdev_users(self):
-        """``{mdev_uuid: DomainRef}`` over every defined domain (read-only)."""
+        """``{vgpu id: DomainRef}`` over every defined domain (read-only).
+
+        Keys are mdev UUIDs and, where :attr:`sees_pci_hostdevs`, the PCI
+        addresses of PCI hostdevs.
+        """
 
 
 class InProcessDomains(DomainReferences):
-    """A registry of domains and their mdevs, kept in memory (thread-safe).
+    """A registry of domains and their vGPUs, kept in memory (thread-safe).
 
+    A domain is defined with the ids of its vGPUs (mdev UUIDs, VF addresses).
     The index is rebuilt on each change and handed out read-only, so a
     lookup costs nothing however many domains there are.
     """
+
+    sees_pci_hostdevs = True
 
     def __init__(self):
         self._lock = threading.Lock()

@@ -9,10 +9,12 @@ no nova; :mod:`vgpu_driver.nova` adapts it.
 from oslo_log import log as logging
 
 from vgpu_driver import claims
+from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import migration
+from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver import sysfs
 from vgpu_driver import takeover
@@ -62,7 +64,8 @@ class VGPUDriver:
                                  self.reconciler.in_use())
 
     def allocate(self, instance_uuid, allocations, providers):
-        """mdev UUIDs for an instance; see :meth:`MdevManager.allocate`."""
+        """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO
+        GPUs); see :meth:`MdevManager.allocate`."""
         return self.manager.allocate(instance_uuid, allocations, providers)
 
     def instance_claims(self, instance_uuid):
@@ -99,14 +102,25 @@ class VGPUDriver:
         return stale
 
     def add_hostdevs(self, domain_xml, mdev_uuids):
-        """The domain XML with a hostdev per mdev, as each mdev's type wants it:
-        the model from its ``device_api``, ``display``/``ramfb`` from
-        ``[mdev_<type>]``."""
+        """The domain XML with a hostdev per vGPU, as each one's type wants it.
+
+        An mdev gets an mdev hostdev, its model from the type's
+        ``device_api`` and ``display``/``ramfb`` from ``[mdev_<type>]``; a
+        vendor-VFIO vGPU is its VF, passed through as an unmanaged PCI
+        hostdev (the VF stays bound to NVIDIA's driver, which serves it).
+        """
         root = guest.parse(domain_xml)
         snapshot = self.manager.snapshot(refresh=True)
         by_uuid = {m.uuid: m for m in snapshot.mdevs}
         for uuid in mdev_uuids:
-            mdev = by_uuid[uuid]
+            if names.is_vf_vgpu_id(uuid):
+                if snapshot.gpu_of_parent(names.check_vgpu_id(uuid)) is None:
+                    raise exception.UnknownVgpu(vgpu=uuid)
+                guest.add_pci_vf(root, uuid)
+                continue
+            mdev = by_uuid.get(uuid)
+            if mdev is None:
+                raise exception.UnknownVgpu(vgpu=uuid)
             gpu = snapshot.gpu_of_parent(mdev.parent)
             info = gpu.type_info(mdev.type_id) if gpu else None
             type_config = self.mdev_config.type_config(mdev.type_id)

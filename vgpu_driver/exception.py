@@ -23,7 +23,9 @@ Tree::
     │   ├── GpuGone                   the GPU (or all its parents) vanished
     │   ├── WrongTypePresent          the GPU holds mdevs of another type in use
     │   └── NoGpuCapacity             nothing free and nothing creatable
-    └── ClaimConflict                 an mdev is claimed by another instance
+    │       └── VfTypeRefused         a vendor-VFIO VF refused the type (GPU full)
+    ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
+    └── ClaimConflict                 an mdev (or VF) is claimed by another instance
 """
 
 import errno as errno_mod
@@ -112,12 +114,23 @@ class MdevWriteError(VgpuDriverError):
                              "the device; the mdev goes once the guest lets go.",
     }
 
+    # Where NVIDIA's current_vgpu_type means something else by the same errno.
+    ACTION_HINTS = {
+        ("current_vgpu_type", errno_mod.EINVAL):
+            "The VF does not offer this vGPU type now (see its "
+            "nvidia/creatable_vgpu_types): the GPU holds vGPUs of another size or "
+            "the type's per-GPU maximum is reached.",
+        ("current_vgpu_type", errno_mod.EBUSY):
+            "The VF already has a vGPU type, or a guest still holds it; its type "
+            "can change once the guest is gone (write 0 first).",
+    }
+
     def __init__(self, action, target, os_error):
         self.errno = os_error.errno
         self.action = action
         self.target = target
         reason = os_error.strerror or str(os_error)
-        hint = self.HINTS.get(self.errno, "")
+        hint = self.ACTION_HINTS.get((action, self.errno)) or self.HINTS.get(self.errno, "")
         super().__init__(action=action, target=target,
                          reason=f"[{errno_mod.errorcode.get(self.errno, self.errno)}] {reason}",
                          hint=hint)
@@ -191,6 +204,19 @@ class WrongTypePresent(AllocationError):
 class NoGpuCapacity(AllocationError):
     msg_fmt = ("Cannot give %(instance)s %(wanted)d x %(type_id)s on %(gpu)s: %(free)d free "
                "and %(creatable)d creatable (%(claimed)d already claimed).")
+
+
+class VfTypeRefused(NoGpuCapacity):
+    """Found at write time: the VF's type list cannot count claims that other
+    allocations have not written yet, so the GPU may fill up meanwhile."""
+
+    msg_fmt = ("Cannot give %(instance)s a %(type_id)s vGPU on %(gpu)s: VF %(vf)s "
+               "refused the type (%(reason)s); the GPU has no room for another one now.")
+
+
+class UnknownVgpu(VgpuDriverError):
+    msg_fmt = ("%(vgpu)s is neither an mdev nor a vendor-VFIO VF of this host; it cannot "
+               "be given to a guest.")
 
 
 class ClaimConflict(VgpuDriverError):

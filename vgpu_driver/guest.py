@@ -120,16 +120,37 @@ def _pci_address_attrs(address):
             "slot": f"0x{address.slot:02x}", "function": f"0x{address.function:x}"}
 
 
+def _pci_address(element):
+    """A ``<address domain= bus= slot= function=>`` as ``dddd:bb:ss.f``, or None."""
+    try:
+        parts = [int(element.get(k, "0" if k == "domain" else ""), 16)
+                 for k in ("domain", "bus", "slot", "function")]
+    except ValueError:
+        return None
+    address = str(names.PciAddress(*parts))
+    return address if names.is_pci_address(address) else None
+
+
 def pci_vfs(root):
-    """The PCI addresses of ``type='pci'`` hostdevs, as ``dddd:bb:ss.f``."""
+    """The PCI addresses of ``type='pci'`` hostdevs, as ``dddd:bb:ss.f``.
+
+    An address that is not one (hand-written XML) is skipped, not fatal: this
+    runs over every domain of a host.
+    """
     found = []
     for hostdev in root.findall("./devices/hostdev[@type='pci']"):
         address = hostdev.find("source/address")
-        if address is None:
-            continue
-        parts = [int(address.get(k), 16) for k in ("domain", "bus", "slot", "function")]
-        found.append(str(names.PciAddress(*parts)))
+        text = _pci_address(address) if address is not None else None
+        if text is not None:
+            found.append(text)
     return found
+
+
+def vgpu_ids(root):
+    """Every id of a vGPU the domain may use: its mdev UUIDs, then the
+    addresses of its PCI hostdevs (a vendor-VFIO vGPU is passed through as
+    its VF).  Which addresses are vGPUs is for sysfs and the claims to say."""
+    return [*mdev_uuids(root), *pci_vfs(root)]
 
 
 def add_pci_vf(root, address):

@@ -10,6 +10,7 @@ provider with everything reserved, and says why.
 
 import dataclasses
 
+from vgpu_driver import discovery
 from vgpu_driver import names
 
 TRAIT_MAX_LENGTH = 255
@@ -129,6 +130,17 @@ def _blocked_reason(gpu, type_id, in_use):
     return f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
 
 
+def _hidden_by_other_vgpus(gpu, type_id):
+    """True when the GPU's VFs may hide ``type_id`` for now.
+
+    NVIDIA's vendor-specific VFIO lists only the types a VF can take now, so
+    a GPU holding vGPUs of another size lists none of the served type's
+    size: it is draining (or blocked), not a GPU that never offers the type.
+    """
+    return gpu.mode == discovery.MODE_VENDOR_VFIO and any(
+        p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents)
+
+
 def _gpu_capacity(gpu, type_id, in_use=None):
     """``(total, reserved, reason)`` for one GPU before host-wide caps."""
     existing = gpu.vgpu_types_in_use().get(type_id, 0)
@@ -175,7 +187,8 @@ def compute(snapshot, config, nodename, in_use=None):
             unserved.append((gpu.address, why_not))
             continue
         type_info = gpu.type_info(type_id)
-        if type_info is None and not gpu.vgpu_types_in_use().get(type_id):
+        if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
+                and not _hidden_by_other_vgpus(gpu, type_id):
             offered = sorted({t.type_id for p in gpu.parents for t in p.types})
             unserved.append((gpu.address, f"does not offer {type_id} (offers: "
                                           f"{', '.join(offered) or 'nothing'})"))

@@ -1,10 +1,13 @@
-"""libvirt's view: which domain (active or inactive) uses which mdev.
+"""libvirt's view: which domain (active or inactive) uses which vGPU.
 
-Every defined domain counts, running or not: a shut-off guest still owns its
-mdev.  :class:`LibvirtHost` keeps an index ``{mdev uuid: DomainRef}`` that
-is built once and then kept current by libvirt's domain events (each event
-re-reads the one domain it names), so deciding whether an mdev is free costs
-nothing however many domains the host has.  Changes libvirt sends no event
+A vGPU is an mdev (an mdev hostdev names its UUID) or, on NVIDIA's
+vendor-specific VFIO framework, a VF (a PCI hostdev names its address); the
+index holds both.  Every defined domain counts, running or not: a shut-off
+guest still owns its vGPU.  :class:`LibvirtHost` keeps an index
+``{vgpu id: DomainRef}`` that is built once and then kept current by
+libvirt's domain events (each event re-reads the one domain it names), so
+deciding whether a vGPU is free costs nothing however many domains the host
+has.  Changes libvirt sends no event
 for (a device added to a shut-off guest's saved config) are caught by a full
 re-read at most ``max_staleness`` seconds old.  Without an event loop every
 lookup re-reads the domains.
@@ -76,6 +79,8 @@ def kernel_version(release=None):
 class LibvirtHost(domains.DomainReferences):
     """A libvirt connection and the mdev index over its domains."""
 
+    sees_pci_hostdevs = True
+
     EVENTS = ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", "VIR_DOMAIN_EVENT_ID_DEVICE_ADDED",
               "VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED")
 
@@ -146,7 +151,7 @@ class LibvirtHost(domains.DomainReferences):
     @staticmethod
     def _read(dom):
         ref = domains.DomainRef(dom.UUIDString(), dom.name())
-        return ref, tuple(guest.mdev_uuids(guest.parse(dom.XMLDesc(0))))
+        return ref, tuple(guest.vgpu_ids(guest.parse(dom.XMLDesc(0))))
 
     @staticmethod
     def _build(by_domain):
@@ -180,7 +185,8 @@ class LibvirtHost(domains.DomainReferences):
         return self._users
 
     def domain_mdevs(self, domain_uuid):
-        """The mdevs one domain references (by the index)."""
+        """The vGPU ids (mdev UUIDs, PCI hostdev addresses) one domain
+        references (by the index)."""
         entry = self._by_domain.get(domain_uuid)
         return entry[1] if entry else ()
 

@@ -7,9 +7,18 @@ can take it.  The decision and its claims are written in one journal
 transaction before any mdev is created or handed out; the creations follow.
 Choices are deterministic: free mdevs and parents in name order.
 
+GPUs on NVIDIA's vendor-specific VFIO framework have no mdevs: each VF is a
+parent that hosts at most one vGPU, the VF itself, once its
+``current_vgpu_type`` is set.  They go through the same steps, a VF standing
+for both parent and vGPU (named by its PCI address, see
+:func:`vgpu_driver.names.check_vgpu_id`): a free VF already set to the type
+is reused, else an untyped VF that lists the type and no domain references
+is claimed, then given the type.
+
 Per allocation, only the parents of the GPUs asked for are read (their mdev
-directories and one ``available_instances`` each), so the cost does not grow
-with the host or with the number of guests.
+directories and one ``available_instances`` each, or each VF's two
+``nvidia/`` files), so the cost does not grow with the host or with the
+number of guests.
 """
 
 import dataclasses
@@ -29,7 +38,11 @@ _CONSISTENT_READ_TRIES = 5
 
 @dataclasses.dataclass(frozen=True)
 class Planned:
-    """One mdev an allocation hands out: reused, or to be created."""
+    """One vGPU an allocation hands out: reused, or to be created.
+
+    For a vendor-VFIO VF, ``mdev_uuid`` and ``parent`` are both its address,
+    and to create is to set its type.
+    """
 
     mdev_uuid: str
     gpu: str
@@ -51,7 +64,7 @@ class _Referenced:
 @dataclasses.dataclass(frozen=True)
 class _ParentState:
     name: str
-    mdevs: tuple[tuple[str, str], ...]   # (uuid, type id)
+    mdevs: tuple[tuple[str, str], ...]   # (vgpu id, type id); a typed VF: itself
     available: int
 
 
@@ -79,21 +92,51 @@ class MdevManager:
         type_id, _why = inventory.configured_type(gpu, self.config)
         return type_id
 
-    def _gpu_states(self, instance, address, type_id):
+    def _gpu_states(self, instance, address, type_id, users):
         """The GPU and the live state of its parents; refreshes a stale cache."""
         for refresh in (False, True):
             gpu = self.snapshot(refresh=refresh).gpu(address)
-            states = self._parent_states(gpu, type_id) if gpu is not None else None
+            if gpu is not None and gpu.mode == discovery.MODE_VENDOR_VFIO:
+                self._check_vf_users_seen(instance, address)
+                states = self._vf_states(gpu, type_id, users)
+            else:
+                states = self._parent_states(gpu, type_id) if gpu is not None else None
             if states is not None:
                 break
         if gpu is None or not states:
             raise exception.GpuGone(instance=instance, gpu=address)
-        if gpu.mode == discovery.MODE_VENDOR_VFIO:
+        return gpu, states
+
+    def _check_vf_users_seen(self, instance, address):
+        """A VF handed out must stay visible as its guest's: else its claim
+        looks stale once attached, and the VF free to the next allocation."""
+        if not self.domains.sees_pci_hostdevs:
             raise exception.AllocationError(
                 instance=instance, gpu=address,
-                reason="GPUs on NVIDIA's vendor-specific VFIO framework are passed "
-                       "through as PCI VFs, not allocated as mdevs")
-        return gpu, states
+                reason="its vGPUs are VFs passed through as PCI hostdevs, and this "
+                       "host's domain source does not report PCI hostdevs, so the "
+                       "guests using them cannot be told")
+
+    def _vf_states(self, gpu, type_id, users):
+        """Each VF as a parent; None if one vanished.
+
+        A typed VF holds one vGPU, itself.  An untyped one has room for
+        ``type_id`` when it lists the type and no domain references it (a
+        guest whose VF lost its type, at a reboot say, still owns it).
+        """
+        number = _type_number(type_id)
+        states = []
+        for parent in gpu.parents:
+            vf = self.host.vendor_vf(parent.name)
+            if vf is None:
+                return None
+            if vf.current_type:
+                states.append(_ParentState(
+                    parent.name, ((parent.name, names.vendor_type_id(vf.current_type)),), 0))
+                continue
+            room = parent.name not in users and any(n == number for n, _ in vf.creatable)
+            states.append(_ParentState(parent.name, (), int(room)))
+        return states
 
     def _parent_states(self, gpu, type_id):
         """Each parent's mdevs and room for ``type_id``; None if one vanished.
@@ -156,7 +199,7 @@ class MdevManager:
         try:
             for item in plan:
                 if item.create:
-                    self._create(item)
+                    self._create(instance_uuid, item)
         except exception.VgpuDriverError:
             self._undo(instance_uuid, plan)
             raise
@@ -167,15 +210,16 @@ class MdevManager:
 
     def _plan(self, txn, instance, requests):
         claimed = txn.on_gpu_or_of(sorted({p.gpu for p, _ in requests}), instance)
-        used = _Referenced(self.domains.mdev_users(), claimed)
+        users = self.domains.mdev_users()
+        used = _Referenced(users, claimed)
         plan = []
         for provider, units in requests:
             plan += self._plan_gpu(instance, provider.gpu, provider.type_id, units, claimed,
-                                   used)
+                                   used, users)
         return plan, claimed
 
-    def _plan_gpu(self, instance, address, type_id, units, claimed, used):
-        gpu, states = self._gpu_states(instance, address, type_id)
+    def _plan_gpu(self, instance, address, type_id, units, claimed, used, users):
+        gpu, states = self._gpu_states(instance, address, type_id, users)
         existing = {uuid for s in states for uuid, _ in s.mdevs}
         mine = [c for c in claimed.values()
                 if c.instance_uuid == instance and c.gpu == gpu.address]
@@ -192,7 +236,8 @@ class MdevManager:
             if len(slots) < wanted:
                 self._refuse(instance, gpu, type_id, units, len(free), len(slots),
                              states, claimed, used)
-            plan += [Planned(names.new_mdev_uuid(), gpu.address, parent, type_id, create=True)
+            plan += [Planned(_new_vgpu_id(gpu, parent), gpu.address, parent, type_id,
+                             create=True)
                      for parent in slots[:wanted]]
         # The same order on a retry, whatever was reused or created first time.
         return sorted(plan, key=lambda item: item.mdev_uuid)
@@ -211,11 +256,25 @@ class MdevManager:
         for state in states:
             room = state.available - pending.get(state.name, 0)
             slots += [state.name] * max(room, 0)
-        limit = inventory.per_gpu_limit(gpu, gpu.type_info(type_id))
+        limit = self._per_gpu_limit(gpu, type_id)
         if limit is not None:
             of_type = sum(1 for s in states for _, t in s.mdevs if t == type_id)
             slots = slots[:max(limit - of_type - sum(pending.values()), 0)]
         return slots
+
+    def _per_gpu_limit(self, gpu, type_id):
+        """The most vGPUs of the type the GPU can host, when known.
+
+        sysfs does not tell it for vendor-VFIO types, and a VF's type list
+        cannot count the claims not written yet; the type's host-wide
+        ``max_instances``, which operators set for such GPUs, bounds it.
+        """
+        limit = inventory.per_gpu_limit(gpu, gpu.type_info(type_id))
+        type_config = self.config.type_config(type_id)
+        if gpu.mode == discovery.MODE_VENDOR_VFIO and type_config is not None \
+                and type_config.max_instances is not None:
+            limit = min(x for x in (limit, type_config.max_instances) if x is not None)
+        return limit
 
     def _refuse(self, instance, gpu, type_id, units, free, creatable, states, claimed, used):
         others = {}
@@ -225,7 +284,8 @@ class MdevManager:
                     others.setdefault(t, []).append(uuid)
         in_use = {t: [u for u in uuids if u in used] for t, uuids in others.items()}
         if not free and not creatable and any(in_use.values()):
-            present = ", ".join(f"{len(u)} mdev(s) of {t}" for t, u in sorted(in_use.items())
+            kind = "VF(s) set to" if gpu.mode == discovery.MODE_VENDOR_VFIO else "mdev(s) of"
+            present = ", ".join(f"{len(u)} {kind} {t}" for t, u in sorted(in_use.items())
                                 if u)
             raise exception.WrongTypePresent(instance=instance, gpu=gpu.address,
                                              type_id=type_id, present=present)
@@ -234,13 +294,31 @@ class MdevManager:
                                       wanted=units, free=free, creatable=creatable,
                                       claimed=pending)
 
-    def _create(self, item):
+    def _create(self, instance, item):
+        if names.is_vf_vgpu_id(item.mdev_uuid):
+            return self._set_vf_type(instance, item)
         try:
             self.host.create_mdev(item.parent, item.type_id, item.mdev_uuid)
         except exception.MdevAlreadyExists:
             # Made by an earlier attempt that died after the kernel answered.
             if item.mdev_uuid not in {u for u, _ in self.host.parent_mdevs(item.parent) or ()}:
                 raise
+
+    def _set_vf_type(self, instance, item):
+        """Give a claimed VF its type; a GPU found full is the allocation's refusal."""
+        number = _type_number(item.type_id)
+        try:
+            self.host.set_vendor_vgpu_type(item.parent, number)
+        except exception.MdevBusy:
+            # Typed by an earlier attempt that died after the driver answered.
+            vf = self.host.vendor_vf(item.parent)
+            if vf is None or vf.current_type != number:
+                raise
+        except (exception.MdevInvalidRequest, exception.MdevNoCapacity) as exc:
+            raise exception.VfTypeRefused(instance=instance, type_id=item.type_id,
+                                          gpu=item.gpu, vf=item.parent,
+                                          reason=exc.kwargs.get("reason", str(exc))
+                                          ) from exc
 
     def _undo(self, instance_uuid, plan):
         """Drop the claims of a failed allocation; what it created stays free."""
@@ -255,10 +333,12 @@ class MdevManager:
             return txn.set_state(instance_uuid, claims_mod.ATTACHED)
 
     def release(self, instance_uuid):
-        """Forget an instance's claims; remove its mdevs if so configured.
+        """Forget an instance's claims; remove its vGPUs if so configured.
 
+        Kept, an mdev (or a VF with its type) is free for the next guest.
         With removal, claims stay (``releasing``) until the kernel has removed
-        the mdev, so nothing can hand it out while it goes.
+        the mdev (the driver cleared the VF's type), so nothing can hand it
+        out while it goes.
         """
         with self.journal.transaction() as txn:
             mine = txn.claims(instance_uuid)
@@ -269,21 +349,50 @@ class MdevManager:
         return self.finish_release([c.mdev_uuid for c in mine])
 
     def finish_release(self, mdev_uuids):
-        """Remove mdevs held ``releasing`` and drop their claims once gone."""
+        """Remove vGPUs held ``releasing`` and drop their claims once gone.
+
+        A vendor-VFIO vGPU goes by clearing its VF's type (writing 0).
+        """
         users = self.domains.mdev_users()
         done = []
         for uuid in mdev_uuids:
             if uuid in users:
-                LOG.warning("Not removing mdev %s: domain %s still uses it", uuid,
+                # Its claim goes all the same: the domain keeps it from others.
+                LOG.warning("Not removing vGPU %s: domain %s still uses it", uuid,
                             users[uuid].name)
-            elif self.host.mdev_created_at(uuid) is not None:
+            else:
                 try:
-                    self.host.remove_mdev(uuid, timeout=self.remove_timeout)
+                    self._destroy(uuid)
                 except exception.MdevWriteError as exc:
-                    LOG.warning("mdev %s not removed yet: %s", uuid, exc)
+                    LOG.warning("vGPU %s not removed yet: %s", uuid, exc)
                     continue
             done.append(uuid)
         if done:
             with self.journal.transaction() as txn:
                 txn.remove(mdev_uuids=done)
         return done
+
+    def _destroy(self, vgpu_id):
+        """Remove an mdev, or clear a VF's type; nothing if it is gone already."""
+        if names.is_vf_vgpu_id(vgpu_id):
+            vf = self.host.vendor_vf(vgpu_id)
+            if vf is not None and vf.current_type:
+                self.host.set_vendor_vgpu_type(vgpu_id, 0, timeout=self.remove_timeout)
+        elif self.host.mdev_created_at(vgpu_id) is not None:
+            self.host.remove_mdev(vgpu_id, timeout=self.remove_timeout)
+
+
+def _type_number(type_id):
+    """The number a vendor-VFIO type is written as; None for a type that is
+    not one (nothing then lists it, so no VF takes it)."""
+    try:
+        return names.vendor_type_number(type_id)
+    except exception.InvalidSysfsName:
+        return None
+
+
+def _new_vgpu_id(gpu, parent):
+    """The id of a vGPU to create on ``parent``: a new mdev UUID, or the VF."""
+    if gpu.mode == discovery.MODE_VENDOR_VFIO:
+        return parent
+    return names.new_mdev_uuid()

@@ -14,8 +14,10 @@ import collections
 from oslo_log import log as logging
 
 from vgpu_driver import claims
+from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import guest
+from vgpu_driver import names
 
 LOG = logging.getLogger(__name__)
 
@@ -70,7 +72,16 @@ class Migrations:
     # -- source ------------------------------------------------------------------------
 
     def source_mdev_types(self, mdev_uuids):
-        """``{uuid: type id}`` of a guest's mdevs, as this host's sysfs has them."""
+        """``{uuid: type id}`` of a guest's mdevs, as this host's sysfs has them.
+
+        A guest holding a vendor-VFIO vGPU is refused: its VF is a PCI
+        hostdev, which the mapping and the XML rewrite do not carry.
+        """
+        vfs = [u for u in mdev_uuids if names.is_vf_vgpu_id(u)]
+        if vfs:
+            raise exception.VgpuDriverError(
+                f"the guest's vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) "
+                "cannot be live-migrated by vgpu-driver")
         types = {m.uuid: m.type_id for m in self.manager.snapshot(refresh=True).mdevs}
         missing = [u for u in mdev_uuids if u not in types]
         if missing:
@@ -96,6 +107,7 @@ class Migrations:
                 instance=instance,
                 reason=f"source mdev types {unsupported} are not served by this host "
                        f"(it serves {sorted(served)})")
+        self._refuse_vf_destinations(instance, allocations, providers)
         mdevs = self.manager.allocate(instance, allocations, providers,
                                       state=claims.MIGRATING_IN)
         by_type = collections.defaultdict(list)
@@ -120,6 +132,19 @@ class Migrations:
                        "the guest")
         LOG.info("Incoming migration of %s: mdevs %s", instance, mapping)
         return mapping
+
+    def _refuse_vf_destinations(self, instance, allocations, providers):
+        """An mdev cannot arrive on a vendor-VFIO GPU: the guest would need a
+        PCI hostdev of a VF in place of its mdev hostdev."""
+        snapshot = self.manager.snapshot()
+        for rp_uuid in sorted(allocations):
+            provider = providers.get(rp_uuid)
+            gpu = snapshot.gpu(provider.gpu) if provider is not None else None
+            if gpu is not None and gpu.mode == discovery.MODE_VENDOR_VFIO:
+                raise MigrationPreCheckFailed(
+                    instance=instance,
+                    reason=f"the destination's GPU {gpu.address} serves vGPUs as "
+                           "vendor-VFIO VFs, which cannot take a migrated mdev")
 
     def finish_incoming(self, instance):
         """The guest runs here now: its claims are ordinary attached ones."""

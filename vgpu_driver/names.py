@@ -106,6 +106,42 @@ def new_mdev_uuid():
     return str(uuid_mod.uuid4())
 
 
+def check_vgpu_id(value, source=None):
+    """What claims and domains name a vGPU by, in its canonical form.
+
+    An mdev is named by its UUID.  On NVIDIA's vendor-specific VFIO framework
+    the vGPU is the VF itself (a guest gets the VF, not an mdev), so it is
+    named by the VF's PCI address.  The two forms never overlap.
+    """
+    if is_mdev_uuid(value):
+        return value
+    if is_pci_address(value):
+        return str(parse_pci_address(value))
+    raise exception.InvalidSysfsName("vGPU id (mdev UUID or VF PCI address)", value, source)
+
+
+def is_vf_vgpu_id(value):
+    """True for the id of a vendor-VFIO vGPU (a VF's PCI address)."""
+    return is_pci_address(value)
+
+
+_VENDOR_TYPE_RE = re.compile(r"^nvidia-(?P<number>[1-9][0-9]{0,8})$")
+
+
+def vendor_type_id(number):
+    """The type id a vendor-VFIO type number is known by (``1156`` -> ``nvidia-1156``),
+    named like the mdev types NVIDIA's older drivers list."""
+    return f"nvidia-{int(number)}"
+
+
+def vendor_type_number(type_id, source=None):
+    """``nvidia-1156`` -> 1156: the only kind of value written to ``current_vgpu_type``."""
+    match = _VENDOR_TYPE_RE.match(type_id) if isinstance(type_id, str) else None
+    if not match:
+        raise exception.InvalidSysfsName("vendor vGPU type id", type_id, source)
+    return int(match["number"])
+
+
 def trait_fragment(text):
     """Upper-case text with every run of other characters folded to ``_``."""
     return re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_")

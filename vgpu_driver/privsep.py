@@ -4,13 +4,15 @@ nova-compute does not run as root; creating or removing an mdev, enabling
 VFs or choosing a vendor vGPU type are writes to root-owned sysfs files.  They
 all go through :func:`write_attr`, run by an oslo.privsep daemon holding only
 ``CAP_DAC_OVERRIDE``.  The daemon trusts nothing it is sent: it re-resolves
-the path, checks that it lies under the sysfs root, and that it names one of
-the few attributes vgpu-driver ever writes.  A process that already runs as
+the path, checks that it lies under the sysfs root, that it names one of
+the few attributes vgpu-driver ever writes, and that a vendor vGPU type is a
+plain number written into a VF's ``nvidia`` directory.  A process that already runs as
 root (``vgpu-manage``) runs it in-process; a fake kernel answers its own
 writes and never comes here.
 """
 
 import os
+import re
 
 from oslo_privsep import capabilities
 from oslo_privsep import priv_context
@@ -25,6 +27,7 @@ sysfs_writer = priv_context.PrivContext(
 )
 
 WRITABLE_ATTRIBUTES = frozenset({"create", "remove", "sriov_numvfs", "current_vgpu_type"})
+_TYPE_NUMBER_RE = re.compile(r"^[0-9]{1,10}\n?$")
 
 
 def checked_target(root, path):
@@ -38,9 +41,23 @@ def checked_target(root, path):
     return real
 
 
+def checked_value(real, value):
+    """Refuse a vGPU type that is not a plain number, or not in a VF's
+    ``nvidia`` directory: NVIDIA's driver parses it, not the kernel core."""
+    if os.path.basename(real) != "current_vgpu_type":
+        return value
+    if os.path.basename(os.path.dirname(real)) != "nvidia":
+        raise exception.InvalidSysfsName("sysfs attribute", real, "not a VF's nvidia/")
+    if not isinstance(value, str) or not _TYPE_NUMBER_RE.match(value):
+        raise exception.InvalidSysfsName("vGPU type number", value)
+    return value
+
+
 @sysfs_writer.entrypoint
 def write_attr(root, path, value):
-    fd = os.open(checked_target(root, path), os.O_WRONLY)
+    real = checked_target(root, path)
+    checked_value(real, value)
+    fd = os.open(real, os.O_WRONLY)
     try:
         os.write(fd, value.encode())
     finally:

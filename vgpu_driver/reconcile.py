@@ -10,6 +10,11 @@
 
 Removals hold a ``releasing`` claim while the kernel works, so nothing hands
 the mdev out meanwhile.
+
+The same holds for vGPUs of NVIDIA's vendor-specific VFIO framework, a VF
+given a type: an orphan is a typed VF nobody references, removing it clears
+its type, and a reboot (VFs come back untyped) sets each claimed VF's type
+again.  A VF is its guest's own device, so it is restored on that VF only.
 """
 
 import dataclasses
@@ -19,6 +24,7 @@ from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import exception
+from vgpu_driver import names
 
 LOG = logging.getLogger(__name__)
 
@@ -60,26 +66,43 @@ class Reconciler:
     # -- orphans --------------------------------------------------------------------------
 
     def orphans(self, grace=0.0):
-        """Unreferenced mdevs older than ``grace`` seconds, sorted by UUID."""
+        """Unreferenced vGPUs older than ``grace`` seconds: mdevs by UUID,
+        then typed vendor-VFIO VFs by address."""
         snapshot = self.manager.snapshot(refresh=True)
-        referenced = set(self.manager.domains.mdev_users())
-        referenced |= {c.mdev_uuid for c in self.manager.journal.claims()}
+        referenced = self._referenced(snapshot)
         now = self.clock()
         found = []
-        for mdev in snapshot.mdevs:
-            if mdev.uuid in referenced:
+        for vgpu in snapshot.vgpus:
+            if vgpu.id in referenced:
                 continue
-            created = self.host.mdev_created_at(mdev.uuid)
+            created = self._created_at(vgpu)
             age = None if created is None else max(now - created, 0.0)
             if age is not None and age < grace:
                 continue
-            gpu = snapshot.gpu_of_parent(mdev.parent)
+            gpu = snapshot.gpu_of_parent(vgpu.parent)
             serves = self.manager.configured_type(gpu) if gpu else None
             kind = UNMANAGED if serves is None else (
-                FREE if serves == mdev.type_id else STALE_TYPE)
-            found.append(Orphan(mdev.uuid, mdev.parent, gpu.address if gpu else "",
-                                mdev.type_id, kind, age))
+                FREE if serves == vgpu.type_id else STALE_TYPE)
+            found.append(Orphan(vgpu.id, vgpu.parent, gpu.address if gpu else "",
+                                vgpu.type_id, kind, age))
         return found
+
+    def _referenced(self, snapshot):
+        """vGPU ids a domain or a claim references.
+
+        A domain source blind to PCI hostdevs cannot show a guest's VF: every
+        typed VF then counts as referenced, so none is ever taken from a guest.
+        """
+        referenced = set(self.manager.domains.mdev_users())
+        referenced |= {c.mdev_uuid for c in self.manager.journal.claims()}
+        if not self.manager.domains.sees_pci_hostdevs:
+            referenced |= {v.id for v in snapshot.vgpus if v.is_vf}
+        return referenced
+
+    def _created_at(self, vgpu):
+        if vgpu.is_vf:
+            return self.host.vendor_vgpu_set_at(vgpu.parent)
+        return self.host.mdev_created_at(vgpu.id)
 
     def reclaim(self, orphans, dry_run=False):
         """Remove the given orphans, each only if it is still unreferenced."""
@@ -120,9 +143,8 @@ class Reconciler:
     # -- in-use view for the inventory ------------------------------------------------------
 
     def in_use(self):
-        """mdev UUIDs a domain or a claim references (draining vs blocked)."""
-        return set(self.manager.domains.mdev_users()) | {
-            c.mdev_uuid for c in self.manager.journal.claims()}
+        """vGPU ids a domain or a claim references (draining vs blocked)."""
+        return self._referenced(self.manager.snapshot())
 
     # -- claims nobody came for ----------------------------------------------------------------
 
@@ -161,17 +183,19 @@ class Reconciler:
 
     def restore(self, wait=120.0, first_delay=0.5, max_delay=8.0, sleep=time.sleep,
                 instance_uuid=None):
-        """Create again, with their UUIDs, the referenced mdevs sysfs lacks.
+        """Create again, with their UUIDs, the referenced mdevs sysfs lacks,
+        and give claimed vendor-VFIO VFs that lost it their type again.
 
         Waits (bounded, with backoff) for parents that are not there yet,
         such as VFs before the vendor enables them; returns one Outcome per
-        mdev that was missing.  With ``instance_uuid``, only that instance's.
+        vGPU that was missing.  With ``instance_uuid``, only that instance's.
         """
         users = self.manager.domains.mdev_users()
         wanted = self.wanted_mdevs(instance_uuid)
-        unknown = [u for u in users if u not in wanted
+        # Only mdevs: a PCI hostdev without a claim may be any device (a NIC).
+        unknown = [u for u in users if u not in wanted and names.is_mdev_uuid(u)
                    and instance_uuid in (None, users[u].uuid)]
-        present = {m.uuid for m in self.manager.snapshot(refresh=True).mdevs}
+        present = {v.id for v in self.manager.snapshot(refresh=True).vgpus}
         missing = {u: c for u, c in wanted.items() if u not in present}
         outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "
                                          "records its GPU and type")
@@ -205,6 +229,8 @@ class Reconciler:
         gpu = snapshot.gpu(claim.gpu)
         if gpu is None:
             return None
+        if claim.is_vf:
+            return self._restore_vf(gpu, claim)
         parents = [p.name for p in gpu.parents if p.type(claim.type_id)]
         # Its own parent first, then any other of the same GPU.
         order = sorted(parents, key=lambda name: name != claim.parent)
@@ -223,3 +249,17 @@ class Reconciler:
         if not order:
             return None
         return Outcome(claim.mdev_uuid, "failed", str(last))
+
+    def _restore_vf(self, gpu, claim):
+        """Set the claimed VF's type again, once the VF is back.
+
+        Its guest's domain names this very VF, so no other VF will do.
+        """
+        if not any(p.name == claim.parent for p in gpu.parents):
+            return None  # the vendor enables VFs after boot
+        try:
+            self.host.set_vendor_vgpu_type(claim.parent,
+                                           names.vendor_type_number(claim.type_id))
+        except exception.VgpuDriverError as exc:
+            return Outcome(claim.mdev_uuid, "failed", str(exc))
+        return Outcome(claim.mdev_uuid, "restored", f"type {claim.type_id} set on the VF")

@@ -173,10 +173,11 @@ def held_per_gpu(claim_list):
 
 
 def adopt(manager):
-    """Claim, ``attached``, the mdevs guests use that no claim records.
+    """Claim, ``attached``, the vGPUs guests use that no claim records.
 
-    Another driver made them (nova's, before the switch), or the journal was
-    lost.  Each is claimed for the guest whose domain references it (the
+    Another driver made them (nova's, before the switch; for a vendor-VFIO
+    VF, an operator set its type and nova passed it through), or the journal
+    was lost.  Each is claimed for the guest whose domain references it (the
     domain's UUID is the instance's).  Returns the new claims.
     """
     snapshot = manager.snapshot(refresh=True)
@@ -184,19 +185,19 @@ def adopt(manager):
     with manager.journal.transaction() as txn:
         claimed = txn.by_mdev()
         users = manager.domains.mdev_users()
-        for mdev in snapshot.mdevs:
-            user = users.get(mdev.uuid)
-            if user is None or mdev.uuid in claimed:
+        for vgpu in snapshot.vgpus:
+            user = users.get(vgpu.id)
+            if user is None or vgpu.id in claimed:
                 continue
-            gpu = snapshot.gpu_of_parent(mdev.parent)
+            gpu = snapshot.gpu_of_parent(vgpu.parent)
             if gpu is None:
                 continue
-            txn.add(user.uuid, mdev.uuid, gpu.address, mdev.parent, mdev.type_id,
+            txn.add(user.uuid, vgpu.id, gpu.address, vgpu.parent, vgpu.type_id,
                     claims.ATTACHED)
-            adopted.append(mdev.uuid)
+            adopted.append(vgpu.id)
         found = [c for c in txn.claims() if c.mdev_uuid in adopted]
     for claim in found:
-        LOG.info("Adopted mdev %s (%s on %s) that domain %s uses: claimed for "
+        LOG.info("Adopted vGPU %s (%s on %s) that domain %s uses: claimed for "
                  "instance %s", claim.mdev_uuid, claim.type_id, claim.parent,
                  users[claim.mdev_uuid].name, claim.instance_uuid)
     return found

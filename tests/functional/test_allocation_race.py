@@ -11,6 +11,11 @@ them already created and free, and checks that the outcome is exactly what a
 serial run would give.  Two more tests check the converse, that a race never
 refuses a boot the GPU has room for, and what that rests on: the fake kernel
 never shows a reader a half-written ``available_instances``.
+
+The same races run on an L40S under NVIDIA's vendor-specific VFIO, where a
+vGPU is a VF given a type: there, a VF's type list cannot count the claims
+other allocations have not written yet, so some losers are only refused by
+NVIDIA's driver, and must still leave nothing behind.
 """
 
 import concurrent.futures
@@ -46,6 +51,18 @@ TIMEOUT = 60.0
 CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE,
                     by_address=MappingProxyType({}))
 
+L40S = "0000:c1:00.0"
+VF_TYPE = "nvidia-1156"    # NVIDIA L40S-8Q: 6 per GPU, on any of its 16 VFs
+VF_ROOM = 6
+# Without max_instances, nothing but NVIDIA's driver knows the GPU's room.
+CONFIGS = {
+    "t4": CONFIG,
+    "l40s": MdevConfig(types=(TypeConfig(VF_TYPE),), default_type=VF_TYPE,
+                       by_address=MappingProxyType({})),
+    "l40s-capped": MdevConfig(types=(TypeConfig(VF_TYPE, max_instances=VF_ROOM),),
+                              default_type=VF_TYPE, by_address=MappingProxyType({})),
+}
+
 # Spawned, not forked: the parent runs threads when the processes start.
 CONTEXT = multiprocessing.get_context("spawn")
 
@@ -66,10 +83,10 @@ def placement_allocation(host):
     return {rp_uuid: {"resources": {"VGPU": 1}}}, providers
 
 
-def new_manager(root, state_dir):
+def new_manager(root, state_dir, config="t4"):
     """A driver's view of the host, as each process builds its own."""
     return mdevs.MdevManager(fakekernel.FakeKernel(root), claims.Journal(state_dir),
-                             domains.InProcessDomains(), CONFIG)
+                             domains.InProcessDomains(), CONFIGS[config])
 
 
 def contend(manager, instance, allocations, providers, go):
@@ -97,16 +114,17 @@ def race(manager, instances, allocations, providers, go, on_ready):
         return [f.result() for f in futures]
 
 
-def process_main(root, state_dir, instances, allocations, providers, go, ready, results):
+def process_main(root, state_dir, instances, allocations, providers, go, ready, results,
+                 config):
     """A second driver process: its own kernel view, journal and manager."""
-    manager = new_manager(root, state_dir)
+    manager = new_manager(root, state_dir, config)
     outcomes = race(manager, instances, allocations, providers, go,
                     on_ready=lambda: ready.put(len(instances)))
     results.put(outcomes)
 
 
 def run_race(root, state_dir, allocations, providers, threads=THREADS, processes=PROCESSES,
-             per_process=PER_PROCESS):
+             per_process=PER_PROCESS, config="t4"):
     """Start everybody, let them go at once, and collect every outcome."""
     instances = [str(uuid.uuid4()) for _ in range(threads + processes * per_process)]
     go, ready, results = CONTEXT.Event(), CONTEXT.Queue(), CONTEXT.Queue()
@@ -115,7 +133,8 @@ def run_race(root, state_dir, allocations, providers, threads=THREADS, processes
         mine = instances[threads + n * per_process:threads + (n + 1) * per_process]
         procs.append(CONTEXT.Process(
             target=process_main,
-            args=(root, state_dir, mine, allocations, providers, go, ready, results)))
+            args=(root, state_dir, mine, allocations, providers, go, ready, results,
+                  config)))
     try:
         for proc in procs:
             proc.start()
@@ -127,8 +146,8 @@ def run_race(root, state_dir, allocations, providers, threads=THREADS, processes
             finally:
                 go.set()
 
-        outcomes = race(new_manager(root, state_dir), instances[:threads], allocations,
-                        providers, go, on_ready=start_when_all_wait)
+        outcomes = race(new_manager(root, state_dir, config), instances[:threads],
+                        allocations, providers, go, on_ready=start_when_all_wait)
         for _ in procs:
             outcomes += results.get(timeout=TIMEOUT)
     finally:
@@ -248,3 +267,65 @@ def test_readers_never_see_a_half_written_available_instances(tmp_path):
     bad = sorted({r for r in reads if r is None or not r.isdigit()}, key=repr)
     assert bad == [], f"{sum(r in bad for r in reads)} of {len(reads)} reads gave {bad}"
     assert {int(r) for r in reads} <= set(range(SLOTS + 1))
+
+
+def fresh_l40s(tmp_path, name, pre_typed=()):
+    """One L40S whose VFs ``pre_typed`` are already L40S-8Q vGPUs (free)."""
+    root, state_dir = str(tmp_path / name / "sys"), str(tmp_path / name / "state")
+    host = fakekernel.FakeKernel.build(root, profiles.load("l40s-vfio"))
+    for vf in pre_typed:
+        host.set_vendor_vgpu_type(vf, int(VF_TYPE.split("-")[1]))
+    claims.Journal(state_dir)
+    tree = inventory.compute(discovery.discover(host), CONFIGS["l40s-capped"], "cn1")
+    providers = {str(uuid.uuid5(uuid.NAMESPACE_URL, p.name)): p for p in tree.providers}
+    (rp_uuid,) = providers
+    assert providers[rp_uuid].total == VF_ROOM
+    return host, root, state_dir, {rp_uuid: {"resources": {"VGPU": 1}}}, providers
+
+
+def typed_vfs(host):
+    return sorted(str(vf.address) for vf in host.list_vendor_vfio() if vf.current_type)
+
+
+def test_vf_contenders_get_exactly_the_gpus_room_and_never_the_same_vf(tmp_path):
+    """6 of 48 racing boots win an L40S-8Q, each its own VF; nothing else stays.
+
+    The 3 VFs already typed and free are reused before any other is typed.
+    Losers are refused at planning or by the driver's answer to their write,
+    both as NoGpuCapacity, and leave no claim and no typed VF behind.
+    """
+    vfs = [str(vf.address) for vf in
+           fakekernel.FakeKernel.build(str(tmp_path / "probe"),
+                                       profiles.load("l40s-vfio")).list_vendor_vfio()]
+    pre_typed = vfs[5:8]
+    host, root, state_dir, allocations, providers = fresh_l40s(tmp_path, "host", pre_typed)
+    journal = claims.Journal(state_dir)
+
+    instances, outcomes = run_race(root, state_dir, allocations, providers, config="l40s")
+
+    assert sorted(i for i, _, _ in outcomes) == sorted(instances)
+    won = {instance: got for instance, result, got in outcomes if result == "ok"}
+    lost = sorted({result.split(":")[0] for _, result, _ in outcomes if result != "ok"})
+    assert len(won) == VF_ROOM, (len(won), lost)
+    assert set(lost) <= {exception.NoGpuCapacity.__name__,
+                         exception.VfTypeRefused.__name__}, lost
+    given = [vf for got in won.values() for vf in got]
+    assert len(set(given)) == len(given) == VF_ROOM, "a VF was handed out twice"
+    assert set(pre_typed) <= set(given)
+    assert {c.mdev_uuid: c.instance_uuid for c in journal.claims()} == \
+        {got[0]: instance for instance, got in won.items()}
+    assert {(c.gpu, c.type_id, c.mdev_uuid == c.parent) for c in journal.claims()} == \
+        {(L40S, VF_TYPE, True)}
+    assert typed_vfs(host) == sorted(given)
+    assert reconcile.Reconciler(new_manager(root, state_dir, "l40s")).orphans() == []
+
+
+def test_as_many_vf_contenders_as_room_all_win(tmp_path):
+    """6 racing boots on an empty L40S that holds 6 L40S-8Q: none refused."""
+    for n in range(3):
+        host, root, state_dir, allocations, providers = fresh_l40s(tmp_path, f"round{n}")
+        _, outcomes = run_race(root, state_dir, allocations, providers, threads=2,
+                               processes=2, per_process=2, config="l40s-capped")
+        refused = sorted(result for _, result, _ in outcomes if result != "ok")
+        assert refused == [], f"round {n}: {len(refused)} refused, first: {refused[0]}"
+        assert len(typed_vfs(host)) == VF_ROOM

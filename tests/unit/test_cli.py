@@ -193,3 +193,31 @@ def test_mdev_list_names_the_guest_using_each_mdev(make_host, run, tmp_path):
     assert sorted(json.loads(out), key=lambda r: r["state"]) == [
         {"uuid": free, "instance": None, "state": "free"},
         {"uuid": used, "instance": guest_uuid, "state": "in-use"}]
+
+
+def test_vendor_vfio_vgpus_in_mdev_list_inventory_and_orphans(make_host, run, tmp_path):
+    """A VF set to a type is a vGPU for every command, named by its address."""
+    from tests import libvirt_domains
+
+    host = make_host("l40s-vfio")
+    used, free = "0000:c1:00.4", "0000:c1:00.5"
+    for vf in (used, free):
+        host.set_vendor_vgpu_type(vf, 1156)
+    guest_uuid = str(uuid.uuid4())
+    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
+        libvirt_domains.domain_xml("vdi-1", vfs=[used], domain_uuid=guest_uuid)])
+    conf = "[devices]\nenabled_mdev_types = nvidia-1156\n[mdev_nvidia-1156]\nmax_instances = 6\n"
+    args = ("--sysfs-root", host.paths.root, "--libvirt-uri", uri)
+    code, out, _ = run(*args, "mdev", "list", "-f", "json")
+    assert code == 0 and json.loads(out) == [
+        {"uuid": used, "parent": used, "gpu": "0000:c1:00.0", "type": "nvidia-1156",
+         "instance": guest_uuid, "state": "in-use"},
+        {"uuid": free, "parent": free, "gpu": "0000:c1:00.0", "type": "nvidia-1156",
+         "instance": None, "state": "free"}]
+    code, out, _ = run(*args, "inventory", "-f", "json", "-c", "total", "-c", "reserved",
+                       conf=conf)
+    assert code == 0 and json.loads(out) == [{"total": 6, "reserved": 0}]
+    code, out, _ = run(*args, "orphans", "reclaim", "-f", "json", conf=conf)
+    assert code == 0 and json.loads(out) == [{"uuid": free, "result": "removed",
+                                              "reason": ""}]
+    assert [str(vf.address) for vf in host.list_vendor_vfio() if vf.current_type] == [used]

@@ -35,10 +35,12 @@ class ListTypes(base.Lister):
 
 
 class ListMdevs(base.Lister):
-    """List existing mdevs: parent, physical GPU, type, and who holds each.
+    """List existing vGPUs: parent, physical GPU, type, and who holds each.
 
+    A vGPU is an mdev or, on NVIDIA's vendor-specific VFIO framework, a VF
+    set to a type (its uuid is then the VF's address, as is its parent).
     ``state`` is the claim's (claimed, attached, migrating_in, releasing),
-    ``in-use`` for a guest's mdev nobody claimed, or ``free``.  Guests come
+    ``in-use`` for a guest's vGPU nobody claimed, or ``free``.  Guests come
     from libvirt; when it cannot be reached, only claims are shown.
     """
 
@@ -53,13 +55,13 @@ class ListMdevs(base.Lister):
             users = {}
         cols = ("uuid", "parent", "gpu", "type", "instance", "state")
         rows = []
-        for mdev in snapshot.mdevs:
-            gpu = snapshot.gpu_of_parent(mdev.parent)
-            claim, user = claimed.get(mdev.uuid), users.get(mdev.uuid)
+        for vgpu in snapshot.vgpus:
+            gpu = snapshot.gpu_of_parent(vgpu.parent)
+            claim, user = claimed.get(vgpu.id), users.get(vgpu.id)
             instance = user.uuid if user else claim.instance_uuid if claim else None
             state = claim.state if claim else "in-use" if user else "free"
-            rows.append((mdev.uuid, mdev.parent, gpu.address if gpu else None,
-                         mdev.type_id, instance, state))
+            rows.append((vgpu.id, vgpu.parent, gpu.address if gpu else None,
+                         vgpu.type_id, instance, state))
         return cols, [columns.optional(r) for r in rows]
 
 
@@ -74,7 +76,8 @@ def load_mdev_config(app):
 
 
 def in_use(app):
-    """mdevs guests or claims reference, or None when libvirt is unreachable."""
+    """vGPU ids (mdev UUIDs, VF addresses) guests or claims reference, or None
+    when libvirt is unreachable."""
     journal = app.journal()
     claimed = {c.mdev_uuid for c in journal.claims()} if journal else set()
     try:

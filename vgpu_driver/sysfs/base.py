@@ -136,6 +136,19 @@ class SysfsHost(abc.ABC):
         """VFs exposing NVIDIA's vendor-specific VFIO files, by address."""
 
     @abc.abstractmethod
+    def vendor_vf(self, address):
+        """One VF's :class:`VendorVfioInfo`, or None when it is gone.
+
+        Reads only that VF (allocations look at one GPU), and never pairs a
+        type list with the ``current_vgpu_type`` of another moment.
+        """
+
+    @abc.abstractmethod
+    def vendor_vgpu_set_at(self, address):
+        """When a VF's ``current_vgpu_type`` last changed, as far as sysfs
+        tells (a lower bound of the vGPU's age), or None if it is gone."""
+
+    @abc.abstractmethod
     def create_mdev(self, parent, type_id, uuid):
         """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
 
@@ -152,5 +165,9 @@ class SysfsHost(abc.ABC):
         """Enable ``count`` VFs on a physical function (0 disables them)."""
 
     @abc.abstractmethod
-    def set_vendor_vgpu_type(self, address, type_number):
-        """Write a vGPU type id (0 clears) to a VF's ``current_vgpu_type``."""
+    def set_vendor_vgpu_type(self, address, type_number, timeout=None):
+        """Write a vGPU type number (0 clears) to a VF's ``current_vgpu_type``.
+
+        Raises MdevWriteError; clearing a VF a guest still holds may be
+        refused or block, hence ``timeout`` (seconds, as for a remove).
+        """

@@ -13,7 +13,8 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
   vGPU, and once a GPU hosts one, its VFs only offer types of the same
   framebuffer size, up to the type's per-GPU maximum.
 * ``remove`` blocks while a guest holds the device (:meth:`hold`).
-* ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host.
+* ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host;
+  clearing the type of a VF a guest holds is refused (``EBUSY``).
 
 What the vendor driver knows (per-type limits, ports; see
 :mod:`vgpu_driver.sysfs.vendor`) is kept beside the tree in
@@ -385,6 +386,9 @@ class FakeKernel(linux.LinuxSysfs):
         current_file = os.path.join(vf_dir, "nvidia", "current_vgpu_type")
         current = int(linux.read_attr(current_file) or 0)
         if wanted == 0:
+            if current and os.path.exists(self._hold_path(os.path.basename(vf_dir))):
+                # The guest still has the VF open: its vGPU cannot go yet.
+                raise _os_error(errno.EBUSY, "current_vgpu_type")
             _write_file(current_file, "0\n", 0o644)
         elif current:
             raise _os_error(errno.EBUSY, "current_vgpu_type")
@@ -399,11 +403,15 @@ class FakeKernel(linux.LinuxSysfs):
     # -- what happens to a host, for tests and demos --------------------------------
 
     def hold(self, uuid):
-        """A guest opens the mdev: ``remove`` now blocks until :meth:`release`."""
-        _write_file(self._hold_path(names.check_mdev_uuid(uuid)), "", 0o600)
+        """A guest opens the mdev: ``remove`` now blocks until :meth:`release`.
+
+        Given a VF's address (a vendor-VFIO vGPU), clearing its
+        ``current_vgpu_type`` is refused with ``EBUSY`` meanwhile.
+        """
+        _write_file(self._hold_path(names.check_vgpu_id(uuid)), "", 0o600)
 
     def release(self, uuid):
-        _remove_link(self._hold_path(names.check_mdev_uuid(uuid)))
+        _remove_link(self._hold_path(names.check_vgpu_id(uuid)))
 
     def reboot(self):
         """What a host reboot leaves: no mdevs, and SR-IOV VFs disabled."""

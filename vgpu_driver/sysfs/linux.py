@@ -24,6 +24,7 @@ LOG = logging.getLogger(__name__)
 
 _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 _CREATABLE_RE = re.compile(r"^\s*(\d+)\s*:?\s+(.*?)\s*$")
+_CONSISTENT_READ_TRIES = 5
 
 
 def read_attr(path):
@@ -232,19 +233,40 @@ class LinuxSysfs(base.SysfsHost):
         for entry in self._listdir(self.paths.pci_base()):
             if not names.is_pci_address(entry):
                 continue
-            vfio_dir = self.paths.vendor_vfio_dir(entry)
+            vf = self.vendor_vf(entry)
+            if vf is not None:
+                found.append(vf)
+        return found
+
+    def vendor_vf(self, address):
+        address = names.parse_pci_address(str(address))
+        vfio_dir = self.paths.vendor_vfio_dir(address)
+        current_path = os.path.join(vfio_dir, "current_vgpu_type")
+        current = _int_or_none(read_attr(current_path)) or 0
+        for _attempt in range(_CONSISTENT_READ_TRIES):
             creatable = read_attr(os.path.join(vfio_dir, "creatable_vgpu_types"))
             if creatable is None:
-                continue
-            address = names.parse_pci_address(entry)
-            pf = resolve_link(os.path.join(self.paths.pci_device(entry), "physfn"))
-            found.append(base.VendorVfioInfo(
-                address=address,
-                physfn=names.parse_pci_address(os.path.basename(pf)) if pf else None,
-                creatable=parse_creatable_vgpu_types(creatable),
-                current_type=_int_or_none(read_attr(
-                    os.path.join(vfio_dir, "current_vgpu_type"))) or 0))
-        return found
+                return None
+            # The list depends on the VF's own type: only keep a pair read
+            # with no change of that type in between.
+            again = _int_or_none(read_attr(current_path)) or 0
+            if again == current:
+                break
+            current = again
+        pf = resolve_link(os.path.join(self.paths.pci_device(address), "physfn"))
+        return base.VendorVfioInfo(
+            address=address,
+            physfn=names.parse_pci_address(os.path.basename(pf)) if pf else None,
+            creatable=parse_creatable_vgpu_types(creatable),
+            current_type=current)
+
+    def vendor_vgpu_set_at(self, address):
+        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
+                            "current_vgpu_type")
+        try:
+            return os.lstat(path).st_ctime
+        except FileNotFoundError:
+            return None
 
     # -- writes --------------------------------------------------------------
 
@@ -288,8 +310,11 @@ class LinuxSysfs(base.SysfsHost):
                     os.path.join(self.paths.pci_device(address), "sriov_numvfs"),
                     str(int(count)))
 
-    def set_vendor_vgpu_type(self, address, type_number):
+    def set_vendor_vgpu_type(self, address, type_number, timeout=None):
         address = names.parse_pci_address(str(address))
-        self._write("current_vgpu_type", str(address),
+        if isinstance(type_number, bool) or not isinstance(type_number, int) \
+                or type_number < 0:
+            raise exception.InvalidSysfsName("vGPU type number", type_number)
+        self._write("current_vgpu_type", f"VF {address}",
                     os.path.join(self.paths.vendor_vfio_dir(address), "current_vgpu_type"),
-                    str(int(type_number)))
+                    str(type_number), timeout)
