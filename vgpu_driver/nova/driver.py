@@ -12,6 +12,7 @@ import threading
 
 import nova.conf
 from nova import exception as nova_exception
+from nova.virt.libvirt import config as vconfig
 from nova.virt.libvirt import driver as libvirt_driver
 from oslo_log import log as logging
 
@@ -21,6 +22,7 @@ from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
+from vgpu_driver import names
 from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import reshape
@@ -33,7 +35,10 @@ vgpu_conf.register_opts(CONF)
 
 
 class NovaGuests(domains.DomainReferences):
-    """Who uses which mdev, from nova's own libvirt Host (every domain)."""
+    """Who uses which vGPU, from nova's own libvirt Host (every domain): mdev
+    UUIDs, and PCI hostdev addresses (a vendor-VFIO vGPU is its VF)."""
+
+    sees_pci_hostdevs = True
 
     def __init__(self, host):
         self._host = host
@@ -42,8 +47,8 @@ class NovaGuests(domains.DomainReferences):
         users = {}
         for guest in self._host.list_guests(only_running=False):
             ref = domains.DomainRef(guest.uuid, guest.name)
-            for mdev in guest_xml.mdev_uuids(guest_xml.parse(guest.get_xml_desc())):
-                users[mdev] = ref
+            for vgpu in guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc())):
+                users[vgpu] = ref
         return users
 
 
@@ -158,8 +163,27 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         return result
 
     def _instance_mdevs(self, instance):
-        """The mdevs the instance's domain on this host references."""
-        return list(super()._get_all_assigned_mediated_devices(instance))
+        """The vGPUs (mdevs, vendor-VFIO VFs) the instance's domain here uses."""
+        try:
+            guest = self._host.get_guest(instance)
+        except nova_exception.InstanceNotFound:
+            return []
+        return guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
+
+    def _guest_add_mdevs(self, guest, chosen_mdevs):
+        """nova writes mdev hostdevs; a vendor-VFIO vGPU is its VF, passed
+        through as a PCI hostdev the host has bound (``managed='no'``)."""
+        vfs = [v for v in chosen_mdevs if names.is_pci_address(v)]
+        super()._guest_add_mdevs(guest, [m for m in chosen_mdevs if m not in vfs])
+        for vf in vfs:
+            address = names.parse_pci_address(vf)
+            hostdev = vconfig.LibvirtConfigGuestHostdevPCI()
+            hostdev.managed = "no"
+            hostdev.domain = f"{address.domain:04x}"
+            hostdev.bus = f"{address.bus:02x}"
+            hostdev.slot = f"{address.slot:02x}"
+            hostdev.function = f"{address.function:x}"
+            guest.add_device(hostdev)
 
     def _get_all_assigned_mediated_devices(self, instance=None):
         """nova's view (the domains) plus our claims: an instance keeps its
