@@ -135,12 +135,25 @@ class UnsupportedTypeTests(LiveMigrationTestBase):
 
 
 class OldHypervisorTests(LiveMigrationTestBase):
+    """libvirt 8.5 / QEMU 8.0 on one side: refused before anything is claimed,
+    the refusal naming that side."""
+
     def test_live_migration_refused_on_an_old_source(self):
         self.restart_host("src", libvirt_version=8005000, qemu_version=8000000)
+        self.assert_refused("source")
+
+    def test_live_migration_refused_on_an_old_destination(self):
+        # Else nova's scheduler-side check refuses first, without looking at mdevs.
+        self.flags(skip_hypervisor_version_check_on_lm=True, group="workarounds")
+        self.restart_host("dest", libvirt_version=8005000, qemu_version=8000000)
+        self.assert_refused("target")
+
+    def assert_refused(self, side):
         self.boot()
         ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
                                self.server, "completed")
         self.assertIn("NoValidHost", str(ex))
+        self.assertIn(f"for compute service {side} are too old", self.stdlog.logger.output)
         self.assertEqual([], self.claims("dest"))
         self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
 
