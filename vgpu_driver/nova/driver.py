@@ -239,10 +239,7 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
 
     def _reclaim_for_reboot(self, context, instance):
         if self.vgpu.instance_claims(instance.uuid):
-            for outcome in self.vgpu.restore_instance(instance.uuid):
-                if outcome.result != "restored":
-                    LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
-                              instance.uuid, outcome.reason)
+            self._restore_claimed(instance)
             return
         if self._instance_mdevs(instance):
             return
@@ -252,6 +249,18 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         if mdevs:
             LOG.info("Instance %s had lost track of its mdevs; it gets %s",
                      instance.uuid, ", ".join(mdevs))
+
+    def resume(self, context, instance, *args, **kwargs):
+        """A guest suspended across a host reboot finds its mdevs again: nova
+        re-attaches those its saved XML names, which the reboot removed."""
+        self._restore_claimed(instance)
+        return super().resume(context, instance, *args, **kwargs)
+
+    def _restore_claimed(self, instance):
+        for outcome in self.vgpu.restore_instance(instance.uuid):
+            if outcome.result != "restored":
+                LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
+                          instance.uuid, outcome.reason)
 
     # -- live migration ---------------------------------------------------------------
 
