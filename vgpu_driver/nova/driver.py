@@ -100,16 +100,24 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         self._prune_gpu_providers(provider_tree, nodename, desired)
 
     def _prune_gpu_providers(self, provider_tree, nodename, desired):
-        """Remove providers of GPUs that vanished, unless guests still hold them."""
+        """Remove providers of GPUs that vanished, unless guests still hold them.
+
+        Only providers of mdev inventory alone are ours to prune (nova's PCI
+        providers share the name prefix).  A provider is held while a claim
+        or an allocation in Placement uses it: a guest being deleted has
+        released its claims before nova deletes its allocation.
+        """
         held = {inventory.provider_name_for(nodename, c.gpu)
                 for c in self.vgpu.journal.claims()}
+        mdev_classes = {t.mdev_class for t in self.vgpu.mdev_config.types}
         root = provider_tree.data(nodename)
         for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
             data = provider_tree.data(uuid)
             if data.parent_uuid != root.uuid or data.name in desired or \
-                    not data.name.startswith(f"{nodename}_"):
+                    not data.name.startswith(f"{nodename}_") or \
+                    not data.inventory or not set(data.inventory) <= mdev_classes:
                 continue
-            if data.name in held:
+            if data.name in held or self._has_usage(data.uuid):
                 provider_tree.update_inventory(data.name, {
                     rc: {**inv, "reserved": inv["total"]}
                     for rc, inv in data.inventory.items()})
@@ -117,6 +125,16 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
                             "it fully reserved", data.name)
                 continue
             provider_tree.remove(data.name)
+
+    def _has_usage(self, rp_uuid):
+        """Whether Placement counts usage on a provider (unknown counts as yes:
+        a delete refused for allocations would fail the whole update)."""
+        response = self.virtapi.reportclient.get(f"/resource_providers/{rp_uuid}/usages")
+        if response.status_code == 404:
+            return False
+        if response.status_code != 200:
+            return True
+        return any(response.json().get("usages", {}).values())
 
     # -- allocation ----------------------------------------------------------------------
 
