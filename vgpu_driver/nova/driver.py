@@ -3,8 +3,9 @@
 Only the vGPU concerns are replaced, each by a call into
 :class:`vgpu_driver.driver.VGPUDriver`: the GPU part of the provider tree
 (one provider per physical GPU, traits, reserved inventory, stale providers
-removed), and the mdevs an instance gets (claims first).  Everything else is
-nova's.
+removed, nova's per-VF providers taken over), and the vGPUs an instance gets
+and keeps, claims first, through spawn, resize, hard reboot, rescue, resume
+and live migration.  Everything else is nova's.
 """
 
 import contextlib
