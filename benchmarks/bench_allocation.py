@@ -179,10 +179,9 @@ class Ours:
 
 
 def time_rounds(rounds, baseline, ours, expected):
-    """Interleaved rounds, alternating which side goes first.
+    """Interleaved rounds (:func:`common.interleaved`), every answer checked.
 
-    One untimed run of each first.  Every answer is checked; the wrong
-    ones are returned with the samples.
+    The wrong answers are returned with the samples.
     """
     wrong = []
 
@@ -210,16 +209,7 @@ def time_rounds(rounds, baseline, ours, expected):
             ours.guest_comes_and_goes(instance, got[0])
         return elapsed
 
-    one_baseline()
-    one_ours()
-    baseline_ms, ours_ms = [], []
-    for index in range(rounds):
-        if index % 2:
-            ours_ms.append(one_ours())
-            baseline_ms.append(one_baseline())
-        else:
-            baseline_ms.append(one_baseline())
-            ours_ms.append(one_ours())
+    baseline_ms, ours_ms = common.interleaved(rounds, one_baseline, one_ours)
     return baseline_ms, ours_ms, wrong
 
 

@@ -274,25 +274,6 @@ def _timed(func, *args):
     return (time.perf_counter() - start) * 1000
 
 
-def time_rounds(rounds, floor, real):
-    """Interleaved rounds, so drift (CPU clock, other load) hits both alike.
-
-    One untimed run of each first warms the page cache and dentry cache.
-    The order inside a round alternates so neither side always runs second.
-    """
-    floor()
-    real()
-    floor_ms, real_ms = [], []
-    for index in range(rounds):
-        if index % 2:
-            real_ms.append(_timed(real))
-            floor_ms.append(_timed(floor))
-        else:
-            floor_ms.append(_timed(floor))
-            real_ms.append(_timed(real))
-    return floor_ms, real_ms
-
-
 # -- checking and reporting ----------------------------------------------------
 
 
@@ -377,8 +358,8 @@ def main(argv=None):
         real_io = count_io(real_path, root, config)
         floor_io = count_io(raw_floor, root)
         print_io(real_io, floor_io)
-        floor_ms, real_ms = time_rounds(args.rounds, lambda: raw_floor(root),
-                                        lambda: real_path(root, config))
+        floor_ms, real_ms = common.interleaved(args.rounds, lambda: _timed(raw_floor, root),
+                                               lambda: _timed(real_path, root, config))
     floor, real = common.summary(floor_ms), common.summary(real_ms)
     results = {
         "benchmark": "discovery+inventory", "host": profile["description"],

@@ -17,6 +17,7 @@ reports and always exits 0 on correct results; only a wrong index (one that
 disagrees with a full rescan, or misses a change) exits 1.
 """
 
+import itertools
 import json
 import platform
 import sys
@@ -130,7 +131,7 @@ def time_lookups(host, conn, expected, rounds):
     """``uuid in mdev_users()`` against a full rescan per lookup.
 
     Half the UUIDs asked for are used, half are not.  Every answer is
-    checked.  One untimed run of each side first.
+    checked.  Interleaved rounds (:func:`common.interleaved`).
     """
     mdevs = list(expected)
     used = [mdevs[i % len(mdevs)] for i in range(LOOKUPS // 2)]
@@ -148,8 +149,11 @@ def time_lookups(host, conn, expected, rounds):
                          f"not {sum(truth)}")
         return elapsed
 
-    def one_rescan(number):
-        key, want = keys[number % len(keys)], truth[number % len(keys)]
+    rescans = itertools.count()
+
+    def one_rescan():
+        number = next(rescans) % len(keys)
+        key, want = keys[number], truth[number]
         common.settle()
         start = time.perf_counter()
         got = key in libvirt_domains.scan(conn)
@@ -158,16 +162,7 @@ def time_lookups(host, conn, expected, rounds):
             wrong.append(f"the rescan says mdev {key} is {'' if got else 'not '}used")
         return elapsed
 
-    one_index()
-    one_rescan(0)
-    index_us, rescan_ms = [], []
-    for number in range(rounds):
-        if number % 2:
-            index_us.append(one_index())
-            rescan_ms.append(one_rescan(number))
-        else:
-            rescan_ms.append(one_rescan(number))
-            index_us.append(one_index())
+    rescan_ms, index_us = common.interleaved(rounds, one_rescan, one_index)
     return index_us, rescan_ms, wrong
 
 

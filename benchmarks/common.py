@@ -37,6 +37,28 @@ def summary(samples):
             "max": max(samples), "samples": samples}
 
 
+def interleaved(rounds, first, second):
+    """Timed rounds of two sides, alternating which one goes first.
+
+    ``first`` and ``second`` each run one timed window and return its
+    sample.  One untimed run of each comes first, to warm the caches.
+    Alternating the order inside a round means drift (CPU clock, other
+    load) hits both alike, and neither side always runs second.  Returns
+    ``(first samples, second samples)``.
+    """
+    first()
+    second()
+    first_samples, second_samples = [], []
+    for index in range(rounds):
+        if index % 2:
+            second_samples.append(second())
+            first_samples.append(first())
+        else:
+            first_samples.append(first())
+            second_samples.append(second())
+    return first_samples, second_samples
+
+
 def mark(ok):
     return "PASS" if ok else "MISS"
 
