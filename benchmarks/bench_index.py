@@ -18,7 +18,6 @@ disagrees with a full rescan, or misses a change) exits 1.
 """
 
 import itertools
-import json
 import platform
 import sys
 import threading
@@ -350,10 +349,7 @@ def main(argv=None):
     results["targets"]["ratio_ok"] = results["targets"]["ratio_at_size"] >= RATIO_TARGET
     results["targets"]["flat_ok"] = flatness <= FLAT_TARGET
     print_report(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nNumbers written to {args.json}")
+    common.write_json(args.json, results)
     race = results["refresh_race"]
     if race["in_libvirt"] and not race["indexed"]:
         print("\nTHE INDEX IS WRONG: a guest defined while refresh() ran is missing from it "
