@@ -261,22 +261,6 @@ def check_state(journal, index, conn, guests, count):
     return problems
 
 
-def _fs_type(path):
-    """The file-system type under ``path`` (from /proc/mounts), if known."""
-    best, fs = "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                fields = line.split()
-                mount = fields[1]
-                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and \
-                        len(mount) > len(best):
-                    best, fs = mount, fields[2]
-    except OSError:
-        pass
-    return fs
-
-
 def print_setup(results):
     print(f"Host: {results['host']}")
     print(f"  allocating 1 x {TYPE_ID} on {results['gpu']}: {TARGET_USED} of its "
@@ -417,7 +401,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="bench-allocation-", dir=args.tmpdir) as tmp:
         host_profile_, host, journal, guests, config, provider, parents = setup_host(tmp)
         local = len(guests.local)
-        state_fs = _fs_type(os.path.realpath(tmp))
+        state_fs = common.fs_type(tmp)
         for count in SIZES:
             size, wrong, size_profile = run_size(args, count, host, journal, guests, config,
                                                  provider, parents)

@@ -348,7 +348,7 @@ def run_fleet(args, tmp):
         if rows != args.hosts * 9:
             problems.append(f"PostgreSQL holds {rows} resource providers, expected "
                             f"{args.hosts * 9}")
-        fleet["postgres"] = {**settings, "rows": rows, "data_fs": _fs_type(cluster.workdir)}
+        fleet["postgres"] = {**settings, "rows": rows, "data_fs": common.fs_type(cluster.workdir)}
         with serve(SQLITE, RequestCounter()) as service:
             from placement import db_api
 
@@ -362,21 +362,6 @@ def run_fleet(args, tmp):
         for query in (TRAIT_QUERY, LIMIT_QUERY)}
     fleet["expected_trait_candidates"] = len(t4_1b)
     return fleet, problems
-
-
-def _fs_type(path):
-    """The file-system type under ``path`` (from /proc/mounts), if known."""
-    path, best, fs = os.path.realpath(path), "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                mount, kind = line.split()[1:3]
-                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and \
-                        len(mount) > len(best):
-                    best, fs = mount, kind
-    except OSError:
-        pass
-    return fs
 
 
 # -- reporting ---------------------------------------------------------------------------------

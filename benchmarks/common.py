@@ -5,6 +5,7 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import os
 import statistics
 
 
@@ -57,6 +58,21 @@ def interleaved(rounds, first, second):
             first_samples.append(first())
             second_samples.append(second())
     return first_samples, second_samples
+
+
+def fs_type(path):
+    """The file-system type under ``path`` (from /proc/mounts), if known."""
+    path, best, fs = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                mount, kind = line.split()[1:3]
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and \
+                        len(mount) > len(best):
+                    best, fs = mount, kind
+    except OSError:
+        pass
+    return fs
 
 
 def mark(ok):
