@@ -421,8 +421,7 @@ def main(argv=None):
         "gpu": provider.gpu, "claims": CLAIMS, "local_domains": local,
         "rounds": args.rounds, "settle": common.SETTLE,
         "python": platform.python_version(),
-        "libvirt": ".".join(str(libvirt.getVersion() // 1000 ** i % 1000)
-                            for i in (2, 1, 0)),
+        "libvirt": libvirt_domains.libvirt_version(),
         "tmp_dir": os.path.dirname(tmp), "state_fs": state_fs, "sizes": sizes,
         "profile": {"domains": max(SIZES), "parts_ms": dict(profile_parts(profile)[1]),
                     "functions": sorted(profile, key=lambda r: r["tottime_ms"],

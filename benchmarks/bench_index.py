@@ -338,8 +338,7 @@ def main(argv=None):
                    for e in libvirt_host.LibvirtHost.EVENTS],
         "rounds": args.rounds, "lookups_per_round": LOOKUPS, "settle": common.SETTLE,
         "python": platform.python_version(),
-        "libvirt": ".".join(str(libvirt.getVersion() // 1000 ** i % 1000)
-                            for i in (2, 1, 0)),
+        "libvirt": libvirt_domains.libvirt_version(),
         "sizes": sizes, "refresh_race": by_size[max(SIZES)]["refresh_race"],
         "targets": {"ratio": RATIO_TARGET, "ratio_at_size": by_size[RATIO_SIZE][
             "ratio_median"], "flat": FLAT_TARGET, "flatness": flatness},

@@ -63,6 +63,11 @@ def _guest_template(index, dom_uuid):
 </domain>"""
 
 
+def libvirt_version():
+    """The libvirt library's version as ``x.y.z``, for the report."""
+    return ".".join(map(str, libvirt_host.version_tuple(libvirt.getVersion())))
+
+
 def open_empty():
     """A connection to the shared test driver, with no domain left in it.
 
