@@ -248,13 +248,7 @@ def check_state(journal, index, conn, guests, count):
     problems = []
     if not index.event_driven:
         problems.append("the index is not event-driven: every lookup would be a full scan")
-    scanned = libvirt_domains.scan(conn)
-    indexed = libvirt_domains.indexed(index)
-    if indexed != scanned:
-        problems.append(f"the index has {len(indexed)} mdevs, a full scan finds "
-                        f"{len(scanned)} ({len(set(indexed) ^ set(scanned))} differ)")
-    if scanned != guests.domain_mdevs(count):
-        problems.append(f"libvirt holds {len(scanned)} mdev references, not {count}")
+    problems += libvirt_domains.index_problems(index, conn, guests.domain_mdevs(count))
     held = {c.mdev_uuid: c.instance_uuid for c in journal.claims()}
     if held != {mdev: inst for inst, mdev, _gpu, _state in guests.claims}:
         problems.append(f"the journal holds {len(held)} claims, expected {CLAIMS}")

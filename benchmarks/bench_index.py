@@ -48,16 +48,7 @@ RACE_DELAY = 0.03
 
 def check(host, conn, expected, when):
     """The index agrees with a full rescan, and libvirt holds what we defined."""
-    problems = []
-    scanned = libvirt_domains.scan(conn)
-    indexed = libvirt_domains.indexed(host)
-    if indexed != scanned:
-        problems.append(f"{when}: the index has {len(indexed)} mdevs, a full rescan finds "
-                        f"{len(scanned)} ({len(set(indexed) ^ set(scanned))} differ)")
-    if scanned != expected:
-        problems.append(f"{when}: libvirt holds {len(scanned)} mdev references, "
-                        f"not {len(expected)}")
-    return problems
+    return [f"{when}: {p}" for p in libvirt_domains.index_problems(host, conn, expected)]
 
 
 # -- (a) build, (b) events, (c) lookups ------------------------------------------

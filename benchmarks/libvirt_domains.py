@@ -130,6 +130,20 @@ def indexed(host):
     return {mdev_uuid: ref.uuid for mdev_uuid, ref in host.mdev_users().items()}
 
 
+def index_problems(host, conn, expected):
+    """What is wrong, if anything: the index must equal a full rescan, and
+    libvirt must hold ``expected`` (``{mdev uuid: domain uuid}``)."""
+    problems = []
+    scanned = scan(conn)
+    found = indexed(host)
+    if found != scanned:
+        problems.append(f"the index has {len(found)} mdevs, a full rescan finds "
+                        f"{len(scanned)} ({len(set(found) ^ set(scanned))} differ)")
+    if scanned != expected:
+        problems.append(f"libvirt holds {len(scanned)} mdev references, not {len(expected)}")
+    return problems
+
+
 def wait_for(host, mdev_uuid, present, timeout=EVENT_TIMEOUT):
     """Until ``mdev_uuid in host.mdev_users()`` is ``present`` (events are async)."""
     deadline = time.monotonic() + timeout
