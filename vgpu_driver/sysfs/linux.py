@@ -242,7 +242,11 @@ class LinuxSysfs(base.SysfsHost):
         address = names.parse_pci_address(str(address))
         vfio_dir = self.paths.vendor_vfio_dir(address)
         current_path = os.path.join(vfio_dir, "current_vgpu_type")
-        current = _int_or_none(read_attr(current_path)) or 0
+        text = read_attr(current_path)
+        if text is None:
+            # Not a VF with NVIDIA's files: one failed open per PCI function.
+            return None
+        current = _int_or_none(text) or 0
         for _attempt in range(_CONSISTENT_READ_TRIES):
             creatable = read_attr(os.path.join(vfio_dir, "creatable_vgpu_types"))
             if creatable is None:
