@@ -137,7 +137,13 @@ class MdevWriteError(VgpuDriverError):
 
     @staticmethod
     def from_os_error(action, target, os_error):
-        """The typed subclass for the errno the kernel gave."""
+        """The typed subclass for the errno the kernel gave.
+
+        A control file that is not there (ENOENT) means its device is gone:
+        it is reported as the kernel reports a vanishing device, ENODEV.
+        """
+        if os_error.errno == errno_mod.ENOENT:
+            os_error = OSError(errno_mod.ENODEV, "No such device", os_error.filename)
         cls = _BY_ERRNO.get(os_error.errno, MdevWriteError)
         return cls(action, target, os_error)
 
@@ -173,7 +179,6 @@ _BY_ERRNO = {
     errno_mod.ENOSPC: MdevNoCapacity,
     errno_mod.ENOMEM: MdevNoCapacity,
     errno_mod.ENODEV: MdevParentGone,
-    errno_mod.ENOENT: MdevParentGone,
     errno_mod.EBUSY: MdevBusy,
     errno_mod.ETIMEDOUT: MdevBusy,
     errno_mod.EIO: MdevIOError,

@@ -289,10 +289,6 @@ class LinuxSysfs(base.SysfsHost):
                 self.write_attr(path, value)
             else:
                 _call_with_timeout(self.write_attr, timeout, path, value)
-        except FileNotFoundError as exc:
-            raise exception.MdevParentGone(
-                action, target, OSError(errno.ENODEV, "No such device", exc.filename)
-            ) from exc
         except OSError as exc:
             raise exception.MdevWriteError.from_os_error(action, target, exc) from exc
 
