@@ -127,8 +127,6 @@ class MdevWriteError(VgpuDriverError):
 
     def __init__(self, action, target, os_error):
         self.errno = os_error.errno
-        self.action = action
-        self.target = target
         reason = os_error.strerror or str(os_error)
         hint = self.ACTION_HINTS.get((action, self.errno)) or self.HINTS.get(self.errno, "")
         super().__init__(action=action, target=target,
