@@ -54,15 +54,13 @@ def can_unshare_mounts():
 class Libvirtd:
     """One private libvirtd process under ``workdir``."""
 
-    def __init__(self, workdir, isolate=True):
+    def __init__(self, workdir):
         self.workdir = pathlib.Path(workdir)
         self.sock_dir = self.workdir / "sock"
         self.config = self.workdir / "libvirtd.conf"
         self.pid_file = self.workdir / "libvirtd.pid"
         self.log_file = self.workdir / "libvirtd.log"
         self.out_file = self.workdir / "libvirtd.out"
-        self.isolate = isolate
-        self.isolated = False
         self.process = None
         self._made_mountpoints = []
 
@@ -89,7 +87,7 @@ class Libvirtd:
     def _argv(self):
         daemon = [LIBVIRTD, "--config", str(self.config), "--pid-file", str(self.pid_file),
                   f"--timeout={IDLE_EXIT_SECONDS}"]
-        if not (self.isolate and can_unshare_mounts()):
+        if not can_unshare_mounts():
             return daemon
         sources = []
         for path in STATE_DIRS:
@@ -100,7 +98,6 @@ class Libvirtd:
             if not os.path.isdir(path):  # /run/libvirt exists once a daemon ran
                 os.makedirs(path)
                 self._made_mountpoints.append(path)
-        self.isolated = True
         return ["unshare", "--mount", "--propagation", "private",
                 "sh", "-c", _NAMESPACE_SCRIPT, "sh", *sources, *daemon]
 
