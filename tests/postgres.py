@@ -144,11 +144,9 @@ def _wait_gone(pid, timeout):
 class PrivateCluster:
     """One throw-away cluster in a temporary directory under ``parent``."""
 
-    def __init__(self, parent=None, database=DATABASE, settings=None):
-        """``settings``: extra server parameters, e.g. ``{"fsync": "off"}``."""
+    def __init__(self, parent=None, database=DATABASE):
         self.parent = parent
         self.database = database
-        self.settings = dict(settings or {})
         self.bin_dir = bin_dir()
         self.workdir = None
         self.port = None
@@ -237,8 +235,6 @@ class PrivateCluster:
         # pg_ctl hands these to a shell: quote what could hold spaces.
         options = ["-c listen_addresses=127.0.0.1", f"-p {self.port}",
                    f"-k {shlex.quote(str(self.socket_dir))}"]
-        options += [f"-c {shlex.quote(f'{name}={value}')}"
-                    for name, value in self.settings.items()]
         with _subreaper():
             code, output = self._as_postgres(
                 "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file),
@@ -288,17 +284,16 @@ class PrivateCluster:
                 return True
         return False
 
-    def stop(self, timeout=30.0, remove=True):
-        """Stop the server by its PID and (``remove``) delete the cluster's files."""
+    def stop(self, timeout=30.0):
+        """Stop the server by its PID and delete the cluster's files."""
         if self.workdir is None:
             return
         gone = self._stop_postmaster(timeout)
         if not gone:
             raise PostgresFailed(f"postmaster {self.pid} still runs after SIGKILL\n{self.log()}")
         self.pid = None
-        if remove:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir = None
 
     def __enter__(self):
         try:
