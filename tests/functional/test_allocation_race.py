@@ -74,12 +74,12 @@ def one_t4(mdev_uuids):
             "mdevs": [{"parent": GPU, "type": TYPE, "uuid": u} for u in mdev_uuids]}
 
 
-def placement_allocation(host):
+def placement_allocation(host, config="t4", total=SLOTS):
     """What Placement hands the driver: one VGPU on the GPU's provider."""
-    tree = inventory.compute(discovery.discover(host), CONFIG, "cn1")
+    tree = inventory.compute(discovery.discover(host), CONFIGS[config], "cn1")
     providers = {str(uuid.uuid5(uuid.NAMESPACE_URL, p.name)): p for p in tree.providers}
     (rp_uuid,) = providers
-    assert providers[rp_uuid].total == SLOTS
+    assert providers[rp_uuid].total == total
     return {rp_uuid: {"resources": {"VGPU": 1}}}, providers
 
 
@@ -276,11 +276,7 @@ def fresh_l40s(tmp_path, name, pre_typed=()):
     for vf in pre_typed:
         host.set_vendor_vgpu_type(vf, int(VF_TYPE.split("-")[1]))
     claims.Journal(state_dir)
-    tree = inventory.compute(discovery.discover(host), CONFIGS["l40s-capped"], "cn1")
-    providers = {str(uuid.uuid5(uuid.NAMESPACE_URL, p.name)): p for p in tree.providers}
-    (rp_uuid,) = providers
-    assert providers[rp_uuid].total == VF_ROOM
-    return host, root, state_dir, {rp_uuid: {"resources": {"VGPU": 1}}}, providers
+    return host, root, state_dir, *placement_allocation(host, "l40s-capped", VF_ROOM)
 
 
 def typed_vfs(host):
