@@ -8,10 +8,12 @@ PROFILE=${1:-test}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
+apt_updated=
 as_root_apt_install() {
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "==> installing Debian packages: $*"
-        apt-get update -qq
+        # Once per run: a fresh machine comes here for python3-venv, then for bindep's list.
+        [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
     else
         echo "==> missing Debian packages (install them as root): $*" >&2
