@@ -195,7 +195,11 @@ class Reconciler:
         # Only mdevs: a PCI hostdev without a claim may be any device (a NIC).
         unknown = [u for u in users if u not in wanted and names.is_mdev_uuid(u)
                    and instance_uuid in (None, users[u].uuid)]
-        present = {v.id for v in self.manager.snapshot(refresh=True).vgpus}
+        # One read of the host per pass, the first one's also telling what is
+        # missing: a pass uses only its structure (which GPUs and parents exist,
+        # what they offer), and creations don't change it.
+        snapshot = self.manager.snapshot(refresh=True)
+        present = {v.id for v in snapshot.vgpus}
         missing = {u: c for u, c in wanted.items() if u not in present}
         outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "
                                          "records its GPU and type")
@@ -203,9 +207,6 @@ class Reconciler:
         deadline = self.clock() + wait
         delay = first_delay
         while missing:
-            # One read of the host per pass: only its structure (which GPUs and
-            # parents exist, what they offer) is used, and creations don't change it.
-            snapshot = self.manager.snapshot(refresh=True)
             for uuid, claim in sorted(missing.items()):
                 outcome = self._restore_one(snapshot, claim)
                 if outcome is not None:
@@ -215,6 +216,7 @@ class Reconciler:
                 break
             sleep(min(delay, max(deadline - self.clock(), 0)))
             delay = min(delay * 2, max_delay)
+            snapshot = self.manager.snapshot(refresh=True)
         for uuid, claim in sorted(missing.items()):
             outcomes.append(Outcome(uuid, "failed", f"parent {claim.parent} of GPU "
                                                     f"{claim.gpu} did not appear within "
