@@ -51,12 +51,6 @@ class PhysicalGPU:
         return bool(self.pci and self.pci.sriov_totalvfs)
 
     @property
-    def provider_suffix(self):
-        if self.mode == MODE_VIRTUAL:
-            return self.address
-        return names.parse_pci_address(self.address).provider_suffix
-
-    @property
     def addresses(self):
         """The GPU's own address and those of its parents (its VFs)."""
         return (self.address, *(p.name for p in self.parents if p.name != self.address))

@@ -64,12 +64,12 @@ class ProviderTree:
 
 
 def provider_name(nodename, gpu):
-    return f"{nodename}_{gpu.provider_suffix}"
+    return provider_name_for(nodename, gpu.address)
 
 
 def provider_name_for(nodename, gpu_address):
-    """The provider name of a GPU known only by its address (a PCI address,
-    or a virtual device's ``<class>_<device>`` name)."""
+    """The provider name of a GPU by its address (a PCI address, or a
+    virtual device's ``<class>_<device>`` name)."""
     if names.is_pci_address(gpu_address):
         return f"{nodename}_{names.parse_pci_address(gpu_address).provider_suffix}"
     return f"{nodename}_{gpu_address}"
