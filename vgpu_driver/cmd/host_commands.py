@@ -87,14 +87,18 @@ def in_use(app):
         return None
 
 
+def desired_tree(app):
+    """``(ProviderTree, snapshot)``: the providers this host's GPUs should have."""
+    config = load_mdev_config(app)
+    snapshot = discovery.discover(app.open_host())
+    return inventory.compute(snapshot, config, app.options.nodename, in_use(app)), snapshot
+
+
 class ShowInventory(base.Lister):
     """Show the provider each physical GPU gets, as it would be reported."""
 
     def take_action(self, parsed_args):
-        config = load_mdev_config(self.app)
-        snapshot = discovery.discover(self.app.open_host())
-        tree = inventory.compute(snapshot, config, self.app.options.nodename,
-                                 in_use(self.app))
+        tree, _snapshot = desired_tree(self.app)
         cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
                 "reserved", "max_unit", "traits", "reason")
         rows = [(p.name, p.parent_provider, p.gpu, p.type_id, p.resource_class, p.total,

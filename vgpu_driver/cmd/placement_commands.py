@@ -8,21 +8,11 @@ reads them) or, without ``auth_type`` there, the usual ``OS_*`` variables or
 import json
 
 from vgpu_driver import audit as audit_mod
-from vgpu_driver import discovery
-from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
 from vgpu_driver.conf import placement as placement_conf
-
-
-def _tree(app):
-    config = host_commands.load_mdev_config(app)
-    snapshot = discovery.discover(app.open_host())
-    tree = inventory.compute(snapshot, config, app.options.nodename,
-                             host_commands.in_use(app))
-    return tree, snapshot
 
 
 def _sync(app):
@@ -40,7 +30,7 @@ class Sync(base.Lister):
         return parser
 
     def take_action(self, parsed_args):
-        tree, _snapshot = _tree(self.app)
+        tree, _snapshot = host_commands.desired_tree(self.app)
         report = _sync(self.app).sync(tree, dry_run=parsed_args.dry_run)
         verb = "would make" if parsed_args.dry_run else "made"
         self.app.stderr.write(
@@ -57,7 +47,7 @@ class Audit(base.Lister):
     """Compare the host with Placement; exit 1 if they drifted apart."""
 
     def take_action(self, parsed_args):
-        tree, snapshot = _tree(self.app)
+        tree, snapshot = host_commands.desired_tree(self.app)
         journal = self.app.journal()
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
