@@ -57,11 +57,16 @@ class VGPUDriver:
 
     def provider_tree(self, nodename):
         """The desired providers, after reclaiming unused stale-type mdevs."""
-        # The reclaim reads the host; read it again only if it removed something.
-        removed = [o for o in self.reconciler.reclaim_stale_types() if o.result == "removed"]
-        snapshot = self.manager.snapshot(refresh=bool(removed))
-        return inventory.compute(snapshot, self.mdev_config, nodename,
-                                 self.reconciler.in_use())
+        # One read of the host, its guests and the claims serves the reclaim and
+        # the inventory; they are read again only after the reclaim changed them.
+        snapshot = self.manager.snapshot(refresh=True)
+        in_use = self.reconciler.in_use()
+        outcomes = self.reconciler.reclaim_stale_types(referenced=in_use)
+        if outcomes:
+            removed = any(o.result == "removed" for o in outcomes)
+            snapshot = self.manager.snapshot(refresh=removed)
+            in_use = self.reconciler.in_use()
+        return inventory.compute(snapshot, self.mdev_config, nodename, in_use)
 
     def allocate(self, instance_uuid, allocations, providers):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO

@@ -65,11 +65,18 @@ class Reconciler:
 
     # -- orphans --------------------------------------------------------------------------
 
-    def orphans(self, grace=0.0):
+    def orphans(self, grace=0.0, referenced=None):
         """Unreferenced vGPUs older than ``grace`` seconds: mdevs by UUID,
-        then typed vendor-VFIO VFs by address."""
-        snapshot = self.manager.snapshot(refresh=True)
-        referenced = self._referenced(snapshot)
+        then typed vendor-VFIO VFs by address.
+
+        ``referenced``: what :meth:`in_use` just said, if the caller has it;
+        the host is then not read again (its cached snapshot is used).
+        """
+        if referenced is None:
+            snapshot = self.manager.snapshot(refresh=True)
+            referenced = self._referenced(snapshot)
+        else:
+            snapshot = self.manager.snapshot()
         now = self.clock()
         found = []
         for vgpu in snapshot.vgpus:
@@ -129,9 +136,10 @@ class Reconciler:
                                                         "yet; it stays reserved"))
         return outcomes
 
-    def reclaim_stale_types(self, grace=0.0):
-        """Remove unused mdevs of a type their GPU no longer serves."""
-        stale = [o for o in self.orphans(grace) if o.kind == STALE_TYPE]
+    def reclaim_stale_types(self, grace=0.0, referenced=None):
+        """Remove unused mdevs of a type their GPU no longer serves
+        (``referenced`` as for :meth:`orphans`)."""
+        stale = [o for o in self.orphans(grace, referenced) if o.kind == STALE_TYPE]
         return self.reclaim(stale) if stale else []
 
     def finish_releases(self):
