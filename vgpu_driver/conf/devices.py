@@ -92,13 +92,6 @@ def register_opts(conf):
     conf.register_opts(devices_opts, group="devices")
 
 
-def register_dynamic_opts(conf):
-    for type_id in conf.devices.enabled_mdev_types:
-        name = group_name(type_id)
-        conf.register_group(cfg.OptGroup(name, title=f"mdev type {type_id}"))
-        conf.register_opts(mdev_type_opts(type_id), group=name)
-
-
 def template_group():
     """A documented stand-in for the dynamic groups, for the sample config."""
     group = cfg.OptGroup(
