@@ -148,8 +148,7 @@ class Migrations:
 
     def finish_incoming(self, instance):
         """The guest runs here now: its claims are ordinary attached ones."""
-        with self.manager.journal.transaction() as txn:
-            return txn.set_state(instance, claims.ATTACHED)
+        return self.manager.mark_attached(instance)
 
     def rollback_incoming(self, instance):
         """Drop the migration's claims; remove the mdevs made for it alone."""
