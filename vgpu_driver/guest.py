@@ -19,6 +19,7 @@ from vgpu_driver import names
 
 MODELS = {"vfio-pci": "vfio-pci", "vfio-ccw": "vfio-ccw", "vfio-ap": "vfio-ap"}
 _MDEV_XPATH = "./devices/hostdev[@type='mdev']"
+_PCI_XPATH = "./devices/hostdev[@type='pci']"
 
 
 class UnmappedMdev(exception.VgpuDriverError):
@@ -138,7 +139,7 @@ def pci_vfs(root):
     runs over every domain of a host.
     """
     found = []
-    for hostdev in root.findall("./devices/hostdev[@type='pci']"):
+    for hostdev in root.findall(_PCI_XPATH):
         address = hostdev.find("source/address")
         text = _pci_address(address) if address is not None else None
         if text is not None:
@@ -165,12 +166,11 @@ def add_pci_vf(root, address):
 
 
 def remove_pci_vf(root, address):
-    wanted = _pci_address_attrs(address)
+    wanted = str(names.parse_pci_address(str(address)))
     found = False
-    for hostdev in root.findall("./devices/hostdev[@type='pci']"):
+    for hostdev in root.findall(_PCI_XPATH):
         address_el = hostdev.find("source/address")
-        if address_el is not None and all(
-                int(address_el.get(k, "-1"), 16) == int(v, 16) for k, v in wanted.items()):
+        if address_el is not None and _pci_address(address_el) == wanted:
             _drop(hostdev)
             found = True
     return found
