@@ -264,7 +264,7 @@ class FakeKernel(linux.LinuxSysfs):
                 current = int(linux.read_attr(
                     os.path.join(dev, "nvidia", "current_vgpu_type")) or 0)
                 if current:
-                    found.append((dev, None, f"nvidia-{current}"))
+                    found.append((dev, None, names.vendor_type_id(current)))
                 continue
             for uuid in self._mdevs_in(dev):
                 type_link = linux.resolve_link(os.path.join(dev, uuid, "mdev_type"))
@@ -277,7 +277,7 @@ class FakeKernel(linux.LinuxSysfs):
         for dev in self._parent_dirs(gpu):
             if gpu["model"] == "nvidia-vfio":
                 lines = ["ID    : vGPU Name"]
-                lines += [f"{spec['id'].split('-', 1)[1]:<6}: {spec['name']}"
+                lines += [f"{names.vendor_type_number(spec['id']):<6}: {spec['name']}"
                           for spec in gpu["types"]
                           if vendor.available(gpu, dev, spec, existing)]
                 _write_file(os.path.join(dev, "nvidia", "creatable_vgpu_types"),
@@ -393,7 +393,7 @@ class FakeKernel(linux.LinuxSysfs):
         elif current:
             raise _os_error(errno.EBUSY, "current_vgpu_type")
         else:
-            spec = vendor.type_spec(gpu, f"nvidia-{wanted}")
+            spec = vendor.type_spec(gpu, names.vendor_type_id(wanted))
             existing = self._gpu_mdev_types(gpu)
             if spec is None or not vendor.available(gpu, vf_dir, spec, existing):
                 raise _os_error(errno.EINVAL, "current_vgpu_type")
