@@ -275,8 +275,7 @@ class ProviderSync:
             if name in desired or not name.startswith(prefix) or \
                     known.parent_uuid != self.root_uuid:
                 continue
-            consumers = sorted(self._get(f"/resource_providers/{known.uuid}/allocations",
-                                         report)["allocations"])
+            consumers = sorted(self.allocations(name, report))
             if not consumers:
                 self._delete(name, report, dry_run)
                 continue
