@@ -91,15 +91,15 @@ def check_parent_name(value, source=None):
     raise exception.InvalidSysfsName("mdev parent name", value, source)
 
 
-def check_mdev_uuid(value, source=None):
-    """A canonical lower-case UUID, the only form the kernel names mdevs by."""
-    if not isinstance(value, str) or not _UUID_RE.match(value):
-        raise exception.InvalidSysfsName("mdev UUID", value, source)
-    return value
-
-
 def is_mdev_uuid(value):
     return bool(isinstance(value, str) and _UUID_RE.match(value))
+
+
+def check_mdev_uuid(value, source=None):
+    """A canonical lower-case UUID, the only form the kernel names mdevs by."""
+    if not is_mdev_uuid(value):
+        raise exception.InvalidSysfsName("mdev UUID", value, source)
+    return value
 
 
 def new_mdev_uuid():
