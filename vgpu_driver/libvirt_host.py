@@ -101,7 +101,6 @@ class LibvirtHost(domains.DomainReferences):
             raise LibvirtUnavailable(uri=uri, reason=str(exc)) from exc
         self._lock = threading.Lock()
         self._by_domain = {}
-        self._users_dict = {}
         self._users = MappingProxyType({})
         self._callbacks = []
         self.event_driven = use_events and _event_loop_started and self._listen()
@@ -144,8 +143,7 @@ class LibvirtHost(domains.DomainReferences):
                 except self._libvirt.libvirtError:
                     continue  # undefined while we listed
             self._by_domain = by_domain
-            self._users_dict = self._build(by_domain)
-            self._users = MappingProxyType(self._users_dict)
+            self._users = MappingProxyType(self._build(by_domain))
             self._refreshed_at = time.monotonic()
 
     @staticmethod
@@ -167,7 +165,7 @@ class LibvirtHost(domains.DomainReferences):
         with self._lock:
             # _by_domain is only read under the lock or by single lookups, so it
             # changes in place; the mdev map readers iterate is replaced whole.
-            users = self._users_dict.copy()
+            users = self._users.copy()
             old_ref, old_mdevs = self._by_domain.pop(dom.UUIDString(), (None, ()))
             for mdev in old_mdevs:
                 if users.get(mdev) is old_ref:
@@ -175,7 +173,6 @@ class LibvirtHost(domains.DomainReferences):
             if entry is not None:
                 self._by_domain[dom.UUIDString()] = entry
                 users.update(dict.fromkeys(entry[1], entry[0]))
-            self._users_dict = users
             self._users = MappingProxyType(users)
 
     def mdev_users(self):
