@@ -114,6 +114,25 @@ def _managed(trait):
     return trait.startswith(MANAGED_TRAIT_PREFIXES)
 
 
+def with_managed_traits(traits, managed):
+    """``traits`` with the managed ones replaced by ``managed``; any other
+    trait (an operator's) is kept."""
+    return {t for t in traits if not _managed(t)} | set(managed)
+
+
+def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid):
+    """Whether a provider stands for a GPU of ``tree``'s host that is gone: a
+    child of the root, named ``<root>_...``, that ``tree`` no longer has."""
+    return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
+            and tree.provider(name) is None)
+
+
+def fully_reserved(inventories):
+    """The same inventories with everything reserved: a vanished GPU's
+    provider that guests still hold takes no new allocation."""
+    return {rc: {**inv, "reserved": inv["total"]} for rc, inv in inventories.items()}
+
+
 class ProviderSync:
     """Keeps one compute node's GPU providers in Placement as desired."""
 
@@ -214,7 +233,7 @@ class ProviderSync:
 
     def _set_traits(self, name, wanted_managed, report, dry_run):
         def write(known):
-            traits = {t for t in known.traits if not _managed(t)} | set(wanted_managed)
+            traits = with_managed_traits(known.traits, wanted_managed)
             if traits == known.traits:
                 return
             for trait in sorted(t for t in traits - self._traits if t.startswith("CUSTOM_")):
@@ -269,21 +288,16 @@ class ProviderSync:
 
     def _prune(self, tree, report, dry_run):
         """Providers of GPUs that vanished: deleted when unused, else reserved."""
-        desired = {p.name for p in tree.providers}
-        prefix = f"{tree.root_name}_"
         for name, known in list(self.known.items()):
-            if name in desired or not name.startswith(prefix) or \
-                    known.parent_uuid != self.root_uuid:
+            if not is_vanished_gpu_provider(tree, name, known.parent_uuid, self.root_uuid):
                 continue
             consumers = sorted(self.allocations(name, report))
             if not consumers:
                 self._delete(name, report, dry_run)
                 continue
-            reserved = {rc: {**inv, "reserved": inv["total"]}
-                        for rc, inv in known.inventories.items()}
             LOG.warning("GPU of provider %s is gone but %s still hold allocations on it; "
                         "keeping it fully reserved", name, ", ".join(consumers))
-            self._set_inventories(name, reserved, report, dry_run)
+            self._set_inventories(name, fully_reserved(known.inventories), report, dry_run)
             report.kept.append((name, consumers))
 
     def _delete(self, name, report, dry_run):

@@ -90,17 +90,16 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         tree = self.vgpu.provider_tree(nodename)
         self._gpu_tree = tree
         reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
-        desired = {p.name: p for p in tree.providers}
-        for name, provider in desired.items():
+        for provider in tree.providers:
+            name = provider.name
             if not provider_tree.exists(name):
                 provider_tree.new_child(name, nodename)
             provider_tree.update_inventory(name, provider.inventory())
-            kept = {t for t in provider_tree.data(name).traits
-                    if not t.startswith(placement.MANAGED_TRAIT_PREFIXES)}
-            provider_tree.update_traits(name, kept | set(provider.traits))
-        self._prune_gpu_providers(provider_tree, nodename, desired)
+            provider_tree.update_traits(name, placement.with_managed_traits(
+                provider_tree.data(name).traits, provider.traits))
+        self._prune_gpu_providers(provider_tree, nodename, tree)
 
-    def _prune_gpu_providers(self, provider_tree, nodename, desired):
+    def _prune_gpu_providers(self, provider_tree, nodename, tree):
         """Remove providers of GPUs that vanished, unless guests still hold them.
 
         Only providers of mdev inventory alone are ours to prune (nova's PCI
@@ -114,14 +113,13 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         root = provider_tree.data(nodename)
         for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
             data = provider_tree.data(uuid)
-            if data.parent_uuid != root.uuid or data.name in desired or \
-                    not data.name.startswith(f"{nodename}_") or \
+            if not placement.is_vanished_gpu_provider(tree, data.name, data.parent_uuid,
+                                                      root.uuid) or \
                     not data.inventory or not set(data.inventory) <= mdev_classes:
                 continue
             if data.name in held or self._has_usage(data.uuid):
-                provider_tree.update_inventory(data.name, {
-                    rc: {**inv, "reserved": inv["total"]}
-                    for rc, inv in data.inventory.items()})
+                provider_tree.update_inventory(data.name,
+                                               placement.fully_reserved(data.inventory))
                 LOG.warning("GPU of provider %s is gone but guests still hold it; keeping "
                             "it fully reserved", data.name)
                 continue
