@@ -84,28 +84,21 @@ def test_malformed_address_names_the_option(make_conf, address):
                                "not a PCI address")
 
 
-@pytest.mark.parametrize("value", ["vgpu", "CUSTOM_lower", "PGPU", "CUSTOM_"])
-def test_bad_mdev_class_names_the_option(make_conf, value):
+@pytest.mark.parametrize("option,value,reason", [
+    *[("mdev_class", value, f"Value '{value}' doesn't match regex "
+                            "'^(VGPU|CUSTOM_[A-Z0-9_]+)$'")
+      for value in ["vgpu", "CUSTOM_lower", "PGPU", "CUSTOM_"]],
+    *[("max_instances", value, "Should be greater than or equal to 1")
+      for value in ["0", "-3"]],
+])
+def test_bad_value_names_the_option(make_conf, option, value, reason):
     found = problems(make_conf, f"""
         [devices]
         enabled_mdev_types = nvidia-35
         [mdev_nvidia-35]
-        mdev_class = {value}
+        {option} = {value}
         """)
-    assert found == [f"error: [mdev_nvidia-35] mdev_class = '{value}': Value '{value}' "
-                     "doesn't match regex '^(VGPU|CUSTOM_[A-Z0-9_]+)$'"]
-
-
-@pytest.mark.parametrize("value", ["0", "-3"])
-def test_max_instances_below_one_names_the_option(make_conf, value):
-    found = problems(make_conf, f"""
-        [devices]
-        enabled_mdev_types = nvidia-35
-        [mdev_nvidia-35]
-        max_instances = {value}
-        """)
-    assert found == [f"error: [mdev_nvidia-35] max_instances = '{value}': "
-                     "Should be greater than or equal to 1"]
+    assert found == [f"error: [mdev_nvidia-35] {option} = '{value}': {reason}"]
 
 
 def test_second_type_without_addresses_is_reported(make_conf):
