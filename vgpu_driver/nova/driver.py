@@ -107,8 +107,7 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         or an allocation in Placement uses it: a guest being deleted has
         released its claims before nova deletes its allocation.
         """
-        held = {inventory.provider_name_for(nodename, c.gpu)
-                for c in self.vgpu.journal.claims()}
+        held = None   # read from the journal only once a provider is stale
         mdev_classes = {t.mdev_class for t in self.vgpu.mdev_config.types}
         root = provider_tree.data(nodename)
         for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
@@ -117,6 +116,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
                                                       root.uuid) or \
                     not data.inventory or not set(data.inventory) <= mdev_classes:
                 continue
+            if held is None:
+                held = {inventory.provider_name_for(nodename, c.gpu)
+                        for c in self.vgpu.journal.claims()}
             if data.name in held or self._has_usage(data.uuid):
                 provider_tree.update_inventory(data.name,
                                                placement.fully_reserved(data.inventory))
