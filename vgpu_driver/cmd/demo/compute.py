@@ -104,9 +104,9 @@ class MiniCompute:
 
     def create_compute_node(self):
         """The root provider, named after the node, with its own inventory."""
-        self.client.request("POST", "/resource_providers",
-                            {"uuid": self.node_uuid, "name": self.nodename})
-        rp = self.client.request("GET", f"/resource_providers/{self.node_uuid}")
+        # Placement answers the POST with the new provider (microversion >= 1.20).
+        rp = self.client.request("POST", "/resource_providers",
+                                 {"uuid": self.node_uuid, "name": self.nodename})
         self.client.request("PUT", f"/resource_providers/{self.node_uuid}/inventories",
                             {"resource_provider_generation": rp["generation"],
                              "inventories": NODE_INVENTORY})
