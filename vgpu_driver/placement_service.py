@@ -19,6 +19,8 @@ from wsgiref import simple_server
 
 from oslo_log import log as logging
 
+from vgpu_driver import placement as vgpu_placement
+
 LOG = logging.getLogger(__name__)
 
 # noauth2 makes this token an admin; it is no secret.
@@ -121,4 +123,4 @@ class EmbeddedPlacement:
     def cli_environment(self):
         """Environment for the ``openstack`` CLI (osc-placement) to reach it."""
         return {"OS_AUTH_TYPE": "admin_token", "OS_ENDPOINT": self.endpoint,
-                "OS_TOKEN": ADMIN_TOKEN, "OS_PLACEMENT_API_VERSION": "1.39"}
+                "OS_TOKEN": ADMIN_TOKEN, "OS_PLACEMENT_API_VERSION": vgpu_placement.MICROVERSION}
