@@ -188,8 +188,9 @@ def raw_floor(root):
     pci_base = root + "/bus/pci/devices/"
     for address in os.listdir(pci_base):
         vendor_dir = pci_base + address + "/nvidia/"
-        if _read(vendor_dir + "creatable_vgpu_types") is not None:
-            _read(vendor_dir + "current_vgpu_type")
+        # One open tells a function with NVIDIA's vendor-VFIO files apart.
+        if _read(vendor_dir + "current_vgpu_type") is not None:
+            _read(vendor_dir + "creatable_vgpu_types")
             gpus.add(_physfn(pci_base + address) or address)
 
     for address in gpus:
