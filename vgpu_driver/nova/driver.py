@@ -140,13 +140,11 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     # -- allocation ----------------------------------------------------------------------
 
     def _providers_by_uuid(self):
+        """``{rp uuid: GpuProvider}`` of our GPU providers in nova's tree."""
         tree = self._gpu_tree or self.vgpu.provider_tree(self._host.get_hostname())
-        by_name = {p.name: p for p in tree.providers}
-        found = {}
-        for name in by_name:
-            if self.provider_tree is not None and self.provider_tree.exists(name):
-                found[self.provider_tree.data(name).uuid] = by_name[name]
-        return found
+        known = self.provider_tree
+        return {known.data(p.name).uuid: p for p in tree.providers
+                if known is not None and known.exists(p.name)}
 
     def _allocate_mdevs(self, allocations):
         instance = self._operation.instance
