@@ -61,10 +61,8 @@ def audit(sync, tree, snapshot, claim_list, domain_users):
     sync.observe(tree)
     drifts = []
     desired = {p.name: p for p in tree.providers}
-    prefix = f"{tree.root_name}_"
     for name, known in sorted(sync.known.items()):
-        if name.startswith(prefix) and name not in desired and \
-                known.parent_uuid == sync.root_uuid:
+        if placement.is_vanished_gpu_provider(tree, name, known.parent_uuid, sync.root_uuid):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users)
@@ -77,7 +75,7 @@ def audit(sync, tree, snapshot, claim_list, domain_users):
         if known.inventories != provider.inventory():
             drifts.append(Drift("inventory", name, provider.gpu, None,
                                 _inventory_detail(known.inventories, provider.inventory())))
-        managed = {t for t in known.traits if t.startswith(placement.MANAGED_TRAIT_PREFIXES)}
+        managed = {t for t in known.traits if placement.is_managed_trait(t)}
         if managed != set(provider.traits):
             drifts.append(Drift("traits", name, provider.gpu, None,
                                 f"Placement has {sorted(managed)}; the host computes "

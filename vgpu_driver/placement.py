@@ -110,14 +110,15 @@ class Client:
                                    reason=reason)
 
 
-def _managed(trait):
+def is_managed_trait(trait):
+    """A trait vgpu-driver sets from the GPU's type (an operator's is not)."""
     return trait.startswith(MANAGED_TRAIT_PREFIXES)
 
 
 def with_managed_traits(traits, managed):
     """``traits`` with the managed ones replaced by ``managed``; any other
     trait (an operator's) is kept."""
-    return {t for t in traits if not _managed(t)} | set(managed)
+    return {t for t in traits if not is_managed_trait(t)} | set(managed)
 
 
 def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid):
