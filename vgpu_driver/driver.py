@@ -24,11 +24,12 @@ LOG = logging.getLogger(__name__)
 
 
 class VGPUDriver:
-    def __init__(self, conf, domains, host=None):
+    def __init__(self, conf, domains, host=None, mdev_config=None):
         """``conf``: a ConfigOpts with vgpu-driver's options registered and
-        parsed; ``domains``: a DomainReferences (libvirt on a host)."""
+        parsed; ``domains``: a DomainReferences (libvirt on a host);
+        ``mdev_config``: the validated types, read from ``conf`` if not given."""
         self.conf = conf
-        self.mdev_config = mdev_types.from_conf(conf)
+        self.mdev_config = mdev_config or mdev_types.from_conf(conf)
         self.host = host or sysfs.open_host(conf.vgpu.sysfs_root)
         self.journal = claims.Journal(conf.vgpu.state_dir)
         self.domains = domains

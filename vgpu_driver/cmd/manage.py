@@ -16,10 +16,9 @@ from oslo_config import cfg
 import vgpu_driver
 from vgpu_driver import claims
 from vgpu_driver import conf as vgpu_conf
+from vgpu_driver import driver
 from vgpu_driver import libvirt_host
-from vgpu_driver import mdevs
 from vgpu_driver import privsep
-from vgpu_driver import reconcile
 from vgpu_driver import sysfs
 
 
@@ -85,11 +84,8 @@ class ManageApp(app.App):
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""
-        manager = mdevs.MdevManager(
-            self.open_host(), self.journal(create=True), self.domains(), mdev_config,
-            remove_on_release=self.conf.vgpu.remove_mdevs_on_release,
-            remove_timeout=self.conf.vgpu.mdev_remove_timeout)
-        return manager, reconcile.Reconciler(manager)
+        vgpu = driver.VGPUDriver(self.conf, self.domains(), mdev_config=mdev_config)
+        return vgpu.manager, vgpu.reconciler
 
 
 def main(argv=None):
