@@ -11,6 +11,12 @@ with the ``admin`` token, as Placement's own functional tests use.
 
 Placement keeps its database engine in a process-wide facade, so one
 EmbeddedPlacement runs at a time in a process (each on its own database).
+
+On sqlite, requests are served one at a time.  The in-memory database is a
+single connection every request thread shares, so overlapping transactions
+fail ("cannot start a transaction within a transaction"), and a file database
+takes one writer at a time ("database is locked"): either way an overlapping
+request would get a 500.  Other databases are served concurrently.
 """
 
 import socketserver
@@ -34,6 +40,21 @@ class _QuietHandler(simple_server.WSGIRequestHandler):
 
 class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
     daemon_threads = True
+
+
+def _one_at_a_time(app):
+    """``app`` behind a lock held until its response body is complete."""
+    lock = threading.Lock()
+
+    def serialized(environ, start_response):
+        with lock:
+            response = app(environ, start_response)
+            try:
+                return [b"".join(response)]
+            finally:
+                if hasattr(response, "close"):
+                    response.close()
+    return serialized
 
 
 def _placement_config(database_url):
@@ -83,6 +104,8 @@ class EmbeddedPlacement:
         trait._TRAITS_SYNCED = False
         resource_class._RESOURCE_CLASSES_SYNCED = False
         app = deploy.loadapp(config)  # schema, traits and classes in this database
+        if self.database_url.startswith("sqlite"):
+            app = _one_at_a_time(app)
         if self.middleware is not None:
             app = self.middleware(app)
         self._server = simple_server.make_server("127.0.0.1", self.port, app,
