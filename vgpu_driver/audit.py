@@ -62,7 +62,8 @@ def audit(sync, tree, snapshot, claim_list, domain_users):
     drifts = []
     desired = {p.name: p for p in tree.providers}
     for name, known in sorted(sync.known.items()):
-        if placement.is_vanished_gpu_provider(tree, name, known.parent_uuid, sync.root_uuid):
+        if placement.is_vanished_gpu_provider(tree, name, known.parent_uuid, sync.root_uuid,
+                                              known.inventories, known.traits):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users)

@@ -49,6 +49,9 @@ class ProviderTree:
     providers: tuple[GpuProvider, ...]
     # GPUs that get no provider, and why: (gpu address, reason).
     unserved: tuple[tuple[str, str], ...] = ()
+    # Resource classes a GPU provider of this host may carry: VGPU and every
+    # configured mdev class.  A provider with any other class is not ours.
+    mdev_classes: frozenset[str] = frozenset({"VGPU"})
 
     def provider(self, name):
         for provider in self.providers:
@@ -213,4 +216,5 @@ def compute(snapshot, config, nodename, in_use=None):
             reserved=row["reserved"], max_unit=row["total"],
             traits=type_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
-                        unserved=tuple(unserved))
+                        unserved=tuple(unserved),
+                        mdev_classes=frozenset({"VGPU", *(t.mdev_class for t in config.types)}))

@@ -24,6 +24,9 @@ LOG = logging.getLogger(__name__)
 
 MICROVERSION = "1.39"
 MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_")
+# Standard traits that mark a provider as another service's: nova's PCI
+# devices in Placement, and Cyborg's accelerators.
+FOREIGN_OWNER_TRAITS = frozenset({"COMPUTE_MANAGED_PCI_DEVICE", "OWNER_CYBORG"})
 
 
 class PlacementError(exception.VgpuDriverError):
@@ -121,11 +124,18 @@ def with_managed_traits(traits, managed):
     return {t for t in traits if not is_managed_trait(t)} | set(managed)
 
 
-def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid):
+def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, traits):
     """Whether a provider stands for a GPU of ``tree``'s host that is gone: a
-    child of the root, named ``<root>_...``, that ``tree`` no longer has."""
+    child of the root, named ``<root>_...``, that ``tree`` no longer has.
+
+    Others share the root and the name prefix (nova names its PCI device
+    providers ``<root>_<address>``), so a provider with a class that is not an
+    mdev class, or with another owner's trait, is never taken for ours.
+    """
     return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
-            and tree.provider(name) is None)
+            and tree.provider(name) is None
+            and set(inventories) <= tree.mdev_classes
+            and not set(traits) & FOREIGN_OWNER_TRAITS)
 
 
 def fully_reserved(inventories):
@@ -290,7 +300,8 @@ class ProviderSync:
     def _prune(self, tree, report, dry_run):
         """Providers of GPUs that vanished: deleted when unused, else reserved."""
         for name, known in list(self.known.items()):
-            if not is_vanished_gpu_provider(tree, name, known.parent_uuid, self.root_uuid):
+            if not is_vanished_gpu_provider(tree, name, known.parent_uuid, self.root_uuid,
+                                            known.inventories, known.traits):
                 continue
             consumers = sorted(self.allocations(name, report))
             if not consumers:

@@ -120,6 +120,44 @@ def test_gpus_come_and_go(make_host, tree_for, service, api):
     assert len(placement_view(api, "cn1")) == 9
 
 
+def test_other_services_providers_under_the_root_are_left_alone(make_host, tree_for,
+                                                               service, api):
+    """nova's PCI-in-Placement providers and Cyborg's share the root and the
+    ``<root>_`` name prefix; the sync and the audit leave them to their owners,
+    while our own stale provider goes."""
+    from vgpu_driver import audit
+
+    host = make_host("a100-sriov")
+    conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
+    sync = placement.ProviderSync(placement.Client(service.connection()))
+    sync.sync(tree_for(host, conf))
+    root = sync.root_uuid
+    foreign = {  # name: (class, owner trait)
+        "cn1_0000:81:00.0": ("CUSTOM_PCI_10DE_1EB8", "COMPUTE_MANAGED_PCI_DEVICE"),
+        "cn1_0000:82:00.0": ("VGPU", "COMPUTE_MANAGED_PCI_DEVICE"),
+        "cn1_fpga_0": ("FPGA", "OWNER_CYBORG"),
+        "cn1_nic_0": ("CUSTOM_NIC_VF", None),
+    }
+    for name, (rc, trait) in foreign.items():
+        rp = api("POST", "/resource_providers", {"name": name, "parent_provider_uuid": root})
+        if rc.startswith("CUSTOM_"):
+            api("PUT", f"/resource_classes/{rc}")
+        api("PUT", f"/resource_providers/{rp['uuid']}/inventories",
+            {"resource_provider_generation": 0, "inventories": {rc: {"total": 1}}})
+        if trait:
+            api("PUT", f"/resource_providers/{rp['uuid']}/traits",
+                {"resource_provider_generation": 1, "traits": [trait]})
+    host.set_sriov_numvfs(A100, 0)            # our GPU goes, with nothing allocated
+    tree = tree_for(host, conf)
+    drifts = audit.audit(sync, tree, discovery.discover(host), [], {})
+    assert [(d.kind, d.provider) for d in drifts] == [("stale-provider",
+                                                       "cn1_pci_0000_41_00_0")]
+    report = sync.sync(tree)
+    assert (report.deleted, report.kept) == (["cn1_pci_0000_41_00_0"], [])
+    assert sorted(placement_view(api, "cn1")) == sorted(["cn1", *foreign])
+    assert audit.audit(sync, tree, discovery.discover(host), [], {}) == []
+
+
 def test_a_vanished_gpu_with_allocations_is_kept_fully_reserved(make_host, tree_for,
                                                                  service, api):
     host = make_host("a100-sriov")

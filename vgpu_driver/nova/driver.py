@@ -102,19 +102,16 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def _prune_gpu_providers(self, provider_tree, nodename, tree):
         """Remove providers of GPUs that vanished, unless guests still hold them.
 
-        Only providers of mdev inventory alone are ours to prune (nova's PCI
-        providers share the name prefix).  A provider is held while a claim
-        or an allocation in Placement uses it: a guest being deleted has
-        released its claims before nova deletes its allocation.
+        A provider is held while a claim or an allocation in Placement uses
+        it: a guest being deleted has released its claims before nova deletes
+        its allocation.
         """
         held = None   # read from the journal only once a provider is stale
-        mdev_classes = {t.mdev_class for t in self.vgpu.mdev_config.types}
         root = provider_tree.data(nodename)
         for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
             data = provider_tree.data(uuid)
             if not placement.is_vanished_gpu_provider(tree, data.name, data.parent_uuid,
-                                                      root.uuid) or \
-                    not data.inventory or not set(data.inventory) <= mdev_classes:
+                                                      root.uuid, data.inventory, data.traits):
                 continue
             if held is None:
                 held = {inventory.provider_name_for(nodename, c.gpu)
