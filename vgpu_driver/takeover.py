@@ -99,7 +99,7 @@ def _target(nodename, provider, desired, snapshot, mdev_classes):
     return (target, address) if target is not None else None
 
 
-def plan(nodename, desired_tree, snapshot, existing, mdev_classes):
+def plan(nodename, desired_tree, snapshot, existing):
     """Which ``existing`` providers a provider of ``desired_tree`` replaces.
 
     A provider named after a parent of a GPU we serve (nova's per-VF
@@ -109,10 +109,9 @@ def plan(nodename, desired_tree, snapshot, existing, mdev_classes):
     updated in place.
     """
     desired = {p.name: p for p in desired_tree.providers}
-    classes = frozenset(mdev_classes)
     moves = []
     for provider in sorted(existing, key=lambda p: p.name):
-        found = _target(nodename, provider, desired, snapshot, classes)
+        found = _target(nodename, provider, desired, snapshot, desired_tree.mdev_classes)
         if found is not None:
             moves.append(Move(provider, *found))
     return Plan(tuple(moves))

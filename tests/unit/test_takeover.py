@@ -28,8 +28,7 @@ def plan_for(make_conf):
         config = mdev_types.from_conf(make_conf(conf_text))
         snapshot = discovery.discover(host)
         tree = inventory.compute(snapshot, config, "cn1")
-        classes = {t.mdev_class for t in config.types}
-        return takeover.plan("cn1", tree, snapshot, existing, classes)
+        return takeover.plan("cn1", tree, snapshot, existing)
     return make
 
 

@@ -34,9 +34,8 @@ def existing_children(provider_tree, nodename):
 
 def plan(provider_tree, nodename, vgpu, gpu_tree):
     """Which existing providers our GPU providers replace on this host."""
-    mdev_classes = {t.mdev_class for t in vgpu.mdev_config.types}
     return takeover.plan(nodename, gpu_tree, vgpu.manager.snapshot(),
-                         existing_children(provider_tree, nodename), mdev_classes)
+                         existing_children(provider_tree, nodename))
 
 
 def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations):
