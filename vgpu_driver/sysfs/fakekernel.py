@@ -267,8 +267,7 @@ class FakeKernel(linux.LinuxSysfs):
                     found.append((dev, None, names.vendor_type_id(current)))
                 continue
             for uuid in self._mdevs_in(dev):
-                type_link = linux.resolve_link(os.path.join(dev, uuid, "mdev_type"))
-                found.append((dev, uuid, os.path.basename(type_link)))
+                found.append((dev, uuid, linux.link_name(os.path.join(dev, uuid, "mdev_type"))))
         return found
 
     def _refresh(self, gpu):

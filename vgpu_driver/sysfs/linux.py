@@ -48,6 +48,16 @@ def resolve_link(path):
     return os.path.normpath(os.path.join(os.path.dirname(path), target))
 
 
+def link_name(path):
+    """The last component of a sysfs link's target (an mdev's type id, say);
+    None if not a link.  One readlink and no path arithmetic: allocation
+    reads one per mdev of the GPU."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except (FileNotFoundError, OSError):
+        return None
+
+
 def _call_with_timeout(func, timeout, *args):
     """Run ``func`` in a daemon thread; ETIMEDOUT if it is still blocked after."""
     outcome = {}
@@ -157,13 +167,12 @@ class LinuxSysfs(base.SysfsHost):
                 LOG.warning("Skipping mdev: %s", exc)
                 continue
             mdev_path = resolve_link(os.path.join(base_dir, uuid))
-            type_path = resolve_link(os.path.join(mdev_path or "", "mdev_type"))
-            if mdev_path is None or type_path is None:
+            type_id = link_name(os.path.join(mdev_path or "", "mdev_type"))
+            if mdev_path is None or type_id is None:
                 # Removed while we looked: the kernel drops both links at once.
                 continue
             parent = os.path.basename(os.path.dirname(mdev_path))
-            mdevs.append(base.MdevInfo(uuid=uuid, parent=parent,
-                                       type_id=os.path.basename(type_path)))
+            mdevs.append(base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id))
         return mdevs
 
     def parent_mdevs(self, parent):
@@ -181,9 +190,9 @@ class LinuxSysfs(base.SysfsHost):
         found = []
         for entry in sorted(entries):
             if names.is_mdev_uuid(entry):
-                type_path = resolve_link(f"{device_path}/{entry}/mdev_type")
-                if type_path:
-                    found.append((entry, os.path.basename(type_path)))
+                type_id = link_name(f"{device_path}/{entry}/mdev_type")
+                if type_id:
+                    found.append((entry, type_id))
         return found
 
     def parent_mdev_uuids(self, parent):
