@@ -129,12 +129,14 @@ def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, tr
     child of the root, named ``<root>_...``, that ``tree`` no longer has.
 
     Others share the root and the name prefix (nova names its PCI device
-    providers ``<root>_<address>``), so a provider with a class that is not an
-    mdev class, or with another owner's trait, is never taken for ours.
+    providers ``<root>_<address>``).  A provider is taken for ours when it
+    has only mdev classes, or a type trait we set (a class no longer
+    configured); never with another owner's trait.
     """
+    ours = (set(inventories) <= tree.mdev_classes
+            or any(is_managed_trait(t) for t in traits))
     return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
-            and tree.provider(name) is None
-            and set(inventories) <= tree.mdev_classes
+            and tree.provider(name) is None and ours
             and not set(traits) & FOREIGN_OWNER_TRAITS)
 
 

@@ -124,7 +124,8 @@ def test_other_services_providers_under_the_root_are_left_alone(make_host, tree_
                                                                service, api):
     """nova's PCI-in-Placement providers and Cyborg's share the root and the
     ``<root>_`` name prefix; the sync and the audit leave them to their owners,
-    while our own stale provider goes."""
+    while our own stale providers go, also one of a class no longer
+    configured (its type traits say it is ours)."""
     from vgpu_driver import audit
 
     host = make_host("a100-sriov")
@@ -138,10 +139,13 @@ def test_other_services_providers_under_the_root_are_left_alone(make_host, tree_
         "cn1_fpga_0": ("FPGA", "OWNER_CYBORG"),
         "cn1_nic_0": ("CUSTOM_NIC_VF", None),
     }
-    for name, (rc, trait) in foreign.items():
+    ours_before = {"cn1_pci_0000_42_00_0": ("CUSTOM_A100_OLD", "CUSTOM_VGPU_NVIDIA_A100_4C")}
+    for name, (rc, trait) in {**foreign, **ours_before}.items():
         rp = api("POST", "/resource_providers", {"name": name, "parent_provider_uuid": root})
         if rc.startswith("CUSTOM_"):
             api("PUT", f"/resource_classes/{rc}")
+        if trait and trait.startswith("CUSTOM_"):
+            api("PUT", f"/traits/{trait}")
         api("PUT", f"/resource_providers/{rp['uuid']}/inventories",
             {"resource_provider_generation": 0, "inventories": {rc: {"total": 1}}})
         if trait:
@@ -150,10 +154,10 @@ def test_other_services_providers_under_the_root_are_left_alone(make_host, tree_
     host.set_sriov_numvfs(A100, 0)            # our GPU goes, with nothing allocated
     tree = tree_for(host, conf)
     drifts = audit.audit(sync, tree, discovery.discover(host), [], {})
-    assert [(d.kind, d.provider) for d in drifts] == [("stale-provider",
-                                                       "cn1_pci_0000_41_00_0")]
+    stale = ["cn1_pci_0000_41_00_0", *ours_before]
+    assert [(d.kind, d.provider) for d in drifts] == [("stale-provider", n) for n in stale]
     report = sync.sync(tree)
-    assert (report.deleted, report.kept) == (["cn1_pci_0000_41_00_0"], [])
+    assert (sorted(report.deleted), report.kept) == (stale, [])
     assert sorted(placement_view(api, "cn1")) == sorted(["cn1", *foreign])
     assert audit.audit(sync, tree, discovery.discover(host), [], {}) == []
 
