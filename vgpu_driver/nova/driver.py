@@ -89,7 +89,6 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
         tree = self.vgpu.provider_tree(nodename)
         self._gpu_tree = tree
-        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
         for provider in tree.providers:
             name = provider.name
             if not provider_tree.exists(name):
@@ -97,6 +96,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             provider_tree.update_inventory(name, provider.inventory())
             provider_tree.update_traits(name, placement.with_managed_traits(
                 provider_tree.data(name).traits, provider.traits))
+        # After the GPU providers are in the tree: a reshape moves allocations
+        # to them, and sends them with their inventory in the same request.
+        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
         self._prune_gpu_providers(provider_tree, nodename, tree)
 
     def _prune_gpu_providers(self, provider_tree, nodename, tree):
@@ -169,9 +171,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             self._operation.instance = None
             self._operation.keep_claims = False
 
-    def _for_instance(self, instance, operation, *args, **kwargs):
+    def _for_instance(self, instance, operation, *args, keep_claims=False, **kwargs):
         """Run a nova operation whose _allocate_mdevs claims for ``instance``."""
-        with self._operating_on(instance):
+        with self._operating_on(instance, keep_claims):
             result = operation(*args, **kwargs)
         self.vgpu.instance_defined(instance.uuid)
         return result
@@ -246,10 +248,8 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         claimed now.
         """
         self._reclaim_for_reboot(context, instance)
-        with self._operating_on(instance, keep_claims=True):
-            result = super()._hard_reboot(context, instance, *args, **kwargs)
-        self.vgpu.instance_defined(instance.uuid)
-        return result
+        return self._for_instance(instance, super()._hard_reboot, context, instance, *args,
+                                  keep_claims=True, **kwargs)
 
     def _reclaim_for_reboot(self, context, instance):
         if self.vgpu.instance_claims(instance.uuid):

@@ -42,10 +42,11 @@ def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations):
     """Ask for a reshape, or do it, when another driver's providers are there.
 
     ``vgpu`` is the core :class:`~vgpu_driver.driver.VGPUDriver` and
-    ``gpu_tree`` the desired tree it computed.  With ``allocations`` None,
-    raises ``ReshapeNeeded`` if there is anything to take over; with them,
-    creates the GPU providers with their inventory, moves the allocations
-    onto them and removes the replaced providers from ``provider_tree``.
+    ``gpu_tree`` the desired tree it computed, whose providers are already
+    in ``provider_tree``.  With ``allocations`` None, raises
+    ``ReshapeNeeded`` if there is anything to take over; with them, moves
+    the allocations onto the GPU providers and removes the replaced
+    providers from ``provider_tree``.
     """
     found = plan(provider_tree, nodename, vgpu, gpu_tree)
     if not found:
@@ -55,7 +56,7 @@ def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations):
                  "allocations move to %s", ", ".join(m.source.name for m in found.moves),
                  ", ".join(t.name for t in found.targets))
         raise nova_exception.ReshapeNeeded()
-    target_uuids = _ensure_targets(provider_tree, nodename, found)
+    target_uuids = {t.name: provider_tree.data(t.name).uuid for t in found.targets}
     moved = takeover.move_allocations(allocations, found, target_uuids)
     _warn_mismatches(vgpu, moved)
     for move in found.moves:
@@ -63,18 +64,6 @@ def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations):
     LOG.info("Reshaping: providers %s replaced by %s; allocations of %d consumer(s) "
              "moved", ", ".join(m.source.name for m in found.moves),
              ", ".join(t.name for t in found.targets), len(moved))
-
-
-def _ensure_targets(provider_tree, nodename, found):
-    """Create the GPU providers (a UUID to move allocations to) with their
-    inventory: the reshape sends both in the same request."""
-    uuids = {}
-    for target in found.targets:
-        if not provider_tree.exists(target.name):
-            provider_tree.new_child(target.name, nodename)
-        provider_tree.update_inventory(target.name, target.inventory())
-        uuids[target.name] = provider_tree.data(target.name).uuid
-    return uuids
 
 
 def _warn_mismatches(vgpu, moved):
