@@ -100,8 +100,9 @@ class VGPUDriver:
         After a resize is confirmed or reverted, one host keeps the guest and
         the other does not: each keeps exactly the claims its domain needs.
         """
+        used = set(domain_mdevs)
         stale = [c.mdev_uuid for c in self.journal.claims(instance_uuid)
-                 if c.mdev_uuid not in set(domain_mdevs)]
+                 if c.mdev_uuid not in used]
         if stale:
             with self.journal.transaction() as txn:
                 txn.remove(instance_uuid, stale)

@@ -273,7 +273,8 @@ class MdevManager:
         type_config = self.config.type_config(type_id)
         if gpu.mode == discovery.MODE_VENDOR_VFIO and type_config is not None \
                 and type_config.max_instances is not None:
-            limit = min(x for x in (limit, type_config.max_instances) if x is not None)
+            cap = type_config.max_instances
+            limit = cap if limit is None else min(limit, cap)
         return limit
 
     def _refuse(self, instance, gpu, type_id, units, free, creatable, states, claimed, used):
@@ -306,7 +307,7 @@ class MdevManager:
 
     def _set_vf_type(self, instance, item):
         """Give a claimed VF its type; a GPU found full is the allocation's refusal."""
-        number = _type_number(item.type_id)
+        number = names.vendor_type_number(item.type_id)
         try:
             self.host.set_vendor_vgpu_type(item.parent, number)
         except exception.MdevBusy:
