@@ -22,11 +22,16 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        # The real module: its name, spec and state stay its own.
-        return importlib.import_module("vgpu_driver" + spec.name[len(PREFIX):])
+        # The real module: its name and state stay its own.
+        module = importlib.import_module("vgpu_driver" + spec.name[len(PREFIX):])
+        spec.loader_state = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # already executed under its real name
+        # Already executed under its real name.  The import system has just
+        # given it the alias's spec: give it back its own, which relative
+        # imports, importlib.resources and reload go by.
+        module.__spec__ = module.__spec__.loader_state
 
 
 def install():

@@ -37,3 +37,30 @@ def test_every_core_module_imports_without_nova():
                           text=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+ALIAS_PROBE = """
+import importlib, importlib.resources, sys
+from vgpu_driver import nova_alias
+
+nova_alias.install()
+alias = importlib.import_module("nova.virt.vgpu_driver.sysfs")
+import vgpu_driver.sysfs as real
+assert alias is real, (alias, real)
+assert real.__spec__.name == "vgpu_driver.sysfs", real.__spec__
+assert importlib.resources.files("vgpu_driver.sysfs").is_dir()
+print("ok")
+"""
+
+
+def test_the_nova_alias_leaves_the_real_modules_spec(tmp_path):
+    """``nova.virt.vgpu_driver.x`` is ``vgpu_driver.x``, still known by its own
+    name.  ``nova.virt`` is an empty stand-in: only the alias's parent must exist."""
+    for package in ("nova", "nova/virt"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    done = subprocess.run([sys.executable, "-c", ALIAS_PROBE], capture_output=True,
+                          text=True, check=False, timeout=120,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
