@@ -5,6 +5,7 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
+from vgpu_driver import names
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.conf import mdev_types
@@ -27,7 +28,7 @@ class ListTypes(base.Lister):
             rows += [(parent.name, t.type_id, t.name, t.available_instances, t.device_api,
                       t.description) for t in parent.types]
         for vf in host.list_vendor_vfio():
-            rows += [(str(vf.address), f"nvidia-{number}", name, 1, "vfio-pci", None)
+            rows += [(str(vf.address), names.vendor_type_id(number), name, 1, "vfio-pci", None)
                      for number, name in vf.creatable]
         if parsed_args.parent:
             rows = [r for r in rows if r[0] == parsed_args.parent.lower()]

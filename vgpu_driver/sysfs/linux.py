@@ -54,7 +54,7 @@ def link_name(path):
     reads one per mdev of the GPU."""
     try:
         return os.path.basename(os.readlink(path))
-    except (FileNotFoundError, OSError):
+    except OSError:
         return None
 
 
@@ -167,8 +167,8 @@ class LinuxSysfs(base.SysfsHost):
                 LOG.warning("Skipping mdev: %s", exc)
                 continue
             mdev_path = resolve_link(os.path.join(base_dir, uuid))
-            type_id = link_name(os.path.join(mdev_path or "", "mdev_type"))
-            if mdev_path is None or type_id is None:
+            type_id = link_name(os.path.join(mdev_path, "mdev_type")) if mdev_path else None
+            if type_id is None:
                 # Removed while we looked: the kernel drops both links at once.
                 continue
             parent = os.path.basename(os.path.dirname(mdev_path))
@@ -266,10 +266,10 @@ class LinuxSysfs(base.SysfsHost):
             if again == current:
                 break
             current = again
-        pf = resolve_link(os.path.join(self.paths.pci_device(address), "physfn"))
+        pf = link_name(os.path.join(self.paths.pci_device(address), "physfn"))
         return base.VendorVfioInfo(
             address=address,
-            physfn=names.parse_pci_address(os.path.basename(pf)) if pf else None,
+            physfn=names.parse_pci_address(pf) if pf else None,
             creatable=parse_creatable_vgpu_types(creatable),
             current_type=current)
 
