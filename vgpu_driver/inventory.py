@@ -217,4 +217,4 @@ def compute(snapshot, config, nodename, in_use=None):
             traits=type_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
-                        mdev_classes=frozenset({"VGPU", *(t.mdev_class for t in config.types)}))
+                        mdev_classes=config.mdev_classes | {"VGPU"})

@@ -163,7 +163,7 @@ class MdevManager:
 
     def _requests(self, instance, allocations, providers):
         """``[(GpuProvider, units)]`` for the mdev classes in an allocation."""
-        mdev_classes = {t.mdev_class for t in self.config.types}
+        mdev_classes = self.config.mdev_classes
         requests = []
         for rp_uuid, allocation in sorted(allocations.items()):
             resources = allocation.get("resources", {})

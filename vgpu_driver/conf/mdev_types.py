@@ -52,6 +52,11 @@ class MdevConfig:
     def enabled(self):
         return tuple(t.type_id for t in self.types)
 
+    @property
+    def mdev_classes(self):
+        """The resource classes the enabled types are allocated in."""
+        return frozenset(t.mdev_class for t in self.types)
+
 
 def _option(group, name):
     return f"[{group}] {name}"
