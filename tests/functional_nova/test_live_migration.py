@@ -63,7 +63,7 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
                 for c in self.computes[hostname].driver.vgpu.journal.claims(instance)]
 
     def sysfs_mdevs(self, hostname):
-        return {m.uuid for m in self.kernels[hostname].list_mdevs()}
+        return set(self.kernel_mdevs(hostname))
 
     def assert_usage_matches_domains(self, hostname):
         """Placement's usage on the host's GPU equals the mdevs its domains use."""

@@ -53,7 +53,7 @@ class PowerTestBase(test_vgpu.VGPUDriverTestBase):
         return [(c.mdev_uuid, c.state) for c in self.driver.vgpu.journal.claims(server["id"])]
 
     def sysfs_mdevs(self):
-        return {m.uuid for m in self.kernels["host1"].list_mdevs()}
+        return set(self.kernel_mdevs("host1"))
 
     def used(self):
         return sum(usage for _t, _r, usage in self.gpu_providers("host1").values())

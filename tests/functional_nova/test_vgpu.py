@@ -144,7 +144,7 @@ class CreateServerTests(VGPUDriverTestBase):
         mdevs = self.domain_mdevs("host1")
         self.assertEqual(1, len(mdevs))
         self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 1)}, self.gpu_providers("host1"))
-        self.assertEqual(mdevs, [m.uuid for m in self.kernels["host1"].list_mdevs()])
+        self.assertEqual(mdevs, list(self.kernel_mdevs("host1")))
         claims = self.computes["host1"].driver.vgpu.journal.claims(server["id"])
         self.assertEqual([(mdevs[0], "attached")], [(c.mdev_uuid, c.state) for c in claims])
 
@@ -162,7 +162,7 @@ class CreateServerTests(VGPUDriverTestBase):
         mdevs = self.domain_mdevs("host1")
         self.assertEqual(10, len(set(mdevs)))
         self.assertEqual(sorted(mdevs),
-                         sorted(m.uuid for m in self.kernels["host1"].list_mdevs()))
+                         sorted(self.kernel_mdevs("host1")))
 
     def test_deleting_the_server_frees_its_mdev_for_the_next(self):
         self.start_vgpu_compute("host1", "a100-sriov")
