@@ -25,7 +25,12 @@ Tree::
     │   └── NoGpuCapacity             nothing free and nothing creatable
     │       └── VfTypeRefused         a vendor-VFIO VF refused the type (GPU full)
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
-    └── ClaimConflict                 an mdev (or VF) is claimed by another instance
+    ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
+    ├── InvalidNodename               a compute node name Placement cannot take
+    └── JournalError                  the claims journal cannot be used
+        ├── JournalMissing            no journal (and not asked to create one)
+        ├── JournalUnreadable         empty, truncated, garbage or failed integrity
+        └── JournalTooNew             written by a newer vgpu-driver
 """
 
 import errno as errno_mod
@@ -224,3 +229,31 @@ class UnknownVgpu(VgpuDriverError):
 
 class ClaimConflict(VgpuDriverError):
     msg_fmt = "mdev %(mdev)s is already claimed by instance %(owner)s."
+
+
+class InvalidNodename(VgpuDriverError):
+    msg_fmt = ("Refusing nodename %(nodename)r: %(reason)s. Pass the compute node's name "
+               "as nova-compute reports it (--nodename, or [DEFAULT] host).")
+
+
+class JournalError(VgpuDriverError):
+    """The claims journal cannot be used; nothing was read from or written to it."""
+
+    msg_fmt = "Claims journal %(path)s: %(reason)s"
+
+
+class JournalMissing(JournalError):
+    msg_fmt = ("No claims journal at %(path)s: %(reason)s. Check --state-dir ([vgpu] "
+               "state_dir); nova-compute creates it at start-up, or run "
+               "'vgpu-manage claims init' on a host that never had one.")
+
+
+class JournalUnreadable(JournalError):
+    msg_fmt = ("Claims journal %(path)s is unusable (%(reason)s); refusing to treat it as "
+               "empty. Restore it from a backup, or move it away and run "
+               "'vgpu-manage claims init'.")
+
+
+class JournalTooNew(JournalError):
+    msg_fmt = ("Claims journal %(path)s has schema version %(found)d; this vgpu-driver "
+               "knows versions up to %(known)d. Upgrade vgpu-driver before using it.")

@@ -183,6 +183,7 @@ def compute(snapshot, config, nodename, in_use=None):
     ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
     GPU draining for a type change from one blocked by unused mdevs.
     """
+    names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
     rows, unserved = [], []
     for gpu in snapshot.gpus:
         type_id, why_not = configured_type(gpu, config)

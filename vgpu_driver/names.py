@@ -145,3 +145,31 @@ def vendor_type_number(type_id, source=None):
 def trait_fragment(text):
     """Upper-case text with every run of other characters folded to ``_``."""
     return re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_")
+
+
+# Placement's limit on a resource provider name (its POST schema's maxLength).
+PROVIDER_NAME_MAX = 200
+
+
+def check_nodename(nodename, suffixes=()):
+    """A compute node name every provider name built on it can carry.
+
+    Checked before anything is written: Placement would take the root
+    provider and refuse its first GPU child, leaving half a tree behind.
+    ``suffixes``: the ``_<device>`` parts the GPUs' providers add to it.
+    """
+    if not isinstance(nodename, str) or not nodename.strip():
+        raise exception.InvalidNodename(nodename=nodename, reason="it is empty")
+    if nodename != nodename.strip():
+        raise exception.InvalidNodename(nodename=nodename,
+                                        reason="it starts or ends with white space")
+    if not nodename.isprintable():
+        raise exception.InvalidNodename(nodename=nodename,
+                                        reason="it holds control characters")
+    longest = max((len(s) for s in suffixes), default=0)
+    if len(nodename) + longest > PROVIDER_NAME_MAX:
+        raise exception.InvalidNodename(
+            nodename=nodename,
+            reason=f"with its GPU suffix a provider name would be {len(nodename) + longest} "
+                   f"characters; Placement takes at most {PROVIDER_NAME_MAX}")
+    return nodename

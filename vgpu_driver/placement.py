@@ -13,6 +13,7 @@ trait on a provider (an operator's) is kept.
 
 import dataclasses
 import time
+from urllib import parse
 
 from keystoneauth1 import adapter as ks_adapter
 from keystoneauth1 import exceptions as ks_exceptions
@@ -113,6 +114,22 @@ class Client:
                                    reason=reason)
 
 
+def query_url(path, **params):
+    """``path`` with its query parameters URL-encoded: a name holding ``+``,
+    ``&`` or ``#`` must reach Placement as written."""
+    return f"{path}?{parse.urlencode(params)}"
+
+
+def exact_name_match(providers, name):
+    """The one provider of ``providers`` named exactly ``name``, or None: an
+    answer is never trusted to hold only what the query asked for."""
+    matches = [p for p in providers if p.get("name") == name]
+    if len(matches) > 1:
+        raise PlacementError(method="GET", url=query_url("/resource_providers", name=name),
+                             status=200, detail=f"{len(matches)} providers named {name!r}")
+    return matches[0] if matches else None
+
+
 def is_managed_trait(trait):
     """A trait vgpu-driver sets from the GPU's type (an operator's is not)."""
     return trait.startswith(MANAGED_TRAIT_PREFIXES)
@@ -181,15 +198,20 @@ class ProviderSync:
         return {consumer: dict(data["resources"])
                 for consumer, data in answer["allocations"].items()}
 
+    def _find_by_name(self, name, report):
+        """The provider named exactly ``name``, or None."""
+        found = self._get(query_url("/resource_providers", name=name),
+                          report)["resource_providers"]
+        return exact_name_match(found, name)
+
     def _observe(self, tree, report):
         """One read of the tree; re-read only providers whose generation moved."""
         if self.root_uuid is None:
-            found = self._get(f"/resource_providers?name={tree.root_name}",
-                              report)["resource_providers"]
-            if not found:
+            root = self._find_by_name(tree.root_name, report)
+            if root is None:
                 return []
-            self.root_uuid = found[0]["uuid"]
-        listed = self._get(f"/resource_providers?in_tree={self.root_uuid}",
+            self.root_uuid = root["uuid"]
+        listed = self._get(query_url("/resource_providers", in_tree=self.root_uuid),
                            report)["resource_providers"]
         seen = {p["name"] for p in listed}
         for name in [n for n in self.known if n not in seen]:
@@ -271,8 +293,9 @@ class ProviderSync:
             if "placement.duplicate_name" not in str(exc):
                 raise
             # Created by an earlier attempt whose answer was lost: adopt it.
-            answer = self._get(f"/resource_providers?name={name}",
-                               report)["resource_providers"][0]
+            answer = self._find_by_name(name, report)
+            if answer is None:
+                raise
         uuid = answer["uuid"] if answer else f"<new {name}>"
         self.known[name] = Known(uuid, answer["generation"] if answer else 0, {},
                                  frozenset(), parent_uuid)
