@@ -52,6 +52,12 @@ CREATE INDEX IF NOT EXISTS claims_by_instance ON claims (instance_uuid);
 CREATE INDEX IF NOT EXISTS claims_by_gpu ON claims (gpu);
 """
 
+# Each migration brings the schema from version i to i + 1; the journal
+# records its version in ``PRAGMA user_version``.  Journals written before
+# versioning hold the version-1 schema with user_version 0.
+_MIGRATIONS = (_SCHEMA,)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
 _COLUMNS = ("mdev_uuid, instance_uuid, gpu, parent, type_id, state, created, created_at, "
             "updated_at")
 
@@ -89,17 +95,83 @@ def _process_lock(path):
         return _PROCESS_LOCKS.setdefault(key, threading.RLock())
 
 
+def _make_state_dir(state_dir, path):
+    try:
+        os.makedirs(state_dir, mode=0o750, exist_ok=True)
+    except OSError as exc:
+        raise exception.JournalMissing(
+            path=path, reason=f"cannot create {state_dir}: {exc.strerror}") from exc
+
+
+def _check_exists(state_dir, path):
+    """Refuse a state dir or journal that is not there: reading it as empty
+    would make every claimed mdev look free."""
+    if not os.path.isdir(state_dir):
+        reason = ("the state directory is not a directory" if os.path.exists(state_dir)
+                  else "the state directory does not exist")
+        raise exception.JournalMissing(path=path, reason=reason)
+    if not os.path.isfile(path):
+        raise exception.JournalMissing(path=path, reason="the file does not exist")
+    if os.path.getsize(path) == 0:
+        raise exception.JournalUnreadable(path=path, reason="the file is empty (0 bytes)")
+
+
 class Journal:
     """The claims database in ``[vgpu] state_dir``; one per process is fine."""
 
     FILENAME = "claims.sqlite"
 
-    def __init__(self, state_dir, busy_timeout=30.0):
-        os.makedirs(state_dir, mode=0o750, exist_ok=True)
+    def __init__(self, state_dir, busy_timeout=30.0, create=True):
+        """Open the journal, checked; ``create`` makes the state directory
+        and a new journal when they are missing (nova-compute's start-up).
+        Without it a missing journal raises JournalMissing, never an empty one."""
         self.path = os.path.join(state_dir, self.FILENAME)
+        if create:
+            _make_state_dir(state_dir, self.path)
+        else:
+            _check_exists(state_dir, self.path)
         self._busy_timeout = busy_timeout
         self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+        try:
+            self._open_checked(create)
+        except sqlite3.DatabaseError as exc:
+            raise exception.JournalUnreadable(path=self.path, reason=str(exc)) from exc
+
+    def _open_checked(self, create):
+        """Integrity check, then the schema brought to this version."""
+        db = self._db()
+        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise exception.JournalUnreadable(path=self.path,
+                                              reason=f"integrity check: {verdict}")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise exception.JournalTooNew(path=self.path, found=version,
+                                          known=SCHEMA_VERSION)
+        if version == SCHEMA_VERSION:
+            return
+        has_claims = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                "AND name = 'claims'").fetchone() is not None
+        if version == 0 and not has_claims and not create:
+            raise exception.JournalUnreadable(path=self.path, reason="it holds no claims table")
+        self._migrate(db, 1 if version == 0 and has_claims else version)
+
+    def _migrate(self, db, version):
+        with _process_lock(self.path):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for script in _MIGRATIONS[version:]:
+                    for statement in filter(str.strip, script.split(";")):
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    @property
+    def schema_version(self):
+        return self._db().execute("PRAGMA user_version").fetchone()[0]
 
     def _db(self):
         """This thread's connection, kept open: opening one per transaction

@@ -24,14 +24,15 @@ LOG = logging.getLogger(__name__)
 
 
 class VGPUDriver:
-    def __init__(self, conf, domains, host=None, mdev_config=None):
+    def __init__(self, conf, domains, host=None, mdev_config=None, journal=None):
         """``conf``: a ConfigOpts with vgpu-driver's options registered and
         parsed; ``domains``: a DomainReferences (libvirt on a host);
-        ``mdev_config``: the validated types, read from ``conf`` if not given."""
+        ``mdev_config``: the validated types, read from ``conf`` if not given;
+        ``journal``: an open Journal (else opened, and created if missing)."""
         self.conf = conf
         self.mdev_config = mdev_config or mdev_types.from_conf(conf)
         self.host = host or sysfs.open_host(conf.vgpu.sysfs_root)
-        self.journal = claims.Journal(conf.vgpu.state_dir)
+        self.journal = journal or claims.Journal(conf.vgpu.state_dir)
         self.domains = domains
         self.manager = mdevs.MdevManager(
             self.host, self.journal, domains, self.mdev_config,

@@ -27,6 +27,7 @@ Tree::
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
     ├── InvalidNodename               a compute node name Placement cannot take
+    ├── InvalidOption                 a command-line value that cannot be used
     └── JournalError                  the claims journal cannot be used
         ├── JournalMissing            no journal (and not asked to create one)
         ├── JournalUnreadable         empty, truncated, garbage or failed integrity
@@ -257,3 +258,7 @@ class JournalUnreadable(JournalError):
 class JournalTooNew(JournalError):
     msg_fmt = ("Claims journal %(path)s has schema version %(found)d; this vgpu-driver "
                "knows versions up to %(known)d. Upgrade vgpu-driver before using it.")
+
+
+class InvalidOption(VgpuDriverError):
+    msg_fmt = "%(option)s %(value)r: %(reason)s"

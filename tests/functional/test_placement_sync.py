@@ -259,6 +259,7 @@ def test_cli_sync_dry_run_sync_and_audit(make_host, service, api, tmp_path, monk
         "allocations": {a100: {"resources": {"VGPU": 1}}}, "project_id": "p", "user_id": "u",
         "consumer_generation": None, "consumer_type": "INSTANCE"})
     host.create_mdev("0000:41:00.4", "nvidia-470", str(uuid.uuid4()))  # blocks the GPU
+    assert run_cli(*args, "claims", "init")[0] == 0
     code, out, _ = run_cli(*args, "audit", "-f", "json", conf=conf)
     kinds = {(r["kind"], r["consumer"]) for r in json.loads(out)}
     assert code == 1

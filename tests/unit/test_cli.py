@@ -52,6 +52,7 @@ def test_mdev_list_json(make_host, run):
     host = make_host("a100-sriov")
     uid = str(uuid.uuid4())
     host.create_mdev("0000:41:01.2", "nvidia-470", uid)
+    assert run("claims", "init")[0] == 0     # a host with mdevs needs its journal
     code, out, _ = run("--sysfs-root", host.paths.root, "mdev", "list", "-f", "json")
     assert json.loads(out) == [{"uuid": uid, "parent": "0000:41:01.2", "gpu": "0000:41:00.0",
                                 "type": "nvidia-470", "instance": None, "state": "free"}]
@@ -153,6 +154,7 @@ def test_orphans_list_and_reclaim(make_host, run):
     free, stale = str(uuid.uuid4()), str(uuid.uuid4())
     host.create_mdev("0000:18:00.0", "nvidia-231", free)
     host.create_mdev("0000:19:00.0", "nvidia-222", stale)
+    run("claims", "init")
     conf = "[devices]\nenabled_mdev_types = nvidia-231\n"
     code, out, _ = run("--sysfs-root", host.paths.root, "orphans", "list", "-f", "json",
                        "-c", "uuid", "-c", "kind", conf=conf)
@@ -184,6 +186,7 @@ def test_mdev_list_names_the_guest_using_each_mdev(make_host, run, tmp_path):
     used, free = str(uuid.uuid4()), str(uuid.uuid4())
     for mdev in (used, free):
         host.create_mdev("0000:18:00.0", "nvidia-222", mdev)
+    run("claims", "init")
     guest_uuid = str(uuid.uuid4())
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [
         libvirt_domains.domain_xml("web-1", [used], guest_uuid)])
@@ -203,6 +206,7 @@ def test_vendor_vfio_vgpus_in_mdev_list_inventory_and_orphans(make_host, run, tm
     used, free = "0000:c1:00.4", "0000:c1:00.5"
     for vf in (used, free):
         host.set_vendor_vgpu_type(vf, 1156)
+    run("claims", "init")
     guest_uuid = str(uuid.uuid4())
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [
         libvirt_domains.domain_xml("vdi-1", vfs=[used], domain_uuid=guest_uuid)])

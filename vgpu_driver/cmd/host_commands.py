@@ -42,25 +42,27 @@ class ListMdevs(base.Lister):
     set to a type (its uuid is then the VF's address, as is its parent).
     ``state`` is the claim's (claimed, attached, migrating_in, releasing),
     ``in-use`` for a guest's vGPU nobody claimed, or ``free``.  Guests come
-    from libvirt; when it cannot be reached, only claims are shown.
+    from libvirt; when it cannot be reached, only claims are shown and an
+    unclaimed vGPU is ``unknown``.
     """
 
     def take_action(self, parsed_args):
         snapshot = discovery.discover(self.app.open_host())
-        journal = self.app.journal()
+        journal = self.app.journal(snapshot)
         claimed = {c.mdev_uuid: c for c in journal.claims()} if journal else {}
         try:
             users = self.app.domains().mdev_users()
+            unclaimed = "free"
         except libvirt_host.LibvirtUnavailable as exc:
             self.app.LOG.warning("%s", exc)
-            users = {}
+            users, unclaimed = {}, "unknown"
         cols = ("uuid", "parent", "gpu", "type", "instance", "state")
         rows = []
         for vgpu in snapshot.vgpus:
             gpu = snapshot.gpu_of_parent(vgpu.parent)
             claim, user = claimed.get(vgpu.id), users.get(vgpu.id)
             instance = user.uuid if user else claim.instance_uuid if claim else None
-            state = claim.state if claim else "in-use" if user else "free"
+            state = claim.state if claim else "in-use" if user else unclaimed
             rows.append((vgpu.id, vgpu.parent, gpu.address if gpu else None,
                          vgpu.type_id, instance, state))
         return cols, [columns.optional(r) for r in rows]
@@ -76,10 +78,10 @@ def load_mdev_config(app):
     return config
 
 
-def in_use(app):
+def in_use(app, snapshot):
     """vGPU ids (mdev UUIDs, VF addresses) guests or claims reference, or None
     when libvirt is unreachable."""
-    journal = app.journal()
+    journal = app.journal(snapshot)
     claimed = {c.mdev_uuid for c in journal.claims()} if journal else set()
     try:
         return claimed | set(app.domains().mdev_users())
@@ -92,7 +94,8 @@ def desired_tree(app):
     """``(ProviderTree, snapshot)``: the providers this host's GPUs should have."""
     config = load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
-    return inventory.compute(snapshot, config, app.options.nodename, in_use(app)), snapshot
+    return (inventory.compute(snapshot, config, app.options.nodename, in_use(app, snapshot)),
+            snapshot)
 
 
 class ShowInventory(base.Lister):

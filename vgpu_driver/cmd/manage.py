@@ -5,7 +5,6 @@ cliff command declared in ``setup.cfg`` (namespace ``vgpu_driver.manage``),
 so every listing takes ``-f table|json|yaml|value|csv``.
 """
 
-import os
 import socket
 import sys
 
@@ -17,6 +16,7 @@ import vgpu_driver
 from vgpu_driver import claims
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
+from vgpu_driver import exception
 from vgpu_driver import libvirt_host
 from vgpu_driver import privsep
 from vgpu_driver import sysfs
@@ -72,19 +72,27 @@ class ManageApp(app.App):
     def open_host(self):
         return sysfs.open_host(self.conf.vgpu.sysfs_root)
 
-    def journal(self, create=False):
-        """The claims journal; None when there is none and ``create`` is off."""
-        state_dir = self.conf.vgpu.state_dir
-        if not create and not os.path.exists(os.path.join(state_dir, claims.Journal.FILENAME)):
-            return None
-        return claims.Journal(state_dir)
+    def journal(self, snapshot=None, create=False):
+        """The claims journal, checked on open; only ``create`` makes one.
+
+        A missing journal raises JournalMissing, unless ``snapshot`` shows a
+        host without any vGPU: nothing there can be claimed, and None is
+        returned.  A journal that is there but unusable always raises.
+        """
+        try:
+            return claims.Journal(self.conf.vgpu.state_dir, create=create)
+        except exception.JournalMissing:
+            if snapshot is not None and not snapshot.vgpus:
+                return None
+            raise
 
     def domains(self):
         return libvirt_host.LibvirtHost(self.conf.vgpu.libvirt_uri, use_events=False)
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""
-        vgpu = driver.VGPUDriver(self.conf, self.domains(), mdev_config=mdev_config)
+        vgpu = driver.VGPUDriver(self.conf, self.domains(), mdev_config=mdev_config,
+                                 journal=self.journal())
         return vgpu.manager, vgpu.reconciler
 
 

@@ -5,12 +5,23 @@ references.  Both commands need libvirt: without it a guest's mdev cannot be
 told from an orphan, and nothing is removed.
 """
 
+from vgpu_driver import discovery
 from vgpu_driver import reconcile
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
 
 COLUMNS = ("uuid", "parent", "gpu", "type", "kind", "age")
+
+
+def _reconciler(app):
+    """The host's reconciler; None on a host with neither a vGPU nor a
+    journal, where there is nothing to look at.  A missing journal on a host
+    with vGPUs is refused: every claimed mdev would look like an orphan."""
+    if app.journal(discovery.discover(app.open_host())) is None:
+        app.domains().mdev_users()   # still refuse to run blind
+        return None
+    return app.lifecycle(host_commands.load_mdev_config(app))[1]
 
 
 def _add_grace(parser):
@@ -31,7 +42,9 @@ class ListOrphans(base.Lister):
         return parser
 
     def take_action(self, parsed_args):
-        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        reconciler = _reconciler(self.app)
+        if reconciler is None:
+            return COLUMNS, []
         rows = [(o.mdev_uuid, o.parent, o.gpu, o.type_id, o.kind,
                  None if o.age is None else round(o.age, 1))
                 for o in reconciler.orphans(parsed_args.grace)]
@@ -51,7 +64,9 @@ class ReclaimOrphans(base.Lister):
         return parser
 
     def take_action(self, parsed_args):
-        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        reconciler = _reconciler(self.app)
+        if reconciler is None:
+            return ("uuid", "result", "reason"), []
         orphans = [o for o in reconciler.orphans(parsed_args.grace)
                    if parsed_args.include_unmanaged or o.kind != reconcile.UNMANAGED]
         outcomes = reconciler.reclaim(orphans, dry_run=parsed_args.dry_run)

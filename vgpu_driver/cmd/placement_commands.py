@@ -48,7 +48,7 @@ class Audit(base.Lister):
 
     def take_action(self, parsed_args):
         tree, snapshot = host_commands.desired_tree(self.app)
-        journal = self.app.journal()
+        journal = self.app.journal(snapshot)
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
         drifts = audit_mod.audit(_sync(self.app), tree, snapshot, claim_list, users)

@@ -1,0 +1,103 @@
+"""The journal's open path: it exists, passes its integrity check and has a
+schema version this code knows, or it is refused by a typed error naming it."""
+
+import sqlite3
+
+import pytest
+
+from vgpu_driver import claims
+from vgpu_driver import exception
+
+MDEV = "11111111-2222-4333-8444-555555555555"
+
+
+def journal_with_a_claim(state_dir):
+    journal = claims.Journal(str(state_dir))
+    with journal.transaction() as txn:
+        txn.add("inst-1", MDEV, "0000:41:00.0", "0000:41:00.4", "nvidia-468")
+    return journal
+
+
+def test_create_is_the_default_and_records_the_schema_version(tmp_path):
+    journal = claims.Journal(str(tmp_path / "new" / "state"))
+    assert journal.schema_version == claims.SCHEMA_VERSION == 1
+    assert journal.claims() == []
+
+
+def test_without_create_a_missing_state_dir_is_refused_not_created(tmp_path):
+    state = tmp_path / "typo"
+    with pytest.raises(exception.JournalMissing) as caught:
+        claims.Journal(str(state), create=False)
+    assert str(state / "claims.sqlite") in str(caught.value)
+    assert "does not exist" in str(caught.value)
+    assert not state.exists()
+
+
+def test_without_create_a_missing_file_is_refused(tmp_path):
+    with pytest.raises(exception.JournalMissing, match="the file does not exist"):
+        claims.Journal(str(tmp_path), create=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_state_dir_that_is_a_file_is_refused_both_ways(tmp_path):
+    state = tmp_path / "state"
+    state.write_text("x")
+    with pytest.raises(exception.JournalMissing, match="not a directory"):
+        claims.Journal(str(state), create=False)
+    with pytest.raises(exception.JournalMissing, match="cannot create"):
+        claims.Journal(str(state))
+
+
+def test_an_empty_file_is_not_taken_for_an_empty_journal(tmp_path):
+    (tmp_path / "claims.sqlite").write_bytes(b"")
+    with pytest.raises(exception.JournalUnreadable, match=r"empty \(0 bytes\)"):
+        claims.Journal(str(tmp_path), create=False)
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_garbage_is_refused_and_left_as_it_was(tmp_path, create):
+    path = tmp_path / "claims.sqlite"
+    path.write_bytes(b"not a database at all, " * 100)
+    with pytest.raises(exception.JournalUnreadable) as caught:
+        claims.Journal(str(tmp_path), create=create)
+    assert str(path) in str(caught.value) and "file is not a database" in str(caught.value)
+    assert path.read_bytes() == b"not a database at all, " * 100
+
+
+def test_a_truncated_journal_is_refused(tmp_path):
+    journal_with_a_claim(tmp_path)
+    path = tmp_path / "claims.sqlite"
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"claims.sqlite{suffix}").unlink(missing_ok=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 + 100])
+    with pytest.raises(exception.JournalUnreadable):
+        claims.Journal(str(tmp_path), create=False).claims()
+
+
+def test_a_sqlite_file_of_something_else_is_refused(tmp_path):
+    db = sqlite3.connect(tmp_path / "claims.sqlite")
+    db.execute("CREATE TABLE other (x)")
+    db.commit()
+    db.close()
+    with pytest.raises(exception.JournalUnreadable, match="no claims table"):
+        claims.Journal(str(tmp_path), create=False)
+
+
+def test_a_journal_from_a_newer_version_is_refused(tmp_path):
+    journal_with_a_claim(tmp_path)
+    db = sqlite3.connect(tmp_path / "claims.sqlite")
+    db.execute("PRAGMA user_version = 7")
+    db.close()
+    with pytest.raises(exception.JournalTooNew, match="schema version 7"):
+        claims.Journal(str(tmp_path))
+
+
+def test_a_journal_written_before_versioning_is_migrated_with_its_claims(tmp_path):
+    journal_with_a_claim(tmp_path)
+    db = sqlite3.connect(tmp_path / "claims.sqlite")
+    db.execute("PRAGMA user_version = 0")
+    db.close()
+    journal = claims.Journal(str(tmp_path), create=False)
+    assert journal.schema_version == claims.SCHEMA_VERSION
+    assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
