@@ -28,6 +28,7 @@ Tree::
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
     ├── InvalidNodename               a compute node name Placement cannot take
     ├── InvalidOption                 a command-line value that cannot be used
+    ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
     └── JournalError                  the claims journal cannot be used
         ├── JournalMissing            no journal (and not asked to create one)
         ├── JournalUnreadable         empty, truncated, garbage or failed integrity
@@ -262,3 +263,8 @@ class JournalTooNew(JournalError):
 
 class InvalidOption(VgpuDriverError):
     msg_fmt = "%(option)s %(value)r: %(reason)s"
+
+
+class InvalidSysfsRoot(VgpuDriverError):
+    msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
+               "([vgpu] sysfs_root).")

@@ -198,6 +198,10 @@ def compute(snapshot, config, nodename, in_use=None):
                                           f"{', '.join(offered) or 'nothing'})"))
             continue
         total, reserved, reason = _gpu_capacity(gpu, type_id, in_use)
+        unreadable = sorted({u for _, info in gpu.offers(type_id) for u in info.unreadable})
+        if unreadable:
+            reserved, reason = total, (f"unreadable sysfs value {unreadable[0]}; check the "
+                                       "vendor driver")
         rows.append({"gpu": gpu, "type_id": type_id, "total": total, "reserved": reserved,
                      "reason": reason, "type_name": type_info.name if type_info else None,
                      "existing": gpu.vgpu_types_in_use().get(type_id, 0)})

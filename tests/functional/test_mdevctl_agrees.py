@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from vgpu_driver import claims
 from vgpu_driver import sysfs
 from vgpu_driver.sysfs import fakekernel
 from vgpu_driver.sysfs import profiles
@@ -98,10 +99,13 @@ def our_view(root):
     mdevctl leaves out an empty name or description and joins a
     description's lines with ", "; we keep them as read.
     """
+    state_dir = f"{root}-state"
+    claims.Journal(state_dir)          # as nova-compute's start-up leaves it
+
     def run(*args):
         done = subprocess.run(
             [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file", os.devnull,
-             "--sysfs-root", str(root), *args, "-f", "json"],
+             "--sysfs-root", str(root), "--state-dir", state_dir, *args, "-f", "json"],
             capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)

@@ -6,6 +6,7 @@ import uuid
 import pytest
 
 from vgpu_driver import discovery
+from vgpu_driver import exception
 from vgpu_driver import sysfs
 from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs import linux
@@ -35,10 +36,12 @@ def test_every_profile_is_discovered(make_host, profile):
     assert snapshot.mdevs == ()
 
 
-def test_the_reader_is_the_production_one(make_host):
+def test_the_reader_is_the_production_one(make_host, tmp_path):
     host = make_host("t4x8")
     assert type(sysfs.open_host(host.paths.root)).list_parents is linux.LinuxSysfs.list_parents
-    assert type(sysfs.open_host(str(host.paths.root) + "/devices")) is linux.LinuxSysfs
+    for landmark in ("bus", "class"):
+        (tmp_path / "plain" / landmark).mkdir(parents=True)
+    assert type(sysfs.open_host(str(tmp_path / "plain"))) is linux.LinuxSysfs
 
 
 def test_t4_types_carry_the_vendor_description(make_host):
@@ -95,6 +98,20 @@ def test_descriptions_and_creatable_lists_parse_leniently():
         (1145, "NVIDIA L40S-1B"), (1146, "NVIDIA L40S-2B"))
 
 
-def test_a_bare_directory_is_an_empty_host(tmp_path):
+def test_a_sysfs_without_gpus_is_an_empty_host(tmp_path):
+    for landmark in ("bus", "class"):
+        (tmp_path / landmark).mkdir()
     snapshot = discovery.discover(sysfs.open_host(str(tmp_path)))
     assert snapshot.gpus == () and snapshot.mdevs == ()
+
+
+@pytest.mark.parametrize("make_root, reason", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: (p / "file").write_text("") or p / "file", "is not a directory"),
+    (lambda p: p, "has no bus/ and no class/"),
+    (lambda p: (p / "bus").mkdir() or p, "has no class/"),
+])
+def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, reason):
+    root = make_root(tmp_path)
+    with pytest.raises(exception.InvalidSysfsRoot, match=reason):
+        linux.LinuxSysfs(str(root))

@@ -41,6 +41,9 @@ class MdevTypeInfo:
     device_api: str
     name: str | None = None
     description: str | None = None
+    # "<file>: <why>" for each attribute that could not be parsed: the GPU is
+    # then reserved with that reason rather than served on a guess.
+    unreadable: tuple[str, ...] = ()
 
     @property
     def attributes(self):

@@ -102,10 +102,10 @@ class FakeKernel(linux.LinuxSysfs):
         model = vendor.host_model(profile)
         with open(os.path.join(root, MARKER_DIR, "host.json"), "w") as f:
             json.dump(model, f, indent=1, sort_keys=True)
-        kernel = cls(root)
         for sub in ("class/mdev_bus", "bus/mdev/devices", "bus/pci/devices",
                     "bus/pci/drivers", "devices/virtual"):
-            os.makedirs(kernel.paths.join(sub), exist_ok=True)
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        kernel = cls(root)
         with kernel._locked():
             for gpu in model["gpus"]:
                 kernel._plug_gpu(gpu)

@@ -78,6 +78,41 @@ def _call_with_timeout(func, timeout, *args):
     return outcome.get("result")
 
 
+def _count(text):
+    """A kernel-printed count: decimal digits only."""
+    if not text.isdigit():
+        raise ValueError("not a count")
+    return int(text)
+
+
+def _printable(text):
+    if not text.isprintable():
+        raise ValueError("holds control characters")
+    return text
+
+
+def read_parsed(path, parse, unreadable):
+    """``parse`` of an attribute's text; None when absent.  Bytes that are not
+    UTF-8, or text ``parse`` refuses, are never guessed at: None, and
+    ``"<path>: <why>"`` is appended to ``unreadable`` (and logged)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        raw = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    try:
+        return parse(raw.decode("utf-8").strip())
+    except ValueError as exc:
+        reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        problem = f"{path}: {raw[:40]!r} is unreadable ({reason})"
+        LOG.warning("Unreadable sysfs value: %s", problem)
+        unreadable.append(problem)
+        return None
+
+
 def _int_or_none(text):
     try:
         return int(text, 0) if text is not None else None
@@ -99,7 +134,7 @@ class LinuxSysfs(base.SysfsHost):
     """The sysfs backend for a real kernel (or any tree laid out like one)."""
 
     def __init__(self, root=sysfs_paths.DEFAULT_ROOT):
-        self.paths = sysfs_paths.SysfsPaths(root)
+        self.paths = sysfs_paths.SysfsPaths(sysfs_paths.check_root(root))
 
     def __repr__(self):
         return f"{type(self).__name__}({self.paths.root!r})"
@@ -128,6 +163,9 @@ class LinuxSysfs(base.SysfsHost):
     def _read_parent(self, name):
         link = self.paths.parent(name)
         device_path = resolve_link(link) or link
+        if not os.path.isdir(device_path):
+            LOG.warning("Skipping parent %s: %s points to no device", name, link)
+            return None
         types = tuple(self._read_types(device_path))
         address = physfn = None
         if names.is_pci_address(name):
@@ -149,13 +187,15 @@ class LinuxSysfs(base.SysfsHost):
                 continue
             # Plain concatenation: this loop runs for every type of every parent.
             prefix = f"{types_dir}/{type_id}/"
-            available = _int_or_none(read_attr(prefix + "available_instances"))
+            unreadable = []
+            available = read_parsed(prefix + "available_instances", _count, unreadable)
             yield base.MdevTypeInfo(
                 type_id=type_id,
                 available_instances=available or 0,
-                device_api=read_attr(prefix + "device_api") or "",
-                name=read_attr(prefix + "name"),
-                description=read_attr(prefix + "description"))
+                device_api=read_parsed(prefix + "device_api", _printable, unreadable) or "",
+                name=read_parsed(prefix + "name", _printable, unreadable),
+                description=read_parsed(prefix + "description", str, unreadable),
+                unreadable=tuple(unreadable))
 
     def list_mdevs(self):
         mdevs = []

@@ -8,7 +8,25 @@ sysfs directories they return, and take only names that
 
 import os
 
+from vgpu_driver import exception
+
 DEFAULT_ROOT = "/sys"
+# Directories every sysfs has, GPUs or not: a root without them is a typo,
+# not a host without GPUs.
+_SYSFS_LANDMARKS = ("bus", "class")
+
+
+def check_root(root):
+    """Refuse a root that does not exist or does not look like sysfs."""
+    if not os.path.exists(root):
+        raise exception.InvalidSysfsRoot(root=root, reason="does not exist")
+    if not os.path.isdir(root):
+        raise exception.InvalidSysfsRoot(root=root, reason="is not a directory")
+    missing = [d for d in _SYSFS_LANDMARKS if not os.path.isdir(os.path.join(root, d))]
+    if missing:
+        raise exception.InvalidSysfsRoot(
+            root=root, reason=f"has no {' and no '.join(f'{d}/' for d in missing)}")
+    return root
 
 
 class SysfsPaths:
