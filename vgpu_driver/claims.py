@@ -138,23 +138,35 @@ class Journal:
             raise exception.JournalUnreadable(path=self.path, reason=str(exc)) from exc
 
     def _open_checked(self, create):
-        """Integrity check, then the schema brought to this version."""
-        db = self._db()
-        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
-        if verdict != "ok":
-            raise exception.JournalUnreadable(path=self.path,
-                                              reason=f"integrity check: {verdict}")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise exception.JournalTooNew(path=self.path, found=version,
-                                          known=SCHEMA_VERSION)
-        if version == SCHEMA_VERSION:
-            return
-        has_claims = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                                "AND name = 'claims'").fetchone() is not None
+        """Integrity and version checked read-only (a refused file is left
+        byte for byte as it was), then the schema brought to this version."""
+        version, has_claims = 0, False
+        if os.path.exists(self.path):
+            version, has_claims = self._check_read_only()
         if version == 0 and not has_claims and not create:
             raise exception.JournalUnreadable(path=self.path, reason="it holds no claims table")
-        self._migrate(db, 1 if version == 0 and has_claims else version)
+        db = self._db()
+        if version < SCHEMA_VERSION:
+            self._migrate(db, 1 if version == 0 and has_claims else version)
+
+    def _check_read_only(self):
+        """``(schema version, has a claims table)`` of a journal that passes
+        sqlite's integrity check and is not newer than this code."""
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                             timeout=self._busy_timeout)
+        try:
+            verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+            if verdict != "ok":
+                raise exception.JournalUnreadable(path=self.path,
+                                                  reason=f"integrity check: {verdict}")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            has_claims = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                    "AND name = 'claims'").fetchone() is not None
+        finally:
+            db.close()
+        if version > SCHEMA_VERSION:
+            raise exception.JournalTooNew(path=self.path, found=version, known=SCHEMA_VERSION)
+        return version, has_claims
 
     def _migrate(self, db, version):
         with _process_lock(self.path):

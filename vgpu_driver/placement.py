@@ -20,6 +20,7 @@ from keystoneauth1 import exceptions as ks_exceptions
 from oslo_log import log as logging
 
 from vgpu_driver import exception
+from vgpu_driver import names
 
 LOG = logging.getLogger(__name__)
 
@@ -40,8 +41,20 @@ class PlacementUnavailable(exception.VgpuDriverError):
                "and that Placement is up.")
 
 
-class Conflict(Exception):
-    """HTTP 409: a generation moved under us."""
+class Conflict(exception.VgpuDriverError):
+    """HTTP 409: a generation moved under us (retried), or a name is taken."""
+
+    msg_fmt = "Placement refused %(method)s %(url)s: HTTP 409 %(detail)s"
+
+
+class KeystoneUnavailable(exception.VgpuDriverError):
+    msg_fmt = ("Keystone did not answer at %(auth_url)s (%(reason)s); nothing was sent to "
+               "Placement. Check [placement] auth_url and that Keystone is up.")
+
+
+class KeystoneRefused(exception.VgpuDriverError):
+    msg_fmt = ("Keystone refused the credentials for Placement at %(auth_url)s (%(reason)s); "
+               "check the [placement] auth options (username, password, project).")
 
 
 @dataclasses.dataclass
@@ -84,10 +97,28 @@ class Client:
         self.attempts = attempts
         self.backoff = backoff
         self.sleep = sleep
+        self._authenticated = False
+
+    def _authenticate(self):
+        """Get a token first, so a Keystone fault is named as Keystone's and
+        not taken for Placement's."""
+        if self._authenticated:
+            return
+        auth_url = getattr(self.proxy.session.auth, "auth_url", None) or "(no auth_url)"
+        try:
+            self.proxy.get_token()
+        except ks_exceptions.ConnectionError as exc:
+            raise KeystoneUnavailable(auth_url=auth_url,
+                                      reason=f"{type(exc).__name__}: {exc}") from exc
+        except ks_exceptions.ClientException as exc:
+            raise KeystoneRefused(auth_url=auth_url,
+                                  reason=f"{type(exc).__name__}: {exc}") from exc
+        self._authenticated = True
 
     def request(self, method, url, body=None, report=None):
         """The JSON answer (or None); raises Conflict, PlacementError, or
         PlacementUnavailable once retries are spent."""
+        self._authenticate()
         reason = ""
         for attempt in range(1, self.attempts + 1):
             if report is not None:
@@ -100,7 +131,7 @@ class Client:
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code == 409:
-                    raise Conflict(response.text)
+                    raise Conflict(method=method, url=url, detail=response.text[:300])
                 if response.status_code < 500:
                     if response.status_code >= 400:
                         raise PlacementError(method=method, url=url,
@@ -155,6 +186,21 @@ def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, tr
     return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
             and tree.provider(name) is None and ours
             and not set(traits) & FOREIGN_OWNER_TRAITS)
+
+
+def why_unwanted(tree, name):
+    """Why a provider of ours is no longer wanted: its GPU is gone, or it is
+    there but no longer configured (listed in ``tree.unserved``)."""
+    prefix = f"{tree.root_name}_"
+    for address, reason in tree.unserved:
+        if name in (f"{prefix}{address}", f"{prefix}{_provider_suffix(address)}"):
+            return f"its GPU {address} is no longer configured ({reason})"
+    return "its GPU is gone"
+
+
+def _provider_suffix(address):
+    return names.parse_pci_address(address).provider_suffix if names.is_pci_address(
+        address) else address
 
 
 def fully_reserved(inventories):
@@ -329,15 +375,17 @@ class ProviderSync:
                                             known.inventories, known.traits):
                 continue
             consumers = sorted(self.allocations(name, report))
+            why = why_unwanted(tree, name)
             if not consumers:
-                self._delete(name, report, dry_run)
+                self._delete(name, report, dry_run, why)
                 continue
-            LOG.warning("GPU of provider %s is gone but %s still hold allocations on it; "
-                        "keeping it fully reserved", name, ", ".join(consumers))
+            LOG.warning("Provider %s: %s but %s still hold allocations on it; %s it fully "
+                        "reserved", name, why, ", ".join(consumers),
+                        "would keep" if dry_run else "keeping")
             self._set_inventories(name, fully_reserved(known.inventories), report, dry_run)
             report.kept.append((name, consumers))
 
-    def _delete(self, name, report, dry_run):
+    def _delete(self, name, report, dry_run, why):
         def write(known):
             try:
                 self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
@@ -349,7 +397,8 @@ class ProviderSync:
         if not dry_run:
             del self.known[name]
         report.deleted.append(name)
-        LOG.info("Deleted provider %s: its GPU is gone and nothing is allocated on it", name)
+        LOG.info("%s provider %s: %s and nothing is allocated on it",
+                 "Would delete" if dry_run else "Deleted", name, why)
 
     def provider_uuids(self, tree):
         """``{rp uuid: GpuProvider}`` for the tree's providers known here."""

@@ -73,6 +73,7 @@ def test_a_truncated_journal_is_refused(tmp_path):
     path.write_bytes(data[: len(data) // 2 + 100])
     with pytest.raises(exception.JournalUnreadable):
         claims.Journal(str(tmp_path), create=False).claims()
+    assert path.read_bytes() == data[: len(data) // 2 + 100]
 
 
 def test_a_sqlite_file_of_something_else_is_refused(tmp_path):

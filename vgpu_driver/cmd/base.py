@@ -6,6 +6,7 @@
 
 from cliff import command
 from cliff import lister
+from keystoneauth1 import exceptions as ks_exceptions
 from oslo_config import cfg
 
 from vgpu_driver import exception
@@ -14,14 +15,29 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_ERROR = 2
 
+# What a command can meet on a sound host given bad input: each is one
+# ``error:`` line.  Anything else is a bug and keeps its traceback.
+EXPECTED_ERRORS = (exception.VgpuDriverError, cfg.Error, OSError,
+                   ks_exceptions.ClientException)
+
+
+def one_line(exc):
+    """The error's text on one line, naming the file for an OSError."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines[:1] + ["; ".join(lines[1:])] if len(lines) > 1 else lines)
+
 
 class _ErrorsAsExitCodes:
     def run(self, parsed_args):
         try:
             return super().run(parsed_args)
-        except (exception.VgpuDriverError, cfg.Error) as exc:
+        except EXPECTED_ERRORS as exc:
             self.app.LOG.debug("%s failed", self.cmd_name, exc_info=exc)
-            self.app.stderr.write(f"error: {exc}\n")
+            self.app.stderr.write(f"error: {one_line(exc)}\n")
             return EXIT_ERROR
 
 
@@ -30,4 +46,9 @@ class Command(_ErrorsAsExitCodes, command.Command):
 
 
 class Lister(_ErrorsAsExitCodes, lister.Lister):
-    pass
+    def produce_output(self, parsed_args, column_names, data):
+        """An empty table is no output at all, not a blank line."""
+        data = list(data)
+        if not data and parsed_args.formatter in ("table", "value"):
+            return EXIT_OK
+        return super().produce_output(parsed_args, column_names, data)

@@ -1,6 +1,10 @@
 """``fake-host``: write a tree that plays /sys, answered by the fake kernel."""
 
+import os
+import shutil
+import tempfile
 
+from vgpu_driver import exception
 from vgpu_driver.cmd import base
 from vgpu_driver.sysfs import fakekernel
 from vgpu_driver.sysfs import profiles
@@ -32,9 +36,28 @@ class CreateFakeHost(base.Command):
         loaded = [profiles.load(name) for name in parsed_args.profile]
         profile = (loaded[0] if len(loaded) == 1 else
                    profiles.combine("+".join(parsed_args.profile), *loaded))
-        kernel = fakekernel.FakeKernel.build(parsed_args.dir, profile)
+        kernel = fakekernel.FakeKernel(_build_whole(parsed_args.dir, profile))
         parents = kernel.list_parents()
         self.app.stdout.write(
             f"fake host {profile['name']!r} written to {kernel.paths.root}: "
             f"{len(profile['gpus'])} device(s), {len(parents)} mdev parent(s)\n")
         return 0
+
+
+def _build_whole(target, profile):
+    """Build the host beside ``target`` and rename it into place: a failure
+    leaves no half-written host, and ``target`` is never written into."""
+    target = os.path.abspath(target)
+    if os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target)):
+        raise exception.FakeHostExists(path=target)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
+    try:
+        os.chmod(staging, 0o755)  # noqa: S103 - a fake /sys, readable like the real one
+        fakekernel.FakeKernel.build(staging, profile)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target

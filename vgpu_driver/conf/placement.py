@@ -6,8 +6,11 @@ running inside nova uses nova's credentials.  Without ``auth_type`` the
 standard ``OS_*`` variables or ``clouds.yaml`` (``OS_CLOUD``) are used.
 """
 
+from keystoneauth1 import exceptions as ks_exceptions
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
+
+from vgpu_driver import exception
 
 GROUP = "placement"
 
@@ -42,10 +45,25 @@ def _unique(options):
     return unique
 
 
-def connection(conf):
-    """An openstacksdk Connection to Placement from ``[placement]`` or OS_*."""
-    import openstack
+class MissingCredentials(exception.VgpuDriverError):
+    msg_fmt = ("No usable credentials for Placement (%(reason)s): set [placement] auth_type, "
+               "auth_url, username, password, project_name ... as for nova-compute, or the "
+               "OS_* variables / OS_CLOUD.")
 
+
+def connection(conf):
+    """An openstacksdk Connection to Placement from ``[placement]`` or OS_*;
+    MissingCredentials names what is lacking."""
+    import openstack
+    from openstack import exceptions as sdk_exceptions
+
+    try:
+        return _connection(conf, openstack)
+    except (ks_exceptions.ClientException, sdk_exceptions.SDKException) as exc:
+        raise MissingCredentials(reason=str(exc)) from exc
+
+
+def _connection(conf, openstack):
     if conf[GROUP].auth_type:
         auth = ks_loading.load_auth_from_conf_options(conf, GROUP)
         session = ks_loading.load_session_from_conf_options(conf, GROUP, auth=auth)
