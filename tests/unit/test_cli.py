@@ -121,10 +121,10 @@ def test_config_check_lists_each_problem(make_host, run):
         "error: [mdev_nvidia-36] device_addresses = '0000:84:00.0': 0000:84:00.0 is also "
         "listed under type nvidia-35; a device serves one type: remove it from "
         "[mdev_nvidia-36] or [mdev_nvidia-35]",
-        "warning: [mdev_nvidia-35] device_addresses = '0000:99:00.0': no mdev-capable "
+        "error: [devices] enabled_mdev_types = 'nvidia-99': no device on this host "
+        "offers this type; did you mean 'nvidia-39'?",
+        "error: [mdev_nvidia-35] device_addresses = '0000:99:00.0': no mdev-capable "
         "device at this address on this host",
-        "warning: [devices] enabled_mdev_types = 'nvidia-99': no device on this host "
-        "offers this type",
     ]
 
 

@@ -1,0 +1,123 @@
+"""What ``config check`` finds: mistakes a valid nova.conf can still hold.
+
+Option syntax is checked by :mod:`vgpu_driver.conf.mdev_types`; here the
+configuration is read against itself and against the host: groups that
+configure nothing, types or addresses the host does not have, nothing
+enabled, and vendor-VFIO types with no cap.  Each problem names the option
+and value, and suggests the near miss when there is one.
+"""
+
+import difflib
+import re
+
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver.conf import devices
+
+# NVIDIA names a vGPU type after its framebuffer: "NVIDIA L40S-8Q" is 8 GB.
+_FRAMEBUFFER_GB_RE = re.compile(r"-(\d+)[A-Z]+$")
+
+
+def _near_miss(value, candidates, cutoff=0.6):
+    close = difflib.get_close_matches(value, sorted(set(candidates)), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _offered(snapshot):
+    return {t.type_id: t.name for g in snapshot.gpus for p in g.parents for t in p.types}
+
+
+def stray_groups(conf, config, snapshot):
+    """``[mdev_*]`` groups of no enabled type: their options do nothing."""
+    wanted = {devices.group_name(t) for t in config.enabled}
+    offered = {devices.group_name(t) for t in _offered(snapshot)}
+    problems = []
+    for section in conf.list_all_sections():
+        if not section.startswith("mdev_") or section in wanted:
+            continue
+        hint = (f"; enable {section[len('mdev_'):]} in [devices] enabled_mdev_types or "
+                "remove the group" if section in offered else _near_miss(section, wanted))
+        problems.append(exception.ConfigProblem(
+            "group", f"[{section}]", "configures no enabled type (it is not in [devices] "
+            f"enabled_mdev_types), so its options are ignored{hint}"))
+    return problems
+
+
+def nothing_enabled(config, snapshot):
+    if config.enabled:
+        return []
+    offered = ", ".join(sorted(_offered(snapshot))) or "none"
+    return [exception.ConfigProblem(
+        "[devices] enabled_mdev_types", "", "no type is enabled, so no GPU gets a provider "
+        f"(types offered on this host: {offered})")]
+
+
+def absent_types(config, snapshot):
+    offered = _offered(snapshot)
+    return [exception.ConfigProblem(
+        "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
+        f"{_near_miss(type_id, offered)}")
+        for type_id in config.enabled if type_id not in offered]
+
+
+def absent_addresses(config, snapshot):
+    problems = []
+    for type_config in config.types:
+        option = f"[{devices.group_name(type_config.type_id)}] device_addresses"
+        addresses = [a for g in snapshot.gpus for a in g.addresses]
+        for address in type_config.device_addresses:
+            gpu = snapshot.gpu(address)
+            if gpu is None:
+                problems.append(exception.ConfigProblem(
+                    option, address, "no mdev-capable device at this address on this host"
+                    f"{_near_miss(address, addresses, cutoff=0.9)}"))
+            elif not gpu.offers(type_config.type_id):
+                offered = sorted({t.type_id for p in gpu.parents for t in p.types})
+                problems.append(exception.ConfigProblem(
+                    option, address, f"does not offer {type_config.type_id} "
+                    f"(offers: {', '.join(offered) or 'nothing'})", "warning"))
+    return problems
+
+
+def framebuffer_gb(type_name):
+    match = _FRAMEBUFFER_GB_RE.search(type_name or "")
+    return int(match[1]) if match else None
+
+
+def vendor_vfio_fit(gpu, type_id):
+    """How many vGPUs of ``type_id`` the GPU's memory holds, from the type
+    names its VFs list (the largest type is the whole GPU); None if unknown."""
+    sizes = [framebuffer_gb(t.name) for p in gpu.parents for t in p.types]
+    wanted = [framebuffer_gb(t.name) for _, t in gpu.offers(type_id)]
+    if not wanted or not wanted[0] or not any(sizes):
+        return None
+    return max(s for s in sizes if s) // wanted[0]
+
+
+def uncapped_vendor_vfio(config, snapshot):
+    """A vendor-VFIO GPU lists a type on each of its VFs, so without a cap its
+    inventory is the VF count, not what its memory holds."""
+    problems = []
+    for type_config in config.types:
+        if type_config.max_instances is not None:
+            continue
+        fits = [vendor_vfio_fit(g, type_config.type_id) for g in snapshot.gpus
+                if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)]
+        if not fits:
+            continue
+        known = [f for f in fits if f]
+        cap = (f"set it to {sum(known)} ({len(fits)} GPU(s) whose memory holds "
+               f"{', '.join(map(str, known))})" if len(known) == len(fits)
+               else "set it from the GPUs' memory and the type's framebuffer")
+        problems.append(exception.ConfigProblem(
+            f"[{devices.group_name(type_config.type_id)}] max_instances", "unset",
+            "unset for a vendor-VFIO type: each VF lists the type, so the inventory "
+            f"would count VFs rather than what fits in memory; {cap}"))
+    return problems
+
+
+def check(conf, config, snapshot):
+    """Every problem found, errors first in the order they are checked."""
+    return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
+            + absent_types(config, snapshot) + absent_addresses(config, snapshot)
+            + uncapped_vendor_vfio(config, snapshot))
