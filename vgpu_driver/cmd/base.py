@@ -52,3 +52,12 @@ class Lister(_ErrorsAsExitCodes, lister.Lister):
         if not data and parsed_args.formatter in ("table", "value"):
             return EXIT_OK
         return super().produce_output(parsed_args, column_names, data)
+
+
+class FailableLister(Lister):
+    """A listing of outcomes: exit 1 when ``take_action`` set ``self.failed``."""
+
+    def run(self, parsed_args):
+        self.failed = False
+        code = super().run(parsed_args)
+        return code or (EXIT_PROBLEMS if self.failed else EXIT_OK)

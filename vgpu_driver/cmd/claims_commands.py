@@ -46,7 +46,7 @@ class ListClaims(base.Lister):
         return COLUMNS, [columns.optional(r) for r in rows]
 
 
-class RestoreClaims(base.Lister):
+class RestoreClaims(base.FailableLister):
     """Create again the claimed vGPUs this host lost; exit 1 if one fails."""
 
     def get_parser(self, prog_name):
@@ -66,8 +66,3 @@ class RestoreClaims(base.Lister):
         self.failed = any(o.result == "failed" for o in outcomes)
         return ("vgpu", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
                                               for o in outcomes]
-
-    def run(self, parsed_args):
-        self.failed = False
-        code = super().run(parsed_args)
-        return code or (base.EXIT_PROBLEMS if self.failed else base.EXIT_OK)

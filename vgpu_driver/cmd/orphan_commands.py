@@ -51,7 +51,7 @@ class ListOrphans(base.Lister):
         return COLUMNS, [columns.optional(r) for r in rows]
 
 
-class ReclaimOrphans(base.Lister):
+class ReclaimOrphans(base.FailableLister):
     """Remove orphan mdevs (free and stale-type; unmanaged ones on request)."""
 
     def get_parser(self, prog_name):
@@ -73,8 +73,3 @@ class ReclaimOrphans(base.Lister):
         self.failed = any(o.result == "failed" for o in outcomes)
         return ("uuid", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
                                               for o in outcomes]
-
-    def run(self, parsed_args):
-        self.failed = False
-        code = super().run(parsed_args)
-        return code or (base.EXIT_PROBLEMS if self.failed else base.EXIT_OK)
