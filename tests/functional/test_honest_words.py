@@ -6,7 +6,9 @@ import logging
 import sys
 
 from tests.functional import test_placement_sync as sync_tests
+from tests.placement_faults import FaultInjector
 from vgpu_driver import claims
+from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
 
 service = sync_tests.service
@@ -82,3 +84,23 @@ def test_mdev_list_says_unknown_when_libvirt_is_unreachable(make_host, tmp_path,
         "qemu+unix:///system?socket=/nonexistent", "mdev", "list", "-f", "json",
         "-c", "state")
     assert (code, json.loads(out)) == (0, [{"state": "unknown"}])
+
+
+def test_a_conflict_that_outlasts_the_retries_is_one_error_line(make_host, tmp_path,
+                                                                monkeypatch):
+    injectors = []
+
+    def middleware(app):
+        injectors.append(FaultInjector(app))
+        return injectors[0]
+
+    with placement_service.EmbeddedPlacement(middleware=middleware) as faulty:
+        injectors[0].conflict("PUT", r"/resource_providers/[0-9a-f-]+/inventories", times=None)
+        code, out, err = sync_tests.run_cli(
+            tmp_path, faulty, monkeypatch, make_host("a100-sriov").paths.root, "sync",
+            conf="[devices]\nenabled_mdev_types = nvidia-468\n")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert len(errors) == 1
+    assert errors[0].startswith("error: Placement refused PUT /resource_providers/")
+    assert "/inventories: HTTP 409" in errors[0]
