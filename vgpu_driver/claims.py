@@ -25,6 +25,7 @@ import os
 import sqlite3
 import threading
 import time
+from urllib import parse
 
 from vgpu_driver import exception
 from vgpu_driver import names
@@ -152,7 +153,7 @@ class Journal:
     def _check_read_only(self):
         """``(schema version, has a claims table)`` of a journal that passes
         sqlite's integrity check and is not newer than this code."""
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+        db = sqlite3.connect(f"file:{parse.quote(self.path)}?mode=ro", uri=True,
                              timeout=self._busy_timeout)
         try:
             verdict = db.execute("PRAGMA quick_check").fetchone()[0]

@@ -67,6 +67,9 @@ def test_garbage_is_refused_and_left_as_it_was(tmp_path, create):
 def test_a_truncated_journal_is_refused(tmp_path):
     journal_with_a_claim(tmp_path)
     path = tmp_path / "claims.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")    # every page in the main file
+    db.close()
     for suffix in ("-wal", "-shm"):
         (tmp_path / f"claims.sqlite{suffix}").unlink(missing_ok=True)
     data = path.read_bytes()
@@ -102,3 +105,9 @@ def test_a_journal_written_before_versioning_is_migrated_with_its_claims(tmp_pat
     journal = claims.Journal(str(tmp_path), create=False)
     assert journal.schema_version == claims.SCHEMA_VERSION
     assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
+
+
+def test_a_state_dir_with_uri_characters_opens(tmp_path):
+    state = tmp_path / "a?b#c%20"
+    journal_with_a_claim(state)
+    assert [c.mdev_uuid for c in claims.Journal(str(state), create=False).claims()] == [MDEV]
