@@ -47,7 +47,7 @@ class World:
                 txn.add(f"inst-{number}", mdev, A100, parent, "nvidia-468",
                         state=claims.ATTACHED, created=True)
         self.write("nova.conf", CONF)
-        self.bad = self.make_bad_inputs()
+        self.make_bad_inputs()
 
     def path(self, *parts):
         return os.path.join(self.root, *parts)
@@ -73,7 +73,6 @@ class World:
             db = sqlite3.connect(self.path("journals", name, "claims.sqlite"))
             db.executescript(setup)
             db.close()
-        return {}
 
     def run(self, argv, conf=CONF, env=None):
         conf_file = self.write("case.conf", conf)
