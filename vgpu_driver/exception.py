@@ -25,7 +25,11 @@ Tree::
     │   └── NoGpuCapacity             nothing free and nothing creatable
     │       └── VfTypeRefused         a vendor-VFIO VF refused the type (GPU full)
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
-    └── ClaimConflict                 an mdev (or VF) is claimed by another instance
+    ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
+    └── KeystoneError                 unified limits cannot be read or written
+        ├── LimitsNotConfigured       [oslo_limit] lacks what is needed
+        ├── KeystoneUnavailable       Keystone cannot be reached
+        └── KeystoneRefused           Keystone refused (credentials, role, endpoint)
 """
 
 import errno as errno_mod
@@ -224,3 +228,20 @@ class UnknownVgpu(VgpuDriverError):
 
 class ClaimConflict(VgpuDriverError):
     msg_fmt = "mdev %(mdev)s is already claimed by instance %(owner)s."
+
+
+class KeystoneError(VgpuDriverError):
+    msg_fmt = "Keystone: %(reason)s"
+
+
+class LimitsNotConfigured(KeystoneError):
+    msg_fmt = ("Keystone: %(option)s is not set; set [oslo_limit] as nova's unified "
+               "limits use it.")
+
+
+class KeystoneUnavailable(KeystoneError):
+    msg_fmt = "Keystone at %(url)s cannot be reached: %(reason)s"
+
+
+class KeystoneRefused(KeystoneError):
+    msg_fmt = "Keystone refused to %(action)s: %(reason)s"
