@@ -193,11 +193,11 @@ def load(conf):
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)
         type_configs.append(type_config)
-        if type_config.device_ids:
-            pass
-        elif not type_config.device_addresses and default_type is None:
+        # A type naming neither addresses nor models serves the rest.
+        serves_the_rest = not type_config.device_addresses and not type_config.device_ids
+        if serves_the_rest and default_type is None:
             default_type = type_id
-        elif not type_config.device_addresses:
+        elif serves_the_rest:
             problems.append(exception.ConfigProblem(
                 _option(devices.group_name(type_id), "device_addresses"), [],
                 f"empty, but type {default_type} already serves every unlisted "
