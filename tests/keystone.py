@@ -16,8 +16,10 @@ service with an endpoint in ``RegionOne`` (:attr:`nova_endpoint_id`) and a
 system-reader user ``observer``.
 """
 
+import atexit
 import logging as std_logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -99,6 +101,8 @@ def _build():
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v3"
     state_dir = tempfile.mkdtemp(prefix="keystone-")
+    # The app lives as long as the process (Keystone loads its backends once).
+    atexit.register(shutil.rmtree, state_dir, True)
     conf, keys = _configure(state_dir)
     _fernet_setup(conf, keys)
     _bootstrap(url)
