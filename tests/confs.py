@@ -9,3 +9,18 @@ NOVA_GUIDE_M60 = """
     [mdev_nvidia-36]
     device_addresses = 0000:86:00.0
     """
+
+# One nova.conf for a whole fleet: GPUs chosen by model, not by address.
+# Eight T4 split 4 x T4-4C and the rest T4-8C; A100 boards serve A100-4C.
+FLEET = """
+    [devices]
+    enabled_mdev_types = nvidia-319, nvidia-320, nvidia-468
+    [mdev_nvidia-319]
+    device_ids = 10de:1eb8
+    gpu_count = 4
+    [mdev_nvidia-320]
+    device_ids = 10de:1eb8
+    [mdev_nvidia-468]
+    device_ids = 10de:20f1
+    mdev_class = CUSTOM_A100_4C
+    """

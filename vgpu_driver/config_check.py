@@ -13,6 +13,7 @@ import re
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver.conf import devices
+from vgpu_driver.conf import fleet
 
 # NVIDIA names a vGPU type after its framebuffer: "NVIDIA L40S-8Q" is 8 GB.
 _FRAMEBUFFER_GB_RE = re.compile(r"-(\d+)[A-Z]+$")
@@ -52,12 +53,21 @@ def nothing_enabled(config, snapshot):
         f"(types offered on this host: {offered})")]
 
 
+def _model_absent(type_config, snapshot):
+    """A type chosen by GPU model serves a fleet: a host without that model is
+    expected, not a mistake."""
+    present = {fleet.gpu_device_id(g) for g in snapshot.gpus}
+    return bool(type_config and type_config.device_ids) and present.isdisjoint(
+        type_config.device_ids)
+
+
 def absent_types(config, snapshot):
     offered = _offered(snapshot)
     return [exception.ConfigProblem(
         "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
         f"{_near_miss(type_id, offered)}")
-        for type_id in config.enabled if type_id not in offered]
+        for type_id in config.enabled
+        if type_id not in offered and not _model_absent(config.type_config(type_id), snapshot)]
 
 
 def absent_addresses(config, snapshot):

@@ -29,10 +29,14 @@ Tree::
     ├── InvalidNodename               a compute node name Placement cannot take
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
-    └── JournalError                  the claims journal cannot be used
-        ├── JournalMissing            no journal (and not asked to create one)
-        ├── JournalUnreadable         empty, truncated, garbage or failed integrity
-        └── JournalTooNew             written by a newer vgpu-driver
+    ├── JournalError                  the claims journal cannot be used
+    │   ├── JournalMissing            no journal (and not asked to create one)
+    │   ├── JournalUnreadable         empty, truncated, garbage or failed integrity
+    │   └── JournalTooNew             written by a newer vgpu-driver
+    └── KeystoneError                 unified limits cannot be read or written
+        ├── LimitsNotConfigured       [oslo_limit] lacks what is needed
+        ├── KeystoneUnavailable       Keystone cannot be reached
+        └── KeystoneRefused           Keystone refused (credentials, role, endpoint)
 """
 
 import errno as errno_mod
@@ -268,3 +272,18 @@ class InvalidOption(VgpuDriverError):
 class InvalidSysfsRoot(VgpuDriverError):
     msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
                "([vgpu] sysfs_root).")
+class KeystoneError(VgpuDriverError):
+    msg_fmt = "Keystone: %(reason)s"
+
+
+class LimitsNotConfigured(KeystoneError):
+    msg_fmt = ("Keystone: %(option)s is not set; set [oslo_limit] as nova's unified "
+               "limits use it.")
+
+
+class KeystoneUnavailable(KeystoneError):
+    msg_fmt = "Keystone at %(url)s cannot be reached: %(reason)s"
+
+
+class KeystoneRefused(KeystoneError):
+    msg_fmt = "Keystone refused to %(action)s: %(reason)s"

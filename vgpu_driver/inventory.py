@@ -87,7 +87,11 @@ def type_traits(type_id, type_name):
 
 
 def configured_type(gpu, config):
-    """``(type_id, None)`` or ``(None, reason the GPU is not served)``."""
+    """``(type_id, None)`` or ``(None, reason the GPU is not served)``.
+
+    ``config`` is resolved for the host (:meth:`MdevConfig.for_host`) when
+    its types select GPUs by ``device_ids``.
+    """
     assigned = config.types_for(gpu.addresses)
     if len(assigned) > 1:
         return None, (f"its addresses are listed under several types ({', '.join(assigned)}); "
@@ -98,7 +102,9 @@ def configured_type(gpu, config):
         return config.default_type, None
     if not config.types:
         return None, "no mdev type is enabled ([devices] enabled_mdev_types)"
-    return None, "not listed in any [mdev_<type>] device_addresses"
+    return None, (config.fleet_reason(gpu.address)
+                  or "not listed in any [mdev_<type>] device_addresses nor matched by "
+                     "device_ids")
 
 
 def per_gpu_limit(gpu, type_info):
@@ -185,6 +191,7 @@ def compute(snapshot, config, nodename, in_use=None):
     """
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
     rows, unserved = [], []
+    config = config.for_host(snapshot)
     for gpu in snapshot.gpus:
         type_id, why_not = configured_type(gpu, config)
         if type_id is None:

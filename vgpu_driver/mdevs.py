@@ -89,7 +89,8 @@ class MdevManager:
         return self._snapshot
 
     def configured_type(self, gpu):
-        type_id, _why = inventory.configured_type(gpu, self.config)
+        config = self.config.for_host(self.snapshot())
+        type_id, _why = inventory.configured_type(gpu, config)
         return type_id
 
     def _gpu_states(self, instance, address, type_id, users):

@@ -142,7 +142,7 @@ def test_every_shipped_example_is_sound(make_conf):
 
     example = pathlib.Path(__file__).resolve().parents[2] / "etc/vgpu-driver/nova.conf.example"
     blocks = example.read_text().split("# --- ")[1:]
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for block in blocks:
         ini = "\n".join(line[2:] for line in block.splitlines()[1:]
                         if line.startswith("# [") or line.startswith("# ") and "=" in line)

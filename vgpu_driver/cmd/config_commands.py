@@ -4,6 +4,7 @@
 from vgpu_driver import config_check
 from vgpu_driver import discovery
 from vgpu_driver.cmd import base
+from vgpu_driver.conf import fleet
 from vgpu_driver.conf import mdev_types
 
 
@@ -26,7 +27,17 @@ class CheckConfig(base.Command):
         failing = ("error", "warning") if parsed_args.strict else ("error",)
         if any(p.severity in failing for p in problems):
             return base.EXIT_PROBLEMS
+        self._write_gpu_map(config, snapshot)
         self.app.stdout.write(
             f"ok: {len(config.types)} enabled type(s), "
             f"{len(snapshot.gpus)} mdev-capable device(s) on this host\n")
         return base.EXIT_OK
+
+    def _write_gpu_map(self, config, snapshot):
+        """When types select GPUs by model, show which GPU got which type."""
+        if not any(t.device_ids for t in config.types):
+            return
+        for gpu, device_id, type_id, how in fleet.gpu_map(config.for_host(snapshot),
+                                                          snapshot):
+            self.app.stdout.write(
+                f"{gpu} ({device_id or 'virtual'}) -> {type_id or 'none'}: {how}\n")

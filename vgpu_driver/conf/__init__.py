@@ -7,6 +7,7 @@ enabled types are known.
 """
 
 from vgpu_driver.conf import devices
+from vgpu_driver.conf import limits
 from vgpu_driver.conf import placement
 from vgpu_driver.conf import vgpu
 
@@ -17,3 +18,4 @@ def register_opts(conf):
     devices.register_opts(conf)
     vgpu.register_opts(conf)
     placement.register_opts(conf)
+    limits.register_opts(conf)

@@ -24,10 +24,11 @@ The mdev type ids (as listed under
 guests can be given on this host.
 
 A physical GPU hosts one type at a time.  With several types, give each one a
-``[mdev_<type>]`` group whose ``device_addresses`` names the GPUs that serve
-it.  At most one type may omit ``device_addresses``: it serves every GPU not
-listed elsewhere.  Run ``vgpu-manage types`` to see what the host offers and
-``vgpu-manage config check`` to validate the result.
+``[mdev_<type>]`` group whose ``device_addresses`` (or ``device_ids``, by GPU
+model) names the GPUs that serve it.  At most one type may omit both: it
+serves every GPU not taken by another type.  Run ``vgpu-manage types`` to
+see what the host offers and ``vgpu-manage config check`` to validate the
+result.
 """),
 ]
 
@@ -44,8 +45,29 @@ Physical GPUs that serve type ``{type_id}``: PCI addresses of physical
 functions (``0000:84:00.0``), or, for boards with SR-IOV, of any of their
 virtual functions (the whole GPU then serves the type).  Kernel sample
 devices are named ``<class>_<device>`` (``mtty_mtty``).  An address may
-appear under one type only.  Empty means every GPU not listed under another
-type.
+appear under one type only.  Empty (and no ``device_ids``) means every GPU
+not listed under another type.
+"""),
+        cfg.ListOpt(
+            "device_ids",
+            default=[],
+            help=f"""
+GPU models that serve type ``{type_id}``, as PCI ``vendor:device`` ids of the
+physical function (``10de:1eb8`` for a Tesla T4, see ``lspci -nn``), so one
+nova.conf fits hosts whose GPUs sit at different addresses.  Matching GPUs
+not named by any ``device_addresses`` are taken in PCI address order, up to
+``gpu_count``; a GPU already holding vGPUs of this type keeps it.  Types with
+a ``gpu_count`` are filled first (in ``enabled_mdev_types`` order), then the
+type without one takes the rest; two types without a count may not share an
+id.  ``vgpu-manage config check`` prints the resulting GPU to type map.
+"""),
+        cfg.IntOpt(
+            "gpu_count",
+            min=1,
+            help=f"""
+Most GPUs that serve ``{type_id}`` on a host, counting those named by
+``device_addresses``.  Needs ``device_ids``.  Unset means every matching GPU
+left by the types that have a count.
 """),
         cfg.StrOpt(
             "mdev_class",
@@ -101,5 +123,19 @@ def template_group():
 Template: one such group per type listed in ``[devices]/enabled_mdev_types``,
 named after it, for example ``[mdev_nvidia-35]``.  These groups are read only
 for enabled types.
+
+One file for a whole fleet selects GPUs by model: on any host, the first four
+Tesla T4 (in PCI address order) serve nvidia-319, the other T4s nvidia-320,
+and every A100 board nvidia-468::
+
+    [devices]
+    enabled_mdev_types = nvidia-319, nvidia-320, nvidia-468
+    [mdev_nvidia-319]
+    device_ids = 10de:1eb8
+    gpu_count = 4
+    [mdev_nvidia-320]
+    device_ids = 10de:1eb8
+    [mdev_nvidia-468]
+    device_ids = 10de:20f1
 """)
     return group, mdev_type_opts("<type>")

@@ -15,6 +15,7 @@ from oslo_log import log as logging
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver.conf import devices
+from vgpu_driver.conf import fleet
 
 LOG = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ class TypeConfig:
     max_instances: int | None = None
     display: bool | None = None
     ramfb: bool | None = None
+    device_ids: tuple[str, ...] = ()
+    gpu_count: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,10 @@ class MdevConfig:
     default_type: str | None = None
     by_address: MappingProxyType = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
+    # After for_host(): {GPU address: fleet.Assignment} of GPUs matched by
+    # device_ids (type_id None: matched, but every matching type is full).
+    by_model: MappingProxyType = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
 
     def type_config(self, type_id):
         for type_config in self.types:
@@ -44,9 +51,29 @@ class MdevConfig:
                 return type_config
         return None
 
-    def types_for(self, addresses):
-        """The distinct types the config assigns to any of ``addresses``."""
+    def explicit_types(self, addresses):
+        """The distinct types whose device_addresses list any of ``addresses``."""
         return sorted({self.by_address[a] for a in addresses if a in self.by_address})
+
+    def types_for(self, addresses):
+        """The distinct types the config assigns to any of ``addresses``
+        (through device_ids too, once resolved by :meth:`for_host`)."""
+        found = set(self.explicit_types(addresses))
+        found.update(self.by_model[a].type_id for a in addresses
+                     if a in self.by_model and self.by_model[a].type_id)
+        return sorted(found)
+
+    def fleet_reason(self, address):
+        """Why a GPU matching device_ids serves none of their types, or None."""
+        assignment = self.by_model.get(address)
+        return assignment.how if assignment and assignment.type_id is None else None
+
+    def for_host(self, snapshot):
+        """This config with device_ids resolved against one host's GPUs."""
+        if not any(t.device_ids for t in self.types):
+            return self
+        return dataclasses.replace(
+            self, by_model=MappingProxyType(fleet.resolve(self, snapshot)))
 
     @property
     def enabled(self):
@@ -118,6 +145,8 @@ def _type_config(conf, type_id, problems):
                 _option(group, "device_addresses"), raw, "listed twice", "warning"))
             continue
         addresses.append(address)
+    device_ids = _device_ids(conf, group, problems)
+    gpu_count = _read(conf, group, "gpu_count", problems)
     mdev_class = _read(conf, group, "mdev_class", problems)
     max_instances = _read(conf, group, "max_instances", problems)
     display = _read(conf, group, "display", problems)
@@ -130,7 +159,22 @@ def _type_config(conf, type_id, problems):
         if problem.value is None and problem.option.startswith(f"[{group}]"):
             problem.value = _raw_value(conf, group, problem.option.split("] ")[1])
     return TypeConfig(type_id, tuple(addresses), mdev_class or "VGPU", max_instances,
-                      display, ramfb)
+                      display, ramfb, device_ids, gpu_count)
+
+
+def _device_ids(conf, group, problems):
+    found = []
+    for raw in _read(conf, group, "device_ids", problems) or []:
+        try:
+            device_id = fleet.parse_device_id(raw)
+        except ValueError:
+            problems.append(exception.ConfigProblem(
+                _option(group, "device_ids"), raw,
+                "not a PCI vendor:device id (e.g. 10de:1eb8, see lspci -nn)"))
+            continue
+        if device_id not in found:
+            found.append(device_id)
+    return tuple(found)
 
 
 def load(conf):
@@ -149,9 +193,11 @@ def load(conf):
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)
         type_configs.append(type_config)
-        if not type_config.device_addresses and default_type is None:
+        # A type naming neither addresses nor models serves the rest.
+        serves_the_rest = not type_config.device_addresses and not type_config.device_ids
+        if serves_the_rest and default_type is None:
             default_type = type_id
-        elif not type_config.device_addresses:
+        elif serves_the_rest:
             problems.append(exception.ConfigProblem(
                 _option(devices.group_name(type_id), "device_addresses"), [],
                 f"empty, but type {default_type} already serves every unlisted "
@@ -166,6 +212,8 @@ def load(conf):
                     f"[mdev_{by_address[address]}]"))
                 continue
             by_address[address] = type_id
+    problems += fleet.problems(
+        type_configs, lambda type_id, name: _option(devices.group_name(type_id), name))
     config = MdevConfig(tuple(type_configs), default_type,
                         MappingProxyType(by_address))
     return config, problems

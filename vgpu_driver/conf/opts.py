@@ -1,6 +1,7 @@
 """Option listing for oslo-config-generator (entry point ``vgpu_driver``)."""
 
 from vgpu_driver.conf import devices
+from vgpu_driver.conf import limits
 from vgpu_driver.conf import placement
 from vgpu_driver.conf import vgpu
 
@@ -12,4 +13,5 @@ def list_opts():
         (template_group, template_opts),
         (vgpu.vgpu_group(), vgpu.vgpu_opts),
         *placement.list_opts(),
+        *limits.list_opts(),
     ]

@@ -1,0 +1,105 @@
+"""Keystone registered limits for the resource classes this host allocates.
+
+With nova's unified limits, a flavor asking for a resource class nobody
+registered a ``class:<RC>`` limit for is refused (nova counts a missing
+limit as zero), and nothing on the compute side says why.  The limits live
+under the service and region of ``[oslo_limit] endpoint_id``; this module
+reads them and creates the missing ones, never changing one that exists.
+Everything goes through openstacksdk's identity API.
+"""
+
+import dataclasses
+
+from keystoneauth1 import exceptions as ks_exceptions
+
+from vgpu_driver import exception
+
+OK = "ok"
+MISSING = "missing"
+CREATED = "created"
+WOULD_CREATE = "would create"
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitRow:
+    resource_name: str
+    default_limit: int | None
+    status: str
+
+
+def resource_names(mdev_config):
+    """``class:<RC>`` for VGPU and every configured ``mdev_class``."""
+    return sorted(f"class:{rc}" for rc in mdev_config.mdev_classes | {"VGPU"})
+
+
+class RegisteredLimits:
+    """The registered limits of one endpoint's service and region."""
+
+    def __init__(self, connection, endpoint_id):
+        self._url = _auth_url(connection)
+        # The proxy authenticates and discovers versions as it is built.
+        self.identity = self._call("authenticate", lambda: connection.identity)
+        self.endpoint_id = endpoint_id
+        endpoint = self._call("read endpoint " + endpoint_id,
+                              self.identity.get_endpoint, endpoint_id)
+        self.service_id, self.region_id = endpoint.service_id, endpoint.region_id
+
+    def check(self, names):
+        """One :class:`LimitRow` per name, ``ok`` or ``missing``."""
+        existing = self._existing()
+        return [LimitRow(name, existing.get(name), OK if name in existing else MISSING)
+                for name in names]
+
+    def apply(self, names, default_limit, dry_run=False):
+        """Create the missing limits with ``default_limit``; rows of what was
+        (or would be) created.  Existing limits are left as they are."""
+        rows = []
+        for row in self.check(names):
+            if row.status == OK:
+                continue
+            if not dry_run:
+                self._call(f"create registered limit {row.resource_name}",
+                           self.identity.create_registered_limit,
+                           service_id=self.service_id, region_id=self.region_id,
+                           resource_name=row.resource_name, default_limit=default_limit)
+            rows.append(LimitRow(row.resource_name, default_limit,
+                                 WOULD_CREATE if dry_run else CREATED))
+        return rows
+
+    def _existing(self):
+        limits = self._call("list registered limits", lambda: list(
+            self.identity.registered_limits(service_id=self.service_id,
+                                            region_id=self.region_id)))
+        return {limit.resource_name: limit.default_limit for limit in limits}
+
+    def _call(self, action, function, *args, **kwargs):
+        import openstack.exceptions as sdk_exceptions
+
+        try:
+            return function(*args, **kwargs)
+        except ks_exceptions.ConnectionError as exc:
+            raise exception.KeystoneUnavailable(
+                url=self._url, reason=_first_line(exc)) from exc
+        except ks_exceptions.Unauthorized as exc:
+            raise exception.KeystoneRefused(
+                action=action, reason=f"the [oslo_limit] credentials were rejected "
+                                      f"({_first_line(exc)})") from exc
+        except sdk_exceptions.ForbiddenException as exc:
+            raise exception.KeystoneRefused(
+                action=action, reason=f"the [oslo_limit] user lacks the role for it "
+                                      f"(creating limits needs a system admin; "
+                                      f"{_first_line(exc)})") from exc
+        except (ks_exceptions.ClientException, sdk_exceptions.SDKException) as exc:
+            raise exception.KeystoneRefused(action=action, reason=_first_line(exc)) from exc
+
+
+def _auth_url(connection):
+    try:
+        return connection.session.auth.auth_url
+    except AttributeError:
+        return "the configured auth_url"
+
+
+def _first_line(exc):
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
