@@ -174,3 +174,17 @@ def test_inventory_command_uses_the_resolution(make_host, run):  # noqa: F811
     assert rows == {**{g: ("nvidia-319", 4, "VGPU") for g in T4[:4]},
                     **{g: ("nvidia-320", 2, "VGPU") for g in T4[4:]},
                     A100: ("nvidia-468", 10, "CUSTOM_A100_4C")}
+
+
+def test_config_check_accepts_a_fleet_file_on_a_host_without_one_model(make_host, run):  # noqa: F811
+    """The same file serves hosts with and without A100 boards: a model absent
+    here is not a mistake, but a type no GPU of a present model offers is."""
+    host = make_host("t4x8")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=confs.FLEET)
+    assert code == 0, out
+    assert "nvidia-468" not in out
+    assert out.splitlines()[-1] == "ok: 3 enabled type(s), 8 mdev-capable device(s) on this host"
+    typo = confs.FLEET.replace("nvidia-320", "nvidia-32O")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=typo)
+    assert code == 1
+    assert "nvidia-32O" in out and "no device on this host offers this type" in out
