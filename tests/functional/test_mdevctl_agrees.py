@@ -19,8 +19,8 @@ import uuid
 import pytest
 
 from vgpu_driver import sysfs
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 pytestmark = pytest.mark.mdevctl
 

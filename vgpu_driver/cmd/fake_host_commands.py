@@ -2,8 +2,8 @@
 
 
 from vgpu_driver.cmd import base
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 
 class ListProfiles(base.Lister):

@@ -2,6 +2,7 @@
 
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import placement
+from vgpu_driver.conf import privsep
 from vgpu_driver.conf import vgpu
 
 
@@ -12,4 +13,5 @@ def list_opts():
         (template_group, template_opts),
         (vgpu.vgpu_group(), vgpu.vgpu_opts),
         *placement.list_opts(),
+        *privsep.list_opts(),
     ]
