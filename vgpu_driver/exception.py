@@ -11,6 +11,7 @@ Tree::
     ├── InvalidSysfsName              a name read from sysfs/config is unsafe
     ├── UnknownProfile                no such fake-host profile
     ├── FakeHostExists                fake-host target is not empty
+    ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── MdevWriteError                the kernel refused a write (has .errno)
     │   ├── MdevInvalidRequest        EINVAL
@@ -123,6 +124,11 @@ class UnknownProfile(VgpuDriverError):
 class FakeHostExists(VgpuDriverError):
     msg_fmt = ("%(path)s is not empty; choose an empty or new directory for the "
                "fake host.")
+
+
+class FakeHostMountPointInUse(VgpuDriverError):
+    msg_fmt = ("Cannot serve the fake host at %(path)s: %(why)s; choose an empty "
+               "directory that nothing is mounted on.")
 
 
 class PrivilegedHelperUnavailable(VgpuDriverError):
