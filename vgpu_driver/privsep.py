@@ -172,24 +172,27 @@ def remove_mdev(uuid):
     _write(root, os.path.join(mdev_dir, "remove"), "1")
 
 
+def _write_function_number(address, value, kind, role, marker, *attr):
+    """Write a plain number into an attribute of an SR-IOV function of a GPU,
+    the ``role`` of which its ``marker`` file or link proves."""
+    root = sysfs_root()
+    value = _plain_count(value, kind)
+    device_dir = _gpu_function_dir(root, address)
+    if not os.path.lexists(os.path.join(device_dir, marker)):
+        _refuse("PCI device", str(address), f"a device that is not an SR-IOV {role} function")
+    _write(root, os.path.join(device_dir, *attr), str(value))
+
+
 @sysfs_writer.entrypoint
 def set_sriov_numvfs(pf_address, count):
-    root = sysfs_root()
-    count = _plain_count(count, "VF count")
-    device_dir = _gpu_function_dir(root, pf_address)
-    if not os.path.exists(os.path.join(device_dir, "sriov_totalvfs")):
-        _refuse("PCI device", str(pf_address), "a device that is not an SR-IOV physical function")
-    _write(root, os.path.join(device_dir, "sriov_numvfs"), str(count))
+    _write_function_number(pf_address, count, "VF count", "physical", "sriov_totalvfs",
+                           "sriov_numvfs")
 
 
 @sysfs_writer.entrypoint
 def set_vgpu_type(vf_address, number):
-    root = sysfs_root()
-    number = _plain_count(number, "vGPU type number")
-    device_dir = _gpu_function_dir(root, vf_address)
-    if not os.path.lexists(os.path.join(device_dir, "physfn")):
-        _refuse("PCI device", str(vf_address), "a device that is not an SR-IOV virtual function")
-    _write(root, os.path.join(device_dir, "nvidia", "current_vgpu_type"), str(number))
+    _write_function_number(vf_address, number, "vGPU type number", "virtual", "physfn",
+                           "nvidia", "current_vgpu_type")
 
 
 _ENTRY_POINTS = {"create_mdev": create_mdev, "remove_mdev": remove_mdev,
