@@ -47,8 +47,8 @@ from vgpu_driver import libvirt_host
 from vgpu_driver import mdevs
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 NODENAME = "bench-host"
 TYPE_ID = "nvidia-222"  # T4-1B: at most 16 per GPU.

@@ -36,8 +36,8 @@ from vgpu_driver import names
 from vgpu_driver import sysfs
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 NODENAME = "bench-host"
 A100_BUSES = range(0x41, 0x49)
@@ -162,14 +162,8 @@ def raw_floor(root):
 
     Not a strawman: it resolves each parent link once (as the reader does)
     so attribute opens walk no symlink, it reads with one ``os.read``, and
-    it keeps nothing but the set of GPUs it must look at next.  It also
-    reads the fake kernel's model file, because ``open_host`` does.
+    it keeps nothing but the set of GPUs it must look at next.
     """
-    marker = root + "/" + fakekernel.MARKER_DIR + "/host.json"
-    os.stat(marker)
-    with open(marker, "rb") as f:
-        f.read()
-
     mdev_base = root + "/bus/mdev/devices"
     for uuid_ in os.listdir(mdev_base):
         os.readlink(mdev_base + "/" + uuid_)

@@ -42,9 +42,9 @@ from vgpu_driver import placement
 from vgpu_driver import sysfs
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 from vgpu_driver.placement_service import EmbeddedPlacement
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,8 +6,24 @@ import pytest
 from oslo_config import cfg
 
 from vgpu_driver import conf as vgpu_conf
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver import privsep
+from vgpu_driver.cmd import manage
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
+
+
+@pytest.fixture(autouse=True)
+def privileged_writes_back_to_the_daemon():
+    """vgpu-manage, run as root, writes in-process under its sysfs root from
+    then on; the next test starts from the default again."""
+    yield
+    privsep.use_daemon()
+
+
+@pytest.fixture
+def fake_kernel_cli(monkeypatch):
+    """vgpu-manage run in-process answers its writes with the fake kernel."""
+    monkeypatch.setattr(manage.ManageApp, "host_factory", fakekernel.FakeKernel)
 
 
 @pytest.fixture

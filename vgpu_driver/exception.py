@@ -11,6 +11,8 @@ Tree::
     ├── InvalidSysfsName              a name read from sysfs/config is unsafe
     ├── UnknownProfile                no such fake-host profile
     ├── FakeHostExists                fake-host target is not empty
+    ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
+    ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── MdevWriteError                the kernel refused a write (has .errno)
     │   ├── MdevInvalidRequest        EINVAL
     │   ├── MdevAlreadyExists         EEXIST
@@ -41,8 +43,39 @@ Tree::
 
 import errno as errno_mod
 
+_REBUILD = "vgpu_driver.exception:rebuild"
+_PLAIN = (str, int, float, bool, type(None))
 
-class VgpuDriverError(Exception):
+
+def _plain(value):
+    """``value`` made of what msgpack carries, else its text."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
+class _Rebuildable(type):
+    """Lets ``cls(*error.args)`` give back the error, whatever ``cls.__init__`` takes.
+
+    oslo.privsep raises a privileged-side error on the caller's side as
+    ``exc_type(*args)``; errors with their own constructor signature would
+    come back as a ``TypeError`` instead.
+    """
+
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 3 and args[0] == _REBUILD and not kwargs:
+            error = cls.__new__(cls)
+            Exception.__init__(error, args[1])
+            error.__dict__.update(args[2])
+            return error
+        return super().__call__(*args, **kwargs)
+
+
+class VgpuDriverError(Exception, metaclass=_Rebuildable):
     """Base class: formats ``msg_fmt`` with the keyword arguments."""
 
     msg_fmt = "An unknown error occurred."
@@ -53,6 +86,11 @@ class VgpuDriverError(Exception):
             message = self.msg_fmt % kwargs
         self.message = message
         super().__init__(message)
+
+    @property
+    def args(self):
+        """Plain values only, from which the metaclass rebuilds the error."""
+        return (_REBUILD, self.message, _plain(self.__dict__))
 
 
 class ConfigProblem:
@@ -97,6 +135,20 @@ class UnknownProfile(VgpuDriverError):
 class FakeHostExists(VgpuDriverError):
     msg_fmt = ("%(path)s is not empty; choose an empty or new directory for the "
                "fake host.")
+
+
+class FakeHostMountPointInUse(VgpuDriverError):
+    msg_fmt = ("Cannot serve the fake host at %(path)s: %(why)s; choose an empty "
+               "directory that nothing is mounted on.")
+
+
+class PrivilegedHelperUnavailable(VgpuDriverError):
+    msg_fmt = ("Cannot start the privileged helper (%(reason)s), so no sysfs write can be "
+               "made. nova-compute starts it as [vgpu_driver_sysfs_writer] helper_command "
+               "says (by default 'sudo privsep-helper ... --privsep_context "
+               "vgpu_driver.privsep.sysfs_writer'); install the sudoers line "
+               "etc/vgpu-driver/sudoers.d/vgpu-driver or the rootwrap filter "
+               "etc/vgpu-driver/rootwrap.d/vgpu-driver.filters.")
 
 
 class MdevWriteError(VgpuDriverError):

@@ -22,8 +22,8 @@ from vgpu_driver import placement
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 A100 = "0000:41:00.0"
 CONF = "[devices]\nenabled_mdev_types = nvidia-468\n"

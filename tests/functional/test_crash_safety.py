@@ -36,8 +36,8 @@ from vgpu_driver import mdevs
 from vgpu_driver import reconcile
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 GPU = "0000:18:00.0"
 TYPE = "nvidia-222"

@@ -20,8 +20,8 @@ import pytest
 
 from vgpu_driver import claims
 from vgpu_driver import sysfs
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 pytestmark = pytest.mark.mdevctl
 

@@ -26,9 +26,9 @@ from vgpu_driver import placement
 from vgpu_driver import sysfs
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 from vgpu_driver.placement_service import EmbeddedPlacement
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
 
 T4_1B, T4_2Q, A100_4C = "nvidia-222", "nvidia-231", "nvidia-468"
 T4_2Q_GPUS = ("0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0")

@@ -21,8 +21,8 @@ from nova.virt.libvirt import utils as libvirt_utils
 from tests.functional_nova import test_vgpu
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import names
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 A100_4C = "nvidia-468"
 GPU_PROVIDER = "host1_pci_0000_41_00_0"

@@ -28,8 +28,8 @@ from vgpu_driver import driver as core
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
 from vgpu_driver import nova_alias
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 
 class VGPUDriverTestBase(base.ServersTestBase):
@@ -41,6 +41,10 @@ class VGPUDriverTestBase(base.ServersTestBase):
         super().setUp()
         nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
+        # Each host's sysfs root is a fake kernel, which answers the writes
+        # the privileged helper would make on a real host.
+        self.useFixture(fixtures.MonkeyPatch("vgpu_driver.sysfs.open_host",
+                                             fakekernel.FakeKernel))
         self.flags(enabled_mdev_types=self.ENABLED_TYPES, group="devices")
         # nova registers [mdev_<type>] when its driver starts; tests set them first.
         nova.conf.devices.register_dynamic_opts(nova.conf.CONF)

@@ -20,8 +20,8 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver.conf import mdev_types
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 A100 = profiles.load("a100-sriov")
 T4_ONE = {**profiles.load("t4x8"), "gpus": profiles.load("t4x8")["gpus"][:1]}

@@ -14,7 +14,7 @@ from vgpu_driver.cmd import manage
 
 
 @pytest.fixture
-def run(tmp_path):
+def run(tmp_path, fake_kernel_cli):
     def run(*argv, conf=""):
         conf_file = tmp_path / "nova.conf"
         conf_file.write_text(textwrap.dedent(conf))

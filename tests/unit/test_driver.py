@@ -4,6 +4,7 @@ import uuid
 
 from vgpu_driver import domains
 from vgpu_driver import driver
+from vgpu_driver.fake import fakekernel
 
 A100 = "0000:41:00.0"
 
@@ -18,7 +19,8 @@ def make_driver(make_conf, host, tmp_path, extra=""):
         restore_wait = 5
         {extra}
         """)
-    return driver.VGPUDriver(conf, domains.InProcessDomains())
+    return driver.VGPUDriver(conf, domains.InProcessDomains(),
+                             host=fakekernel.FakeKernel(host.paths.root))
 
 
 def test_spawn_delete_round_trip(make_host, make_conf, tmp_path):
@@ -71,7 +73,8 @@ def test_hostdevs_follow_the_type_settings(make_host, make_conf, tmp_path):
         sysfs_root = {host.paths.root}
         state_dir = {tmp_path / "state"}
         """)
-    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains())
+    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
+                             host=fakekernel.FakeKernel(host.paths.root))
     provider = vgpu.provider_tree("cn1").providers[0]
     got = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
     xml = vgpu.add_hostdevs(libvirt_domains.domain_xml("g"), got)

@@ -24,8 +24,8 @@ from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
 from vgpu_driver.conf import mdev_types
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 A100, T4 = "0000:41:00.0", "0000:18:00.0"
 T4_TYPES = ("nvidia-222", "nvidia-231")  # 16 and 8 per GPU

@@ -272,7 +272,7 @@ class TestDomainsAndTools:
             sysfs_root = {host.paths.root}
             state_dir = {tmp_path / "state"}
             """)
-        vgpu = driver.VGPUDriver(conf, domains.InProcessDomains())
+        vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(), host=host)
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         got = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
         xml = vgpu.add_hostdevs(libvirt_domains.domain_xml("g"), got)
@@ -348,29 +348,6 @@ class TestSysfsAndPrivsep:
         with pytest.raises(exception.MdevParentGone):
             host.set_vendor_vgpu_type(VFS[0], 1156)
         assert host.vendor_vf(VFS[0]) is None and host.vendor_vgpu_set_at(VFS[0]) is None
-
-    def test_privsep_writes_only_numbers_into_a_vfs_nvidia_directory(self, tmp_path):
-        from vgpu_driver import privsep
-
-        nvidia = tmp_path / "sys" / "devices" / "pci0000:c1" / VFS[0] / "nvidia"
-        nvidia.mkdir(parents=True)
-        (nvidia / "current_vgpu_type").write_text("0\n")
-        elsewhere = tmp_path / "sys" / "current_vgpu_type"
-        elsewhere.write_text("0\n")
-        privsep.sysfs_writer.set_client_mode(False)
-        try:
-            privsep.write_attr(str(tmp_path / "sys"), str(nvidia / "current_vgpu_type"),
-                               "1156")
-            for value in ("1156; reboot", "-1", "", "0x484"):
-                with pytest.raises(exception.InvalidSysfsName, match="type number"):
-                    privsep.write_attr(str(tmp_path / "sys"),
-                                       str(nvidia / "current_vgpu_type"), value)
-            with pytest.raises(exception.InvalidSysfsName, match="nvidia/"):
-                privsep.write_attr(str(tmp_path / "sys"), str(elsewhere), "1")
-        finally:
-            privsep.sysfs_writer.set_client_mode(True)
-        assert (nvidia / "current_vgpu_type").read_text() == "1156"
-        assert elsewhere.read_text() == "0\n"
 
 
 def test_vf_gpus_have_their_vgpus_in_the_snapshot_age_too(vf_life):

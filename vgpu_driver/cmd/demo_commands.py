@@ -42,8 +42,8 @@ from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 from vgpu_driver.cmd.demo import compute
 from vgpu_driver.conf import placement as placement_conf
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 NODENAME = "demo-host"
 LIBVIRT_URI = "test:///default"
@@ -132,6 +132,8 @@ def load_conf(path):
 class _InProcessManage(manage.ManageApp):
     """vgpu-manage in this process: libvirt's test driver keeps its guests per
     process, so only here does the command see the demo's domains."""
+
+    host_factory = fakekernel.FakeKernel
 
     def configure_logging(self):
         pass  # the demo's own app has set logging up
@@ -248,7 +250,8 @@ class Demo(base.Command):
             conf = load_conf(conf_path)
             domains = libvirt_host.LibvirtHost(conf.vgpu.libvirt_uri, use_events=False)
             node = compute.MiniCompute(
-                driver.VGPUDriver(conf, domains),
+                driver.VGPUDriver(conf, domains,
+                                  host=fakekernel.FakeKernel(conf.vgpu.sysfs_root)),
                 placement.Client(placement_conf.connection(conf)), domains.conn, NODENAME)
             node.vgpu.init_host()
             gone = ORPHAN[2] not in {m.uuid for m in node.vgpu.host.list_mdevs()}

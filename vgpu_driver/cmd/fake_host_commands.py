@@ -1,13 +1,25 @@
-"""``fake-host``: write a tree that plays /sys, answered by the fake kernel."""
+"""``fake-host``: write a tree that plays /sys, or serve one with FUSE."""
 
+import contextlib
 import os
 import shutil
 import tempfile
 
 from vgpu_driver import exception
 from vgpu_driver.cmd import base
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
+
+
+def combined_profile(names):
+    loaded = [profiles.load(name) for name in names]
+    return loaded[0] if len(loaded) == 1 else profiles.combine("+".join(names), *loaded)
+
+
+def add_profile_argument(parser):
+    parser.add_argument("--profile", required=True, action="append",
+                        help="Profile name (see 'fake-host profiles'); repeat to "
+                             "combine several on one host.")
 
 
 class ListProfiles(base.Lister):
@@ -26,16 +38,12 @@ class CreateFakeHost(base.Command):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--profile", required=True, action="append",
-                            help="Profile name (see 'fake-host profiles'); repeat to "
-                                 "combine several on one host.")
+        add_profile_argument(parser)
         parser.add_argument("dir", help="Empty or new directory; it then plays /sys.")
         return parser
 
     def take_action(self, parsed_args):
-        loaded = [profiles.load(name) for name in parsed_args.profile]
-        profile = (loaded[0] if len(loaded) == 1 else
-                   profiles.combine("+".join(parsed_args.profile), *loaded))
+        profile = combined_profile(parsed_args.profile)
         kernel = fakekernel.FakeKernel(_build_whole(parsed_args.dir, profile))
         parents = kernel.list_parents()
         self.app.stdout.write(
@@ -61,3 +69,45 @@ def _build_whole(target, profile):
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+class ServeFakeHost(base.Command):
+    """Serve a fake host at MOUNTPOINT with FUSE, in the foreground.
+
+    Every process then reads and writes it as sysfs: mdevctl, a privsep
+    daemon, ``echo UUID > .../create``.  SIGTERM or SIGINT unmounts it.
+    """
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        add_profile_argument(parser)
+        parser.add_argument(
+            "--tree", metavar="DIR",
+            help="Empty or new directory for the fake kernel's own tree (kept "
+                 "afterwards); by default a temporary one, removed on exit.")
+        parser.add_argument("mountpoint", help="Empty directory, or a new one.")
+        return parser
+
+    def take_action(self, parsed_args):
+        from vgpu_driver.fake import served
+
+        served.check_mount_point(parsed_args.mountpoint)
+        profile = combined_profile(parsed_args.profile)
+        with _tree_dir(parsed_args.tree) as tree:
+            kernel = fakekernel.FakeKernel.build(tree, profile)
+            self.app.stdout.write(
+                f"serving fake host {profile['name']!r} at {parsed_args.mountpoint} "
+                f"(tree in {tree}); SIGTERM or SIGINT unmounts\n")
+            self.app.stdout.flush()
+            served.serve(kernel, parsed_args.mountpoint)
+        return 0
+
+
+@contextlib.contextmanager
+def _tree_dir(wanted):
+    if wanted:
+        yield wanted
+        return
+    tree = tempfile.mkdtemp(prefix="vgpu-fake-host-")
+    try:
+        yield tree
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)

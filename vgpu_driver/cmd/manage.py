@@ -66,11 +66,15 @@ class ManageApp(app.App):
                 value = getattr(self.options, option)
                 if value:
                     conf.set_override(option, value, group="vgpu")
+            privsep.run_in_process_when_root(conf.vgpu.sysfs_root)
             self._conf = conf
         return self._conf
 
+    # What plays the kernel; the demo and tests put a fake kernel here.
+    host_factory = staticmethod(sysfs.open_host)
+
     def open_host(self):
-        return sysfs.open_host(self.conf.vgpu.sysfs_root)
+        return self.host_factory(self.conf.vgpu.sysfs_root)
 
     def journal(self, snapshot=None, create=False):
         """The claims journal, checked on open; only ``create`` makes one.
@@ -91,13 +95,12 @@ class ManageApp(app.App):
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""
-        vgpu = driver.VGPUDriver(self.conf, self.domains(), mdev_config=mdev_config,
-                                 journal=self.journal())
+        vgpu = driver.VGPUDriver(self.conf, self.domains(), host=self.open_host(),
+                                 mdev_config=mdev_config, journal=self.journal())
         return vgpu.manager, vgpu.reconciler
 
 
 def main(argv=None):
-    privsep.run_in_process_when_root()
     return ManageApp().run(sys.argv[1:] if argv is None else argv)
 
 

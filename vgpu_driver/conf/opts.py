@@ -3,6 +3,7 @@
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import limits
 from vgpu_driver.conf import placement
+from vgpu_driver.conf import privsep
 from vgpu_driver.conf import vgpu
 
 
@@ -14,4 +15,5 @@ def list_opts():
         (vgpu.vgpu_group(), vgpu.vgpu_opts),
         *placement.list_opts(),
         *limits.list_opts(),
+        *privsep.list_opts(),
     ]

@@ -23,9 +23,9 @@ vgpu_opts = [
         default=paths.DEFAULT_ROOT,
         help="""
 Directory that plays the kernel's sysfs.  Keep the default on a real host.
-Point it at a tree made by ``vgpu-manage fake-host create`` to run the driver
-on a fake host (demos, tests); writes to such a tree are answered by the fake
-kernel that lives in it.
+Point it at a mount made by ``vgpu-manage fake-host serve`` to run the driver
+on a fake host.  The privileged helper reads this option from the files it
+is started with (by default nova-compute's own) and writes under it only.
 """),
     cfg.StrOpt(
         "state_dir",

@@ -2,7 +2,7 @@
 
 Records are plain frozen values with names taken from sysfs.  Implementations:
 :class:`~vgpu_driver.sysfs.linux.LinuxSysfs` (any directory that plays
-``/sys``) and :class:`~vgpu_driver.sysfs.fakekernel.FakeKernel` (the same
+``/sys``) and :class:`~vgpu_driver.fake.fakekernel.FakeKernel` (the same
 reader, with the kernel's answers to writes emulated).
 """
 

@@ -323,11 +323,12 @@ class LinuxSysfs(base.SysfsHost):
 
     # -- writes --------------------------------------------------------------
 
-    def write_attr(self, path, value):
-        """Write one sysfs attribute, through the privileged entry point."""
-        privsep.write_attr(self.paths.root, path, value)
+    def _privileged(self, entry_point, *args):
+        """One write, by the privileged entry point of that name (it builds
+        the path under its own root from these names)."""
+        return privsep.call(entry_point, *args)
 
-    def _write(self, action, target, path, value, timeout=None):
+    def _write(self, action, target, entry_point, *args, timeout=None):
         """One write; kernel errnos become typed errors naming the target.
 
         With ``timeout``, the write runs in a worker thread: the kernel can
@@ -335,9 +336,9 @@ class LinuxSysfs(base.SysfsHost):
         """
         try:
             if timeout is None:
-                self.write_attr(path, value)
+                self._privileged(entry_point, *args)
             else:
-                _call_with_timeout(self.write_attr, timeout, path, value)
+                _call_with_timeout(self._privileged, timeout, entry_point, *args)
         except OSError as exc:
             raise exception.MdevWriteError.from_os_error(action, target, exc) from exc
 
@@ -345,25 +346,20 @@ class LinuxSysfs(base.SysfsHost):
         parent = names.check_parent_name(parent)
         type_id = names.check_type_id(type_id)
         uuid = names.check_mdev_uuid(uuid)
-        self._write("create", f"{type_id} on {parent}",
-                    os.path.join(self.paths.parent_type(parent, type_id), "create"), uuid)
+        self._write("create", f"{type_id} on {parent}", "create_mdev", parent, type_id, uuid)
 
     def remove_mdev(self, uuid, timeout=None):
         uuid = names.check_mdev_uuid(uuid)
-        self._write("remove", f"mdev {uuid}",
-                    os.path.join(self.paths.mdev(uuid), "remove"), "1", timeout)
+        self._write("remove", f"mdev {uuid}", "remove_mdev", uuid, timeout=timeout)
 
     def set_sriov_numvfs(self, address, count):
         address = names.parse_pci_address(str(address))
-        self._write("sriov_numvfs", str(address),
-                    os.path.join(self.paths.pci_device(address), "sriov_numvfs"),
-                    str(int(count)))
+        self._write("sriov_numvfs", str(address), "set_sriov_numvfs", str(address), int(count))
 
     def set_vendor_vgpu_type(self, address, type_number, timeout=None):
         address = names.parse_pci_address(str(address))
         if isinstance(type_number, bool) or not isinstance(type_number, int) \
                 or type_number < 0:
             raise exception.InvalidSysfsName("vGPU type number", type_number)
-        self._write("current_vgpu_type", f"VF {address}",
-                    os.path.join(self.paths.vendor_vfio_dir(address), "current_vgpu_type"),
-                    str(type_number), timeout)
+        self._write("current_vgpu_type", f"VF {address}", "set_vgpu_type", str(address),
+                    type_number, timeout=timeout)

@@ -2,7 +2,7 @@
 
 A profile names its GPUs (PCI address, vendor model, SR-IOV layout) and the
 mdev types each offers with the vendor's descriptions; see
-:meth:`vgpu_driver.sysfs.fakekernel.FakeKernel.build`.
+:meth:`vgpu_driver.fake.fakekernel.FakeKernel.build`.
 """
 
 import importlib.resources

@@ -1,7 +1,7 @@
 """A fake kernel: a real directory tree in sysfs's layout that answers writes.
 
 :meth:`FakeKernel.build` writes the tree for a host profile (see
-:mod:`vgpu_driver.sysfs.profiles`); the tree then plays ``/sys`` for any
+:mod:`vgpu_driver.fake.profiles`); the tree then plays ``/sys`` for any
 reader, :class:`~vgpu_driver.sysfs.linux.LinuxSysfs` and ``mdevctl``
 included.  Reads are inherited unchanged from ``LinuxSysfs``; only the
 kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
@@ -17,7 +17,7 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
   clearing the type of a VF a guest holds is refused (``EBUSY``).
 
 What the vendor driver knows (per-type limits, ports; see
-:mod:`vgpu_driver.sysfs.vendor`) is kept beside the tree in
+:mod:`vgpu_driver.fake.vendor`) is kept beside the tree in
 ``.vgpu-fake-kernel/host.json``; the tree itself is the state, a file lock
 makes writes from several processes safe, and attributes are replaced
 atomically so lock-free readers never see half a value.
@@ -36,8 +36,8 @@ import uuid as uuid_mod
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
-from vgpu_driver.sysfs import vendor
 
 MARKER_DIR = ".vgpu-fake-kernel"
 _UUID_TEXT_RE = re.compile(
@@ -289,7 +289,28 @@ class FakeKernel(linux.LinuxSysfs):
 
     # -- store handlers ------------------------------------------------------------
 
+    def _privileged(self, entry_point, *args):
+        """The write the privileged entry point would make, answered here."""
+        path, value = self._entry_point_write(entry_point, *args)
+        return self.write_attr(path, value)
+
+    def _entry_point_write(self, entry_point, *args):
+        """``(path, value)`` that an entry point of :mod:`vgpu_driver.privsep`
+        writes under this root."""
+        if entry_point == "create_mdev":
+            parent, type_id, uuid = args
+            return os.path.join(self.paths.parent_type(parent, type_id), "create"), uuid
+        if entry_point == "remove_mdev":
+            return os.path.join(self.paths.mdev(args[0]), "remove"), "1"
+        if entry_point == "set_sriov_numvfs":
+            return os.path.join(self.paths.pci_device(args[0]), "sriov_numvfs"), str(args[1])
+        if entry_point == "set_vgpu_type":
+            return (os.path.join(self.paths.vendor_vfio_dir(args[0]), "current_vgpu_type"),
+                    str(args[1]))
+        raise ValueError(entry_point)
+
     def write_attr(self, path, value):
+        """A write to ``path`` (under the root), as the kernel answers it."""
         if not self.paths.contains(path):
             raise exception.InvalidSysfsName("sysfs path", path)
         if not os.path.exists(path):

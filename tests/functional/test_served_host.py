@@ -1,0 +1,149 @@
+"""``vgpu-manage fake-host serve``: the fake kernel as a filesystem.
+
+Any process drives it as sysfs: plain writes get the kernel's errnos, and
+Debian's mdevctl (in a private mount namespace with the mount bound over
+``/sys``) starts and stops mdevs that ``vgpu-manage types`` then counts.
+"""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import threading
+import uuid
+
+import pytest
+
+from tests import served_host
+from tests.functional.test_mdevctl_agrees import in_namespace
+
+T4 = "0000:18:00.0"
+A100 = "0000:41:00.0"
+L40S_VF = "0000:c1:00.4"
+
+
+def write(path, text):
+    """``echo -n text > path``: one open and one write, as a shell makes it."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def errno_of(path, text):
+    with pytest.raises(OSError) as raised:
+        write(path, text)
+    return raised.value.errno
+
+
+def free(mount, parent, type_id):
+    path = f"{mount}/class/mdev_bus/{parent}/mdev_supported_types/{type_id}/available_instances"
+    with open(path) as f:
+        return int(f.read())
+
+
+def types_free(mount, parent, type_id):
+    """``available_instances`` as ``vgpu-manage types`` reports it."""
+    done = subprocess.run(
+        [served_host.MANAGE, "--config-file", "/dev/null", "--sysfs-root", mount,
+         "types", "-f", "json"], capture_output=True, text=True, check=True)
+    (row,) = [r for r in json.loads(done.stdout)
+              if r["parent"] == parent and r["type"] == type_id]
+    return row["available_instances"]
+
+
+def test_mdevctl_drives_the_served_host_and_vgpu_manage_agrees(tmp_path):
+    if shutil.which("mdevctl") is None:
+        pytest.skip("mdevctl is not installed")
+    etc = tmp_path / "mdevctl.d"
+    for sub in ("callouts", "notifiers"):   # mdevctl refuses to run without them
+        (etc / "scripts.d" / sub).mkdir(parents=True)
+    mdev = str(uuid.uuid4())
+    with served_host.served(tmp_path, "t4x8") as host:
+        assert types_free(host.mount, T4, "nvidia-222") == 16
+        started = in_namespace(host.mount, etc, "mdevctl", "start", "-u", mdev,
+                               "-p", T4, "-t", "nvidia-222")
+        assert started.returncode == 0, started.stderr
+        assert types_free(host.mount, T4, "nvidia-222") == 15
+        listed = in_namespace(host.mount, etc, "mdevctl", "list")
+        assert listed.stdout.split()[:3] == [mdev, T4, "nvidia-222"]
+        types = in_namespace(host.mount, etc, "mdevctl", "types", "-p", T4)
+        assert "Available instances: 15" in types.stdout
+        other = in_namespace(host.mount, etc, "mdevctl", "start", "-u", str(uuid.uuid4()),
+                             "-p", T4, "-t", "nvidia-223")
+        assert other.returncode != 0 and "nvidia-223" in other.stderr
+        stopped = in_namespace(host.mount, etc, "mdevctl", "stop", "-u", mdev)
+        assert stopped.returncode == 0, stopped.stderr
+        assert types_free(host.mount, T4, "nvidia-222") == 16
+        assert host.stop() == 0
+        assert not os.path.ismount(host.mount)
+
+
+def test_writes_get_the_kernels_errnos(tmp_path):
+    with served_host.served(tmp_path, "t4x8") as host:
+        create = f"{host.mount}/class/mdev_bus/{T4}/mdev_supported_types/nvidia-222/create"
+        assert errno_of(create, "not-a-uuid") == errno.EINVAL
+        first = str(uuid.uuid4())
+        write(create, first + "\n")
+        assert errno_of(create, first) == errno.EEXIST
+        other_type = create.replace("nvidia-222", "nvidia-223")
+        assert errno_of(other_type, str(uuid.uuid4())) == errno.EUSERS
+        for _ in range(15):
+            write(create, str(uuid.uuid4()))
+        assert free(host.mount, T4, "nvidia-222") == 0
+        assert errno_of(create, str(uuid.uuid4())) == errno.EUSERS
+        available = create.replace("create", "available_instances")
+        assert errno_of(available, "99") == errno.EACCES
+        assert sorted(os.listdir(host.mount)) == ["bus", "class", "devices"]
+
+
+def test_remove_blocks_while_a_guest_holds_the_mdev(tmp_path):
+    with served_host.served(tmp_path, "t4x8") as host:
+        mdev = str(uuid.uuid4())
+        write(f"{host.mount}/class/mdev_bus/{T4}/mdev_supported_types/nvidia-222/create", mdev)
+        host.kernel.hold(mdev)
+        remover = threading.Thread(
+            target=write, args=(f"{host.mount}/bus/mdev/devices/{mdev}/remove", "1"))
+        remover.start()
+        remover.join(0.5)
+        assert remover.is_alive() and os.path.exists(f"{host.mount}/bus/mdev/devices/{mdev}")
+        # Other processes are not blocked meanwhile.
+        assert free(host.mount, T4, "nvidia-222") == 15
+        host.kernel.release(mdev)
+        remover.join(10)
+        assert not remover.is_alive()
+        assert not os.path.lexists(f"{host.mount}/bus/mdev/devices/{mdev}")
+        assert free(host.mount, T4, "nvidia-222") == 16
+
+
+def test_sriov_and_vendor_vgpu_types(tmp_path):
+    with served_host.served(tmp_path, "a100-sriov", "l40s-vfio") as host:
+        numvfs = f"{host.mount}/bus/pci/devices/{A100}/sriov_numvfs"
+        assert errno_of(numvfs, "8") == errno.EBUSY
+        write(numvfs, "0")
+        assert not os.path.exists(f"{host.mount}/class/mdev_bus/0000:41:00.4")
+        write(numvfs, "16")
+        assert os.path.exists(f"{host.mount}/class/mdev_bus/0000:41:00.4")
+        current = f"{host.mount}/bus/pci/devices/{L40S_VF}/nvidia/current_vgpu_type"
+        write(current, "1156")
+        assert errno_of(current, "1155") == errno.EBUSY
+        with open(current) as f:
+            assert f.read() == "1156\n"
+
+
+def test_a_taken_mount_point_is_refused(tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "file").write_text("")
+    done = subprocess.run([served_host.MANAGE, "fake-host", "serve", "--profile", "t4x8",
+                           str(busy)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: Cannot serve the fake host at {busy}: it is not empty; choose an empty "
+        "directory that nothing is mounted on."]
+    with served_host.served(tmp_path, "mtty") as host:
+        again = subprocess.run([served_host.MANAGE, "fake-host", "serve", "--profile", "mtty",
+                                host.mount], capture_output=True, text=True, check=False)
+        assert again.returncode == 2 and "something is mounted there" in again.stderr
