@@ -18,7 +18,7 @@ CONF = "[devices]\nenabled_mdev_types = nvidia-468\n"
 
 
 @pytest.fixture
-def cli(tmp_path):
+def cli(tmp_path, fake_kernel_cli):
     conf_file = tmp_path / "nova.conf"
     conf_file.write_text(CONF)
 
