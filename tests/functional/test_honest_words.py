@@ -30,8 +30,8 @@ def test_dry_run_says_would_and_an_unconfigured_gpu_is_not_gone(make_host, tmp_p
     assert len(sync_tests.placement_view(api, "cn1")) == 9          # nothing deleted
     assert "Deleted" not in caplog.text
     assert (f"Would delete provider cn1_pci_0000_19_00_0: its GPU {T4[1]} is no longer "
-            "configured (not listed in any [mdev_<type>] device_addresses) and nothing is "
-            "allocated on it") in caplog.text
+            "configured (not listed in any [mdev_<type>] device_addresses nor matched by "
+            "device_ids) and nothing is allocated on it") in caplog.text
 
 
 def test_a_removed_gpu_is_gone(make_host, tmp_path, service, monkeypatch, caplog):
