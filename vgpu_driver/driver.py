@@ -101,12 +101,10 @@ class VGPUDriver:
         the other does not: each keeps exactly the claims its domain needs.
         """
         used = set(domain_mdevs)
-        stale = [c.mdev_uuid for c in self.journal.claims(instance_uuid)
-                 if c.mdev_uuid not in used]
-        if stale:
-            with self.journal.transaction() as txn:
-                txn.remove(instance_uuid, stale)
-        return stale
+        with self.journal.transaction() as txn:
+            stale = [c for c in txn.claims(instance_uuid)
+                     if c.mdev_uuid not in used and c.state != claims.RELEASING]
+            return [c.mdev_uuid for c in txn.remove_exact(stale)]
 
     def add_hostdevs(self, domain_xml, mdev_uuids):
         """The domain XML with a hostdev per vGPU, as each one's type wants it.

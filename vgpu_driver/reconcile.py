@@ -166,21 +166,22 @@ class Reconciler:
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
-        stale = []
-        for claim in self.manager.journal.claims():
-            if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
-                                                          claims_mod.RELEASING):
-                continue
-            gone = live_instances is not None and claim.instance_uuid not in live_instances
-            if gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace:
-                stale.append(claim)
-        if stale:
-            with self.manager.journal.transaction() as txn:
-                txn.remove(mdev_uuids=[c.mdev_uuid for c in stale])
+        with self.manager.journal.transaction() as txn:
+            stale = [claim for claim in txn.claims()
+                     if self._is_stale(claim, users, now, grace, live_instances)]
+            stale = txn.remove_exact(stale)
         for claim in stale:
             LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
                      claim.state, claim.instance_uuid, claim.mdev_uuid)
         return stale
+
+    @staticmethod
+    def _is_stale(claim, users, now, grace, live_instances):
+        if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
+                                                      claims_mod.RELEASING):
+            return False
+        gone = live_instances is not None and claim.instance_uuid not in live_instances
+        return gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace
 
     # -- after a reboot ---------------------------------------------------------------------------
 
