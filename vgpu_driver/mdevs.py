@@ -189,8 +189,11 @@ class MdevManager:
         requests = self._requests(instance_uuid, allocations, providers)
         if not requests:
             return []
+        # Read before the lock, which only ever waits for claims: a vGPU a
+        # domain took since was claimed first, and the claims are re-read.
+        users = self.domains.mdev_users()
         with self.journal.transaction() as txn:
-            plan, claimed = self._plan(txn, instance_uuid, requests)
+            plan, claimed = self._plan(txn, instance_uuid, requests, users)
             held = {u for u, c in claimed.items() if c.instance_uuid == instance_uuid}
             added = [item for item in plan if item.mdev_uuid not in held]
             for item in added:
@@ -211,9 +214,8 @@ class MdevManager:
                            f"{p.parent})" for p in plan))
         return [item.mdev_uuid for item in plan]
 
-    def _plan(self, txn, instance, requests):
+    def _plan(self, txn, instance, requests, users):
         claimed = txn.on_gpu_or_of(sorted({p.gpu for p, _ in requests}), instance)
-        users = self.domains.mdev_users()
         used = _Referenced(users, claimed)
         plan = []
         for provider, units in requests:

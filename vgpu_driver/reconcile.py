@@ -116,9 +116,9 @@ class Reconciler:
         if dry_run:
             return [Outcome(o.mdev_uuid, "would-remove", o.kind) for o in orphans]
         outcomes, taken = [], []
+        users = self.manager.domains.mdev_users()
         with self.manager.journal.transaction() as txn:
             claimed = txn.by_mdev()
-            users = self.manager.domains.mdev_users()
             for orphan in orphans:
                 if orphan.mdev_uuid in claimed or orphan.mdev_uuid in users:
                     outcomes.append(Outcome(orphan.mdev_uuid, "kept", "in use now"))
