@@ -60,6 +60,7 @@ class VGPUDriver:
         """The desired providers, after reclaiming unused stale-type mdevs."""
         # One read of the host, its guests and the claims serves the reclaim and
         # the inventory; they are read again only after the reclaim changed them.
+        self.reconcile_claims()
         snapshot = self.manager.snapshot(refresh=True)
         in_use = self.reconciler.in_use()
         outcomes = self.reconciler.reclaim_stale_types(referenced=in_use)
@@ -68,6 +69,17 @@ class VGPUDriver:
             snapshot = self.manager.snapshot(refresh=removed)
             in_use = self.reconciler.in_use()
         return inventory.compute(snapshot, self.mdev_config, nodename, in_use)
+
+    def reconcile_claims(self):
+        """Between restarts, at each inventory update: finish removals the
+        kernel refused before (a guest still held the device) and drop
+        ``claimed`` claims no guest came for.  Each step reads the journal
+        and only the vGPUs it names.  Claims of guests whose domain is gone
+        (``attached``) wait for a start-up: a resize or a hard reboot
+        undefines the domain for a while and keeps its claims."""
+        self.reconciler.finish_releases()
+        self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace,
+                                           attached_too=False)
 
     def allocate(self, instance_uuid, allocations, providers):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO

@@ -156,19 +156,21 @@ class Reconciler:
 
     # -- claims nobody came for ----------------------------------------------------------------
 
-    def clean_stale_claims(self, grace=600.0, live_instances=None):
+    def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True):
         """Drop claims whose guest never came or is gone; returns them.
 
         A ``claimed`` claim older than ``grace`` that no domain references
-        never got its guest; an ``attached`` one without a domain lost it.
-        ``migrating_in`` claims are kept for the migration to settle them.
-        With ``live_instances``, claims of other instances go too.
+        never got its guest; an ``attached`` one without a domain lost it
+        (only with ``attached_too``).  ``migrating_in`` claims are kept for
+        the migration to settle them.  With ``live_instances``, claims of
+        other instances go too.
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
         with self.manager.journal.transaction() as txn:
             stale = [claim for claim in txn.claims()
-                     if self._is_stale(claim, users, now, grace, live_instances)]
+                     if (attached_too or claim.state != claims_mod.ATTACHED)
+                     and self._is_stale(claim, users, now, grace, live_instances)]
             stale = txn.remove_exact(stale)
         for claim in stale:
             LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",

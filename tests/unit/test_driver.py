@@ -92,3 +92,27 @@ def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf,
     kept = [c.mdev_uuid for c in vgpu.journal.claims("i-1") if c.mdev_uuid not in old]
     assert vgpu.release_unused("i-1", kept) == old
     assert [c.mdev_uuid for c in vgpu.journal.claims("i-1")] == kept
+
+
+def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
+        make_host, make_conf, tmp_path):
+    """What a restart used to be needed for happens at the next update."""
+    host = make_host("a100-sriov")
+    options = ("remove_mdevs_on_release = true", "mdev_remove_timeout = 0.2",
+               "claim_grace = 0")
+    vgpu = make_driver(make_conf, host, tmp_path, extra="\n        ".join(options))
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    allocation = {"rp": {"resources": {"VGPU": 1}}}
+    (busy,) = vgpu.allocate("deleted", allocation, providers)
+    (kept,) = vgpu.allocate("resizing", allocation, providers)
+    vgpu.instance_defined("resizing")          # its domain is away for a while
+    host.hold(busy)                            # the guest has not let go yet
+    assert vgpu.release("deleted") == []
+    (unused,) = vgpu.allocate("never-came", allocation, providers)
+    assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {
+        busy: "releasing", kept: "attached", unused: "claimed"}
+
+    host.release(busy)
+    vgpu.provider_tree("cn1")
+    assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {kept: "attached"}
+    assert busy not in {m.uuid for m in host.list_mdevs()}
