@@ -6,6 +6,8 @@ inventory is reported, when an instance is spawned or deleted.  It imports
 no nova; :mod:`vgpu_driver.nova` adapts it.
 """
 
+import threading
+
 from oslo_log import log as logging
 
 from vgpu_driver import claims
@@ -38,6 +40,8 @@ class VGPUDriver:
             remove_on_release=conf.vgpu.remove_mdevs_on_release,
             remove_timeout=conf.vgpu.mdev_remove_timeout)
         self.reconciler = reconcile.Reconciler(self.manager)
+        #: The background restore :meth:`init_host` left running, if any.
+        self.restoring = None
         self.migrations = migration.Migrations(self.manager)
 
     def init_host(self):
@@ -48,13 +52,26 @@ class VGPUDriver:
         guests use without a claim (made by nova's driver before a switch);
         re-create what guests and claims still reference (waiting for VFs);
         then free GPUs of unused mdevs of types they no longer serve.
+        What cannot be re-created yet is retried in the background.
         """
         self.reconciler.finish_releases()
         self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
         takeover.adopt(self.manager)
-        outcomes = self.reconciler.restore(wait=self.conf.vgpu.restore_wait)
+        outcomes = self.reconciler.restore(wait=0)
+        if any(o.result != "restored" for o in outcomes):
+            self.restoring = self._restore_in_background()
         self.reconciler.reclaim_stale_types()
         return outcomes
+
+    def _restore_in_background(self):
+        """Keep restoring, up to ``restore_wait``, what was not back at
+        start-up (VFs the vendor enables later): the service starts now.
+        Each vGPU still missing at the end is logged as an error."""
+        thread = threading.Thread(
+            target=self.reconciler.restore, kwargs={"wait": self.conf.vgpu.restore_wait},
+            name="vgpu-restore", daemon=True)
+        thread.start()
+        return thread
 
     def provider_tree(self, nodename):
         """The desired providers, after reclaiming unused stale-type mdevs."""

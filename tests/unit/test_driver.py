@@ -1,5 +1,6 @@
 """The core facade: start-up order and the spawn/delete round trip."""
 
+import time
 import uuid
 
 from vgpu_driver import domains
@@ -116,3 +117,25 @@ def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
     vgpu.provider_tree("cn1")
     assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {kept: "attached"}
     assert busy not in {m.uuid for m in host.list_mdevs()}
+
+
+def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
+    """The service starts at once; the guest's vGPU comes back once the
+    vendor enables the VFs, and a late one is reported meanwhile."""
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    got = vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 1}}}, providers)
+    vgpu.instance_defined("guest")
+    host.reboot()                                   # VFs come back later
+    restarted = make_driver(make_conf, host, tmp_path, "restore_wait = 30")
+    restarted.domains.define("guest", got)
+    started = time.monotonic()
+    outcomes = restarted.init_host()
+    assert time.monotonic() - started < 5
+    assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "failed")]
+    assert host.list_mdevs() == [] and restarted.restoring.is_alive()
+    host.set_sriov_numvfs(A100, 16)
+    restarted.restoring.join(30)
+    assert not restarted.restoring.is_alive()
+    assert {m.uuid for m in host.list_mdevs()} == set(got)

@@ -65,8 +65,8 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         self.vgpu.domains.event_driven = True
         for outcome in self.vgpu.init_host():
             if outcome.result != "restored":
-                LOG.error("mdev %s could not be restored: %s", outcome.mdev_uuid,
-                          outcome.reason)
+                LOG.error("vGPU %s is not back yet (retried in the background for up "
+                          "to [vgpu] restore_wait): %s", outcome.mdev_uuid, outcome.reason)
 
     # -- inventory -----------------------------------------------------------------------
 
