@@ -22,6 +22,7 @@ from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
+from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
 from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
@@ -276,12 +277,26 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             return super().check_source_migrate_data_at_dest(
                 ctxt, instance, migrate_data, migration, limits, allocs)
         try:
+            vgpu_migration.check_kernel(instance.uuid, "destination")
             mapping = self.vgpu.migrations.claim_incoming(
                 instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
         except exception.VgpuDriverError as exc:
             raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
         migrate_data.target_mdevs = mapping
         return migrate_data
+
+    def check_can_live_migrate_source(self, context, instance, dest_check_data,
+                                      *args, **kwargs):
+        """A guest with vGPUs needs a kernel that migrates VFIO devices here
+        too; QEMU refuses their post-copy, so that setting is warned about."""
+        if self._instance_mdevs(instance):
+            try:
+                vgpu_migration.check_kernel(instance.uuid, "source")
+            except exception.VgpuDriverError as exc:
+                raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+            vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)
+        return super().check_can_live_migrate_source(context, instance, dest_check_data,
+                                                     *args, **kwargs)
 
     def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
         super().post_live_migration_at_destination(context, instance, *args, **kwargs)
