@@ -16,6 +16,7 @@ import uuid
 import fixtures
 import libvirt
 import testtools
+from nova import thread_pool_factory
 from nova.virt.libvirt import host as nova_host
 from oslo_config import cfg
 
@@ -67,6 +68,13 @@ class CountingDomain:
         return counted
 
 
+def _forget_executors():
+    executors = list(thread_pool_factory.FACTORY._all_executors.values())
+    thread_pool_factory.FACTORY._all_executors.clear()
+    for executor in executors:
+        executor.shutdown(wait=False)
+
+
 def domain_xml(name, dom_uuid, mdev):
     return (f"<domain type='test'><name>{name}</name><uuid>{dom_uuid}</uuid>"
             "<memory>1024</memory><os><type>hvm</type></os><devices>"
@@ -97,6 +105,9 @@ class TestAllocationLock(testtools.TestCase):
                                                               lambda: self.in_lock)
         self.index = events.domain_index_of(self.host)
         self.host.initialize()            # nova's event loop, as in init_host
+        # nova's other tests expect no executor registered; the Host's event
+        # threads never return, so they are let go rather than waited for.
+        self.addCleanup(_forget_executors)
         self.index.event_driven = True    # as LibvirtVGPUDriver.init_host says
         self.conn = self.host.get_connection()
         self.defined = []
