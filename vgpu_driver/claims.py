@@ -280,19 +280,40 @@ class Transaction:
         self._db.execute("UPDATE claims SET parent = ?, updated_at = ? WHERE mdev_uuid = ?",
                          (parent, time.time(), mdev_uuid))
 
-    def remove(self, instance_uuid=None, mdev_uuids=None):
-        """Delete claims of an instance and/or of given mdevs; returns them."""
+    def remove(self, instance_uuid=None, mdev_uuids=None, state=None):
+        """Delete claims of an instance and/or of given mdevs (only those in
+        ``state`` if given); returns them."""
         clauses, args = [], []
+        if state is not None:
+            clauses.append("state = ?")
+            args.append(state)
         if instance_uuid is not None:
             clauses.append("instance_uuid = ?")
             args.append(instance_uuid)
         if mdev_uuids is not None:
             clauses.append(f"mdev_uuid IN ({', '.join('?' * len(mdev_uuids))})")
             args += list(mdev_uuids)
-        if not clauses:
+        if instance_uuid is None and mdev_uuids is None:
             raise ValueError("refusing to delete every claim")
         where = " AND ".join(clauses)
         gone = [_claim(row) for row in self._db.execute(
             f"SELECT {_COLUMNS} FROM claims WHERE {where}", args)]
         self._db.execute(f"DELETE FROM claims WHERE {where}", args)
+        return gone
+
+    def remove_exact(self, claims):
+        """Delete these claims only if each is unchanged (same instance, vGPU,
+        state and last update); returns those deleted.
+
+        A check made on an earlier read then never removes a claim someone
+        else took, or that moved on (attached, migrating) since.
+        """
+        gone = []
+        for claim in claims:
+            cursor = self._db.execute(
+                "DELETE FROM claims WHERE mdev_uuid = ? AND instance_uuid = ? AND state = ?"
+                " AND updated_at = ?",
+                (claim.mdev_uuid, claim.instance_uuid, claim.state, claim.updated_at))
+            if cursor.rowcount:
+                gone.append(claim)
         return gone

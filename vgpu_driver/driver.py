@@ -6,6 +6,8 @@ inventory is reported, when an instance is spawned or deleted.  It imports
 no nova; :mod:`vgpu_driver.nova` adapts it.
 """
 
+import threading
+
 from oslo_log import log as logging
 
 from vgpu_driver import claims
@@ -39,6 +41,8 @@ class VGPUDriver:
             remove_on_release=conf.vgpu.remove_mdevs_on_release,
             remove_timeout=conf.vgpu.mdev_remove_timeout)
         self.reconciler = reconcile.Reconciler(self.manager)
+        #: The background restore :meth:`init_host` left running, if any.
+        self.restoring = None
         self.migrations = migration.Migrations(self.manager)
 
     def init_host(self):
@@ -49,18 +53,32 @@ class VGPUDriver:
         guests use without a claim (made by nova's driver before a switch);
         re-create what guests and claims still reference (waiting for VFs);
         then free GPUs of unused mdevs of types they no longer serve.
+        What cannot be re-created yet is retried in the background.
         """
         self.reconciler.finish_releases()
         self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
         takeover.adopt(self.manager)
-        outcomes = self.reconciler.restore(wait=self.conf.vgpu.restore_wait)
+        outcomes = self.reconciler.restore(wait=0)
+        if any(o.result != "restored" for o in outcomes):
+            self.restoring = self._restore_in_background()
         self.reconciler.reclaim_stale_types()
         return outcomes
+
+    def _restore_in_background(self):
+        """Keep restoring, up to ``restore_wait``, what was not back at
+        start-up (VFs the vendor enables later): the service starts now.
+        Each vGPU still missing at the end is logged as an error."""
+        thread = threading.Thread(
+            target=self.reconciler.restore, kwargs={"wait": self.conf.vgpu.restore_wait},
+            name="vgpu-restore", daemon=True)
+        thread.start()
+        return thread
 
     def provider_tree(self, nodename):
         """The desired providers, after reclaiming unused stale-type mdevs."""
         # One read of the host, its guests and the claims serves the reclaim and
         # the inventory; they are read again only after the reclaim changed them.
+        self.reconcile_claims()
         snapshot = self.manager.snapshot(refresh=True)
         in_use = self.reconciler.in_use()
         outcomes = self.reconciler.reclaim_stale_types(referenced=in_use)
@@ -69,6 +87,17 @@ class VGPUDriver:
             snapshot = self.manager.snapshot(refresh=removed)
             in_use = self.reconciler.in_use()
         return inventory.compute(snapshot, self.mdev_config, nodename, in_use)
+
+    def reconcile_claims(self):
+        """Between restarts, at each inventory update: finish removals the
+        kernel refused before (a guest still held the device) and drop
+        ``claimed`` claims no guest came for.  Each step reads the journal
+        and only the vGPUs it names.  Claims of guests whose domain is gone
+        (``attached``) wait for a start-up: a resize or a hard reboot
+        undefines the domain for a while and keeps its claims."""
+        self.reconciler.finish_releases()
+        self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace,
+                                           attached_too=False)
 
     def allocate(self, instance_uuid, allocations, providers):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO
@@ -102,12 +131,10 @@ class VGPUDriver:
         the other does not: each keeps exactly the claims its domain needs.
         """
         used = set(domain_mdevs)
-        stale = [c.mdev_uuid for c in self.journal.claims(instance_uuid)
-                 if c.mdev_uuid not in used]
-        if stale:
-            with self.journal.transaction() as txn:
-                txn.remove(instance_uuid, stale)
-        return stale
+        with self.journal.transaction() as txn:
+            stale = [c for c in txn.claims(instance_uuid)
+                     if c.mdev_uuid not in used and c.state != claims.RELEASING]
+            return [c.mdev_uuid for c in txn.remove_exact(stale)]
 
     def add_hostdevs(self, domain_xml, mdev_uuids):
         """The domain XML with a hostdev per vGPU, as each one's type wants it.

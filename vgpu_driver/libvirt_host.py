@@ -76,6 +76,17 @@ def kernel_version(release=None):
     return tuple(int(x or 0) for x in match.groups()) if match else (0, 0, 0)
 
 
+def read_domain(dom):
+    """``(DomainRef, vgpu ids)`` of one domain: one XML read."""
+    ref = domains.DomainRef(dom.UUIDString(), dom.name())
+    return ref, tuple(guest.vgpu_ids(guest.parse(dom.XMLDesc(0))))
+
+
+def index_users(by_domain):
+    """``{vgpu id: DomainRef}`` from ``{domain uuid: (DomainRef, vgpu ids)}``."""
+    return {mdev: ref for ref, mdevs in by_domain.values() for mdev in mdevs}
+
+
 class LibvirtHost(domains.DomainReferences):
     """A libvirt connection and the mdev index over its domains."""
 
@@ -139,27 +150,19 @@ class LibvirtHost(domains.DomainReferences):
             by_domain = {}
             for dom in self.conn.listAllDomains(0):
                 try:
-                    by_domain[dom.UUIDString()] = self._read(dom)
+                    by_domain[dom.UUIDString()] = read_domain(dom)
                 except self._libvirt.libvirtError:
                     continue  # undefined while we listed
             self._by_domain = by_domain
-            self._users = MappingProxyType(self._build(by_domain))
+            self._users = MappingProxyType(index_users(by_domain))
             self._refreshed_at = time.monotonic()
 
-    @staticmethod
-    def _read(dom):
-        ref = domains.DomainRef(dom.UUIDString(), dom.name())
-        return ref, tuple(guest.vgpu_ids(guest.parse(dom.XMLDesc(0))))
-
-    @staticmethod
-    def _build(by_domain):
-        return {mdev: ref for ref, mdevs in by_domain.values() for mdev in mdevs}
 
     def _on_event(self, _conn, dom, *_args):
         """One domain changed: read it again (or drop it if it is gone)."""
         try:
             gone = not dom.isPersistent() and not dom.isActive()
-            entry = None if gone else self._read(dom)
+            entry = None if gone else read_domain(dom)
         except self._libvirt.libvirtError:
             entry = None  # undefined before we looked
         with self._lock:

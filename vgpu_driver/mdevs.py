@@ -190,28 +190,33 @@ class MdevManager:
         requests = self._requests(instance_uuid, allocations, providers)
         if not requests:
             return []
+        # Read before the lock, which only ever waits for claims: a vGPU a
+        # domain took since was claimed first, and the claims are re-read.
+        users = self.domains.mdev_users()
         with self.journal.transaction() as txn:
-            plan, claimed = self._plan(txn, instance_uuid, requests)
+            plan, claimed = self._plan(txn, instance_uuid, requests, users)
             held = {u for u, c in claimed.items() if c.instance_uuid == instance_uuid}
-            for item in plan:
-                if item.mdev_uuid not in held:
-                    txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
-                            state, created=item.create)
+            added = [item for item in plan if item.mdev_uuid not in held]
+            for item in added:
+                txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
+                        state, created=item.create)
         try:
             for item in plan:
                 if item.create:
                     self._create(instance_uuid, item)
-        except exception.VgpuDriverError:
-            self._undo(instance_uuid, plan)
+        except BaseException:
+            # Whatever went wrong (a kernel refusal, a timeout, a bug), the
+            # claims this call added must not outlive it; those it reused
+            # were the instance's before and stay.
+            self._undo(instance_uuid, added)
             raise
         LOG.info("Instance %s gets mdevs %s", instance_uuid,
                  ", ".join(f"{p.mdev_uuid} ({'created' if p.create else 'reused'} on "
                            f"{p.parent})" for p in plan))
         return [item.mdev_uuid for item in plan]
 
-    def _plan(self, txn, instance, requests):
+    def _plan(self, txn, instance, requests, users):
         claimed = txn.on_gpu_or_of(sorted({p.gpu for p, _ in requests}), instance)
-        users = self.domains.mdev_users()
         used = _Referenced(users, claimed)
         plan = []
         for provider, units in requests:
@@ -322,10 +327,12 @@ class MdevManager:
                                           reason=exc.kwargs.get("reason", str(exc))
                                           ) from exc
 
-    def _undo(self, instance_uuid, plan):
-        """Drop the claims of a failed allocation; what it created stays free."""
+    def _undo(self, instance_uuid, added):
+        """Drop the claims a failed allocation added; what it created stays free."""
+        if not added:
+            return
         with self.journal.transaction() as txn:
-            txn.remove(instance_uuid, [p.mdev_uuid for p in plan])
+            txn.remove(instance_uuid, [p.mdev_uuid for p in added])
         LOG.warning("Released the claims of a failed allocation for %s", instance_uuid)
 
     # -- after the guest is defined, and when it goes ---------------------------------------
@@ -371,7 +378,7 @@ class MdevManager:
             done.append(uuid)
         if done:
             with self.journal.transaction() as txn:
-                txn.remove(mdev_uuids=done)
+                txn.remove(mdev_uuids=done, state=claims_mod.RELEASING)
         return done
 
     def _destroy(self, vgpu_id):

@@ -116,9 +116,9 @@ class Reconciler:
         if dry_run:
             return [Outcome(o.mdev_uuid, "would-remove", o.kind) for o in orphans]
         outcomes, taken = [], []
+        users = self.manager.domains.mdev_users()
         with self.manager.journal.transaction() as txn:
             claimed = txn.by_mdev()
-            users = self.manager.domains.mdev_users()
             for orphan in orphans:
                 if orphan.mdev_uuid in claimed or orphan.mdev_uuid in users:
                     outcomes.append(Outcome(orphan.mdev_uuid, "kept", "in use now"))
@@ -156,31 +156,34 @@ class Reconciler:
 
     # -- claims nobody came for ----------------------------------------------------------------
 
-    def clean_stale_claims(self, grace=600.0, live_instances=None):
+    def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True):
         """Drop claims whose guest never came or is gone; returns them.
 
         A ``claimed`` claim older than ``grace`` that no domain references
-        never got its guest; an ``attached`` one without a domain lost it.
-        ``migrating_in`` claims are kept for the migration to settle them.
-        With ``live_instances``, claims of other instances go too.
+        never got its guest; an ``attached`` one without a domain lost it
+        (only with ``attached_too``).  ``migrating_in`` claims are kept for
+        the migration to settle them.  With ``live_instances``, claims of
+        other instances go too.
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
-        stale = []
-        for claim in self.manager.journal.claims():
-            if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
-                                                          claims_mod.RELEASING):
-                continue
-            gone = live_instances is not None and claim.instance_uuid not in live_instances
-            if gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace:
-                stale.append(claim)
-        if stale:
-            with self.manager.journal.transaction() as txn:
-                txn.remove(mdev_uuids=[c.mdev_uuid for c in stale])
+        with self.manager.journal.transaction() as txn:
+            stale = [claim for claim in txn.claims()
+                     if (attached_too or claim.state != claims_mod.ATTACHED)
+                     and self._is_stale(claim, users, now, grace, live_instances)]
+            stale = txn.remove_exact(stale)
         for claim in stale:
             LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
                      claim.state, claim.instance_uuid, claim.mdev_uuid)
         return stale
+
+    @staticmethod
+    def _is_stale(claim, users, now, grace, live_instances):
+        if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
+                                                      claims_mod.RELEASING):
+            return False
+        gone = live_instances is not None and claim.instance_uuid not in live_instances
+        return gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace
 
     # -- after a reboot ---------------------------------------------------------------------------
 

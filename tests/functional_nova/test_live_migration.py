@@ -20,6 +20,7 @@ GPU_NAME = "0000_41_00_0"    # the A100's provider is <host>_pci_<this>
 # libvirt 8.6 and QEMU 8.1: the first versions that migrate mdevs.
 MDEV_MIGRATION_LIBVIRT = 8006000
 MDEV_MIGRATION_QEMU = 8001000
+MDEV_MIGRATION_KERNEL = "5.18.0-1-generic"   # VFIO migration's v2 protocol
 
 
 class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTestBase):
@@ -33,10 +34,16 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
             "nova.tests.fixtures.libvirt.FAKE_LIBVIRT_VERSION", MDEV_MIGRATION_LIBVIRT))
         self.useFixture(fixtures.MonkeyPatch(
             "nova.tests.fixtures.libvirt.FAKE_QEMU_VERSION", MDEV_MIGRATION_QEMU))
+        self.set_kernel(MDEV_MIGRATION_KERNEL)
         self.src = self.start_host("src", self.SOURCE_TYPES)
         self.dest = self.start_host("dest", self.DEST_TYPES)
         self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
                                           extra_spec={"resources:VGPU": "1"})
+
+    def set_kernel(self, release):
+        """The kernel release both hosts report (nova's fixture fakes it)."""
+        uname = self.libvirt.mock_uname.return_value
+        self.libvirt.mock_uname.return_value = uname._replace(release=release)
 
     def start_host(self, hostname, enabled_types):
         self.flags(enabled_mdev_types=enabled_types, group="devices")
@@ -132,6 +139,30 @@ class UnsupportedTypeTests(LiveMigrationTestBase):
         self.assertEqual([], self.claims("dest"))
         self.assertEqual(set(), self.sysfs_mdevs("dest"))
         self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+
+class KernelGateTests(LiveMigrationTestBase):
+    """Hosts whose kernel cannot migrate VFIO devices refuse a vGPU guest
+    (nova checks only libvirt's and QEMU's versions)."""
+
+    def test_live_migration_refused_on_a_kernel_without_vfio_migration(self):
+        source_mdev = self.boot()
+        self.set_kernel("5.15.0-91-generic")
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        self.assertIn("the source host's Linux kernel is 5.15.0, 5.18.0 or later is needed",
+                      self.stdlog.logger.output)
+        self.assertEqual([source_mdev], self.domain_mdevs("src"))
+        self.assertEqual([], self.claims("dest"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+    def test_post_copy_is_warned_about(self):
+        self.flags(live_migration_permit_post_copy=True, group="libvirt")
+        self.boot()
+        self._live_migrate(self.server, "completed")
+        self.assertIn("QEMU refuses to migrate a guest with a vGPU (VFIO device) in "
+                      "post-copy mode", self.stdlog.logger.output)
 
 
 class OldHypervisorTests(LiveMigrationTestBase):

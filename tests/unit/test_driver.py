@@ -1,5 +1,6 @@
 """The core facade: start-up order and the spawn/delete round trip."""
 
+import time
 import uuid
 
 from vgpu_driver import domains
@@ -95,3 +96,49 @@ def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf,
     kept = [c.mdev_uuid for c in vgpu.journal.claims("i-1") if c.mdev_uuid not in old]
     assert vgpu.release_unused("i-1", kept) == old
     assert [c.mdev_uuid for c in vgpu.journal.claims("i-1")] == kept
+
+
+def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
+        make_host, make_conf, tmp_path):
+    """What a restart used to be needed for happens at the next update."""
+    host = make_host("a100-sriov")
+    options = ("remove_mdevs_on_release = true", "mdev_remove_timeout = 0.2",
+               "claim_grace = 0")
+    vgpu = make_driver(make_conf, host, tmp_path, extra="\n        ".join(options))
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    allocation = {"rp": {"resources": {"VGPU": 1}}}
+    (busy,) = vgpu.allocate("deleted", allocation, providers)
+    (kept,) = vgpu.allocate("resizing", allocation, providers)
+    vgpu.instance_defined("resizing")          # its domain is away for a while
+    host.hold(busy)                            # the guest has not let go yet
+    assert vgpu.release("deleted") == []
+    (unused,) = vgpu.allocate("never-came", allocation, providers)
+    assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {
+        busy: "releasing", kept: "attached", unused: "claimed"}
+
+    host.release(busy)
+    vgpu.provider_tree("cn1")
+    assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {kept: "attached"}
+    assert busy not in {m.uuid for m in host.list_mdevs()}
+
+
+def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
+    """The service starts at once; the guest's vGPU comes back once the
+    vendor enables the VFs, and a late one is reported meanwhile."""
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    got = vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 1}}}, providers)
+    vgpu.instance_defined("guest")
+    host.reboot()                                   # VFs come back later
+    restarted = make_driver(make_conf, host, tmp_path, "restore_wait = 30")
+    restarted.domains.define("guest", got)
+    started = time.monotonic()
+    outcomes = restarted.init_host()
+    assert time.monotonic() - started < 5
+    assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "failed")]
+    assert host.list_mdevs() == [] and restarted.restoring.is_alive()
+    host.set_sriov_numvfs(A100, 16)
+    restarted.restoring.join(30)
+    assert not restarted.restoring.is_alive()
+    assert {m.uuid for m in host.list_mdevs()} == set(got)

@@ -57,9 +57,10 @@ reserved and its removal is retried later.
         default=300.0,
         min=0.0,
         help="""
-At start-up, seconds to wait for the parents of mdevs that guests still
-reference to appear (SR-IOV VFs appear only after the vendor's enablement
-step).  Each mdev that could not be re-created by then is reported.
+After start-up, seconds to keep waiting, in the background, for the parents
+of mdevs that guests still reference to appear (SR-IOV VFs appear only after
+the vendor's enablement step); the service does not wait for them.  Each
+mdev that could not be re-created by then is reported.
 """),
     cfg.FloatOpt(
         "claim_grace",

@@ -18,14 +18,15 @@ from nova.virt.libvirt import driver as libvirt_driver
 from oslo_log import log as logging
 
 from vgpu_driver import claims as vgpu_claims
-from vgpu_driver import domains
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
+from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
 from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
+from vgpu_driver.nova import events
 from vgpu_driver.nova import reshape
 
 CONF = nova.conf.CONF
@@ -33,24 +34,6 @@ LOG = logging.getLogger(__name__)
 
 # As nova's own options: registered on import, so nova.conf can set them.
 vgpu_conf.register_opts(CONF)
-
-
-class NovaGuests(domains.DomainReferences):
-    """Who uses which vGPU, from nova's own libvirt Host (every domain): mdev
-    UUIDs, and PCI hostdev addresses (a vendor-VFIO vGPU is its VF)."""
-
-    sees_pci_hostdevs = True
-
-    def __init__(self, host):
-        self._host = host
-
-    def mdev_users(self):
-        users = {}
-        for guest in self._host.list_guests(only_running=False):
-            ref = domains.DomainRef(guest.uuid, guest.name)
-            for vgpu in guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc())):
-                users[vgpu] = ref
-        return users
 
 
 class _Operation(threading.local):
@@ -72,17 +55,19 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def vgpu(self):
         """The core driver, made once nova's dynamic [mdev_*] options exist."""
         if self._vgpu is None:
-            self._vgpu = core.VGPUDriver(CONF, NovaGuests(self._host))
+            self._vgpu = core.VGPUDriver(CONF, events.domain_index_of(self._host))
         return self._vgpu
 
     # -- start-up ----------------------------------------------------------------------
 
     def init_host(self, host):
         super().init_host(host)
+        # nova's event loop runs now: domain events keep the index current.
+        self.vgpu.domains.event_driven = True
         for outcome in self.vgpu.init_host():
             if outcome.result != "restored":
-                LOG.error("mdev %s could not be restored: %s", outcome.mdev_uuid,
-                          outcome.reason)
+                LOG.error("vGPU %s is not back yet (retried in the background for up "
+                          "to [vgpu] restore_wait): %s", outcome.mdev_uuid, outcome.reason)
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -292,12 +277,26 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             return super().check_source_migrate_data_at_dest(
                 ctxt, instance, migrate_data, migration, limits, allocs)
         try:
+            vgpu_migration.check_kernel(instance.uuid, "destination")
             mapping = self.vgpu.migrations.claim_incoming(
                 instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
         except exception.VgpuDriverError as exc:
             raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
         migrate_data.target_mdevs = mapping
         return migrate_data
+
+    def check_can_live_migrate_source(self, context, instance, dest_check_data,
+                                      *args, **kwargs):
+        """A guest with vGPUs needs a kernel that migrates VFIO devices here
+        too; QEMU refuses their post-copy, so that setting is warned about."""
+        if self._instance_mdevs(instance):
+            try:
+                vgpu_migration.check_kernel(instance.uuid, "source")
+            except exception.VgpuDriverError as exc:
+                raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+            vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)
+        return super().check_can_live_migrate_source(context, instance, dest_check_data,
+                                                     *args, **kwargs)
 
     def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
         super().post_live_migration_at_destination(context, instance, *args, **kwargs)
