@@ -22,9 +22,9 @@ from oslo_config import cfg
 
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver as core
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 from vgpu_driver.nova import events
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
 
 T4A = "0000:18:00.0"
 DOMAINS = 40

@@ -17,8 +17,8 @@ from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
 from vgpu_driver.conf import mdev_types
-from vgpu_driver.sysfs import fakekernel
-from vgpu_driver.sysfs import profiles
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import profiles
 
 T4A = "0000:18:00.0"
 MDEV = "9b8c0c2e-0f4a-4f83-a1d4-0b6b7f3f2a11"
