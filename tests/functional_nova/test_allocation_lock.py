@@ -68,6 +68,17 @@ class CountingDomain:
         return counted
 
 
+class _StopConnEvents(BaseException):
+    """Ends nova's connection-event loop, which has no stop of its own: its
+    worker would otherwise keep the interpreter from exiting."""
+
+
+def _stop_conn_events(host):
+    def stop():
+        raise _StopConnEvents()
+    host._conn_event_handler_queue.put(stop)
+
+
 def _forget_executors():
     executors = list(thread_pool_factory.FACTORY._all_executors.values())
     thread_pool_factory.FACTORY._all_executors.clear()
@@ -105,9 +116,10 @@ class TestAllocationLock(testtools.TestCase):
                                                               lambda: self.in_lock)
         self.index = events.domain_index_of(self.host)
         self.host.initialize()            # nova's event loop, as in init_host
-        # nova's other tests expect no executor registered; the Host's event
-        # threads never return, so they are let go rather than waited for.
+        # nova's other tests expect no executor registered: the Host's
+        # connection-event loop is ended, then its executors let go.
         self.addCleanup(_forget_executors)
+        self.addCleanup(_stop_conn_events, self.host)
         self.index.event_driven = True    # as LibvirtVGPUDriver.init_host says
         self.conn = self.host.get_connection()
         self.defined = []
