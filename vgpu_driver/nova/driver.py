@@ -28,6 +28,7 @@ from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
 from vgpu_driver.nova import reshape
+from vgpu_driver.nova import usage
 
 CONF = nova.conf.CONF
 LOG = logging.getLogger(__name__)
@@ -72,7 +73,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     # -- inventory -----------------------------------------------------------------------
 
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
-        tree = self.vgpu.provider_tree(nodename)
+        reportclient = self.virtapi.reportclient
+        tree = self.vgpu.provider_tree(nodename, lambda name: usage.allocations_on(
+            reportclient, provider_tree, name))
         self._gpu_tree = tree
         for provider in tree.providers:
             name = provider.name
@@ -103,23 +106,13 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             if held is None:
                 held = {inventory.provider_name_for(nodename, c.gpu)
                         for c in self.vgpu.journal.claims()}
-            if data.name in held or self._has_usage(data.uuid):
+            if data.name in held or usage.has_usage(self.virtapi.reportclient, data.uuid):
                 provider_tree.update_inventory(data.name,
                                                placement.fully_reserved(data.inventory))
                 LOG.warning("GPU of provider %s is gone but guests still hold it; keeping "
                             "it fully reserved", data.name)
                 continue
             provider_tree.remove(data.name)
-
-    def _has_usage(self, rp_uuid):
-        """Whether Placement counts usage on a provider (unknown counts as yes:
-        a delete refused for allocations would fail the whole update)."""
-        response = self.virtapi.reportclient.get(f"/resource_providers/{rp_uuid}/usages")
-        if response.status_code == 404:
-            return False
-        if response.status_code != 200:
-            return True
-        return any(response.json().get("usages", {}).values())
 
     # -- allocation ----------------------------------------------------------------------
 
