@@ -91,20 +91,10 @@ class VGPUDriver:
             removed = any(o.result == "removed" for o in outcomes)
             snapshot = self.manager.snapshot(refresh=removed)
             in_use = self.reconciler.in_use()
-        unallocated = (self._unallocated_claims(nodename, allocations_on)
+        unallocated = (inventory.claims_placement_lacks(self.journal.claims(), nodename,
+                                                        allocations_on)
                        if allocations_on is not None else None)
         return inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
-
-    def _unallocated_claims(self, nodename, allocations_on):
-        """One read of the claims per update; Placement is asked only about
-        the providers of GPUs that hold claims."""
-        claim_list = self.journal.claims()
-        allocated = {}
-        for gpu in sorted({c.gpu for c in claim_list}):
-            found = allocations_on(inventory.provider_name_for(nodename, gpu))
-            if found is not None:
-                allocated[gpu] = found
-        return inventory.unallocated_claims(claim_list, allocated)
 
     def reconcile_claims(self):
         """Between restarts, at each inventory update: finish removals the

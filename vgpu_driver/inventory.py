@@ -207,6 +207,17 @@ def unallocated_claims(claim_list, allocated):
     return {gpu: count for gpu, count in extra.items() if count}
 
 
+def claims_placement_lacks(claim_list, nodename, allocations_on):
+    """:func:`unallocated_claims`, asking ``allocations_on(provider name)``
+    (None when Placement cannot say) only about GPUs that hold claims."""
+    allocated = {}
+    for gpu in sorted({c.gpu for c in claim_list}):
+        found = allocations_on(provider_name_for(nodename, gpu))
+        if found is not None:
+            allocated[gpu] = found
+    return unallocated_claims(claim_list, allocated)
+
+
 def _reserve_unallocated(rows, unallocated):
     """Add to each GPU's reserved units the claims Placement does not count."""
     return [{**row, "reserved": min(row["total"], row["reserved"]
