@@ -26,3 +26,14 @@ def allocations_on(reportclient, provider_tree, name):
         return None
     return {consumer: dict(data.get("resources", {}))
             for consumer, data in response.json().get("allocations", {}).items()}
+
+
+def allocations_in(allocations, provider_tree, name):
+    """As :func:`allocations_on`, from the consumers' allocations nova hands
+    a reshape (``{consumer: {"allocations": {rp uuid: {"resources": ...}}}}``)."""
+    if not provider_tree.exists(name):
+        return {}
+    rp_uuid = provider_tree.data(name).uuid
+    return {consumer: dict(data["allocations"][rp_uuid].get("resources", {}))
+            for consumer, data in allocations.items()
+            if rp_uuid in data.get("allocations", {})}
