@@ -195,9 +195,9 @@ def unallocated_claims(claim_list, allocated):
     or on another GPU).  The allocator refuses every claimed vGPU to other
     instances, whatever the claim's state.  ``allocated`` maps a GPU
     address to ``{consumer: {resource class: units}}`` on its provider (a
-    GPU provider has one class); a GPU it lacks has
-    unknown allocations and all its claims count: one update reserving too
-    much is better than Placement offering what the allocator refuses.
+    GPU provider has one class); a GPU it lacks has unknown allocations and
+    all its claims count: one update reserving too much is better than
+    Placement offering what the allocator refuses.
     """
     held = collections.Counter((c.gpu, c.instance_uuid) for c in claim_list)
     extra = collections.Counter()

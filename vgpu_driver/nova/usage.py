@@ -14,8 +14,8 @@ def has_usage(reportclient, rp_uuid):
 
 
 def allocations_on(reportclient, provider_tree, name):
-    """``{consumer: {resource class: units}}`` allocated on the provider ``name``; ``{}`` for
-    a provider Placement does not have yet, None when Placement can't say."""
+    """``{consumer: {resource class: units}}`` on the provider ``name``:
+    ``{}`` for one Placement does not have yet, None when it can't say."""
     if not provider_tree.exists(name):
         return {}
     rp_uuid = provider_tree.data(name).uuid
