@@ -74,8 +74,13 @@ class VGPUDriver:
         thread.start()
         return thread
 
-    def provider_tree(self, nodename):
-        """The desired providers, after reclaiming unused stale-type mdevs."""
+    def provider_tree(self, nodename, allocations_on=None):
+        """The desired providers, after reclaiming unused stale-type mdevs.
+
+        ``allocations_on(provider name)`` -> ``{consumer: {class: units}}`` (None when
+        Placement could not say) lets the inventory reserve claims no
+        allocation covers; without it, claims reserve nothing.
+        """
         # One read of the host, its guests and the claims serves the reclaim and
         # the inventory; they are read again only after the reclaim changed them.
         self.reconcile_claims()
@@ -86,7 +91,10 @@ class VGPUDriver:
             removed = any(o.result == "removed" for o in outcomes)
             snapshot = self.manager.snapshot(refresh=removed)
             in_use = self.reconciler.in_use()
-        return inventory.compute(snapshot, self.mdev_config, nodename, in_use)
+        unallocated = (inventory.claims_placement_lacks(self.journal.claims(), nodename,
+                                                        allocations_on)
+                       if allocations_on is not None else None)
+        return inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
 
     def reconcile_claims(self):
         """Between restarts, at each inventory update: finish removals the

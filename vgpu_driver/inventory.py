@@ -5,9 +5,12 @@ after its physical function.  Its capacity for the GPU's configured type is
 what exists plus what can still be created, capped by the type's per-GPU
 maximum, by the GPU's VFs on SR-IOV boards and by the host-wide
 ``max_instances``.  A GPU that cannot serve its type right now keeps its
-provider with everything reserved, and says why.
+provider with everything reserved, and says why.  Claimed vGPUs that no
+Placement allocation of their instance covers are reserved, so Placement
+never offers what the allocator would refuse.
 """
 
+import collections
 import dataclasses
 
 from vgpu_driver import discovery
@@ -183,11 +186,51 @@ def _apply_host_cap(rows, max_instances):
     return capped
 
 
-def compute(snapshot, config, nodename, in_use=None):
+def unallocated_claims(claim_list, allocated):
+    """``{gpu address: claimed vGPUs that Placement does not count}``.
+
+    Placement already counts the units an instance has allocated on a GPU's
+    provider, so only an instance's claims beyond those units are added (a
+    claim left by a failed migration, a consumer whose allocation is gone
+    or on another GPU).  The allocator refuses every claimed vGPU to other
+    instances, whatever the claim's state.  ``allocated`` maps a GPU
+    address to ``{consumer: {resource class: units}}`` on its provider (a
+    GPU provider has one class); a GPU it lacks has unknown allocations and
+    all its claims count: one update reserving too much is better than
+    Placement offering what the allocator refuses.
+    """
+    held = collections.Counter((c.gpu, c.instance_uuid) for c in claim_list)
+    extra = collections.Counter()
+    for (gpu, instance), count in held.items():
+        units = sum(allocated.get(gpu, {}).get(instance, {}).values())
+        extra[gpu] += max(count - units, 0)
+    return {gpu: count for gpu, count in extra.items() if count}
+
+
+def claims_placement_lacks(claim_list, nodename, allocations_on):
+    """:func:`unallocated_claims`, asking ``allocations_on(provider name)``
+    (None when Placement cannot say) only about GPUs that hold claims."""
+    allocated = {}
+    for gpu in sorted({c.gpu for c in claim_list}):
+        found = allocations_on(provider_name_for(nodename, gpu))
+        if found is not None:
+            allocated[gpu] = found
+    return unallocated_claims(claim_list, allocated)
+
+
+def _reserve_unallocated(rows, unallocated):
+    """Add to each GPU's reserved units the claims Placement does not count."""
+    return [{**row, "reserved": min(row["total"], row["reserved"]
+                                    + unallocated.get(row["gpu"].address, 0))}
+            for row in rows]
+
+
+def compute(snapshot, config, nodename, in_use=None, unallocated=None):
     """The desired :class:`ProviderTree` of a host.
 
     ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
-    GPU draining for a type change from one blocked by unused mdevs.
+    GPU draining for a type change from one blocked by unused mdevs;
+    ``unallocated`` (:func:`unallocated_claims`), when known, is reserved.
     """
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
     rows, unserved = [], []
@@ -218,6 +261,7 @@ def compute(snapshot, config, nodename, in_use=None):
         mine = [r for r in rows if r["type_id"] == type_config.type_id]
         capped = iter(_apply_host_cap(mine, type_config.max_instances))
         rows = [next(capped) if r["type_id"] == type_config.type_id else r for r in rows]
+    rows = _reserve_unallocated(rows, unallocated or {})
     providers = []
     for row in rows:
         type_config = config.type_config(row["type_id"])

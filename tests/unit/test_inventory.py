@@ -5,6 +5,7 @@ import uuid
 import pytest
 
 from tests import confs
+from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver.conf import mdev_types
@@ -196,3 +197,32 @@ def test_vendor_vfio_gpu(make_host, tree_of):
     (provider,) = tree.providers
     assert (provider.total, provider.reserved) == (6, 0)
     assert provider.traits == ("CUSTOM_MDEV_NVIDIA_1156", "CUSTOM_VGPU_NVIDIA_L40S_8Q")
+
+
+def _claim(gpu, instance, state="attached"):
+    return claims.Claim(mdev_uuid=str(uuid.uuid4()), instance_uuid=instance, gpu=gpu,
+                        parent=gpu, type_id="nvidia-231", state=state, created=True,
+                        created_at=0.0, updated_at=0.0)
+
+
+def test_only_claims_beyond_their_instances_allocation_are_unallocated():
+    claim_list = [_claim(T4[0], "covered"), _claim(T4[0], "covered"),
+                  _claim(T4[0], "grown"), _claim(T4[0], "grown"),
+                  _claim(T4[1], "elsewhere", state="migrating_in"),
+                  _claim(T4[1], "gone", state="releasing"),
+                  _claim(T4[2], "unknown")]
+    allocated = {T4[0]: {"covered": {"VGPU": 2}, "grown": {"VGPU": 1},
+                         "scheduled": {"VGPU": 4}},
+                 T4[1]: {"covered": {"VGPU": 1}}}
+    assert inventory.unallocated_claims(claim_list, allocated) == {
+        T4[0]: 1, T4[1]: 2, T4[2]: 1}
+    assert inventory.unallocated_claims([], allocated) == {}
+
+
+def test_unallocated_claims_are_reserved_up_to_the_total(make_host, make_conf):
+    config = mdev_types.from_conf(make_conf("[devices]\nenabled_mdev_types = nvidia-231\n"))
+    snapshot = discovery.discover(make_host("t4x8"))
+    tree = inventory.compute(snapshot, config, "cn1", unallocated={T4[0]: 3, T4[1]: 99})
+    assert totals(tree)[T4[0]] == (8, 3)
+    assert totals(tree)[T4[1]] == (8, 8)
+    assert totals(tree)[T4[2]] == (8, 0)

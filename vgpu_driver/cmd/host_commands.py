@@ -90,12 +90,30 @@ def in_use(app, snapshot):
         return None
 
 
-def desired_tree(app):
-    """``(ProviderTree, snapshot)``: the providers this host's GPUs should have."""
+def desired_tree(app, sync=None):
+    """``(ProviderTree, snapshot)``: the providers this host's GPUs should have.
+
+    With ``sync`` (a ProviderSync), claims Placement does not count are
+    reserved, as nova-compute reserves them.
+    """
     config = load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
-    return (inventory.compute(snapshot, config, app.options.nodename, in_use(app, snapshot)),
+    unallocated = _claims_placement_lacks(app, snapshot, sync) if sync else None
+    return (inventory.compute(snapshot, config, app.options.nodename, in_use(app, snapshot),
+                              unallocated),
             snapshot)
+
+
+def _claims_placement_lacks(app, snapshot, sync):
+    journal = app.journal(snapshot)
+    claim_list = journal.claims() if journal else []
+    if not claim_list:
+        return {}
+    nodename = app.options.nodename
+    sync.observe(inventory.ProviderTree(root_name=nodename, providers=()))
+    return inventory.claims_placement_lacks(
+        claim_list, nodename,
+        lambda name: sync.allocations(name) if name in sync.known else {})
 
 
 class ShowInventory(base.Lister):

@@ -30,8 +30,9 @@ class Sync(base.Lister):
         return parser
 
     def take_action(self, parsed_args):
-        tree, _snapshot = host_commands.desired_tree(self.app)
-        report = _sync(self.app).sync(tree, dry_run=parsed_args.dry_run)
+        sync = _sync(self.app)
+        tree, _snapshot = host_commands.desired_tree(self.app, sync)
+        report = sync.sync(tree, dry_run=parsed_args.dry_run)
         verb = "would make" if parsed_args.dry_run else "made"
         self.app.stderr.write(
             f"{len(tree.providers)} GPU provider(s): {len(report.created)} created, "
@@ -47,11 +48,12 @@ class Audit(base.Lister):
     """Compare the host with Placement; exit 1 if they drifted apart."""
 
     def take_action(self, parsed_args):
-        tree, snapshot = host_commands.desired_tree(self.app)
+        sync = _sync(self.app)
+        tree, snapshot = host_commands.desired_tree(self.app, sync)
         journal = self.app.journal(snapshot)
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
-        drifts = audit_mod.audit(_sync(self.app), tree, snapshot, claim_list, users)
+        drifts = audit_mod.audit(sync, tree, snapshot, claim_list, users)
         self.drifted = bool(drifts)
         rows = [(d.kind, d.provider, d.gpu, d.consumer, d.detail) for d in drifts]
         return (("kind", "provider", "gpu", "consumer", "detail"),

@@ -21,13 +21,13 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
-from vgpu_driver import inventory
 from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
-from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
+from vgpu_driver.nova import providers
 from vgpu_driver.nova import reshape
+from vgpu_driver.nova import usage
 
 CONF = nova.conf.CONF
 LOG = logging.getLogger(__name__)
@@ -72,54 +72,23 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     # -- inventory -----------------------------------------------------------------------
 
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
-        tree = self.vgpu.provider_tree(nodename)
-        self._gpu_tree = tree
-        for provider in tree.providers:
-            name = provider.name
-            if not provider_tree.exists(name):
-                provider_tree.new_child(name, nodename)
-            provider_tree.update_inventory(name, provider.inventory())
-            provider_tree.update_traits(name, placement.with_managed_traits(
-                provider_tree.data(name).traits, provider.traits))
+        reportclient = self.virtapi.reportclient
+        tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
+            usage.allocations_on(reportclient, provider_tree, name)))
         # After the GPU providers are in the tree: a reshape moves allocations
         # to them, and sends them with their inventory in the same request.
         reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
-        self._prune_gpu_providers(provider_tree, nodename, tree)
+        if allocations is not None:
+            # Reserve only the claims the moved allocations do not cover.
+            tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
+                usage.allocations_in(allocations, provider_tree, name)))
+        providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
 
-    def _prune_gpu_providers(self, provider_tree, nodename, tree):
-        """Remove providers of GPUs that vanished, unless guests still hold them.
-
-        A provider is held while a claim or an allocation in Placement uses
-        it: a guest being deleted has released its claims before nova deletes
-        its allocation.
-        """
-        held = None   # read from the journal only once a provider is stale
-        root = provider_tree.data(nodename)
-        for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
-            data = provider_tree.data(uuid)
-            if not placement.is_vanished_gpu_provider(tree, data.name, data.parent_uuid,
-                                                      root.uuid, data.inventory, data.traits):
-                continue
-            if held is None:
-                held = {inventory.provider_name_for(nodename, c.gpu)
-                        for c in self.vgpu.journal.claims()}
-            if data.name in held or self._has_usage(data.uuid):
-                provider_tree.update_inventory(data.name,
-                                               placement.fully_reserved(data.inventory))
-                LOG.warning("GPU of provider %s is gone but guests still hold it; keeping "
-                            "it fully reserved", data.name)
-                continue
-            provider_tree.remove(data.name)
-
-    def _has_usage(self, rp_uuid):
-        """Whether Placement counts usage on a provider (unknown counts as yes:
-        a delete refused for allocations would fail the whole update)."""
-        response = self.virtapi.reportclient.get(f"/resource_providers/{rp_uuid}/usages")
-        if response.status_code == 404:
-            return False
-        if response.status_code != 200:
-            return True
-        return any(response.json().get("usages", {}).values())
+    def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
+        tree = self.vgpu.provider_tree(nodename, allocations_on)
+        self._gpu_tree = tree
+        providers.write(provider_tree, nodename, tree)
+        return tree
 
     # -- allocation ----------------------------------------------------------------------
 

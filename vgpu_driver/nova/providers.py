@@ -1,0 +1,46 @@
+"""Our GPU providers in nova's provider tree: written from the core's
+desired tree, and removed once their GPU is gone and nothing holds them."""
+
+from oslo_log import log as logging
+
+from vgpu_driver import inventory
+from vgpu_driver import placement
+from vgpu_driver.nova import usage
+
+LOG = logging.getLogger(__name__)
+
+
+def write(provider_tree, nodename, tree):
+    """Each GPU's provider under the node, with its inventory and traits
+    (traits others set are kept)."""
+    for provider in tree.providers:
+        name = provider.name
+        if not provider_tree.exists(name):
+            provider_tree.new_child(name, nodename)
+        provider_tree.update_inventory(name, provider.inventory())
+        provider_tree.update_traits(name, placement.with_managed_traits(
+            provider_tree.data(name).traits, provider.traits))
+
+
+def prune(provider_tree, nodename, tree, journal, reportclient):
+    """Remove providers of GPUs that vanished, unless guests still hold them.
+
+    A provider is held while a claim or an allocation in Placement uses
+    it: a guest being deleted has released its claims before nova deletes
+    its allocation.
+    """
+    held = None   # read from the journal only once a provider is stale
+    root = provider_tree.data(nodename)
+    for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
+        data = provider_tree.data(uuid)
+        if not placement.is_vanished_gpu_provider(tree, data.name, data.parent_uuid,
+                                                  root.uuid, data.inventory, data.traits):
+            continue
+        if held is None:
+            held = {inventory.provider_name_for(nodename, c.gpu) for c in journal.claims()}
+        if data.name in held or usage.has_usage(reportclient, data.uuid):
+            provider_tree.update_inventory(data.name, placement.fully_reserved(data.inventory))
+            LOG.warning("GPU of provider %s is gone but guests still hold it; keeping "
+                        "it fully reserved", data.name)
+            continue
+        provider_tree.remove(data.name)
