@@ -1,4 +1,4 @@
-"""libvirt's test driver as the benchmarks use it: guests with one mdev each.
+"""Guests with one mdev each in libvirt's test driver; index checks for both benchmarks.
 
 Every connection a process opens to ``test:///default`` shares one driver
 state, and each gets the events of what the others do.  (A file URI such as
