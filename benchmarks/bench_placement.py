@@ -25,7 +25,6 @@ count, a provider, a candidate) exits 1.
 
 import argparse
 import collections
-import importlib.util
 import os
 import platform
 import sys
@@ -46,19 +45,7 @@ from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 from vgpu_driver.placement_service import EmbeddedPlacement
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_postgres():
-    """``tests/postgres.py``, by its path: ``tests`` is no installed package."""
-    spec = importlib.util.spec_from_file_location(
-        "vgpu_bench_postgres", os.path.join(REPO, "tests", "postgres.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-postgres = _load_postgres()
+postgres = common.load_test_helper("postgres")
 
 SQLITE = "sqlite://"
 HOSTS = 1000

@@ -4,6 +4,7 @@ import argparse
 import ctypes
 import ctypes.util
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -97,3 +98,15 @@ def write_json(path, results):
         with open(path, "w") as f:
             json.dump(results, f, indent=2)
         print(f"\nNumbers written to {path}")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_test_helper(name):
+    """``tests/<name>.py``, by its path: ``tests`` is no installed package."""
+    spec = importlib.util.spec_from_file_location(
+        f"vgpu_bench_{name}", os.path.join(REPO, "tests", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,4 +1,4 @@
-"""libvirt's test driver as the benchmarks use it: guests with one mdev each.
+"""Guests with one mdev each in libvirt's test driver; index checks for both benchmarks.
 
 Every connection a process opens to ``test:///default`` shares one driver
 state, and each gets the events of what the others do.  (A file URI such as
@@ -25,18 +25,20 @@ URI = "test:///default"
 EVENT_TIMEOUT = 10.0
 
 
-def domain_xml(index, dom_uuid, mdev_uuid):
+def domain_xml(index, dom_uuid, mdev_uuid, hypervisor="test"):
     """A guest as nova-compute defines it, with one mdev hostdev.
 
     The guest is a fixed template; its mdev is added by the package's own
-    guest code, the one way vgpu-driver writes hostdevs.
+    guest code, the one way vgpu-driver writes hostdevs.  ``hypervisor``
+    ``kvm`` makes it a guest of libvirt's QEMU driver.
     """
-    root = guest.parse(_guest_template(index, dom_uuid))
+    root = guest.parse(_guest_template(index, dom_uuid, hypervisor))
     return guest.to_string(guest.add_mdev(root, mdev_uuid))
 
 
-def _guest_template(index, dom_uuid):
-    return f"""<domain type='test'>
+def _guest_template(index, dom_uuid, hypervisor):
+    emulator = "<emulator>/usr/bin/qemu-system-x86_64</emulator>" if hypervisor == "kvm" else ""
+    return f"""<domain type='{hypervisor}'>
   <name>instance-{index:08x}</name>
   <uuid>{dom_uuid}</uuid>
   <metadata>
@@ -48,7 +50,7 @@ def _guest_template(index, dom_uuid):
   <memory unit='KiB'>4194304</memory>
   <vcpu>4</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <devices>
+  <devices>{emulator}
     <disk type='file' device='disk'>
       <driver name='qemu' type='qcow2' cache='none'/>
       <source file='/var/lib/nova/instances/{dom_uuid}/disk'/>
