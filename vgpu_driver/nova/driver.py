@@ -27,6 +27,7 @@ from vgpu_driver import names
 from vgpu_driver import placement
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
+from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import reshape
 
 CONF = nova.conf.CONF
@@ -68,6 +69,12 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             if outcome.result != "restored":
                 LOG.error("vGPU %s is not back yet (retried in the background for up "
                           "to [vgpu] restore_wait): %s", outcome.mdev_uuid, outcome.reason)
+
+    def _start_inactive_mediated_devices(self):
+        """Instead of nova's start of every defined mdev: undefine those no
+        claim and no domain wants (never resurrected), start the others
+        that can start now (a late VF does not stop the service)."""
+        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains)
 
     # -- inventory -----------------------------------------------------------------------
 
