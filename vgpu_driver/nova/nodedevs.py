@@ -54,8 +54,12 @@ def defined_mdevs(connection):
     """``[(uuid, device)]`` of the mdevs libvirt keeps a definition of,
     active or not (transient ones vanish with their mdev: nothing to do)."""
     flags = nova_host.libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
-    return [(mdev_uuid(d), d) for d in connection.listAllDevices(flags)
-            if d.isPersistent()]
+    try:
+        devices = connection.listAllDevices(flags)
+    except nova_host.libvirt.libvirtError as exc:
+        LOG.warning("libvirt lists no mdev definitions (%s): none is started", exc)
+        return []
+    return [(mdev_uuid(d), d) for d in devices if d.isPersistent()]
 
 
 def wanted(journal, domains):
@@ -72,15 +76,27 @@ def settle(connection, journal, domains):
     kept, undefined, started = [], [], []
     for uuid, device in defined_mdevs(connection):
         if uuid not in keep:
-            device.undefine()
-            undefined.append(uuid)
-            LOG.info("Undefined libvirt's mdev %s: no claim and no domain references "
-                     "it, so it is not started again", uuid)
+            if _undefine(device, uuid):
+                undefined.append(uuid)
             continue
         kept.append(uuid)
         if not device.isActive() and _start(device, uuid):
             started.append(uuid)
     return Settled(tuple(sorted(kept)), tuple(sorted(undefined)), tuple(sorted(started)))
+
+
+def _undefine(device, uuid):
+    """Undefine an mdev nothing wants; False (logged) if libvirt refuses."""
+    try:
+        device.undefine(0)
+    except nova_host.libvirt.libvirtError as exc:
+        LOG.error("Could not undefine mdev %s, which no claim and no domain "
+                  "references (%s): its autostart may bring it back at a host boot",
+                  uuid, exc)
+        return False
+    LOG.info("Undefined libvirt's mdev %s: no claim and no domain references it, "
+             "so it is not started again", uuid)
+    return True
 
 
 def _start(device, uuid):
