@@ -51,6 +51,10 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         self.assertEqual(["removed"], [o.result for o in
                                        reconciler.reclaim(reconciler.orphans())])
         self.assertEqual([keep_mdev], list(self.kernel_mdevs("host1")))
+        # The next inventory update undefines the removed guest's mdev, so
+        # autostart at a host boot cannot bring it back either.
+        self._run_periodics(raise_on_error=True)
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
 
         self.restart_compute_service("host1")
 

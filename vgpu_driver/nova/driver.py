@@ -92,6 +92,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         # to them, and sends them with their inventory in the same request.
         reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
         self._prune_gpu_providers(provider_tree, nodename, tree)
+        # mdevs removed through sysfs since: their definitions go too.
+        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains,
+                        start=False)
 
     def _prune_gpu_providers(self, provider_tree, nodename, tree):
         """Remove providers of GPUs that vanished, unless guests still hold them.

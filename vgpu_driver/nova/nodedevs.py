@@ -14,6 +14,10 @@ one stays in sysfs, where the orphan rules decide its fate).  A kept one
 that is inactive is started; one that cannot start yet (its VF is not back)
 is left to the claims' restore, which keeps retrying in the background,
 instead of failing the service's start as nova's step would.
+
+Each inventory update undefines again what nothing wants (what was removed
+through sysfs since), so mdevctl's autostart at a host boot does not bring
+it back either.
 """
 
 import dataclasses
@@ -68,9 +72,10 @@ def wanted(journal, domains):
     return held | set(domains.mdev_users())
 
 
-def settle(connection, journal, domains):
-    """Undefine every defined mdev nothing here wants; start the wanted ones
-    that are inactive, where they can start now.  Returns a :class:`Settled`.
+def settle(connection, journal, domains, start=True):
+    """Undefine every defined mdev nothing here wants; with ``start``, start
+    the wanted ones that are inactive, where they can start now.  Returns a
+    :class:`Settled`.
     """
     keep = wanted(journal, domains)
     kept, undefined, started = [], [], []
@@ -80,7 +85,7 @@ def settle(connection, journal, domains):
                 undefined.append(uuid)
             continue
         kept.append(uuid)
-        if not device.isActive() and _start(device, uuid):
+        if start and not device.isActive() and _start(device, uuid):
             started.append(uuid)
     return Settled(tuple(sorted(kept)), tuple(sorted(undefined)), tuple(sorted(started)))
 
