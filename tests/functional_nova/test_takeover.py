@@ -6,9 +6,10 @@ VF and boots guests with vGPUs, whose mdevs it creates.  Fake libvirt's VFs
 are the fake kernel's (same addresses, ``availableInstances`` read from the
 fake sysfs) and nova's own ``_create_mdev`` creates and persistently
 defines each mdev through fake libvirt's node-device API, which creates it
-in the fake sysfs, with its UUID, on its VF, so both drivers see one host.  The same compute
-is then restarted with ``vgpu_driver.nova.LibvirtVGPUDriver``, which must
-take the host over through Placement's reshaper, guests untouched.
+in the fake sysfs, with its UUID, on its VF, so both drivers see one host.
+The same compute is then restarted with
+``vgpu_driver.nova.LibvirtVGPUDriver``, which must take the host over
+through Placement's reshaper, guests untouched.
 """
 
 import os
