@@ -4,20 +4,20 @@ The host first runs nova's own ``libvirt.LibvirtDriver``: it reads the
 A100's VFs as mdev-capable devices from fake libvirt, makes one provider per
 VF and boots guests with vGPUs, whose mdevs it creates.  Fake libvirt's VFs
 are the fake kernel's (same addresses, ``availableInstances`` read from the
-fake sysfs) and every mdev nova creates is created in the fake sysfs too,
-with its UUID, on its VF, so both drivers see one host.  The same compute
-is then restarted with ``vgpu_driver.nova.LibvirtVGPUDriver``, which must
-take the host over through Placement's reshaper, guests untouched.
+fake sysfs) and nova's own ``_create_mdev`` creates and persistently
+defines each mdev through fake libvirt's node-device API, which creates it
+in the fake sysfs, with its UUID, on its VF, so both drivers see one host.
+The same compute is then restarted with
+``vgpu_driver.nova.LibvirtVGPUDriver``, which must take the host over
+through Placement's reshaper, guests untouched.
 """
 
 import os
 import re
-import uuid as uuid_mod
 
-import fixtures
 from nova.tests.fixtures import libvirt as fakelibvirt
-from nova.virt.libvirt import utils as libvirt_utils
 
+from tests.functional_nova import libvirt_nodedevs
 from tests.functional_nova import test_vgpu
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import names
@@ -50,15 +50,16 @@ class SysfsVF(fakelibvirt.FakePCIDevice):
         return self._TYPES_RE.sub(block, self.pci_device)
 
 
-class TakeoverTests(test_vgpu.VGPUDriverTestBase):
+class NovaHostTestBase(test_vgpu.VGPUDriverTestBase):
+    """A host first run by nova's own driver, whose mdevs nova makes with its
+    own ``_create_mdev`` through libvirt's node-device API (created and
+    defined persistently, autostarted), here served by the fake kernel."""
+
     def setUp(self):
         super().setUp()
         self.kernel = None
-        # As nova's own vGPU tests: nova's mdev creation goes to a fake, here
-        # the fake kernel (and fake libvirt's node devices, where nova looks).
-        self.useFixture(fixtures.MockPatch(
-            "nova.virt.libvirt.driver.LibvirtDriver._create_mdev",
-            side_effect=self._nova_creates_mdev))
+        self.nodedevs = self.useFixture(
+            libvirt_nodedevs.MdevNodeDevices(lambda: self.kernel))
         self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
                                           extra_spec={"resources:VGPU": "1"})
         # Two vGPUs: on nova's per-VF providers (total 1 each) two groups.
@@ -81,16 +82,6 @@ class TakeoverTests(test_vgpu.VGPUDriverTestBase):
             device = SysfsVF(self.kernel, parent.name, A100_4C, group)
             pci_info.devices[device.pci_device.split("<name>")[1].split("<")[0]] = device
         return self.start_compute(hostname="host1", pci_info=pci_info)
-
-    def _nova_creates_mdev(self, dev_name, mdev_type, uuid=None):
-        uuid = uuid or str(uuid_mod.uuid4())
-        address = "{}:{}:{}.{}".format(*dev_name[len("pci_"):].split("_"))
-        self.kernel.create_mdev(address, mdev_type, uuid)
-        mdev_name = libvirt_utils.mdev_uuid2name(uuid)
-        connection = self.computes["host1"].driver._host.get_connection()
-        connection.mdev_info.devices[mdev_name] = fakelibvirt.FakeMdevDevice(
-            dev_name=mdev_name, type_id=mdev_type, parent=dev_name)
-        return uuid
 
     def switch_to_vgpu_driver(self):
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
@@ -123,7 +114,8 @@ class TakeoverTests(test_vgpu.VGPUDriverTestBase):
         return {rp: a["resources"]["VGPU"] for rp, a in allocations.items()
                 if "VGPU" in a["resources"]}
 
-    # -- the tests ------------------------------------------------------------------------
+
+class TakeoverTests(NovaHostTestBase):
 
     def test_guests_move_to_the_gpu_provider_and_keep_their_mdevs(self):
         self.start_nova_compute()

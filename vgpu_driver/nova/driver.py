@@ -25,6 +25,7 @@ from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
+from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import providers
 from vgpu_driver.nova import reshape
 from vgpu_driver.nova import usage
@@ -69,6 +70,12 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
                 LOG.error("vGPU %s is not back yet (retried in the background for up "
                           "to [vgpu] restore_wait): %s", outcome.mdev_uuid, outcome.reason)
 
+    def _start_inactive_mediated_devices(self):
+        """Instead of nova's start of every defined mdev: undefine those no
+        claim and no domain wants (never resurrected), start the others
+        that can start now (a late VF does not stop the service)."""
+        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains)
+
     # -- inventory -----------------------------------------------------------------------
 
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
@@ -83,6 +90,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
             tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
                 usage.allocations_in(allocations, provider_tree, name)))
         providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
+        # mdevs removed through sysfs since: their definitions go too.
+        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains,
+                        start=False)
 
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
         tree = self.vgpu.provider_tree(nodename, allocations_on)

@@ -1,0 +1,94 @@
+"""nova's persistent mdevs across a takeover and restarts.
+
+nova's own driver creates every mdev through libvirt's node-device API and
+defines it persistently (autostart), and nova's start-up starts every
+defined mdev that is inactive.  Under vgpu-driver, an mdev removed through
+sysfs (a guest deleted with ``remove_mdevs_on_release``, an orphan the
+operator removes) or one nothing references (a guest nova deleted) keeps
+its definition: a restart must not bring it back, and the mdevs guests hold
+must stay.
+"""
+
+from tests.functional_nova import test_takeover
+
+
+class PersistentMdevTests(test_takeover.NovaHostTestBase):
+    def setUp(self):
+        super().setUp()
+        self.flags(remove_mdevs_on_release=True, group="vgpu")
+
+    def mdev_of(self, server):
+        (mdev,) = self.domain_mdevs_of(server)
+        return mdev
+
+    def boot_under_nova(self):
+        """Three guests under nova's driver; nova deletes the last one and
+        leaves its mdev created and defined, as nova does."""
+        self.start_nova_compute()
+        servers = [self._create_server(flavor_id=self.flavor, networks="none",
+                                       host="host1") for _ in range(3)]
+        mdevs = [self.mdev_of(s) for s in servers]
+        # nova's own _create_mdev made them: created, defined, autostarted.
+        self.assertEqual({m: True for m in mdevs}, self.nodedevs.defined())
+        self._delete_server(servers[2])
+        self.assertEqual(sorted(mdevs), sorted(self.kernel_mdevs("host1")))
+        return servers[:2], mdevs
+
+    def test_takeover_and_restart_resurrect_no_mdev(self):
+        (keep, gone), (keep_mdev, gone_mdev, foreign_mdev) = self.boot_under_nova()
+
+        self.switch_to_vgpu_driver()
+
+        # The guests' definitions are kept; the one of nova's deleted guest is
+        # not (its mdev stays in sysfs, an orphan).
+        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined())
+        self.assertIn(foreign_mdev, self.kernel_mdevs("host1"))
+        self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
+        # Through sysfs: a guest deleted, its mdev removed; the orphan removed.
+        self._delete_server(gone)
+        reconciler = self.computes["host1"].driver.vgpu.reconciler
+        self.assertEqual([foreign_mdev], [o.mdev_uuid for o in reconciler.orphans()])
+        self.assertEqual(["removed"], [o.result for o in
+                                       reconciler.reclaim(reconciler.orphans())])
+        self.assertEqual([keep_mdev], list(self.kernel_mdevs("host1")))
+        # The next inventory update undefines the removed guest's mdev, so
+        # autostart at a host boot cannot bring it back either.
+        self._run_periodics(raise_on_error=True)
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+
+        self.restart_compute_service("host1")
+
+        self.assertEqual([keep_mdev], list(self.kernel_mdevs("host1")))
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+        self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
+        self.assertEqual(keep_mdev, self.mdev_of(keep))
+        self.assertEqual("ACTIVE", self.api.get_server(keep["id"])["status"])
+        self.assertEqual({test_takeover.GPU_PROVIDER: (10, 0, 1)},
+                         self.gpu_providers("host1"))
+
+    def test_a_claimed_mdev_gone_from_sysfs_is_started_again(self):
+        (keep, _other), (keep_mdev, other_mdev, foreign_mdev) = self.boot_under_nova()
+        self.switch_to_vgpu_driver()
+        self.kernel.remove_mdev(keep_mdev)
+
+        self.restart_compute_service("host1")
+
+        # Back with its UUID; the undefined orphan stays only in sysfs.
+        self.assertEqual(sorted([keep_mdev, other_mdev, foreign_mdev]),
+                         sorted(self.kernel_mdevs("host1")))
+        self.assertEqual({keep_mdev: True, other_mdev: True}, self.nodedevs.defined())
+        self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
+        self.assertIn(f"Started defined mdev {keep_mdev}", self.stdlog.logger.output)
+
+    def test_a_late_vf_does_not_stop_the_start(self):
+        (keep, _other), (keep_mdev, _other_mdev, _foreign) = self.boot_under_nova()
+        self.switch_to_vgpu_driver()
+        self.kernel.reboot()   # no mdevs, the A100's VFs not enabled yet
+
+        self.restart_compute_service("host1")
+
+        self.assertEqual([], list(self.kernel_mdevs("host1")))
+        self.assertIn(f"Defined mdev {keep_mdev} does not start yet",
+                      self.stdlog.logger.output)
+        self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
+        self.assertIn(keep_mdev, self.nodedevs.defined())
