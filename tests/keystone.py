@@ -22,9 +22,7 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
 import warnings
-from wsgiref import simple_server
 
 from vgpu_driver import placement_service
 
@@ -121,20 +119,15 @@ class EmbeddedKeystone:
     def start(self):
         built = application()
         self.auth_url = built["url"]
-        self._server = simple_server.make_server(
-            "127.0.0.1", built["port"], built["app"],
-            server_class=placement_service._ThreadingServer,
-            handler_class=placement_service._QuietHandler)
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                         name="keystone", daemon=True).start()
+        self._server = placement_service.serve_on_loopback(built["port"], built["app"],
+                                                           "keystone")
         self._ensure_nova_and_reader()
         return self
 
     def stop(self):
         """Stop serving: connections are refused until :meth:`start`."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            placement_service.stop_serving(self._server)
             self._server = None
 
     def __enter__(self):

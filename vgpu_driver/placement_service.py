@@ -42,6 +42,22 @@ class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
     daemon_threads = True
 
 
+def serve_on_loopback(port, app, name):
+    """Serve a WSGI app on 127.0.0.1:``port`` from a daemon thread; the
+    server is stopped with :func:`stop_serving`."""
+    server = simple_server.make_server("127.0.0.1", port, app, server_class=_ThreadingServer,
+                                       handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     name=name, daemon=True).start()
+    return server
+
+
+def stop_serving(server):
+    """Stop serving and close the socket: connections are refused from now."""
+    server.shutdown()
+    server.server_close()
+
+
 def _one_at_a_time(app):
     """``app`` behind a lock held until its response body is complete."""
     lock = threading.Lock()
@@ -108,18 +124,13 @@ class EmbeddedPlacement:
             app = _one_at_a_time(app)
         if self.middleware is not None:
             app = self.middleware(app)
-        self._server = simple_server.make_server("127.0.0.1", self.port, app,
-                                                 server_class=_ThreadingServer,
-                                                 handler_class=_QuietHandler)
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                         name="placement", daemon=True).start()
+        self._server = serve_on_loopback(self.port, app, "placement")
         LOG.info("Placement (%s) serving on %s", self.database_url, self.endpoint)
         return self
 
     def stop(self):
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            stop_serving(self._server)
             self._server = None
             self._unpatch()
             self._engine.dispose()

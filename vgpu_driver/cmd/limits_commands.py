@@ -5,6 +5,7 @@ Keystone is reached with nova.conf's ``[oslo_limit]`` (keystoneauth options
 and ``endpoint_id``), as nova's unified limits driver reaches it.
 """
 
+import argparse
 import logging
 
 from vgpu_driver import limits
@@ -77,8 +78,6 @@ class ApplyLimits(base.Lister):
 
 
 def _non_negative(text):
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
