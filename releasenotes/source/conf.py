@@ -1,0 +1,16 @@
+"""Sphinx configuration of vgpu-driver's release notes (reno).
+
+reno reads the notes from git history, so the build needs a clone with its
+history (a fresh clone has it); notes not committed yet are shown too.
+"""
+
+project = "vgpu-driver release notes"
+copyright = "vgpu-driver developers"  # noqa: A001 - Sphinx's own name
+release = ""
+version = ""
+
+extensions = ["reno.sphinxext"]
+
+master_doc = "index"
+html_theme = "alabaster"
+html_static_path = ["_static"]
