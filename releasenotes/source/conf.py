@@ -1,7 +1,8 @@
 """Sphinx configuration of vgpu-driver's release notes (reno).
 
 reno reads the notes from git history, so the build needs a clone with its
-history (a fresh clone has it); notes not committed yet are shown too.
+history (a fresh clone has it), and a note shows once it is committed.  Until
+a release is tagged, reno files every note under version 0.0.0.
 """
 
 project = "vgpu-driver release notes"
