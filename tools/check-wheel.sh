@@ -43,5 +43,19 @@ if [ "$shipped" != "$wanted" ]; then
     echo "error: the wheel's profiles ($shipped) are not the checkout's ($wanted)" >&2
     exit 1
 fi
+echo "==> the operator's files under share/vgpu-driver/"
+share="$WORK/venv/share/vgpu-driver"
+for f in etc/vgpu-driver/sudoers.d/vgpu-driver etc/vgpu-driver/rootwrap.d/vgpu-driver.filters \
+         etc/systemd/nova-compute.service.d/vgpu-driver.conf; do
+    case $f in
+        etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;
+        *) installed="$share/etc/${f#etc/vgpu-driver/}" ;;
+    esac
+    if ! cmp -s "$TOP/$f" "$installed"; then
+        echo "error: the wheel does not install $f as $installed" >&2
+        exit 1
+    fi
+    echo "    ${installed#"$WORK"/venv/}"
+done
 echo "==> vgpu-manage --config-file /dev/null demo"
 "$WORK/venv/bin/vgpu-manage" --config-file /dev/null demo

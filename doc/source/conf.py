@@ -7,7 +7,7 @@ options' declarations, the commands' parsers), so they cannot drift from it.
 import vgpu_driver
 
 project = "vgpu-driver"
-copyright = "vgpu-driver developers"  # noqa: A001 - Sphinx's own name
+copyright = "vgpu-driver developers"
 release = vgpu_driver.__version__
 version = release
 
@@ -35,5 +35,3 @@ html_theme = "alabaster"
 html_static_path = ["_static"]
 html_title = f"vgpu-driver {release}"
 pygments_style = "sphinx"
-# Every reference must resolve: the build runs with -W.
-nitpicky = False

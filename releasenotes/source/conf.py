@@ -6,7 +6,7 @@ a release is tagged, reno files every note under version 0.0.0.
 """
 
 project = "vgpu-driver release notes"
-copyright = "vgpu-driver developers"  # noqa: A001 - Sphinx's own name
+copyright = "vgpu-driver developers"
 release = ""
 version = ""
 
