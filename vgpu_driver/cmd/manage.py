@@ -42,7 +42,7 @@ class ManageApp(app.App):
             help="Directory that plays /sys (overrides [vgpu] sysfs_root).")
         parser.add_argument(
             "--nodename", default=socket.gethostname(),
-            help="Compute node name; providers are named after it (default: %(default)s).")
+            help="Compute node name; providers are named after it (default: this host's name).")
         parser.add_argument(
             "--libvirt-uri", metavar="URI",
             help="libvirt connection telling which guest uses which mdev (overrides "
