@@ -17,6 +17,11 @@ from vgpu_driver.sysfs import base
 MODE_MDEV = "mdev"
 MODE_VENDOR_VFIO = "vendor-vfio"
 MODE_VIRTUAL = "virtual"
+# An SR-IOV GPU whose VFs are off (after a reboot, until someone enables
+# them) or not registered yet: no parent, nothing offered, but configured.
+MODE_VFS_PENDING = "vfs-pending"
+NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASS_PREFIX = "0x03"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,11 @@ class PhysicalGPU:
     @property
     def sriov(self):
         return bool(self.pci and self.pci.sriov_totalvfs)
+
+    @property
+    def vfs_off(self):
+        """An SR-IOV GPU with no VF enabled: it offers nothing until then."""
+        return self.mode == MODE_VFS_PENDING and not (self.pci and self.pci.sriov_numvfs)
 
     @property
     def addresses(self):
@@ -143,6 +153,19 @@ def _vendor_vfio_parents(host):
     return by_gpu
 
 
+def is_sriov_gpu(pci):
+    """An NVIDIA display or 3D controller that can have VFs (not a NIC)."""
+    return bool(pci is not None and pci.sriov_totalvfs and pci.vendor == NVIDIA_VENDOR
+                and (pci.pci_class or "").startswith(_DISPLAY_CLASS_PREFIX))
+
+
+def _pending_gpus(host, found):
+    """SR-IOV GPUs none of whose VFs is a parent yet."""
+    return [PhysicalGPU(address=str(pci.address), mode=MODE_VFS_PENDING, parents=(), pci=pci)
+            for pci in host.list_sriov_pfs()
+            if is_sriov_gpu(pci) and str(pci.address) not in found]
+
+
 def discover(host):
     """Read the host once and return a :class:`HostSnapshot`."""
     mdevs = tuple(host.list_mdevs())
@@ -164,4 +187,5 @@ def discover(host):
         pci = host.pci_device(key) if modes[key] != MODE_VIRTUAL else None
         gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
                                 parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
-    return HostSnapshot(gpus=tuple(gpus), mdevs=mdevs)
+    gpus += _pending_gpus(host, grouped)
+    return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs)
