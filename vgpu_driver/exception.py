@@ -334,7 +334,7 @@ class InvalidSysfsRoot(VgpuDriverError):
 class SriovRefused(VgpuDriverError):
     """Checked before any write: nothing was changed."""
 
-    msg_fmt = "Refusing to %(action)s SR-IOV VFs of %(address)s: %(reason)s."
+    msg_fmt = "Refusing to %(action)s SR-IOV VFs of %(address)r: %(reason)s."
 
 
 class SriovNotReady(VgpuDriverError):
