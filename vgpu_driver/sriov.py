@@ -156,8 +156,9 @@ def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic)
     for step in steps:
         if step.action == "enable":
             totalvfs = function(host, step.address, "enable").totalvfs
-            say(f"{step.address}: enabling {totalvfs} VFs")
             host.set_sriov_numvfs(step.address, totalvfs)
+            say(f"{step.address}: enabled {totalvfs} VFs (sriov_numvfs 0 -> {totalvfs}); "
+                "waiting for their mdev types")
         else:
             say(f"{step.address}: {step.detail}")
     return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)

@@ -21,6 +21,8 @@ from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 
 A100 = "0000:41:00.0"
+ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
+           "mdev types")
 CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
 UNIT = pathlib.Path(__file__).parents[2] / "etc" / "systemd" / "vgpu-driver-sriov.service"
 
@@ -48,7 +50,7 @@ def test_enable_then_status_and_inventory(make_host, run):  # noqa: F811
     assert (code, out) == (0, f"{A100}: would enable VFs: sriov_numvfs 0 -> 16\n")
     assert host.pci_device(A100).sriov_numvfs == 0
     code, out, _ = run(*root, "sriov", "enable", "--configured", "--wait", "10", conf=CONF)
-    assert code == 0 and out.splitlines()[0] == f"{A100}: enabling 16 VFs"
+    assert code == 0 and out.splitlines()[0] == ENABLED
     [status] = json.loads(run(*root, "sriov", "status", "-f", "json", conf=CONF)[1])
     assert (status["numvfs"], len(status["vfs"]), status["state"]) == (16, 16, "enabled")
     code, out, _ = run(*root, "inventory", "-f", "json", conf=CONF)
@@ -140,6 +142,6 @@ def test_boot_unit_command_enables_a_rebooted_a100(make_host, tmp_path, fake_ker
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = manage.main([argv[1], str(conf), "--sysfs-root", host.paths.root, *argv[3:]])
-    assert code == 0 and out.getvalue().startswith(f"{A100}: enabling 16 VFs\n")
+    assert code == 0 and out.getvalue().startswith(f"{ENABLED}\n")
     assert host.pci_device(A100).sriov_numvfs == 16
     assert len(host.list_parents()) == 16

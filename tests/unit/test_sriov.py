@@ -15,6 +15,8 @@ from vgpu_driver import sriov
 from vgpu_driver.conf import mdev_types
 
 A100 = "0000:41:00.0"
+ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
+           "mdev types")
 A100_VF = "0000:41:00.4"
 T4 = "0000:18:00.0"
 L40S = "0000:c1:00.0"
@@ -46,7 +48,7 @@ def test_enable_writes_totalvfs_and_waits_for_every_vf(make_host):
     said = []
     [pf] = sriov.enable(host, steps, timeout=5, progress=said.append)
     assert (pf.state, pf.numvfs, pf.ready_vfs) == ("enabled", 16, 16)
-    assert said[0] == f"{A100}: enabling 16 VFs"
+    assert said[0] == ENABLED
     assert said[1].startswith(f"{A100}: 16 VFs ready, offering 6 mdev type(s)")
     # Idempotent: an enabled board is left alone (a second write would be EBUSY).
     again = sriov.plan_enable(host, [A100, A100])
