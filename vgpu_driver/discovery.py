@@ -159,11 +159,11 @@ def is_sriov_gpu(pci):
                 and (pci.pci_class or "").startswith(_DISPLAY_CLASS_PREFIX))
 
 
-def _pending_gpus(host, found):
+def _pending_gpus(sriov_pfs, found):
     """SR-IOV GPUs none of whose VFs is a parent yet."""
-    return [PhysicalGPU(address=str(pci.address), mode=MODE_VFS_PENDING, parents=(), pci=pci)
-            for pci in host.list_sriov_pfs()
-            if is_sriov_gpu(pci) and str(pci.address) not in found]
+    return [PhysicalGPU(address=address, mode=MODE_VFS_PENDING, parents=(), pci=pci)
+            for address, pci in sriov_pfs.items()
+            if is_sriov_gpu(pci) and address not in found]
 
 
 def discover(host):
@@ -182,10 +182,14 @@ def discover(host):
     for key, parents in _vendor_vfio_parents(host).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)
+    # Read once: SR-IOV GPUs with parents need it too.
+    sriov_pfs = {str(pci.address): pci for pci in host.list_sriov_pfs()}
     gpus = []
     for key in sorted(grouped):
-        pci = host.pci_device(key) if modes[key] != MODE_VIRTUAL else None
+        pci = None
+        if modes[key] != MODE_VIRTUAL:
+            pci = sriov_pfs.get(key) or host.pci_device(key)
         gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
                                 parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
-    gpus += _pending_gpus(host, grouped)
+    gpus += _pending_gpus(sriov_pfs, grouped)
     return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs)
