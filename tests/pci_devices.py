@@ -8,7 +8,7 @@ NIC = "0000:05:00.0"
 
 def plant_nic(tree, address=NIC, vendor="0x8086", device="0x1572", totalvfs=8):
     """A network card with SR-IOV: what a VF-enabling tool must not touch."""
-    bus = address.rsplit(":", 2)[0].replace(":", ":")
+    bus = address.rsplit(":", 1)[0]          # devices/pci0000:05/0000:05:00.0
     dev = os.path.join(tree, "devices", f"pci{bus}", address)
     os.makedirs(dev)
     for name, text in (("vendor", f"{vendor}\n"), ("device", f"{device}\n"),

@@ -133,17 +133,18 @@ class Step:
 
 def plan_enable(host, addresses):
     """Check every address, then say what enabling would write; no write."""
-    steps = []
-    for address in dict.fromkeys(addresses):
+    steps = {}
+    for address in addresses:
         pf = function(host, address, "enable")
+        if pf.address in steps:
+            continue
         if pf.numvfs:
-            steps.append(Step(pf.address, "none",
-                              f"already enabled ({pf.numvfs} of {pf.totalvfs} VFs), "
-                              "left alone"))
+            steps[pf.address] = Step(pf.address, "none",
+                                     f"already enabled ({pf.numvfs} of {pf.totalvfs} VFs), "
+                                     "left alone")
         else:
-            steps.append(Step(pf.address, "enable",
-                              f"sriov_numvfs 0 -> {pf.totalvfs}"))
-    return steps
+            steps[pf.address] = Step(pf.address, "enable", f"sriov_numvfs 0 -> {pf.totalvfs}")
+    return list(steps.values())
 
 
 def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic):

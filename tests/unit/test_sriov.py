@@ -51,7 +51,7 @@ def test_enable_writes_totalvfs_and_waits_for_every_vf(make_host):
     assert said[0] == ENABLED
     assert said[1].startswith(f"{A100}: 16 VFs ready, offering 6 mdev type(s)")
     # Idempotent: an enabled board is left alone (a second write would be EBUSY).
-    again = sriov.plan_enable(host, [A100, A100])
+    again = sriov.plan_enable(host, [A100, A100, "0000:41:00.0 "])
     assert [(s.action, s.detail) for s in again] == [
         ("none", "already enabled (16 of 16 VFs), left alone")]
     assert sriov.enable(host, again, timeout=0)[0].numvfs == 16
@@ -83,6 +83,18 @@ def test_the_wait_is_bounded_and_says_what_is_missing(make_host):
                        match=rf"{A100}: after 5s, 0 of 0 VFs offer mdev types.*--wait"):
         sriov.wait_ready(host, [A100], timeout=5, wake=wake, clock=lambda: now[0])
     assert now[0] == 105.0
+
+
+def test_vfs_the_vendor_driver_has_not_registered_are_partial(make_host):
+    host = make_host("a100-sriov")
+    host.unregister_parent("0000:41:02.3")
+    [pf] = sriov.list_functions(host)
+    assert (pf.state, pf.ready_vfs, pf.numvfs) == ("partial", 15, 16)
+    assert pf.vfs[-1] == sriov.VirtualFunction("0000:41:02.3", (), False)
+    now = [0.0]
+    with pytest.raises(exception.SriovNotReady, match="after 2s, 15 of 16 VFs"):
+        sriov.wait_ready(host, [A100], timeout=2, clock=lambda: now[0],
+                         wake=lambda seconds: now.__setitem__(0, now[0] + seconds))
 
 
 @pytest.mark.parametrize("address, why", [
