@@ -155,11 +155,15 @@ def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic)
     """
     say = progress or (lambda text: None)
     for step in steps:
-        if step.action == "enable":
-            totalvfs = function(host, step.address, "enable").totalvfs
+        pf = function(host, step.address, "enable")
+        if step.action == "enable" and not pf.numvfs:   # nobody enabled them meanwhile
+            totalvfs = pf.totalvfs
             host.set_sriov_numvfs(step.address, totalvfs)
             say(f"{step.address}: enabled {totalvfs} VFs (sriov_numvfs 0 -> {totalvfs}); "
                 "waiting for their mdev types")
+        elif step.action == "enable":
+            say(f"{step.address}: enabled meanwhile by someone else ({pf.numvfs} VFs), "
+                "left alone")
         else:
             say(f"{step.address}: {step.detail}")
     return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)

@@ -57,6 +57,16 @@ def test_enable_writes_totalvfs_and_waits_for_every_vf(make_host):
     assert sriov.enable(host, again, timeout=0)[0].numvfs == 16
 
 
+def test_vfs_enabled_between_plan_and_write_are_left_alone(make_host):
+    host = make_host("a100-sriov-off")
+    steps = sriov.plan_enable(host, [A100])
+    host.set_sriov_numvfs(A100, 4)     # another tool got there first
+    said = []
+    [pf] = sriov.enable(host, steps, timeout=5, progress=said.append)
+    assert pf.numvfs == 4        # no second write (the kernel would answer EBUSY)
+    assert said[0] == f"{A100}: enabled meanwhile by someone else (4 VFs), left alone"
+
+
 def test_the_wait_takes_any_wake_and_ends_when_the_vfs_appear(make_host):
     """What a udev monitor would do: return as soon as devices changed."""
     host = make_host("a100-sriov-off")
