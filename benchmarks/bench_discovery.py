@@ -53,7 +53,7 @@ REAL_MS_TARGET = 50.0
 
 # Every file a type directory holds that the reader looks at.
 TYPE_ATTRS = ("available_instances", "device_api", "name", "description")
-PCI_ATTRS = ("vendor", "device", "numa_node", "sriov_totalvfs", "sriov_numvfs")
+PCI_ATTRS = ("vendor", "device", "numa_node", "sriov_totalvfs", "sriov_numvfs", "class")
 
 
 # -- the host -----------------------------------------------------------------
@@ -186,6 +186,9 @@ def raw_floor(root):
         if _read(vendor_dir + "current_vgpu_type") is not None:
             _read(vendor_dir + "creatable_vgpu_types")
             gpus.add(_physfn(pci_base + address) or address)
+        # And one more tells an SR-IOV physical function (its VFs may be off).
+        if _read(pci_base + address + "/sriov_totalvfs") is not None:
+            gpus.add(address)
 
     for address in gpus:
         device_dir = pci_base + address + "/"

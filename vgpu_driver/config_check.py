@@ -12,6 +12,7 @@ import re
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import inventory
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
@@ -61,13 +62,48 @@ def _model_absent(type_config, snapshot):
         type_config.device_ids)
 
 
+def _pending_types(config, snapshot):
+    """Types served by a GPU whose VFs are not there yet: they are offered once
+    its VFs are (reported once, by :func:`vfs_pending`)."""
+    resolved = config.for_host(snapshot)
+    return {row[2] for row in fleet.gpu_map(resolved, snapshot)
+            if row[2] and snapshot.gpu(row[0]).mode == discovery.MODE_VFS_PENDING}
+
+
 def absent_types(config, snapshot):
     offered = _offered(snapshot)
+    pending = _pending_types(config, snapshot)
     return [exception.ConfigProblem(
         "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
         f"{_near_miss(type_id, offered)}")
         for type_id in config.enabled
-        if type_id not in offered and not _model_absent(config.type_config(type_id), snapshot)]
+        if type_id not in offered and type_id not in pending
+        and not _model_absent(config.type_config(type_id), snapshot)]
+
+
+def _serving_option(type_id, device_id, how):
+    """The option and value that gave a GPU its type, for the problem line."""
+    group = devices.group_name(type_id)
+    if how == "device_addresses":
+        return f"[{group}] device_addresses", None
+    if how.startswith("device_ids"):
+        return f"[{group}] device_ids", device_id
+    return "[devices] enabled_mdev_types", type_id
+
+
+def vfs_pending(config, snapshot):
+    """Configured SR-IOV GPUs whose VFs are not there: they get no provider."""
+    problems = []
+    for address, device_id, type_id, how in fleet.gpu_map(config.for_host(snapshot),
+                                                          snapshot):
+        gpu = snapshot.gpu(address)
+        if not type_id or gpu.mode != discovery.MODE_VFS_PENDING:
+            continue
+        option, value = _serving_option(type_id, device_id, how)
+        problems.append(exception.ConfigProblem(
+            option, value or address, f"GPU {address} gets no provider: "
+            f"{inventory.vfs_pending_reason(gpu)}"))
+    return problems
 
 
 def absent_addresses(config, snapshot):
@@ -81,6 +117,8 @@ def absent_addresses(config, snapshot):
                 problems.append(exception.ConfigProblem(
                     option, address, "no mdev-capable device at this address on this host"
                     f"{_near_miss(address, addresses, cutoff=0.9)}"))
+            elif gpu.mode == discovery.MODE_VFS_PENDING:
+                continue     # reported by vfs_pending()
             elif not gpu.offers(type_config.type_id):
                 offered = sorted({t.type_id for p in gpu.parents for t in p.types})
                 problems.append(exception.ConfigProblem(
@@ -130,4 +168,5 @@ def check(conf, config, snapshot):
     """Every problem found, errors first in the order they are checked."""
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
             + absent_types(config, snapshot) + absent_addresses(config, snapshot)
+            + vfs_pending(config, snapshot)
             + uncapped_vendor_vfio(config, snapshot))

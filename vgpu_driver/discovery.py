@@ -17,6 +17,11 @@ from vgpu_driver.sysfs import base
 MODE_MDEV = "mdev"
 MODE_VENDOR_VFIO = "vendor-vfio"
 MODE_VIRTUAL = "virtual"
+# An SR-IOV GPU whose VFs are off (after a reboot, until someone enables
+# them) or not registered yet: no parent, nothing offered, but configured.
+MODE_VFS_PENDING = "vfs-pending"
+NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASS_PREFIX = "0x03"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,11 @@ class PhysicalGPU:
     @property
     def sriov(self):
         return bool(self.pci and self.pci.sriov_totalvfs)
+
+    @property
+    def vfs_off(self):
+        """An SR-IOV GPU with no VF enabled: it offers nothing until then."""
+        return self.mode == MODE_VFS_PENDING and not (self.pci and self.pci.sriov_numvfs)
 
     @property
     def addresses(self):
@@ -143,6 +153,19 @@ def _vendor_vfio_parents(host):
     return by_gpu
 
 
+def is_sriov_gpu(pci):
+    """An NVIDIA display or 3D controller that can have VFs (not a NIC)."""
+    return bool(pci is not None and pci.sriov_totalvfs and pci.vendor == NVIDIA_VENDOR
+                and (pci.pci_class or "").startswith(_DISPLAY_CLASS_PREFIX))
+
+
+def _pending_gpus(sriov_pfs, found):
+    """SR-IOV GPUs none of whose VFs is a parent yet."""
+    return [PhysicalGPU(address=address, mode=MODE_VFS_PENDING, parents=(), pci=pci)
+            for address, pci in sriov_pfs.items()
+            if is_sriov_gpu(pci) and address not in found]
+
+
 def discover(host):
     """Read the host once and return a :class:`HostSnapshot`."""
     mdevs = tuple(host.list_mdevs())
@@ -159,9 +182,14 @@ def discover(host):
     for key, parents in _vendor_vfio_parents(host).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)
+    # Read once: SR-IOV GPUs with parents need it too.
+    sriov_pfs = {str(pci.address): pci for pci in host.list_sriov_pfs()}
     gpus = []
     for key in sorted(grouped):
-        pci = host.pci_device(key) if modes[key] != MODE_VIRTUAL else None
+        pci = None
+        if modes[key] != MODE_VIRTUAL:
+            pci = sriov_pfs.get(key) or host.pci_device(key)
         gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
                                 parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
-    return HostSnapshot(gpus=tuple(gpus), mdevs=mdevs)
+    gpus += _pending_gpus(sriov_pfs, grouped)
+    return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs)

@@ -31,6 +31,8 @@ Tree::
     ├── InvalidNodename               a compute node name Placement cannot take
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
+    ├── SriovRefused                  VFs of this device are not ours to change now
+    ├── SriovNotReady                 enabled VFs did not all offer mdev types in time
     ├── JournalError                  the claims journal cannot be used
     │   ├── JournalMissing            no journal (and not asked to create one)
     │   ├── JournalUnreadable         empty, truncated, garbage or failed integrity
@@ -186,6 +188,11 @@ class MdevWriteError(VgpuDriverError):
         ("current_vgpu_type", errno_mod.EBUSY):
             "The VF already has a vGPU type, or a guest still holds it; its type "
             "can change once the guest is gone (write 0 first).",
+        ("sriov_numvfs", errno_mod.ERANGE):
+            "The kernel takes at most sriov_totalvfs VFs for this device.",
+        ("sriov_numvfs", errno_mod.EBUSY):
+            "VFs are already enabled with another count; disable them first "
+            "('vgpu-manage sriov disable').",
     }
 
     def __init__(self, action, target, os_error):
@@ -324,6 +331,18 @@ class InvalidOption(VgpuDriverError):
 class InvalidSysfsRoot(VgpuDriverError):
     msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
                "([vgpu] sysfs_root).")
+class SriovRefused(VgpuDriverError):
+    """Checked before any write: nothing was changed."""
+
+    msg_fmt = "Refusing to %(action)s SR-IOV VFs of %(address)r: %(reason)s."
+
+
+class SriovNotReady(VgpuDriverError):
+    msg_fmt = ("%(address)s: after %(waited).0fs, %(ready)d of %(numvfs)d VFs offer mdev "
+               "types or NVIDIA's vGPU files; check that the NVIDIA vGPU manager "
+               "(nvidia-vgpu-mgr.service) runs and the kernel log, or wait longer (--wait).")
+
+
 class KeystoneError(VgpuDriverError):
     msg_fmt = "Keystone: %(reason)s"
 

@@ -55,6 +55,8 @@ class ProviderTree:
     # Resource classes a GPU provider of this host may carry: VGPU and every
     # configured mdev class.  A provider with any other class is not ours.
     mdev_classes: frozenset[str] = frozenset({"VGPU"})
+    # Configured SR-IOV GPUs in ``unserved`` because their VFs are not there.
+    vfs_pending: frozenset[str] = frozenset()
 
     def provider(self, name):
         for provider in self.providers:
@@ -108,6 +110,14 @@ def configured_type(gpu, config):
     return None, (config.fleet_reason(gpu.address)
                   or "not listed in any [mdev_<type>] device_addresses nor matched by "
                      "device_ids")
+
+
+def vfs_pending_reason(gpu):
+    """Why a configured SR-IOV GPU has no provider yet, and the fix."""
+    if gpu.vfs_off:
+        return f"SR-IOV is off: run vgpu-manage sriov enable {gpu.address}"
+    return (f"its {gpu.pci.sriov_numvfs} VFs offer no mdev type yet (the NVIDIA vGPU "
+            f"manager has not registered them); see vgpu-manage sriov status")
 
 
 def per_gpu_limit(gpu, type_info):
@@ -233,12 +243,16 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
     ``unallocated`` (:func:`unallocated_claims`), when known, is reserved.
     """
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
-    rows, unserved = [], []
+    rows, unserved, pending = [], [], set()
     config = config.for_host(snapshot)
     for gpu in snapshot.gpus:
         type_id, why_not = configured_type(gpu, config)
         if type_id is None:
             unserved.append((gpu.address, why_not))
+            continue
+        if gpu.mode == discovery.MODE_VFS_PENDING:
+            unserved.append((gpu.address, vfs_pending_reason(gpu)))
+            pending.add(gpu.address)
             continue
         type_info = gpu.type_info(type_id)
         if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
@@ -273,4 +287,5 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
             traits=type_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
-                        mdev_classes=config.mdev_classes | {"VGPU"})
+                        mdev_classes=config.mdev_classes | {"VGPU"},
+                        vfs_pending=frozenset(pending))

@@ -194,6 +194,8 @@ def why_unwanted(tree, name):
     prefix = f"{tree.root_name}_"
     for address, reason in tree.unserved:
         if name in (f"{prefix}{address}", f"{prefix}{_provider_suffix(address)}"):
+            if address in tree.vfs_pending:
+                return f"its GPU {address} has no VFs now ({reason})"
             return f"its GPU {address} is no longer configured ({reason})"
     return "its GPU is gone"
 

@@ -34,7 +34,7 @@ def test_dry_run_says_would_and_an_unconfigured_gpu_is_not_gone(make_host, tmp_p
             "device_ids) and nothing is allocated on it") in caplog.text
 
 
-def test_a_removed_gpu_is_gone(make_host, tmp_path, service, monkeypatch, caplog):
+def test_a_gpu_whose_vfs_went_off_says_so(make_host, tmp_path, service, monkeypatch, caplog):
     host = make_host("a100-sriov")
     args = (tmp_path, service, monkeypatch, host.paths.root)
     conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
@@ -42,7 +42,8 @@ def test_a_removed_gpu_is_gone(make_host, tmp_path, service, monkeypatch, caplog
     host.set_sriov_numvfs("0000:41:00.0", 0)
     caplog.set_level(logging.INFO, logger="vgpu_driver.placement")
     assert sync_tests.run_cli(*args, "sync", conf=conf)[0] == 0
-    assert ("Deleted provider cn1_pci_0000_41_00_0: its GPU is gone and nothing is "
+    assert ("Deleted provider cn1_pci_0000_41_00_0: its GPU 0000:41:00.0 has no VFs now "
+            "(SR-IOV is off: run vgpu-manage sriov enable 0000:41:00.0) and nothing is "
             "allocated on it") in caplog.text
 
 

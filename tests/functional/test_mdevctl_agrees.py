@@ -27,7 +27,9 @@ pytestmark = pytest.mark.mdevctl
 
 # l40s-vfio uses NVIDIA's vendor-specific VFIO files, not mdevs: nothing for
 # mdevctl to read (see test_vendor_vfio_host_shows_no_mdev_parents).
-MDEV_PROFILES = [name for name in profiles.names() if name != "l40s-vfio"]
+# Profiles with mdev parents as written (l40s-vfio has vendor-VFIO VFs, and
+# a100-sriov-off no VF until enabled: both are compared below).
+MDEV_PROFILES = [name for name in profiles.names() if name not in ("l40s-vfio", "a100-sriov-off")]
 
 # Hosts with mdevs, chosen so that creating them changes available_instances
 # elsewhere: on sibling VFs of the A100, on the other types of one T4, and on
@@ -147,6 +149,15 @@ def test_host_with_mdevs(mdevctl_view, tmp_path, profile):
     types_after, mdevs = assert_agree(mdevctl_view, root)
     assert len(mdevs) == len(WITH_MDEVS[profile])
     assert types_after != types_before, "creating mdevs changed no available_instances"
+
+
+def test_rebooted_a100_agrees_before_and_after_its_vfs_are_enabled(mdevctl_view, tmp_path):
+    root = tmp_path / "sys"
+    kernel = fakekernel.FakeKernel.build(root, profiles.load("a100-sriov-off"))
+    assert assert_agree(mdevctl_view, root) == (set(), set())
+    kernel.set_sriov_numvfs("0000:41:00.0", 16)
+    types, _ = assert_agree(mdevctl_view, root)
+    assert len({parent for parent, *_ in types}) == 16
 
 
 def test_vendor_vfio_host_shows_no_mdev_parents(mdevctl_view, tmp_path):

@@ -9,6 +9,8 @@ kernel through the FUSE mount, so kernel errnos and the daemon's refusals
 come back as the caller sees them on a host.
 """
 
+import contextlib
+import errno
 import os
 import signal
 import sys
@@ -24,6 +26,7 @@ from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import privsep
+from vgpu_driver import sriov
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.sysfs import linux
 
@@ -62,7 +65,13 @@ def use_helper(command):
 @pytest.fixture
 def served(tmp_path):
     """A served host (T4s, an A100, an L40S) written by a real daemon."""
-    with served_host.served(tmp_path, "t4x8", "a100-sriov", "l40s-vfio") as host:
+    with served_by_daemon(tmp_path, "t4x8", "a100-sriov", "l40s-vfio") as host:
+        yield host
+
+
+@contextlib.contextmanager
+def served_by_daemon(tmp_path, *profile_names):
+    with served_host.served(tmp_path, *profile_names) as host:
         daemon_conf = tmp_path / "privsep-daemon.conf"
         daemon_conf.write_text(f"[vgpu]\nsysfs_root = {host.mount}\n")
         use_helper(f"{HELPER} --config-file {daemon_conf}")
@@ -144,6 +153,26 @@ def test_sriov_and_vendor_types_through_the_daemon(served):
         host.create_mdev("0000:19:00.0", "nvidia-222", taken)
     with pytest.raises(exception.MdevNoCapacity):
         host.create_mdev(T4, "nvidia-223", str(uuid.uuid4()))
+
+
+def test_enabling_a_rebooted_a100_through_the_daemon(tmp_path):
+    """The kernel's answers to sriov_numvfs reach the caller typed: more than
+    sriov_totalvfs is ERANGE, another non-zero count is EBUSY."""
+    with served_by_daemon(tmp_path, "a100-sriov-off") as served:
+        host = linux.LinuxSysfs(served.mount)
+        with pytest.raises(exception.MdevWriteError, match=r"\[ERANGE\].*at most "
+                                                           "sriov_totalvfs") as caught:
+            host.set_sriov_numvfs(A100, 17)
+        assert caught.value.errno == errno.ERANGE
+        assert host.pci_device(A100).sriov_numvfs == 0 and host.list_parents() == []
+        [pf] = sriov.enable(host, sriov.plan_enable(host, [A100]), timeout=15)
+        assert (pf.state, pf.numvfs) == ("enabled", 16)
+        assert len(host.list_parents()) == 16
+        with pytest.raises(exception.MdevBusy, match=r"\[EBUSY\].*sriov disable"):
+            host.set_sriov_numvfs(A100, 8)
+        assert host.pci_device(A100).sriov_numvfs == 16
+        # Enabling again is no write at all.
+        assert [s.action for s in sriov.plan_enable(host, [A100])] == ["none"]
 
 
 def plant_refusals(tree, tmp_path):

@@ -130,13 +130,17 @@ def test_config_check_lists_each_problem(make_host, run):
 
 def test_fake_host_profiles_and_create(tmp_path, run):
     code, out, _ = run("fake-host", "profiles", "-f", "value", "-c", "name")
-    assert out.split() == ["a100-sriov", "l40s-vfio", "m60-multi", "mtty", "t4x8"]
+    assert out.split() == ["a100-sriov", "a100-sriov-off", "l40s-vfio", "m60-multi", "mtty",
+                           "t4x8"]
     target = tmp_path / "host"
     code, out, _ = run("fake-host", "create", "--profile", "a100-sriov", "--profile", "t4x8",
                        str(target))
     assert code == 0 and "9 device(s), 24 mdev parent(s)" in out
     code, out, _ = run("--sysfs-root", str(target), "types", "-f", "value", "-c", "parent")
     assert len(set(out.split())) == 24
+    code, out, _ = run("fake-host", "create", "--profile", "a100-sriov-off",
+                       str(tmp_path / "rebooted"))
+    assert code == 0 and "1 device(s), 0 mdev parent(s)" in out
 
 
 def test_fake_host_refuses_a_non_empty_dir_and_unknown_profiles(tmp_path, run):

@@ -23,6 +23,7 @@ from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
+from vgpu_driver import sriov
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
 from vgpu_driver.nova import nodedevs
@@ -51,6 +52,9 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
         self._vgpu = None
         self._gpu_tree = None
         self._operation = _Operation()
+        # A configured GPU whose SR-IOV VFs are off is logged once, not at
+        # every periodic update.
+        self._vfs_notices = sriov.PendingNotices()
 
     @property
     def vgpu(self):
@@ -97,6 +101,7 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
         tree = self.vgpu.provider_tree(nodename, allocations_on)
         self._gpu_tree = tree
+        self._vfs_notices.report(tree, LOG)
         providers.write(provider_tree, nodename, tree)
         return tree
 

@@ -101,6 +101,8 @@ class PciDeviceInfo:
     sriov_totalvfs: int | None = None
     sriov_numvfs: int | None = None
     virtfns: tuple = ()
+    # The PCI class code as sysfs prints it (``0x030200``: 3D controller).
+    pci_class: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,12 @@ class SysfsHost(abc.ABC):
     @abc.abstractmethod
     def pci_device(self, address):
         """A :class:`PciDeviceInfo` for an address, or None if absent."""
+
+    @abc.abstractmethod
+    def list_sriov_pfs(self):
+        """:class:`PciDeviceInfo` of every physical function that can have
+        SR-IOV VFs (GPUs or not), by address: with its VFs off, a GPU is
+        no mdev parent and only this tells it is there."""
 
     @abc.abstractmethod
     def list_vendor_vfio(self):

@@ -275,7 +275,19 @@ class LinuxSysfs(base.SysfsHost):
             numa_node=_int_or_none(read_attr(os.path.join(dev, "numa_node"))),
             sriov_totalvfs=_int_or_none(read_attr(os.path.join(dev, "sriov_totalvfs"))),
             sriov_numvfs=_int_or_none(read_attr(os.path.join(dev, "sriov_numvfs"))),
-            virtfns=tuple(vf for _, vf in sorted(virtfns)))
+            virtfns=tuple(vf for _, vf in sorted(virtfns)),
+            pci_class=read_attr(os.path.join(dev, "class")))
+
+    def list_sriov_pfs(self):
+        found = []
+        for entry in self._listdir(self.paths.pci_base()):
+            # One failed open per function that is no SR-IOV PF (VFs included).
+            if names.is_pci_address(entry) and read_attr(
+                    f"{self.paths.pci_base()}/{entry}/sriov_totalvfs") is not None:
+                info = self.pci_device(entry)
+                if info is not None:
+                    found.append(info)
+        return found
 
     def list_vendor_vfio(self):
         found = []

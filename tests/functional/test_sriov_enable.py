@@ -1,0 +1,87 @@
+"""An A100 right after a reboot, brought back with the real ``vgpu-manage``.
+
+The host is served with FUSE (``fake-host serve``), so every command runs
+as its own process and writes through the production path (``LinuxSysfs``
+and the privileged entry points, in-process as root) to the fake kernel,
+which answers ``sriov_numvfs`` as the kernel does.
+"""
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from tests import pci_devices
+from tests import served_host
+
+A100 = "0000:41:00.0"
+ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
+           "mdev types")
+CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
+
+
+@pytest.fixture
+def rebooted(tmp_path):
+    with served_host.served(tmp_path, "a100-sriov-off") as host:
+        (tmp_path / "nova.conf").write_text(CONF)
+        yield host
+
+
+def manage(host, tmp_path, *argv):
+    result = subprocess.run(
+        [served_host.MANAGE, "--config-file", str(tmp_path / "nova.conf"),
+         "--sysfs-root", host.mount, "--nodename", "cn1", "--state-dir",
+         str(tmp_path / "state"), "--libvirt-uri", "test:///default", *argv],
+        capture_output=True, text=True, timeout=120, check=False)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_acceptance_enable_a_rebooted_a100(rebooted, tmp_path):
+    code, out, _ = manage(rebooted, tmp_path, "inventory", "-f", "json")
+    [row] = [r for r in json.loads(out) if r["gpu"] == A100]
+    assert code == 0 and row["provider"] is None and "sriov enable" in row["reason"]
+    code, out, _ = manage(rebooted, tmp_path, "config", "check")
+    assert code == 1 and len(out.splitlines()) == 1 and A100 in out
+    code, out, err = manage(rebooted, tmp_path, "sriov", "enable", "--all")
+    assert code == 0 and "error" not in err and out.startswith(f"{ENABLED}\n")
+    code, out, _ = manage(rebooted, tmp_path, "sriov", "status", "-f", "json")
+    [status] = json.loads(out)
+    assert code == 0 and (status["numvfs"], status["state"]) == (16, "enabled")
+    code, out, _ = manage(rebooted, tmp_path, "inventory", "-f", "json")
+    [row] = [r for r in json.loads(out) if r["gpu"] == A100]
+    assert code == 0 and (row["provider"], row["total"]) == ("cn1_pci_0000_41_00_0", 10)
+    assert manage(rebooted, tmp_path, "config", "check")[0] == 0
+
+
+def _claim_totalvfs(host, count):
+    """A physical function whose sriov_totalvfs reads more than the kernel
+    then accepts: the kernel's ERANGE is what stops the write."""
+    path = os.path.join(host.state, "devices", "pci0000:41", A100, "sriov_totalvfs")
+    os.chmod(path, 0o644)
+    with open(path, "w") as f:
+        f.write(f"{count}\n")
+
+
+@pytest.mark.parametrize("case, argv, why", [
+    ("nic", ("sriov", "enable", pci_devices.NIC), "vendor 0x8086 is not NVIDIA"),
+    ("unknown", ("sriov", "enable", "0000:41:00.1"), "no PCI device at this address"),
+    ("mdev", ("sriov", "disable", A100), "1 VF(s) hold vGPUs"),
+    ("erange", ("sriov", "enable", A100), "[ERANGE]"),
+])
+def test_bad_input_exits_2_and_changes_nothing(rebooted, tmp_path, case, argv, why):
+    pci_devices.plant_nic(rebooted.state)
+    kernel = rebooted.kernel
+    if case == "mdev":
+        kernel.set_sriov_numvfs(A100, 16)
+        kernel.create_mdev("0000:41:00.4", "nvidia-468", str(uuid.uuid4()))
+    if case == "erange":
+        _claim_totalvfs(rebooted, 32)
+    before = pci_devices.tree_state(rebooted.state)
+    code, out, err = manage(rebooted, tmp_path, *argv)
+    assert (code, out) == (2, "")
+    # Libraries may warn on stderr (eventlet's deprecation); ours is one line.
+    [line] = [text for text in err.splitlines() if text.startswith("error: ")]
+    assert why in line and "Traceback" not in err
+    assert pci_devices.tree_state(rebooted.state) == before

@@ -1,0 +1,147 @@
+"""``vgpu-manage sriov``, ``inventory`` and ``config check`` on an A100 whose
+VFs are off, run in-process with the real parsing; and the boot unit."""
+
+import configparser
+import contextlib
+import io
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests import pci_devices
+from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import manage
+
+A100 = "0000:41:00.0"
+ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
+           "mdev types")
+CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
+UNIT = pathlib.Path(__file__).parents[2] / "etc" / "systemd" / "vgpu-driver-sriov.service"
+
+
+def test_off_gpu_is_an_inventory_row_and_a_config_problem(make_host, run):  # noqa: F811
+    host = make_host("a100-sriov-off")
+    code, out, _ = run("--sysfs-root", host.paths.root, "inventory", "-f", "json", conf=CONF)
+    [row] = json.loads(out)
+    assert code == 0 and (row["gpu"], row["provider"], row["total"]) == (A100, None, 0)
+    assert row["reason"] == f"no provider: SR-IOV is off: run vgpu-manage sriov enable {A100}"
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=CONF)
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        f"error: [mdev_nvidia-468] device_addresses = '{A100}': GPU {A100} gets no provider: "
+        f"SR-IOV is off: run vgpu-manage sriov enable {A100}"])
+
+
+def test_enable_then_status_and_inventory(make_host, run):  # noqa: F811
+    host = make_host("a100-sriov-off")
+    root = ("--sysfs-root", host.paths.root)
+    code, out, _ = run(*root, "sriov", "status", "-f", "json", conf=CONF)
+    assert json.loads(out) == [{
+        "physical_function": A100, "vendor": "0x10de", "device": "0x20f1", "totalvfs": 16,
+        "numvfs": 0, "vfs": [], "mdev_types": [], "state": "off"}]
+    code, out, _ = run(*root, "sriov", "enable", "--configured", "--dry-run", conf=CONF)
+    assert (code, out) == (0, f"{A100}: would enable VFs: sriov_numvfs 0 -> 16\n")
+    assert host.pci_device(A100).sriov_numvfs == 0
+    code, out, _ = run(*root, "sriov", "enable", "--configured", "--wait", "10", conf=CONF)
+    assert code == 0 and out.splitlines()[0] == ENABLED
+    [status] = json.loads(run(*root, "sriov", "status", "-f", "json", conf=CONF)[1])
+    assert (status["numvfs"], len(status["vfs"]), status["state"]) == (16, 16, "enabled")
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=CONF)
+    assert [(r["gpu"], r["total"]) for r in json.loads(out)] == [(A100, 10)]
+    code, out, _ = run(*root, "sriov", "enable", A100, conf=CONF)
+    assert code == 0 and "already enabled (16 of 16 VFs), left alone" in out
+
+
+def test_configured_enables_only_what_nova_conf_names(make_host, run):  # noqa: F811
+    host = make_host("a100-sriov-off", "t4x8")
+    conf = "[devices]\nenabled_mdev_types = nvidia-222\n[mdev_nvidia-222]\n" \
+           "device_addresses = 0000:18:00.0\n"
+    code, out, _ = run("--sysfs-root", host.paths.root, "sriov", "enable", "--configured",
+                       conf=conf)
+    assert (code, out) == (0, "no SR-IOV GPU to enable\n")
+    assert host.pci_device(A100).sriov_numvfs == 0
+
+
+@pytest.mark.parametrize("argv, why", [
+    (("sriov", "enable"), "give ADDRESS..., --all or --configured"),
+    (("sriov", "enable", "--all", A100), "give ADDRESS..., --all or --configured"),
+    (("sriov", "enable", "--all", "--wait", "-1"), "--wait -1.0: must be 0 or more"),
+    (("sriov", "enable", A100, pci_devices.NIC), "vendor 0x8086 is not NVIDIA"),
+    (("sriov", "enable", "0000:41:00.1"), "no PCI device at this address"),
+    (("sriov", "disable", pci_devices.NIC, "--dry-run"), "vendor 0x8086 is not NVIDIA"),
+])
+def test_refusals_are_one_error_line_and_change_nothing(make_host, run, argv, why):  # noqa: F811
+    host = make_host("a100-sriov-off")
+    pci_devices.plant_nic(host.paths.root)
+    before = pci_devices.tree_state(host.paths.root)
+    code, out, err = run("--sysfs-root", host.paths.root, *argv, conf=CONF)
+    assert code == base.EXIT_ERROR and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("error: ") and why in line
+    assert pci_devices.tree_state(host.paths.root) == before
+
+
+def test_disable_with_an_mdev_is_refused_then_done(make_host, run):  # noqa: F811
+    host = make_host("a100-sriov")
+    mdev = str(uuid.uuid4())
+    host.create_mdev("0000:41:00.4", "nvidia-468", mdev)
+    root = ("--sysfs-root", host.paths.root)
+    code, _, err = run(*root, "sriov", "disable", A100, conf=CONF)
+    assert code == 2 and err == (
+        f"error: Refusing to disable SR-IOV VFs of '{A100}': 1 VF(s) hold vGPUs: "
+        f"0000:41:00.4 ({mdev}); remove them first (vgpu-manage mdev list, orphans "
+        "reclaim).\n")
+    host.remove_mdev(mdev)
+    assert run(*root, "sriov", "disable", A100, "--dry-run", conf=CONF)[1] == (
+        f"{A100}: would disable VFs: sriov_numvfs 16 -> 0\n")
+    assert host.pci_device(A100).sriov_numvfs == 16
+    assert run(*root, "sriov", "disable", A100, conf=CONF)[:2] == (
+        0, f"{A100}: disabled VFs: sriov_numvfs 16 -> 0\n")
+    assert host.pci_device(A100).sriov_numvfs == 0
+
+
+def _unit():
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str
+    unit.read(UNIT)
+    return unit
+
+
+def test_boot_unit_orders_and_runs_once(tmp_path):
+    unit = _unit()
+    assert unit["Unit"]["After"] == "nvidia-vgpu-mgr.service"
+    assert unit["Unit"]["Before"] == "nova-compute.service"
+    assert (unit["Service"]["Type"], unit["Service"]["RemainAfterExit"]) == ("oneshot", "yes")
+    # One command, no per-GPU template, no waiting step of its own.
+    assert set(unit["Service"]) == {"Type", "RemainAfterExit", "ExecStart"}
+    if shutil.which("systemd-analyze") is None:
+        return      # parsed above; systemd's own check needs systemd
+    # verify insists on the executable: the same unit, with this install's.
+    copy = tmp_path / "vgpu-driver-sriov.service"
+    copy.write_text(UNIT.read_text().replace(
+        "/usr/bin/vgpu-manage", os.path.join(os.path.dirname(sys.executable), "vgpu-manage")))
+    result = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True,
+                            text=True, cwd=tmp_path, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_boot_unit_command_enables_a_rebooted_a100(make_host, tmp_path, fake_kernel_cli):
+    argv = shlex.split(_unit()["Service"]["ExecStart"])
+    assert argv[:3] == ["/usr/bin/vgpu-manage", "--config-file", "/etc/nova/nova.conf"]
+    assert argv[3:] == ["sriov", "enable", "--configured", "--wait", "120"]
+    host = make_host("a100-sriov-off")
+    conf = tmp_path / "nova.conf"
+    conf.write_text(CONF)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = manage.main([argv[1], str(conf), "--sysfs-root", host.paths.root, *argv[3:]])
+    assert code == 0 and out.getvalue().startswith(f"{ENABLED}\n")
+    assert host.pci_device(A100).sriov_numvfs == 16
+    assert len(host.list_parents()) == 16

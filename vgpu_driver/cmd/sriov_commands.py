@@ -1,0 +1,128 @@
+"""``sriov status|enable|disable``: the VFs of NVIDIA SR-IOV GPUs.
+
+``enable --configured`` is what the boot unit runs
+(``etc/systemd/vgpu-driver-sriov.service``): the GPUs nova.conf gives a type
+get their VFs, and the command returns once every VF offers its mdev types.
+"""
+
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver import sriov
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import columns
+from vgpu_driver.cmd import host_commands
+
+DEFAULT_WAIT = 60.0
+
+
+class Status(base.Lister):
+    """List NVIDIA SR-IOV GPUs: their VFs, the types those offer, and state
+    (off, enabled, partial: VFs not all registered by the vendor driver)."""
+
+    def take_action(self, parsed_args):
+        cols = ("physical_function", "vendor", "device", "totalvfs", "numvfs", "vfs",
+                "mdev_types", "state")
+        rows = [(pf.address, pf.vendor, pf.device, pf.totalvfs, pf.numvfs,
+                 columns.ListColumn([vf.address for vf in pf.vfs]),
+                 columns.ListColumn(pf.mdev_types), pf.state)
+                for pf in sriov.list_functions(self.app.open_host())]
+        return cols, [columns.optional(r) for r in rows]
+
+
+def _configured(app, host):
+    """SR-IOV GPUs the config gives a type (device_addresses, device_ids)."""
+    config = host_commands.load_mdev_config(app)
+    snapshot = discovery.discover(host)
+    config = config.for_host(snapshot)
+    return [gpu.address for gpu in snapshot.gpus
+            if discovery.is_sriov_gpu(gpu.pci)
+            and inventory.configured_type(gpu, config)[0] is not None]
+
+
+class Enable(base.Command):
+    """Enable the VFs of NVIDIA SR-IOV GPUs (all of them: sriov_totalvfs) and
+    wait until every VF offers its mdev types.  GPUs with VFs are left alone."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        which = parser.add_mutually_exclusive_group()
+        which.add_argument("--all", action="store_true",
+                           help="Every NVIDIA SR-IOV GPU of the host.")
+        which.add_argument("--configured", action="store_true",
+                           help="The SR-IOV GPUs nova.conf gives a type ([mdev_<type>] "
+                                "device_addresses, device_ids).")
+        parser.add_argument("addresses", nargs="*", metavar="ADDRESS",
+                            help="Physical function PCI address (dddd:bb:ss.f).")
+        parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
+                            help="At most this long for the VFs to offer their types "
+                                 "(default: %(default)s).")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Check and say what would be written; write nothing.")
+        return parser
+
+    def _addresses(self, parsed_args, host):
+        chosen = bool(parsed_args.addresses) + parsed_args.all + parsed_args.configured
+        if chosen != 1:
+            raise exception.InvalidOption(
+                option="sriov enable", value=" ".join(parsed_args.addresses),
+                reason="give ADDRESS..., --all or --configured (one of them)")
+        if parsed_args.wait < 0:
+            raise exception.InvalidOption(option="--wait", value=parsed_args.wait,
+                                          reason="must be 0 or more seconds")
+        if parsed_args.all:
+            return [pf.address for pf in sriov.list_functions(host)]
+        if parsed_args.configured:
+            return _configured(self.app, host)
+        return parsed_args.addresses
+
+    def take_action(self, parsed_args):
+        host = self.app.open_host()
+        addresses = self._addresses(parsed_args, host)
+        out = self.app.stdout
+        if not addresses:
+            out.write("no SR-IOV GPU to enable\n")
+            return base.EXIT_OK
+        steps = sriov.plan_enable(host, addresses)
+        if parsed_args.dry_run:
+            for step in steps:
+                verb = "would enable VFs" if step.action == "enable" else "would leave"
+                out.write(f"{step.address}: {verb}: {step.detail}\n")
+            return base.EXIT_OK
+
+        def progress(text):
+            out.write(f"{text}\n")
+            out.flush()
+
+        sriov.enable(host, steps, parsed_args.wait, progress=progress)
+        return base.EXIT_OK
+
+
+class Disable(base.Command):
+    """Disable the VFs of one NVIDIA SR-IOV GPU; refused while any VF holds a
+    vGPU or the claims journal holds a claim on it."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("address", metavar="ADDRESS",
+                            help="Physical function PCI address (dddd:bb:ss.f).")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Check and say what would be written; write nothing.")
+        return parser
+
+    def _claims(self, host):
+        journal = self.app.journal(discovery.discover(host))
+        return journal.claims() if journal else []
+
+    def take_action(self, parsed_args):
+        host = self.app.open_host()
+        step = sriov.plan_disable(host, parsed_args.address, lambda: self._claims(host))
+        if parsed_args.dry_run:
+            verb = "would disable VFs" if step.action == "disable" else "would leave"
+            self.app.stdout.write(f"{step.address}: {verb}: {step.detail}\n")
+            return base.EXIT_OK
+        sriov.disable(host, step)
+        self.app.stdout.write(f"{step.address}: "
+                              f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
+                              f"{step.detail}\n")
+        return base.EXIT_OK

@@ -1,0 +1,244 @@
+"""SR-IOV VF enablement of NVIDIA GPUs (A100 and later).
+
+After a reboot such a GPU has no VF until someone writes ``sriov_numvfs`` on
+its physical function; until then it has no mdev parent, offers no type and
+gets no provider.  This module lists those physical functions, enables their
+VFs (``sriov_numvfs = sriov_totalvfs``, through the host's narrow writer)
+and waits, bounded, until every VF offers its mdev types, or disables them
+when nothing uses them.
+
+Only NVIDIA display or 3D controllers are touched: any other address (a
+network card with SR-IOV, nothing at all) is refused before any write.  The
+wait polls the host through a ``wake(seconds)`` callable (default: sleep), so
+a udev monitor can wake it as soon as a device appears instead.
+"""
+
+import dataclasses
+import time
+
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import names
+
+STATE_OFF = "off"
+STATE_ENABLED = "enabled"
+STATE_PARTIAL = "partial"
+POLL_INTERVAL = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualFunction:
+    address: str
+    # The mdev types it offers (vendor-VFIO: the types it can still take).
+    mdev_types: tuple[str, ...]
+    # Whether it is an mdev parent or has NVIDIA's vendor-VFIO files yet.
+    ready: bool
+    # mdev UUIDs on it, and the vendor-VFIO vGPU type set on it (if any).
+    mdevs: tuple[str, ...] = ()
+    vgpu_type: str | None = None
+
+    @property
+    def busy(self):
+        return bool(self.mdevs) or self.vgpu_type is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class PhysicalFunction:
+    """An NVIDIA GPU that can have VFs, and what its VFs offer now."""
+
+    address: str
+    vendor: str | None
+    device: str | None
+    pci_class: str | None
+    totalvfs: int
+    numvfs: int
+    vfs: tuple[VirtualFunction, ...]
+
+    @property
+    def state(self):
+        """``off`` (no VF), ``enabled`` (every VF ready), ``partial`` (VFs
+        enabled, some not registered by the vendor driver yet)."""
+        if not self.numvfs:
+            return STATE_OFF
+        ready = sum(1 for vf in self.vfs if vf.ready)
+        return STATE_ENABLED if ready == self.numvfs else STATE_PARTIAL
+
+    @property
+    def mdev_types(self):
+        return tuple(sorted({t for vf in self.vfs for t in vf.mdev_types}))
+
+    @property
+    def ready_vfs(self):
+        return sum(1 for vf in self.vfs if vf.ready)
+
+
+def _vf(address, parent):
+    if parent is None:
+        return VirtualFunction(str(address), (), False)
+    return VirtualFunction(str(address), tuple(t.type_id for t in parent.types), True,
+                           tuple(m.uuid for m in parent.mdevs), parent.current_vgpu_type)
+
+
+def _function(pci, gpu):
+    parents = {p.name: p for p in gpu.parents} if gpu else {}
+    return PhysicalFunction(
+        address=str(pci.address), vendor=pci.vendor, device=pci.device,
+        pci_class=pci.pci_class, totalvfs=pci.sriov_totalvfs or 0,
+        numvfs=pci.sriov_numvfs or 0,
+        vfs=tuple(_vf(vf, parents.get(str(vf))) for vf in pci.virtfns))
+
+
+def list_functions(host):
+    """Every NVIDIA SR-IOV GPU of the host, by address."""
+    snapshot = discovery.discover(host)
+    found = [_function(pci, snapshot.gpu(str(pci.address)))
+             for pci in host.list_sriov_pfs() if discovery.is_sriov_gpu(pci)]
+    return sorted(found, key=lambda f: f.address)
+
+
+def function(host, address, action):
+    """The GPU at ``address``, or SriovRefused naming why it is not one."""
+    try:
+        address = str(names.parse_pci_address(str(address)))
+    except exception.InvalidSysfsName:
+        raise exception.SriovRefused(action=action, address=address,
+                                     reason="not a PCI address (dddd:bb:ss.f)") from None
+    pci = host.pci_device(address)
+
+    def refuse(why):
+        return exception.SriovRefused(action=action, address=address, reason=why)
+
+    if pci is None:
+        raise refuse("no PCI device at this address on this host (see vgpu-manage sriov "
+                     "status)")
+    if pci.vendor != discovery.NVIDIA_VENDOR:
+        raise refuse(f"vendor {pci.vendor} is not NVIDIA ({discovery.NVIDIA_VENDOR}); only "
+                     "NVIDIA GPUs are managed")
+    if not discovery.is_sriov_gpu(pci):
+        if not pci.sriov_totalvfs:
+            raise refuse("it is not an SR-IOV physical function (no sriov_totalvfs)")
+        raise refuse(f"PCI class {pci.pci_class} is not a display or 3D controller (0x03...)")
+    snapshot = discovery.discover(host)
+    return _function(pci, snapshot.gpu(address))
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What enable or disable did (or would do) on one GPU."""
+
+    address: str
+    action: str        # "enable", "disable", "none"
+    detail: str
+
+
+def plan_enable(host, addresses):
+    """Check every address, then say what enabling would write; no write."""
+    steps = {}
+    for address in addresses:
+        pf = function(host, address, "enable")
+        if pf.address in steps:
+            continue
+        if pf.numvfs:
+            steps[pf.address] = Step(pf.address, "none",
+                                     f"already enabled ({pf.numvfs} of {pf.totalvfs} VFs), "
+                                     "left alone")
+        else:
+            steps[pf.address] = Step(pf.address, "enable", f"sriov_numvfs 0 -> {pf.totalvfs}")
+    return list(steps.values())
+
+
+def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic):
+    """Write the planned VF counts, then wait until every VF offers its types.
+
+    ``wake(seconds)`` blocks at most that long (a udev monitor may return
+    as soon as a device changes); ``progress(text)`` is told each step.
+    """
+    say = progress or (lambda text: None)
+    for step in steps:
+        pf = function(host, step.address, "enable")
+        if step.action == "enable" and not pf.numvfs:   # nobody enabled them meanwhile
+            totalvfs = pf.totalvfs
+            host.set_sriov_numvfs(step.address, totalvfs)
+            say(f"{step.address}: enabled {totalvfs} VFs (sriov_numvfs 0 -> {totalvfs}); "
+                "waiting for their mdev types")
+        elif step.action == "enable":
+            say(f"{step.address}: enabled meanwhile by someone else ({pf.numvfs} VFs), "
+                "left alone")
+        else:
+            say(f"{step.address}: {step.detail}")
+    return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)
+
+
+def wait_ready(host, addresses, timeout, wake=None, progress=None, clock=time.monotonic):
+    """Poll until each GPU's VFs all offer mdev types; SriovNotReady if one
+    is still not ready after ``timeout`` seconds.  Returns the functions."""
+    wake = wake or (lambda seconds: time.sleep(min(POLL_INTERVAL, seconds)))
+    started = clock()
+    waiting = list(dict.fromkeys(addresses))
+    done = {}
+    while True:
+        for pf in list_functions(host):
+            if pf.address in waiting and pf.state == STATE_ENABLED:
+                waiting.remove(pf.address)
+                done[pf.address] = pf
+                if progress:
+                    progress(f"{pf.address}: {pf.ready_vfs} VFs ready, offering "
+                             f"{len(pf.mdev_types)} mdev type(s) "
+                             f"({clock() - started:.1f}s)")
+        remaining = timeout - (clock() - started)
+        if not waiting:
+            return [done[a] for a in addresses if a in done]
+        if remaining <= 0:
+            pf = function(host, waiting[0], "enable")
+            raise exception.SriovNotReady(address=pf.address, waited=timeout,
+                                          ready=pf.ready_vfs, numvfs=pf.numvfs)
+        wake(remaining)
+
+
+def plan_disable(host, address, claims=None):
+    """Check that nothing uses the GPU's VFs; the step, or SriovRefused.
+
+    ``claims()`` gives the journal's claims; it is asked only once no VF
+    holds a vGPU (a host without vGPUs may have no journal).
+    """
+    pf = function(host, address, "disable")
+    if not pf.numvfs:
+        return Step(pf.address, "none", "already off, left alone")
+    busy = [vf for vf in pf.vfs if vf.busy]
+    if busy:
+        used = ", ".join(f"{vf.address} ({', '.join(vf.mdevs) or vf.vgpu_type})"
+                         for vf in busy[:3])
+        raise exception.SriovRefused(
+            action="disable", address=pf.address,
+            reason=f"{len(busy)} VF(s) hold vGPUs: {used}; remove them first "
+                   "(vgpu-manage mdev list, orphans reclaim)")
+    vf_addresses = {vf.address for vf in pf.vfs}
+    claimed = [c for c in (claims() if claims else ())
+               if c.gpu == pf.address or c.parent in vf_addresses]
+    if claimed:
+        raise exception.SriovRefused(
+            action="disable", address=pf.address,
+            reason=f"the claims journal holds {len(claimed)} claim(s) on it (instance "
+                   f"{claimed[0].instance_uuid}); see vgpu-manage claims list")
+    return Step(pf.address, "disable", f"sriov_numvfs {pf.numvfs} -> 0")
+
+
+def disable(host, step):
+    if step.action == "disable":
+        host.set_sriov_numvfs(step.address, 0)
+
+
+class PendingNotices:
+    """Logs each configured GPU whose VFs are not there once, not at every
+    periodic inventory update; again only if it comes back after being
+    served."""
+
+    def __init__(self):
+        self._told = set()
+
+    def report(self, tree, log):
+        reasons = dict(tree.unserved)
+        for address in sorted(tree.vfs_pending - self._told):
+            log.warning("GPU %s is configured but gets no provider: %s", address,
+                        reasons.get(address))
+        self._told = (self._told | tree.vfs_pending) & tree.vfs_pending
