@@ -11,12 +11,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
 
 from tests import pci_devices
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
+from vgpu_driver import claims
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 
@@ -106,6 +109,30 @@ def test_disable_with_an_mdev_is_refused_then_done(make_host, run):  # noqa: F81
         0, f"{A100}: disabled VFs: sriov_numvfs 16 -> 0\n")
     assert host.pci_device(A100).sriov_numvfs == 0
 
+
+
+def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_path):  # noqa: F811
+    """The claim check and the write happen under the journal's allocation
+    lock: a vGPU claimed while disable waits is seen, not disabled under."""
+    host = make_host("a100-sriov")
+    journal = claims.Journal(str(tmp_path / "state"))
+    holding, result = threading.Event(), {}
+
+    def allocate():
+        with journal.transaction() as txn:
+            holding.set()
+            time.sleep(0.5)
+            txn.add("inst-1", str(uuid.uuid4()), A100, "0000:41:00.4", "nvidia-468")
+
+    allocator = threading.Thread(target=allocate)
+    allocator.start()
+    holding.wait()
+    result["code"], _, result["err"] = run("--sysfs-root", host.paths.root, "sriov", "disable",
+                                           A100, conf=CONF)
+    allocator.join()
+    assert result["code"] == base.EXIT_ERROR
+    assert "the claims journal holds 1 claim(s) on it (instance inst-1)" in result["err"]
+    assert host.pci_device(A100).sriov_numvfs == 16
 
 def _unit():
     unit = configparser.ConfigParser(strict=True, interpolation=None)

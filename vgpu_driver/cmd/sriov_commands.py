@@ -5,6 +5,8 @@
 get their VFs, and the command returns once every VF offers its mdev types.
 """
 
+import contextlib
+
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -110,18 +112,24 @@ class Disable(base.Command):
                             help="Check and say what would be written; write nothing.")
         return parser
 
-    def _claims(self, host):
-        journal = self.app.journal(discovery.discover(host))
-        return journal.claims() if journal else []
-
     def take_action(self, parsed_args):
         host = self.app.open_host()
-        step = sriov.plan_disable(host, parsed_args.address, lambda: self._claims(host))
+        # What VFs hold is checked first: its refusal is the more useful one,
+        # and a host without vGPUs may have no journal.
+        sriov.plan_disable(host, parsed_args.address)
+        journal = self.app.journal(discovery.discover(host))
         if parsed_args.dry_run:
+            step = sriov.plan_disable(host, parsed_args.address,
+                                      journal.claims if journal else None)
             verb = "would disable VFs" if step.action == "disable" else "would leave"
             self.app.stdout.write(f"{step.address}: {verb}: {step.detail}\n")
             return base.EXIT_OK
-        sriov.disable(host, step)
+        # Checked again and written under the journal's allocation lock, so
+        # no vGPU is claimed on these VFs between the check and the write.
+        with (journal.transaction() if journal else contextlib.nullcontext()) as txn:
+            step = sriov.plan_disable(host, parsed_args.address,
+                                      txn.claims if txn else None)
+            sriov.disable(host, step)
         self.app.stdout.write(f"{step.address}: "
                               f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
                               f"{step.detail}\n")
