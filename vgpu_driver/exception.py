@@ -324,6 +324,8 @@ class InvalidOption(VgpuDriverError):
 class InvalidSysfsRoot(VgpuDriverError):
     msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
                "([vgpu] sysfs_root).")
+
+
 class KeystoneError(VgpuDriverError):
     msg_fmt = "Keystone: %(reason)s"
 
