@@ -351,7 +351,7 @@ def print_timing(results):
 PROFILE_PARTS = (
     ("claims journal (claims.py, sqlite3)",
      ["claims.py(transaction)", "claims.py(claims)", "claims.py(add)"]),
-    ("one GPU's sysfs (mdevs.py _gpu_states)", ["mdevs.py(_gpu_states)"]),
+    ("one GPU's sysfs (mdevs/manager.py _gpu_state)", ["mdevs/manager.py(_gpu_state)"]),
     ("nova's connection test in get_connection (getLibVersion)",
      ["virConnectGetLibVersion>)"]),
     ("domain index, without that test (mdev_users)", ["(mdev_users)"]),

@@ -331,6 +331,8 @@ class InvalidOption(VgpuDriverError):
 class InvalidSysfsRoot(VgpuDriverError):
     msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
                "([vgpu] sysfs_root).")
+
+
 class SriovRefused(VgpuDriverError):
     """Checked before any write: nothing was changed."""
 

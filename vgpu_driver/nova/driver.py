@@ -5,7 +5,8 @@ Only the vGPU concerns are replaced, each by a call into
 (one provider per physical GPU, traits, reserved inventory, stale providers
 removed, nova's per-VF providers taken over), and the vGPUs an instance gets
 and keeps, claims first, through spawn, resize, hard reboot, rescue, resume
-and live migration.  Everything else is nova's.
+and live migration (:mod:`vgpu_driver.nova.live_migration`).  Everything
+else is nova's.
 """
 
 import contextlib
@@ -14,18 +15,17 @@ import threading
 import nova.conf
 from nova import exception as nova_exception
 from nova.virt.libvirt import config as vconfig
-from nova.virt.libvirt import driver as libvirt_driver
 from oslo_log import log as logging
 
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
-from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import events
+from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import providers
 from vgpu_driver.nova import reshape
@@ -46,7 +46,9 @@ class _Operation(threading.local):
     keep_claims = False
 
 
-class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
+class LibvirtVGPUDriver(live_migration.LiveMigration):
+    """nova's libvirt driver (through its live-migration layer), vGPUs ours."""
+
     def __init__(self, virtapi, read_only=False):
         super().__init__(virtapi, read_only)
         self._vgpu = None
@@ -245,65 +247,7 @@ class LibvirtVGPUDriver(libvirt_driver.LibvirtDriver):
                 LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
                           instance.uuid, outcome.reason)
 
-    # -- live migration ---------------------------------------------------------------
-
-    def check_source_migrate_data_at_dest(self, ctxt, instance, migrate_data, migration,
-                                          limits, allocs):
-        """Claim this host's mdevs for the incoming guest and map the source's.
-
-        The claims are journalled ``migrating_in``, so a restart of this
-        service during the migration keeps them.  (nova's implementation only
-        does this mdev work, so it is not called when there is some.)
-        """
-        source_types = (migrate_data.source_mdev_types
-                        if "source_mdev_types" in migrate_data else None)
-        if not source_types:
-            return super().check_source_migrate_data_at_dest(
-                ctxt, instance, migrate_data, migration, limits, allocs)
-        try:
-            vgpu_migration.check_kernel(instance.uuid, "destination")
-            mapping = self.vgpu.migrations.claim_incoming(
-                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
-        except exception.VgpuDriverError as exc:
-            raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
-        migrate_data.target_mdevs = mapping
-        return migrate_data
-
-    def check_can_live_migrate_source(self, context, instance, dest_check_data,
-                                      *args, **kwargs):
-        """A guest with vGPUs needs a kernel that migrates VFIO devices here
-        too; QEMU refuses their post-copy, so that setting is warned about."""
-        if self._instance_mdevs(instance):
-            try:
-                vgpu_migration.check_kernel(instance.uuid, "source")
-            except exception.VgpuDriverError as exc:
-                raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
-            vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)
-        return super().check_can_live_migrate_source(context, instance, dest_check_data,
-                                                     *args, **kwargs)
-
-    def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
-        super().post_live_migration_at_destination(context, instance, *args, **kwargs)
-        self.vgpu.migrations.finish_incoming(instance.uuid)
-
-    def post_live_migration_at_source(self, context, instance, network_info):
-        super().post_live_migration_at_source(context, instance, network_info)
-        self.vgpu.migrations.finish_outgoing(instance.uuid)
-
-    def rollback_live_migration_at_destination(self, context, instance, *args, **kwargs):
-        with self._operating_on(instance, keep_claims=True):
-            super().rollback_live_migration_at_destination(context, instance, *args,
-                                                           **kwargs)
-        self._rollback_incoming(instance)
-
-    def cleanup_lingering_instance_resources(self, instance):
-        super().cleanup_lingering_instance_resources(instance)
-        self._rollback_incoming(instance)
-
-    def _rollback_incoming(self, instance):
-        if any(c.state == vgpu_claims.MIGRATING_IN
-               for c in self.vgpu.journal.claims(instance.uuid)):
-            self.vgpu.migrations.rollback_incoming(instance.uuid)
+    # -- delete -------------------------------------------------------------------------
 
     def destroy(self, context, instance, network_info, block_device_info=None,
                 destroy_disks=True, destroy_secrets=True):

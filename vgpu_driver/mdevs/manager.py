@@ -1,0 +1,166 @@
+"""The claims transaction around a plan, and the writes that carry it out.
+
+:meth:`MdevManager.allocate` reads each GPU asked for through its strategy
+(:mod:`vgpu_driver.mdevs.strategies`), lets the planner decide
+(:mod:`vgpu_driver.mdevs.planner`) and writes the decision's claims in one
+journal transaction before any vGPU is created or handed out; the creations
+follow, through the host abstraction (whose writes go through the privileged
+helper).  If anything goes wrong after the claims are written, the claims
+this call added are dropped again; those the instance held before stay.
+"""
+
+from oslo_log import log as logging
+
+from vgpu_driver import claims as claims_mod
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver.mdevs import planner
+from vgpu_driver.mdevs import strategies
+
+LOG = logging.getLogger(__name__)
+
+
+class MdevManager:
+    """The mdev lifecycle of one host: allocate and release, claims first."""
+
+    def __init__(self, host, journal, domains, mdev_config, *, remove_on_release=False,
+                 remove_timeout=30.0):
+        self.host = host
+        self.journal = journal
+        self.domains = domains
+        self.config = mdev_config
+        self.remove_on_release = remove_on_release
+        self.remove_timeout = remove_timeout
+        self._snapshot = None
+
+    # -- the host's structure, cached: which parents each GPU has ---------------------
+
+    def snapshot(self, refresh=False):
+        if refresh or self._snapshot is None:
+            self._snapshot = discovery.discover(self.host)
+        return self._snapshot
+
+    def configured_type(self, gpu):
+        config = self.config.for_host(self.snapshot())
+        type_id, _why = inventory.configured_type(gpu, config)
+        return type_id
+
+    def _for_gpu(self, gpu):
+        return strategies.for_gpu(gpu, self.host, self.domains, self.config)
+
+    def _for_vgpu(self, vgpu_id):
+        return strategies.for_vgpu(vgpu_id, self.host, self.domains, self.config)
+
+    def _gpu_state(self, instance, address, type_id, users):
+        """The GPU's live state for the planner; refreshes a stale cache."""
+        for refresh in (False, True):
+            gpu = self.snapshot(refresh=refresh).gpu(address)
+            state = None if gpu is None else \
+                self._for_gpu(gpu).gpu_state(instance, gpu, type_id, users)
+            if state is not None:
+                break
+        if state is None or not state.parents:
+            raise exception.GpuGone(instance=instance, gpu=address)
+        return state
+
+    # -- allocation ---------------------------------------------------------------------
+
+    def allocate(self, instance_uuid, allocations, providers, state=claims_mod.CLAIMED):
+        """The mdev UUIDs for an instance's allocation, claimed and present.
+
+        ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
+        ``providers`` maps those rp UUIDs to this host's ``GpuProvider``.
+        Calling it again for the same instance returns the same mdevs.
+        ``state`` is the claims' (``migrating_in`` for an incoming migration).
+        """
+        requests = planner.requests_of(instance_uuid, allocations, providers,
+                                       self.config.mdev_classes)
+        if not requests:
+            return []
+        # Read before the lock, which only ever waits for claims: a vGPU a
+        # domain took since was claimed first, and the claims are re-read.
+        users = self.domains.mdev_users()
+        with self.journal.transaction() as txn:
+            claimed = txn.on_gpu_or_of(sorted({r.gpu for r in requests}), instance_uuid)
+            plan = self._plan(instance_uuid, requests, claimed, users)
+            added = planner.new_claims(plan, claimed, instance_uuid)
+            for item in added:
+                txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
+                        state, created=item.create)
+        try:
+            for item in plan:
+                if item.create:
+                    self._for_vgpu(item.mdev_uuid).create(instance_uuid, item)
+        except BaseException:
+            # Whatever went wrong (a kernel refusal, a timeout, a bug), the
+            # claims this call added must not outlive it; those it reused
+            # were the instance's before and stay.
+            self._undo(instance_uuid, added)
+            raise
+        LOG.info("Instance %s gets mdevs %s", instance_uuid,
+                 ", ".join(f"{p.mdev_uuid} ({'created' if p.create else 'reused'} on "
+                           f"{p.parent})" for p in plan))
+        return [item.mdev_uuid for item in plan]
+
+    def _plan(self, instance, requests, claimed, users):
+        """Each GPU read, then planned, in turn: a refusal stops the reading."""
+        plan = []
+        for request in requests:
+            state = self._gpu_state(instance, request.gpu, request.type_id, users)
+            plan += planner.plan_gpu(instance, request, state, claimed, users)
+        return plan
+
+    def _undo(self, instance_uuid, added):
+        """Drop the claims a failed allocation added; what it created stays free."""
+        if not added:
+            return
+        with self.journal.transaction() as txn:
+            txn.remove(instance_uuid, [p.mdev_uuid for p in added])
+        LOG.warning("Released the claims of a failed allocation for %s", instance_uuid)
+
+    # -- after the guest is defined, and when it goes ---------------------------------------
+
+    def mark_attached(self, instance_uuid):
+        with self.journal.transaction() as txn:
+            return txn.set_state(instance_uuid, claims_mod.ATTACHED)
+
+    def release(self, instance_uuid):
+        """Forget an instance's claims; remove its vGPUs if so configured.
+
+        Kept, an mdev (or a VF with its type) is free for the next guest.
+        With removal, claims stay (``releasing``) until the kernel has removed
+        the mdev (the driver cleared the VF's type), so nothing can hand it
+        out while it goes.
+        """
+        with self.journal.transaction() as txn:
+            mine = txn.claims(instance_uuid)
+            if not self.remove_on_release:
+                txn.remove(instance_uuid)
+                return [c.mdev_uuid for c in mine]
+            txn.set_state(instance_uuid, claims_mod.RELEASING)
+        return self.finish_release([c.mdev_uuid for c in mine])
+
+    def finish_release(self, mdev_uuids):
+        """Remove vGPUs held ``releasing`` and drop their claims once gone.
+
+        A vendor-VFIO vGPU goes by clearing its VF's type (writing 0).
+        """
+        users = self.domains.mdev_users()
+        done = []
+        for uuid in mdev_uuids:
+            if uuid in users:
+                # Its claim goes all the same: the domain keeps it from others.
+                LOG.warning("Not removing vGPU %s: domain %s still uses it", uuid,
+                            users[uuid].name)
+            else:
+                try:
+                    self._for_vgpu(uuid).destroy(uuid, self.remove_timeout)
+                except exception.MdevWriteError as exc:
+                    LOG.warning("vGPU %s not removed yet: %s", uuid, exc)
+                    continue
+            done.append(uuid)
+        if done:
+            with self.journal.transaction() as txn:
+                txn.remove(mdev_uuids=done, state=claims_mod.RELEASING)
+        return done

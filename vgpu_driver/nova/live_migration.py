@@ -1,0 +1,86 @@
+"""Live migration of vGPU guests: nova's libvirt driver, its mdev steps ours.
+
+The source checks that its kernel migrates VFIO devices; the destination
+claims its vGPUs for the incoming guest (journalled ``migrating_in``, so a
+restart of nova-compute during the migration keeps them) and maps the
+source's mdevs to them; the claims then become the guest's, or go again on a
+rollback.  The work itself is :mod:`vgpu_driver.migration`'s; this layer only
+hooks it into nova's calls.
+
+:class:`LiveMigration` sits between nova's ``LibvirtDriver`` and
+:class:`~vgpu_driver.nova.driver.LibvirtVGPUDriver`, so its ``super()`` is
+nova's.  It uses what the driver class provides: ``vgpu`` (the core driver),
+``_instance_mdevs``, ``_providers_by_uuid`` and ``_operating_on``.
+"""
+
+import nova.conf
+from nova import exception as nova_exception
+from nova.virt.libvirt import driver as libvirt_driver
+
+from vgpu_driver import claims as vgpu_claims
+from vgpu_driver import exception
+from vgpu_driver import migration as vgpu_migration
+
+CONF = nova.conf.CONF
+
+
+class LiveMigration(libvirt_driver.LibvirtDriver):
+    """nova's live-migration steps, with the guest's vGPUs claimed and freed."""
+
+    def check_source_migrate_data_at_dest(self, ctxt, instance, migrate_data, migration,
+                                          limits, allocs):
+        """Claim this host's mdevs for the incoming guest and map the source's.
+
+        The claims are journalled ``migrating_in``, so a restart of this
+        service during the migration keeps them.  (nova's implementation only
+        does this mdev work, so it is not called when there is some.)
+        """
+        source_types = (migrate_data.source_mdev_types
+                        if "source_mdev_types" in migrate_data else None)
+        if not source_types:
+            return super().check_source_migrate_data_at_dest(
+                ctxt, instance, migrate_data, migration, limits, allocs)
+        try:
+            vgpu_migration.check_kernel(instance.uuid, "destination")
+            mapping = self.vgpu.migrations.claim_incoming(
+                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
+        except exception.VgpuDriverError as exc:
+            raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+        migrate_data.target_mdevs = mapping
+        return migrate_data
+
+    def check_can_live_migrate_source(self, context, instance, dest_check_data,
+                                      *args, **kwargs):
+        """A guest with vGPUs needs a kernel that migrates VFIO devices here
+        too; QEMU refuses their post-copy, so that setting is warned about."""
+        if self._instance_mdevs(instance):
+            try:
+                vgpu_migration.check_kernel(instance.uuid, "source")
+            except exception.VgpuDriverError as exc:
+                raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
+            vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)
+        return super().check_can_live_migrate_source(context, instance, dest_check_data,
+                                                     *args, **kwargs)
+
+    def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
+        super().post_live_migration_at_destination(context, instance, *args, **kwargs)
+        self.vgpu.migrations.finish_incoming(instance.uuid)
+
+    def post_live_migration_at_source(self, context, instance, network_info):
+        super().post_live_migration_at_source(context, instance, network_info)
+        self.vgpu.migrations.finish_outgoing(instance.uuid)
+
+    def rollback_live_migration_at_destination(self, context, instance, *args, **kwargs):
+        with self._operating_on(instance, keep_claims=True):
+            super().rollback_live_migration_at_destination(context, instance, *args,
+                                                           **kwargs)
+        self._rollback_incoming(instance)
+
+    def cleanup_lingering_instance_resources(self, instance):
+        super().cleanup_lingering_instance_resources(instance)
+        self._rollback_incoming(instance)
+
+    def _rollback_incoming(self, instance):
+        if any(c.state == vgpu_claims.MIGRATING_IN
+               for c in self.vgpu.journal.claims(instance.uuid)):
+            self.vgpu.migrations.rollback_incoming(instance.uuid)

@@ -1,0 +1,129 @@
+"""Placement's REST API: one request, with its retries and microversion.
+
+:class:`Client` sends each request at :data:`MICROVERSION`; server errors,
+timeouts and refused connections are retried with backoff, then reported as
+:class:`PlacementUnavailable`, and a token is fetched first, so a Keystone
+fault is named as Keystone's.  Answers are checked, not trusted
+(:func:`exact_name_match`).
+"""
+
+import time
+from urllib import parse
+
+from keystoneauth1 import adapter as ks_adapter
+from keystoneauth1 import exceptions as ks_exceptions
+
+from vgpu_driver import exception
+
+MICROVERSION = "1.39"
+
+
+class PlacementError(exception.VgpuDriverError):
+    msg_fmt = "Placement refused %(method)s %(url)s: HTTP %(status)s %(detail)s"
+
+
+class PlacementUnavailable(exception.VgpuDriverError):
+    msg_fmt = ("Placement did not answer %(method)s %(url)s after %(attempts)d attempts "
+               "(%(reason)s); nothing more was written. Check the [placement] options "
+               "and that Placement is up.")
+
+
+class Conflict(exception.VgpuDriverError):
+    """HTTP 409: a generation moved under us (retried), or a name is taken."""
+
+    msg_fmt = "Placement refused %(method)s %(url)s: HTTP 409 %(detail)s"
+
+
+class KeystoneUnavailable(exception.VgpuDriverError):
+    msg_fmt = ("Keystone did not answer at %(auth_url)s (%(reason)s); nothing was sent to "
+               "Placement. Check [placement] auth_url and that Keystone is up.")
+
+
+class KeystoneRefused(exception.VgpuDriverError):
+    msg_fmt = ("Keystone refused the credentials for Placement at %(auth_url)s (%(reason)s); "
+               "check the [placement] auth options (username, password, project).")
+
+
+class Client:
+    """Placement's REST API with retries, over an openstacksdk Connection.
+
+    The Connection provides the session (auth, TLS, catalog); requests go
+    through a plain keystoneauth adapter for the ``placement`` service, as
+    nova's own client does.  (The SDK's proxy would discover API versions on
+    first use, outside the retries, so a Placement that is down would fail
+    there with an unhelpful error.)
+    """
+
+    def __init__(self, connection, attempts=4, backoff=0.2, sleep=time.sleep):
+        config = connection.config
+        self.proxy = ks_adapter.Adapter(
+            session=connection.session, service_type="placement",
+            interface=config.get_interface("placement"),
+            region_name=config.get_region_name("placement"),
+            endpoint_override=config.get_endpoint("placement"))
+        self.attempts = attempts
+        self.backoff = backoff
+        self.sleep = sleep
+        self._authenticated = False
+
+    def _authenticate(self):
+        """Get a token first, so a Keystone fault is named as Keystone's and
+        not taken for Placement's."""
+        if self._authenticated:
+            return
+        auth_url = getattr(self.proxy.session.auth, "auth_url", None) or "(no auth_url)"
+        try:
+            self.proxy.get_token()
+        except ks_exceptions.ConnectionError as exc:
+            raise KeystoneUnavailable(auth_url=auth_url,
+                                      reason=f"{type(exc).__name__}: {exc}") from exc
+        except ks_exceptions.ClientException as exc:
+            raise KeystoneRefused(auth_url=auth_url,
+                                  reason=f"{type(exc).__name__}: {exc}") from exc
+        self._authenticated = True
+
+    def request(self, method, url, body=None, report=None):
+        """The JSON answer (or None); raises Conflict, PlacementError, or
+        PlacementUnavailable once retries are spent."""
+        self._authenticate()
+        reason = ""
+        for attempt in range(1, self.attempts + 1):
+            if report is not None:
+                setattr(report, "reads" if method == "GET" else "writes",
+                        getattr(report, "reads" if method == "GET" else "writes") + 1)
+            try:
+                response = self.proxy.request(url, method, json=body,
+                                              microversion=MICROVERSION, raise_exc=False)
+            except ks_exceptions.ConnectionError as exc:  # refused, timed out, reset
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 409:
+                    raise Conflict(method=method, url=url, detail=response.text[:300])
+                if response.status_code < 500:
+                    if response.status_code >= 400:
+                        raise PlacementError(method=method, url=url,
+                                             status=response.status_code,
+                                             detail=response.text[:300])
+                    return response.json() if response.content else None
+                reason = f"HTTP {response.status_code}"
+            if attempt < self.attempts:
+                self.sleep(self.backoff * 2 ** (attempt - 1))
+        raise PlacementUnavailable(method=method, url=url, attempts=self.attempts,
+                                   reason=reason)
+
+
+
+def query_url(path, **params):
+    """``path`` with its query parameters URL-encoded: a name holding ``+``,
+    ``&`` or ``#`` must reach Placement as written."""
+    return f"{path}?{parse.urlencode(params)}"
+
+
+def exact_name_match(providers, name):
+    """The one provider of ``providers`` named exactly ``name``, or None: an
+    answer is never trusted to hold only what the query asked for."""
+    matches = [p for p in providers if p.get("name") == name]
+    if len(matches) > 1:
+        raise PlacementError(method="GET", url=query_url("/resource_providers", name=name),
+                             status=200, detail=f"{len(matches)} providers named {name!r}")
+    return matches[0] if matches else None

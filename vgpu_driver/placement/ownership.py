@@ -1,0 +1,66 @@
+"""Which providers and traits are vgpu-driver's, and what it does with
+those whose GPU is gone.
+
+Traits vgpu-driver manages (``CUSTOM_MDEV_*``, ``CUSTOM_VGPU_*``) are set and
+removed as the GPU's type changes; any other trait on a provider (an
+operator's) is kept.  A provider under the compute node that looks like one
+of ours but has no GPU any more is pruned, unless another service's trait
+says it is theirs.
+"""
+
+from vgpu_driver import names
+
+MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_")
+# Standard traits that mark a provider as another service's: nova's PCI
+# devices in Placement, and Cyborg's accelerators.
+FOREIGN_OWNER_TRAITS = frozenset({"COMPUTE_MANAGED_PCI_DEVICE", "OWNER_CYBORG"})
+
+
+def is_managed_trait(trait):
+    """A trait vgpu-driver sets from the GPU's type (an operator's is not)."""
+    return trait.startswith(MANAGED_TRAIT_PREFIXES)
+
+
+def with_managed_traits(traits, managed):
+    """``traits`` with the managed ones replaced by ``managed``; any other
+    trait (an operator's) is kept."""
+    return {t for t in traits if not is_managed_trait(t)} | set(managed)
+
+
+def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, traits):
+    """Whether a provider stands for a GPU of ``tree``'s host that is gone: a
+    child of the root, named ``<root>_...``, that ``tree`` no longer has.
+
+    Others share the root and the name prefix (nova names its PCI device
+    providers ``<root>_<address>``).  A provider is taken for ours when it
+    has only mdev classes, or a type trait we set (a class no longer
+    configured); never with another owner's trait.
+    """
+    ours = (set(inventories) <= tree.mdev_classes
+            or any(is_managed_trait(t) for t in traits))
+    return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
+            and tree.provider(name) is None and ours
+            and not set(traits) & FOREIGN_OWNER_TRAITS)
+
+
+def why_unwanted(tree, name):
+    """Why a provider of ours is no longer wanted: its GPU is gone, or it is
+    there but no longer configured (listed in ``tree.unserved``)."""
+    prefix = f"{tree.root_name}_"
+    for address, reason in tree.unserved:
+        if name in (f"{prefix}{address}", f"{prefix}{_provider_suffix(address)}"):
+            if address in tree.vfs_pending:
+                return f"its GPU {address} has no VFs now ({reason})"
+            return f"its GPU {address} is no longer configured ({reason})"
+    return "its GPU is gone"
+
+
+def _provider_suffix(address):
+    return names.parse_pci_address(address).provider_suffix if names.is_pci_address(
+        address) else address
+
+
+def fully_reserved(inventories):
+    """The same inventories with everything reserved: a vanished GPU's
+    provider that guests still hold takes no new allocation."""
+    return {rc: {**inv, "reserved": inv["total"]} for rc, inv in inventories.items()}
