@@ -28,6 +28,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import traceback
 import uuid
 
 try:
@@ -162,6 +163,22 @@ def nova_conf(tmp, uri):
     return path
 
 
+class _NoPlacement:
+    """nova-compute's report client, where no Placement runs: the provider
+    tree is built once, before nova's tree holds our providers, so nothing
+    is asked of Placement; a question would be a change in what is measured."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the benchmark runs no Placement, yet reportclient.{name} "
+                             "was used")
+
+
+class _VirtAPI(fake_virt.FakeVirtAPI):
+    """nova's fake virt API with the ``reportclient`` nova-compute's has."""
+
+    reportclient = _NoPlacement()
+
+
 def compute_driver(conf_file, kernel):
     """``LibvirtVGPUDriver`` as nova-compute loads and starts it.
 
@@ -172,7 +189,7 @@ def compute_driver(conf_file, kernel):
     """
     nova_alias.install()  # as vgpu-nova-compute does before nova-compute runs
     nova_config.parse_args([], default_config_files=[conf_file])
-    drv = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+    drv = virt_driver.load_compute_driver(_VirtAPI(),
                                           "vgpu_driver.nova.LibvirtVGPUDriver")
     # nova-compute's handler records the connection in nova's database through
     # the conductor; neither runs here.
@@ -523,8 +540,15 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    status = main()
-    sys.stdout.flush()
-    # nova's event threads never return, and interpreter exit would wait
-    # for its executor's threads forever: the daemon is stopped, so leave.
-    os._exit(status)
+    status = 1
+    try:
+        status = main()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # nova's event threads never return, and interpreter exit would wait
+        # for its executor's threads forever (after a failure too): the
+        # daemon is stopped, so leave.
+        os._exit(status)
