@@ -8,6 +8,8 @@ the claims, with guests unknown, says why in one ``warning:`` line on
 stderr, and exits 0: that is when an operator most needs the rest.
 """
 
+import collections
+
 from cliff import columns as cliff_columns
 
 from vgpu_driver import discovery
@@ -24,13 +26,16 @@ COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved"
 
 
 class GuestsColumn(cliff_columns.FormattableColumn):
-    """``instance (domain)`` lines in tables; objects, or null when libvirt
+    """``instance (domain)`` lines in tables, one per guest (``x2`` when it
+    holds two of the GPU's vGPUs); one object per vGPU, or null when libvirt
     could not say, in JSON/YAML."""
 
     def human_readable(self):
         if self._value is None:
             return "unknown"
-        return "\n".join(f"{g.instance} ({g.domain})" for g in self._value)
+        held = collections.Counter((g.instance, g.domain) for g in self._value)
+        return "\n".join(f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
+                         for (instance, domain), count in held.items())
 
     def machine_readable(self):
         if self._value is None:
