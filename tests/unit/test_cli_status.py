@@ -269,3 +269,12 @@ def test_columns_match_the_listing():
     assert status_commands.COLUMNS == ("provider", "gpu", "type", "name", "used", "total",
                                        "bar", "reserved", "reason", "sriov", "guests",
                                        "claims")
+
+
+def test_a_guest_with_two_vgpus_of_a_gpu_is_one_table_line():
+    guests = (status.Guest("m1", "i1", "train-1"), status.Guest("m2", "i1", "train-1"),
+              status.Guest("m3", "i2", "ml-1"))
+    column = status_commands.GuestsColumn(guests)
+    assert column.human_readable() == "i1 (train-1) x2\ni2 (ml-1)"
+    assert [g["vgpu"] for g in column.machine_readable()] == ["m1", "m2", "m3"]
+    assert status_commands.GuestsColumn(None).machine_readable() is None
