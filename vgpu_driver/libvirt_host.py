@@ -115,7 +115,10 @@ class LibvirtHost(domains.DomainReferences):
         self._users = MappingProxyType({})
         self._callbacks = []
         self.event_driven = use_events and _event_loop_started and self._listen()
-        self.refresh()
+        if self.event_driven:
+            # Events patch this first scan; without them every lookup scans
+            # anyway, so a scan here would only read every domain twice.
+            self.refresh()
 
     def _listen(self):
         """Subscribe before the first scan, so no change falls in between."""
@@ -187,6 +190,7 @@ class LibvirtHost(domains.DomainReferences):
     def domain_mdevs(self, domain_uuid):
         """The vGPU ids (mdev UUIDs, PCI hostdev addresses) one domain
         references (by the index)."""
+        self.mdev_users()   # a scan-per-lookup index is read now
         entry = self._by_domain.get(domain_uuid)
         return entry[1] if entry else ()
 

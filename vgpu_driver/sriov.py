@@ -90,9 +90,17 @@ def _function(pci, gpu):
 
 def list_functions(host):
     """Every NVIDIA SR-IOV GPU of the host, by address."""
-    snapshot = discovery.discover(host)
-    found = [_function(pci, snapshot.gpu(str(pci.address)))
-             for pci in host.list_sriov_pfs() if discovery.is_sriov_gpu(pci)]
+    return functions_in(discovery.discover(host))
+
+
+def functions_in(snapshot):
+    """Every NVIDIA SR-IOV GPU of an already read snapshot, by address.
+
+    Discovery keeps each such GPU (with its VFs off too) and its PCI facts,
+    so a view that has a snapshot need not read sysfs again.
+    """
+    found = [_function(gpu.pci, gpu) for gpu in snapshot.gpus
+             if discovery.is_sriov_gpu(gpu.pci)]
     return sorted(found, key=lambda f: f.address)
 
 

@@ -24,6 +24,7 @@ from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver import placement_service
+from vgpu_driver import status
 from vgpu_driver import sysfs
 from vgpu_driver.cmd import demo_commands
 from vgpu_driver.cmd import manage
@@ -185,6 +186,29 @@ def test_the_printed_tables_are_what_placement_and_the_host_hold(
     assert sorted(tuple(r) for r in listed) == sorted(
         (m, host_after[m][0], dom_uuid, "attached")
         for dom_uuid, mdevs, _models in domains_after.values() for m in mdevs)
+
+
+def test_the_status_table_ends_the_story_and_agrees_with_placement(
+        demo, placement_after, domains_after):
+    done, _kept = demo
+    _allocations, inventories, usages = placement_after
+    heading = f"--nodename {NODE} status"
+    section = done.stdout.split(heading, 1)[1]
+    rows = {r[0]: r for r in table_after(done.stdout, heading)}
+    assert len(rows) == len(inventories) == 9
+    for gpu, (_gpu, _name, shown, reserved, *_rest) in rows.items():
+        total, held = inventories[inventory.provider_name_for(NODE, gpu)]
+        used = usages[inventory.provider_name_for(NODE, gpu)]
+        assert (shown, int(reserved)) == (status.bar(used, total), held), gpu
+    assert rows[A100][5] == "enabled 16/16"
+    for name, (dom_uuid, mdevs, _models) in domains_after.items():
+        shown = f"{dom_uuid} ({name})" + (f" x{len(mdevs)}" if len(mdevs) > 1 else "")
+        assert shown in section
+    used = sum(usages.values())
+    total = sum(t for t, _r in inventories.values())
+    assert f"{NODE}: 9 GPU(s), 9 with a provider; vGPUs {status.bar(used, total)} used, " \
+           f"{sum(r for _t, r in inventories.values())} reserved; {len(domains_after)} " \
+           "guest(s); 0 claim(s) in flight; SR-IOV on 1 of 1 board(s)\n" in section
 
 
 def test_the_story_is_told_in_order(demo):

@@ -9,8 +9,8 @@ nova-compute does (:mod:`vgpu_driver.cmd.demo.compute`): it creates the
 compute node's provider, starts the driver, reports one provider per GPU,
 and boots a few instances through Placement, the driver and libvirt's test
 driver.  It ends with the views an operator checks: usage in Placement,
-each instance's mdevs and GPU, and ``vgpu-manage mdev list`` and ``audit``
-run against the same host.
+each instance's mdevs and GPU, and ``vgpu-manage mdev list``, ``audit`` and
+``status`` run against the same host.
 
 Every step prints one progress line with its duration; the first failure
 ends the demo with one ``error:`` line naming the step.  The working
@@ -226,6 +226,9 @@ class Demo(base.Command):
         self._operator(conf, "mdev", "list", "-c", "uuid", "-c", "parent", "-c", "instance",
                        "-c", "state")
         self._operator(conf, "audit")
+        self._operator(conf, "status", "-c", "gpu", "-c", "name", "-c", "bar", "-c",
+                       "reserved", "-c", "reason", "-c", "sriov", "-c", "guests", "-c",
+                       "claims")
 
     def _start_placement(self, root, sys_root):
         from vgpu_driver import placement_service

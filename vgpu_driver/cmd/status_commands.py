@@ -1,0 +1,125 @@
+"""``status``: one screen per host, each source read once.
+
+It reads what ``inventory``, ``mdev list`` and ``claims list`` read (one
+discovery snapshot, one inventory computation, one journal read, one
+libvirt listing) and shows it per physical GPU; the table ends with one
+summary line about the host.  Without libvirt it still shows the GPUs and
+the claims, with guests unknown, says why in one ``warning:`` line on
+stderr, and exits 0: that is when an operator most needs the rest.
+"""
+
+import collections
+
+from cliff import columns as cliff_columns
+
+from vgpu_driver import discovery
+from vgpu_driver import inventory
+from vgpu_driver import libvirt_host
+from vgpu_driver import sriov
+from vgpu_driver import status
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import columns
+from vgpu_driver.cmd import host_commands
+
+COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
+           "sriov", "guests", "claims")
+
+
+class GuestsColumn(cliff_columns.FormattableColumn):
+    """``instance (domain)`` lines in tables, one per guest (``x2`` when it
+    holds two of the GPU's vGPUs); one object per vGPU, or null when libvirt
+    could not say, in JSON/YAML."""
+
+    def human_readable(self):
+        if self._value is None:
+            return "unknown"
+        held = collections.Counter((g.instance, g.domain) for g in self._value)
+        return "\n".join(f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
+                         for (instance, domain), count in held.items())
+
+    def machine_readable(self):
+        if self._value is None:
+            return None
+        return [{"vgpu": g.vgpu, "instance": g.instance, "domain": g.domain}
+                for g in self._value]
+
+
+class ClaimsColumn(cliff_columns.FormattableColumn):
+    """``instance: state`` lines in tables; objects in JSON/YAML."""
+
+    def human_readable(self):
+        return "\n".join(f"{c.instance}: {c.state}" for c in self._value)
+
+    def machine_readable(self):
+        return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state}
+                for c in self._value]
+
+
+class SriovColumn(cliff_columns.FormattableColumn):
+    """``enabled 16/16`` in tables, an object in JSON/YAML; blank and null
+    on a GPU without SR-IOV."""
+
+    def human_readable(self):
+        if self._value is None:
+            return ""
+        return f"{self._value.state} {self._value.numvfs}/{self._value.totalvfs}"
+
+    def machine_readable(self):
+        if self._value is None:
+            return None
+        return {"state": self._value.state, "numvfs": self._value.numvfs,
+                "totalvfs": self._value.totalvfs}
+
+
+def libvirt_users(app):
+    """``({vgpu id: DomainRef}, None)``, or ``(None, why)`` without libvirt."""
+    try:
+        return app.domains().mdev_users(), None
+    except libvirt_host.LibvirtUnavailable as exc:
+        return None, str(exc)
+
+
+def read_status(app):
+    """``(HostStatus, warning or None)``: every source read exactly once."""
+    config = host_commands.load_mdev_config(app)
+    snapshot = discovery.discover(app.open_host())
+    journal = app.journal(snapshot)
+    claim_list = journal.claims() if journal else []
+    users, warning = libvirt_users(app)
+    tree = inventory.compute(snapshot, config, app.options.nodename,
+                             status.in_use(claim_list, users))
+    view = status.assemble(app.options.nodename, snapshot, tree, claim_list, users,
+                           sriov.functions_in(snapshot))
+    return view, warning
+
+
+def row(gpu):
+    return columns.optional((
+        gpu.provider, gpu.gpu, gpu.type_id, gpu.type_name, gpu.used, gpu.total, gpu.bar,
+        gpu.reserved, gpu.reason, SriovColumn(gpu.sriov), GuestsColumn(gpu.guests),
+        ClaimsColumn(gpu.claims)))
+
+
+class ShowStatus(base.Lister):
+    """One screen per host: each physical GPU, its use, guests and claims.
+
+    Per GPU: its provider and type, used/total as a bar, reserved units and
+    why (as ``inventory`` says), the guests on it (instance and libvirt
+    domain), claims in flight (any state but attached) and, on SR-IOV
+    boards, the VF state.  The table ends with one line about the host.
+    Without libvirt, guests are unknown, ``used`` counts claims only, one
+    ``warning:`` line on stderr says why, and the exit code is still 0.
+    """
+
+    def take_action(self, parsed_args):
+        view, warning = read_status(self.app)
+        if warning:
+            self.app.stderr.write(f"warning: {warning} Guests are shown as unknown.\n")
+        self._summary = view.summary()
+        return COLUMNS, [row(gpu) for gpu in view.gpus]
+
+    def produce_output(self, parsed_args, column_names, data):
+        code = super().produce_output(parsed_args, column_names, data)
+        if parsed_args.formatter == "table":
+            self.app.stdout.write(self._summary + "\n")
+        return code

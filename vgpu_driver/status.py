@@ -1,0 +1,172 @@
+"""One view of a host's GPUs, assembled from what was already read (no I/O).
+
+Operators want one screen that says, per physical GPU, what it serves, how
+full it is, why some of it is held back, who uses it and what is on its way
+in or out.  Each source is read once by the caller (a discovery snapshot,
+the provider tree :func:`vgpu_driver.inventory.compute` made of it, the
+journal's claims, libvirt's ``{vgpu id: DomainRef}``); this module only puts
+them side by side, so the view cannot disagree with ``inventory``,
+``claims list`` or ``mdev list``.
+"""
+
+import dataclasses
+
+from vgpu_driver import claims
+
+BAR_WIDTH = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Guest:
+    """A guest holding one of the GPU's vGPUs (the domain's UUID is nova's
+    instance UUID)."""
+
+    vgpu: str
+    instance: str
+    domain: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimInFlight:
+    """A journal claim not yet (or no longer) attached to its guest."""
+
+    vgpu: str
+    instance: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SriovState:
+    state: str          # off, enabled, partial (see vgpu_driver.sriov)
+    numvfs: int
+    totalvfs: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuStatus:
+    gpu: str
+    provider: str | None
+    type_id: str | None
+    type_name: str | None
+    used: int
+    total: int
+    reserved: int
+    reason: str | None
+    sriov: SriovState | None
+    # None when libvirt could not be asked: who uses the GPU is unknown.
+    guests: tuple[Guest, ...] | None
+    claims: tuple[ClaimInFlight, ...]
+
+    @property
+    def bar(self):
+        return bar(self.used, self.total)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStatus:
+    nodename: str
+    gpus: tuple[GpuStatus, ...]
+
+    @property
+    def guests_known(self):
+        return all(g.guests is not None for g in self.gpus)
+
+    def summary(self):
+        """One line about the whole host."""
+        served = [g for g in self.gpus if g.provider]
+        used = sum(g.used for g in self.gpus)
+        total = sum(g.total for g in served)
+        reserved = sum(g.reserved for g in served)
+        in_flight = sum(len(g.claims) for g in self.gpus)
+        if self.guests_known:
+            instances = {guest.instance for g in self.gpus for guest in g.guests}
+            guests = f"{len(instances)} guest(s)"
+        else:
+            guests = "guests unknown (libvirt unreachable)"
+        line = (f"{self.nodename}: {len(self.gpus)} GPU(s), {len(served)} with a provider; "
+                f"vGPUs {bar(used, total)} used, {reserved} reserved; {guests}; "
+                f"{in_flight} claim(s) in flight")
+        sriov = [g.sriov for g in self.gpus if g.sriov]
+        if sriov:
+            enabled = sum(1 for s in sriov if s.state != "off")
+            line += f"; SR-IOV on {enabled} of {len(sriov)} board(s)"
+        return line
+
+
+def bar(used, total, width=BAR_WIDTH):
+    """``[#####.....] 5/10``: one ``#`` per used tenth, at least one when any
+    is used and at least one ``.`` while any is free; full when over."""
+    if total <= 0:
+        filled = width if used else 0
+    else:
+        filled = round(width * min(used, total) / total)
+        if used and not filled:
+            filled = 1
+        elif used < total and filled == width:
+            filled = width - 1
+    return f"[{'#' * filled}{'.' * (width - filled)}] {used}/{total}"
+
+
+def in_use(claim_list, users):
+    """vGPU ids claims or guests reference, as ``inventory`` tells a draining
+    GPU from a blocked one; None when the guests are unknown."""
+    if users is None:
+        return None
+    return {c.mdev_uuid for c in claim_list} | set(users)
+
+
+def _vgpus_by_gpu(snapshot, claim_list):
+    """``{gpu address: vgpu ids}``: those that exist there, and those a claim
+    places there (a claim may come before its mdev)."""
+    found = {gpu.address: set() for gpu in snapshot.gpus}
+    for vgpu in snapshot.vgpus:
+        gpu = snapshot.gpu_of_parent(vgpu.parent)
+        if gpu is not None:
+            found[gpu.address].add(vgpu.id)
+    for claim in claim_list:
+        found.setdefault(claim.gpu, set()).add(claim.mdev_uuid)
+    return found
+
+
+def _sriov_state(function):
+    if function is None:
+        return None
+    return SriovState(function.state, function.numvfs, function.totalvfs)
+
+
+def assemble(nodename, snapshot, tree, claim_list, users, functions=()):
+    """The :class:`HostStatus` of one host.
+
+    ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
+    from ``snapshot``; ``users`` is ``{vgpu id: DomainRef}`` or None when
+    libvirt could not be reached (then ``used`` counts claims only);
+    ``functions`` are :func:`vgpu_driver.sriov.functions_in` of the snapshot.
+    """
+    unserved = dict(tree.unserved)
+    sriov = {f.address: f for f in functions}
+    vgpus = _vgpus_by_gpu(snapshot, claim_list)
+    claimed = {c.mdev_uuid for c in claim_list}
+    rows = []
+    for gpu in snapshot.gpus:
+        ids = sorted(vgpus[gpu.address])
+        provider = tree.by_gpu(gpu.address)
+        guests = None
+        if users is not None:
+            guests = tuple(Guest(i, users[i].uuid, users[i].name) for i in ids if i in users)
+        in_flight = tuple(sorted(
+            (ClaimInFlight(c.mdev_uuid, c.instance_uuid, c.state) for c in claim_list
+             if c.gpu == gpu.address and c.state != claims.ATTACHED),
+            key=lambda c: (c.instance, c.vgpu)))
+        rows.append(GpuStatus(
+            gpu=gpu.address,
+            provider=provider.name if provider else None,
+            type_id=provider.type_id if provider else None,
+            type_name=provider.type_name if provider else None,
+            used=sum(1 for i in ids if i in claimed or (users is not None and i in users)),
+            total=provider.total if provider else 0,
+            reserved=provider.reserved if provider else 0,
+            reason=(provider.reason if provider
+                    else f"no provider: {unserved.get(gpu.address, 'unknown')}"),
+            sriov=_sriov_state(sriov.get(gpu.address)),
+            guests=guests, claims=in_flight))
+    return HostStatus(nodename=nodename, gpus=tuple(rows))
