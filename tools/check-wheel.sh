@@ -46,7 +46,7 @@ fi
 echo "==> the operator's files under share/vgpu-driver/"
 share="$WORK/venv/share/vgpu-driver"
 for f in etc/vgpu-driver/sudoers.d/vgpu-driver etc/vgpu-driver/rootwrap.d/vgpu-driver.filters \
-         etc/systemd/nova-compute.service.d/vgpu-driver.conf; do
+         etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf; do
     case $f in
         etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;
         *) installed="$share/etc/${f#etc/vgpu-driver/}" ;;
