@@ -148,19 +148,22 @@ class LinuxSysfs(base.SysfsHost):
             return []
 
     def list_parents(self):
-        parents = []
+        parents = (self.read_parent(name) for name in self.parent_names())
+        return [parent for parent in parents if parent is not None]
+
+    def parent_names(self):
+        """The valid names under ``class/mdev_bus``, sorted (no link read)."""
+        found = []
         for entry in self._listdir(self.paths.parent_base()):
             try:
-                name = names.check_parent_name(entry, "class/mdev_bus")
+                found.append(names.check_parent_name(entry, "class/mdev_bus"))
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping parent: %s", exc)
-                continue
-            parent = self._read_parent(name)
-            if parent is not None:
-                parents.append(parent)
-        return parents
+        return found
 
-    def _read_parent(self, name):
+    def read_parent(self, name):
+        """One parent's :class:`ParentInfo` (its types read now), or None
+        when its link points to no device."""
         link = self.paths.parent(name)
         device_path = resolve_link(link) or link
         if not os.path.isdir(device_path):
