@@ -17,7 +17,6 @@ import itertools
 import os
 import socket
 import struct
-import threading
 
 NETLINK_KOBJECT_UEVENT = 15
 UDEV_GROUP = 2
@@ -27,8 +26,6 @@ _MAGIC = 0xFEEDCAFE
 _HEADER = struct.Struct("=8s4sIII4s4s4s4s")
 _BE32 = struct.Struct("!I")
 _seqnum = itertools.count(int.from_bytes(os.urandom(3), "big") + 1)
-_lock = threading.Lock()
-_sock = None
 
 
 def murmurhash2(data, seed=0):
@@ -65,20 +62,13 @@ def message(action, devpath, subsystem, properties=()):
     return header + body
 
 
-def _socket():
-    global _sock
-    if _sock is None:
-        _sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                              NETLINK_KOBJECT_UEVENT)
-    return _sock
-
-
 def broadcast(action, devpath, subsystem, properties=()):
     """Send one event to udev's group; False when this process may not."""
     data = message(action, devpath, subsystem, properties)
-    with _lock:
-        try:
-            _socket().sendto(data, (0, UDEV_GROUP))
-        except OSError:
-            return False
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                           NETLINK_KOBJECT_UEVENT) as sock:
+            sock.sendto(data, (0, UDEV_GROUP))
+    except OSError:
+        return False
     return True

@@ -154,6 +154,8 @@ class UdevMonitor:
         self._cond = threading.Condition()
         self._parents, self._gpus = set(), set()
         self._lost = False
+        # Held by the reader while it takes events out of the socket.
+        self._busy = threading.Lock()
         self.generation = 0
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="vgpu-udev", daemon=True)
@@ -180,7 +182,8 @@ class UdevMonitor:
                 ready, _, _ = select.select([self._monitor, self._wake_r], [], [])
                 if self._wake_r in ready:
                     return
-                self._drain()
+                with self._busy:
+                    self._drain()
         except Exception:  # noqa: BLE001 - a dead reader must not look alive
             LOG.exception("The udev monitor stopped; GPUs are read in full from now on")
         finally:
@@ -226,11 +229,11 @@ class UdevMonitor:
         own write caused is queued by the time the write returned."""
         deadline = time.monotonic() + limit
         while self.running and time.monotonic() < deadline:
-            ready, _, _ = select.select([self._monitor], [], [], 0)
+            with self._busy:
+                ready, _, _ = select.select([self._monitor], [], [], 0)
             if not ready:
                 return
-            with self._cond:
-                self._cond.wait(_SETTLE_STEP)
+            time.sleep(_SETTLE_STEP)
 
     def take_changes(self):
         """What changed since the last call (everything if events were lost)."""
@@ -273,10 +276,11 @@ def unusable_because(host, mode):
     """Why udev cannot tell about ``host`` in ``mode``; None when it can."""
     if mode == "off":
         return "[vgpu] hotplug_events is off"
-    if type(host) is not linux.LinuxSysfs:
-        return f"{host!r} is not the kernel's sysfs reader"
+    if not isinstance(host, linux.LinuxSysfs):
+        return f"{host!r} reads no sysfs tree"
     if mode == "auto":
-        if os.path.realpath(host.paths.root) != sysfs_paths.DEFAULT_ROOT:
+        if type(host) is not linux.LinuxSysfs \
+                or os.path.realpath(host.paths.root) != sysfs_paths.DEFAULT_ROOT:
             return f"sysfs root {host.paths.root} is not the kernel's"
         if not os.path.exists(UDEV_CONTROL):
             return f"no udev daemon here ({UDEV_CONTROL} is absent)"
