@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 import uuid as uuid_mod
@@ -72,6 +73,25 @@ def _write_file(path, text="", mode=0o444):
         f.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _write_bytes(path, data, mode=0o444):
+    """A binary attribute (a PCI function's ``config``), replaced at once."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _pci_config(vendor, device):
+    """The first 256 bytes of a display controller's configuration space:
+    IDs, class 0x0302 (3D controller), header type 0, no capability list."""
+    config = bytearray(256)
+    struct.pack_into("<HH", config, 0, vendor, device)
+    config[0x0A], config[0x0B] = 0x02, 0x03
+    struct.pack_into("<HH", config, 0x2C, vendor, device)
+    return bytes(config)
 
 
 def _link(target_abs, link_path):
@@ -175,8 +195,14 @@ class FakeKernel(linux.LinuxSysfs):
         _write_file(os.path.join(dev, "device"), f"{gpu['device']}\n")
         _write_file(os.path.join(dev, "class"), "0x030200\n")
         _write_file(os.path.join(dev, "numa_node"), f"{gpu.get('numa_node', -1)}\n")
+        vendor_id, device_id = int(gpu["vendor"], 16), int(gpu["device"], 16)
+        _write_bytes(os.path.join(dev, "config"), _pci_config(vendor_id, device_id))
+        ids = f"{vendor_id:04X}:{device_id:04X}"
         _write_file(os.path.join(dev, "uevent"),
-                    f"DRIVER=nvidia\nPCI_SLOT_NAME={address}\n")
+                    f"DRIVER=nvidia\nPCI_CLASS=30200\nPCI_ID={ids}\nPCI_SUBSYS_ID={ids}\n"
+                    f"PCI_SLOT_NAME={address}\n"
+                    f"MODALIAS=pci:v0000{vendor_id:04X}d0000{device_id:04X}"
+                    f"sv0000{vendor_id:04X}sd0000{device_id:04X}bc03sc02i00\n")
         _link(self.paths.join("bus", "pci"), os.path.join(dev, "subsystem"))
         _link(self.paths.join("bus", "pci", "drivers", "nvidia"),
               os.path.join(dev, "driver"))
@@ -382,13 +408,26 @@ class FakeKernel(linux.LinuxSysfs):
         _link(os.path.join(dev, "mdev_supported_types", type_id),
               os.path.join(mdev_dir, "mdev_type"))
         _link(self.paths.join("bus", "mdev"), os.path.join(mdev_dir, "subsystem"))
+        _link(self._new_iommu_group(), os.path.join(mdev_dir, "iommu_group"))
         _link(mdev_dir, os.path.join(dev, "mdev_supported_types", type_id, "devices", uuid))
         _link(mdev_dir, self.paths.mdev(uuid))
         self._refresh(gpu)
         self._announce("add", mdev_dir, "mdev", MDEV_TYPE=type_id)
 
+    def _new_iommu_group(self):
+        """``kernel/iommu_groups/<n>``: each mdev gets a group of its own."""
+        groups = self.paths.join("kernel", "iommu_groups")
+        os.makedirs(groups, exist_ok=True)
+        taken = [int(e) for e in os.listdir(groups) if e.isdigit()]
+        group = os.path.join(groups, str(max(taken, default=99) + 1))
+        os.makedirs(os.path.join(group, "devices"))
+        return group
+
     def _destroy_mdev(self, dev, uuid):
         mdev_dir = os.path.join(dev, uuid)
+        group = linux.resolve_link(os.path.join(mdev_dir, "iommu_group"))
+        if group:
+            shutil.rmtree(group, ignore_errors=True)
         type_link = linux.resolve_link(os.path.join(mdev_dir, "mdev_type"))
         _remove_link(self.paths.mdev(uuid))
         if type_link:
