@@ -6,9 +6,10 @@ nothing, or one GPU, changed.  :class:`CachedDiscovery` keeps what it read
 per parent and per GPU and, told by a :mod:`vgpu_driver.sysfs.udev` monitor
 which parents and GPUs changed, reads only those again.  What it still
 reads every time is cheap and catches what udev does not announce: the
-names under ``class/mdev_bus`` (a parent registered or gone), the mdev
-links of ``bus/mdev/devices``, and NVIDIA's vendor-VFIO VFs (a VF's vGPU
-type changes without a uevent).
+names under ``class/mdev_bus`` (a parent registered or gone) and under
+``bus/mdev/devices`` (the links of new mdevs, and of those on parents
+events named, are read), and NVIDIA's vendor-VFIO VFs (a VF's vGPU type
+changes without a uevent).
 
 A full discovery is made instead whenever the monitor cannot vouch for its
 changes (not running, events lost to an overflow) and at least every
@@ -40,11 +41,13 @@ class CachedDiscovery:
         self._gpu_of = {}       # parent name -> GPU key
         self._pci = {}          # GPU key -> PciDeviceInfo
         self._vendor = {}       # vendor-VFIO VF address -> GPU key
+        self._mdevs = {}        # uuid -> MdevInfo
         #: How the last snapshot was made: "full" or "partial" (for logs, tests).
         self.last = None
 
     def _can_read_partially(self):
-        return all(hasattr(self.host, attr) for attr in ("parent_names", "read_parent"))
+        return all(hasattr(self.host, attr)
+                   for attr in ("parent_names", "read_parent", "mdev_uuids", "read_mdev"))
 
     def snapshot(self):
         """The host's snapshot, read in full or only where it changed."""
@@ -62,6 +65,7 @@ class CachedDiscovery:
         mdevs = tuple(host.list_mdevs())
         infos = host.list_parents()
         vendor_vfs = host.list_vendor_vfio()
+        self._mdevs = {mdev.uuid: mdev for mdev in mdevs}
         self._parents = {info.name: info for info in infos}
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
@@ -80,7 +84,7 @@ class CachedDiscovery:
 
     def _read_changed(self, changes):
         host = self.host
-        mdevs = tuple(host.list_mdevs())
+        mdevs = self._read_mdevs(changes)
         listed = host.parent_names()
         present = set(listed)
         dirty = set(changes.gpus)
@@ -109,6 +113,20 @@ class CachedDiscovery:
         if dirty:
             LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))
         return self._snapshot
+
+    def _read_mdevs(self, changes):
+        """Every mdev, its links read again only if new or on a parent an
+        event named (an mdev's parent and type change only by a remove and
+        a create, each announced)."""
+        found = {}
+        for uuid in self.host.mdev_uuids():
+            mdev = self._mdevs.get(uuid)
+            if mdev is None or mdev.parent in changes.parents:
+                mdev = self.host.read_mdev(uuid)
+            if mdev is not None:
+                found[uuid] = mdev
+        self._mdevs = found
+        return tuple(found.values())
 
     def _reread(self, name):
         info = self.host.read_parent(name)
