@@ -231,3 +231,32 @@ def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path)
     restarted.init_host()
     threading.Timer(0.2, host.set_sriov_numvfs, (A100, 16)).start()
     assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 10.0)
+
+
+def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tmp_path):
+    """An mdev another tool makes for its guest (of another type: the GPU is
+    then blocked) shows in the next refresh, which re-read only that GPU."""
+    host = make_host("t4x8")
+    host.enable_uevents()
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = nvidia-222
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        hotplug_events = udev
+        """)
+    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
+                             host=fakekernel.FakeKernel(host.paths.root))
+    try:
+        before = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert (before.total, before.reserved) == (16, 0)
+        other = str(uuid.uuid4())
+        host.create_mdev(T4, "nvidia-223", other)
+        vgpu.domains.define("a-guest-of-another-tool", [other])
+        after = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert vgpu.discovery.last == "partial"
+        assert after.reserved == after.total
+        assert after == vgpu.provider_tree("cn1").by_gpu(T4)
+    finally:
+        vgpu.close()
