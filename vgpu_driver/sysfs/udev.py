@@ -170,9 +170,9 @@ class UdevMonitor:
         for subsystem in SUBSYSTEMS:
             monitor.filter_by(subsystem)
         monitor.start()
-        self = cls(root, monitor)
-        self._thread.start()
-        return self
+        watching = cls(root, monitor)
+        watching._thread.start()
+        return watching
 
     # -- the reader thread ----------------------------------------------------------
 
