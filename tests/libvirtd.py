@@ -31,10 +31,15 @@ STATE_DIRS = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt", "/var/cache/li
               "/var/log/libvirt")
 IDLE_EXIT_SECONDS = 120
 
-# Bind "$1".. on STATE_DIRS, in order, then exec the rest of the arguments.
-_NAMESPACE_SCRIPT = " && ".join(
-    [f'mount --bind "${i + 1}" {path}' for i, path in enumerate(STATE_DIRS)]
-    + [f"shift {len(STATE_DIRS)}", 'exec "$@"'])
+
+
+def _namespace_script(targets):
+    """Bind "$1".. on ``targets``, in order, then exec the rest of the arguments."""
+    return " && ".join([f'mount --bind "${i + 1}" {path}' for i, path in enumerate(targets)]
+                       + [f"shift {len(targets)}", 'exec "$@"'])
+
+
+_NAMESPACE_SCRIPT = _namespace_script(STATE_DIRS)
 
 
 class LibvirtdFailed(AssertionError):
@@ -54,8 +59,12 @@ def can_unshare_mounts():
 class Libvirtd:
     """One private libvirtd process under ``workdir``."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, sysfs=None):
+        """``sysfs``: a fake host's tree to bind over ``/sys`` in the daemon's
+        namespace, so that its node-device driver (libudev) enumerates the
+        fake GPUs, their mdev types and mdevs as it would a host's."""
         self.workdir = pathlib.Path(workdir)
+        self.sysfs = sysfs
         self.sock_dir = self.workdir / "sock"
         self.config = self.workdir / "libvirtd.conf"
         self.pid_file = self.workdir / "libvirtd.pid"
@@ -88,6 +97,8 @@ class Libvirtd:
         daemon = [LIBVIRTD, "--config", str(self.config), "--pid-file", str(self.pid_file),
                   f"--timeout={IDLE_EXIT_SECONDS}"]
         if not can_unshare_mounts():
+            if self.sysfs:
+                raise LibvirtdFailed("a fake /sys needs a private mount namespace")
             return daemon
         sources = []
         for path in STATE_DIRS:
@@ -98,8 +109,12 @@ class Libvirtd:
             if not os.path.isdir(path):  # /run/libvirt exists once a daemon ran
                 os.makedirs(path)
                 self._made_mountpoints.append(path)
+        targets = list(STATE_DIRS)
+        if self.sysfs:
+            sources.append(str(self.sysfs))
+            targets.append("/sys")
         return ["unshare", "--mount", "--propagation", "private",
-                "sh", "-c", _NAMESPACE_SCRIPT, "sh", *sources, *daemon]
+                "sh", "-c", _namespace_script(targets), "sh", *sources, *daemon]
 
     def start(self, timeout=20.0):
         """Start the daemon; return once a client can open the URI (or raise)."""
@@ -112,9 +127,12 @@ class Libvirtd:
             f'log_outputs = "3:file:{self.log_file}"\n'
             "listen_tcp = 0\nlisten_tls = 0\n")
         argv = self._argv()
+        # libudev refuses a /sys that is not sysfs unless told not to check.
+        env = {**os.environ, "SYSTEMD_DEVICE_VERIFY_SYSFS": "0"} if self.sysfs else None
         with open(self.out_file, "wb") as out:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=subprocess.STDOUT, cwd=self.workdir)
+                                            stderr=subprocess.STDOUT, cwd=self.workdir,
+                                            env=env)
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         deadline = time.monotonic() + timeout
         while not self.socket.exists():

@@ -140,9 +140,9 @@ def _gpu_key(host, parent):
     return rel.replace(os.sep, "_"), MODE_VIRTUAL
 
 
-def _vendor_vfio_parents(host):
+def _vendor_vfio_parents(vendor_vfs):
     by_gpu = collections.defaultdict(list)
-    for vf in host.list_vendor_vfio():
+    for vf in vendor_vfs:
         types = tuple(base.MdevTypeInfo(type_id=names.vendor_type_id(number),
                                         available_instances=1, device_api="vfio-pci",
                                         name=name)
@@ -166,20 +166,32 @@ def _pending_gpus(sriov_pfs, found):
             if is_sriov_gpu(pci) and address not in found]
 
 
+def gpu_key(host, parent):
+    """The physical GPU a :class:`~vgpu_driver.sysfs.base.ParentInfo` belongs to."""
+    return _gpu_key(host, parent)[0]
+
+
 def discover(host):
     """Read the host once and return a :class:`HostSnapshot`."""
     mdevs = tuple(host.list_mdevs())
+    return assemble(host, mdevs, host.list_parents(), host.list_vendor_vfio(),
+                    host.pci_device)
+
+
+def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device):
+    """The snapshot made of what was read: ``parent_infos`` sorted by name,
+    ``pci_device(address)`` the PCI facts of a GPU (read now or kept)."""
     by_parent = collections.defaultdict(list)
     for mdev in mdevs:
         by_parent[mdev.parent].append(mdev)
     grouped = collections.defaultdict(list)
     modes = {}
-    for info in host.list_parents():
+    for info in parent_infos:
         key, mode = _gpu_key(host, info)
         modes[key] = mode
         grouped[key].append(Parent(name=info.name, types=info.types,
                                    mdevs=tuple(by_parent.get(info.name, ()))))
-    for key, parents in _vendor_vfio_parents(host).items():
+    for key, parents in _vendor_vfio_parents(vendor_vfs).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)
     # Read once: SR-IOV GPUs with parents need it too.
@@ -188,7 +200,7 @@ def discover(host):
     for key in sorted(grouped):
         pci = None
         if modes[key] != MODE_VIRTUAL:
-            pci = sriov_pfs.get(key) or host.pci_device(key)
+            pci = sriov_pfs.get(key) or pci_device(key)
         gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
                                 parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
     gpus += _pending_gpus(sriov_pfs, grouped)

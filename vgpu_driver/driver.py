@@ -11,6 +11,7 @@ import threading
 from oslo_log import log as logging
 
 from vgpu_driver import claims
+from vgpu_driver import discovery_cache
 from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import inventory
@@ -21,6 +22,7 @@ from vgpu_driver import reconcile
 from vgpu_driver import sysfs
 from vgpu_driver import takeover
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.sysfs import udev
 
 LOG = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ class VGPUDriver:
         #: The background restore :meth:`init_host` left running, if any.
         self.restoring = None
         self.migrations = migration.Migrations(self.manager)
+        #: What udev says changed (or the polling stand-in), and the
+        #: discovery it lets re-read only that.
+        self.changes = udev.start(self.host, conf.vgpu.hotplug_events)
+        self.discovery = discovery_cache.CachedDiscovery(
+            self.host, self.changes, full_every=conf.vgpu.full_refresh_interval)
+
+    def close(self):
+        """Stop listening to udev (nova-compute's exit does as much)."""
+        self.changes.stop()
 
     def init_host(self):
         """Put the host right after a (re)start; returns the restore outcomes.
@@ -58,18 +69,22 @@ class VGPUDriver:
         self.reconciler.finish_releases()
         self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
         takeover.adopt(self.manager)
+        # Taken before the first pass: a VF appearing during it wakes the retry.
+        waiter = self.changes.waiter()
         outcomes = self.reconciler.restore(wait=0)
         if any(o.result != "restored" for o in outcomes):
-            self.restoring = self._restore_in_background()
+            self.restoring = self._restore_in_background(waiter)
         self.reconciler.reclaim_stale_types()
         return outcomes
 
-    def _restore_in_background(self):
+    def _restore_in_background(self, waiter):
         """Keep restoring, up to ``restore_wait``, what was not back at
         start-up (VFs the vendor enables later): the service starts now.
+        Between passes it waits for udev's next event (or sleeps, polling).
         Each vGPU still missing at the end is logged as an error."""
         thread = threading.Thread(
-            target=self.reconciler.restore, kwargs={"wait": self.conf.vgpu.restore_wait},
+            target=self.reconciler.restore,
+            kwargs={"wait": self.conf.vgpu.restore_wait, "sleep": waiter.wait},
             name="vgpu-restore", daemon=True)
         thread.start()
         return thread
@@ -84,7 +99,7 @@ class VGPUDriver:
         # One read of the host, its guests and the claims serves the reclaim and
         # the inventory; they are read again only after the reclaim changed them.
         self.reconcile_claims()
-        snapshot = self.manager.snapshot(refresh=True)
+        snapshot = self.manager.use_snapshot(self.discovery.snapshot())
         in_use = self.reconciler.in_use()
         outcomes = self.reconciler.reclaim_stale_types(referenced=in_use)
         if outcomes:

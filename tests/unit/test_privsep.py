@@ -140,5 +140,6 @@ def snapshot(root):
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(dirpath, name)
-            found[path] = read(path)
+            with open(path, "rb") as f:  # a PCI function's config is binary
+                found[path] = f.read()
     return found

@@ -62,6 +62,34 @@ of mdevs that guests still reference to appear (SR-IOV VFs appear only after
 the vendor's enablement step); the service does not wait for them.  Each
 mdev that could not be re-created by then is reported.
 """),
+    cfg.StrOpt(
+        "hotplug_events",
+        default="auto",
+        choices=[
+            ("auto", "udev on the kernel's own sysfs when a udev daemon runs, "
+                     "else polling"),
+            ("udev", "udev whatever sysfs_root is (a fake host that announces "
+                     "its devices as udev does)"),
+            ("off", "polling: every refresh reads every GPU, waits sleep"),
+        ],
+        help="""
+How the driver learns that GPUs, SR-IOV VFs or mdevs came or went: from
+udev's events for the ``pci`` and ``mdev`` subsystems (needs the ``hotplug``
+extra, pyudev), or by reading sysfs again.  With events, the periodic
+inventory refresh re-reads only the GPUs that changed, and mdevs waiting for
+late VFs after a reboot are re-created as soon as the VFs appear.  When udev
+cannot be used the driver polls, and says why once in its log.
+"""),
+    cfg.FloatOpt(
+        "full_refresh_interval",
+        default=600.0,
+        min=0.0,
+        help="""
+Seconds between two full reads of every GPU when udev events drive the
+inventory refresh (in between, only GPUs that events named are read again).
+Bounds how long a change udev did not announce can go unseen; 0 reads
+everything every time.
+"""),
     cfg.FloatOpt(
         "claim_grace",
         default=600.0,

@@ -15,6 +15,9 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
 * ``remove`` blocks while a guest holds the device (:meth:`hold`).
 * ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host;
   clearing the type of a VF a guest holds is refused (``EBUSY``).
+* Once :meth:`FakeKernel.enable_uevents` was called on a tree, devices
+  added, bound, unbound and removed are announced as udev announces them
+  (:mod:`vgpu_driver.fake.uevents`), by whichever process changes the tree.
 
 What the vendor driver knows (per-type limits, ports; see
 :mod:`vgpu_driver.fake.vendor`) is kept beside the tree in
@@ -30,12 +33,14 @@ import json
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 import uuid as uuid_mod
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver.fake import uevents
 from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
 
@@ -68,6 +73,25 @@ def _write_file(path, text="", mode=0o444):
         f.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _write_bytes(path, data, mode=0o444):
+    """A binary attribute (a PCI function's ``config``), replaced at once."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _pci_config(vendor, device):
+    """The first 256 bytes of a display controller's configuration space:
+    IDs, class 0x0302 (3D controller), header type 0, no capability list."""
+    config = bytearray(256)
+    struct.pack_into("<HH", config, 0, vendor, device)
+    config[0x0A], config[0x0B] = 0x02, 0x03
+    struct.pack_into("<HH", config, 0x2C, vendor, device)
+    return bytes(config)
 
 
 def _link(target_abs, link_path):
@@ -120,6 +144,25 @@ class FakeKernel(linux.LinuxSysfs):
             self.model = json.load(f)
         self._gpus = {gpu["address"]: gpu for gpu in self.model["gpus"]}
 
+    # -- uevents ----------------------------------------------------------------
+
+    def _uevents_marker(self):
+        return os.path.join(self.paths.root, MARKER_DIR, "uevents")
+
+    def enable_uevents(self):
+        """From now on, every process changing this tree broadcasts uevents."""
+        _write_file(self._uevents_marker(), "", 0o644)
+
+    def _announce(self, action, dev, subsystem, **properties):
+        """A uevent for the device at ``dev``, if this tree announces them."""
+        if os.path.exists(self._uevents_marker()):
+            devpath = "/" + os.path.relpath(dev, self.paths.root)
+            uevents.broadcast(action, devpath, subsystem, properties)
+
+    def _announce_pci(self, action, dev, **properties):
+        self._announce(action, dev, "pci", PCI_SLOT_NAME=os.path.basename(dev),
+                       **properties)
+
     # -- the lock: one writer at a time, across processes ---------------------------
 
     @contextlib.contextmanager
@@ -152,14 +195,21 @@ class FakeKernel(linux.LinuxSysfs):
         _write_file(os.path.join(dev, "device"), f"{gpu['device']}\n")
         _write_file(os.path.join(dev, "class"), "0x030200\n")
         _write_file(os.path.join(dev, "numa_node"), f"{gpu.get('numa_node', -1)}\n")
+        vendor_id, device_id = int(gpu["vendor"], 16), int(gpu["device"], 16)
+        _write_bytes(os.path.join(dev, "config"), _pci_config(vendor_id, device_id))
+        ids = f"{vendor_id:04X}:{device_id:04X}"
         _write_file(os.path.join(dev, "uevent"),
-                    f"DRIVER=nvidia\nPCI_SLOT_NAME={address}\n")
+                    f"DRIVER=nvidia\nPCI_CLASS=30200\nPCI_ID={ids}\nPCI_SUBSYS_ID={ids}\n"
+                    f"PCI_SLOT_NAME={address}\n"
+                    f"MODALIAS=pci:v0000{vendor_id:04X}d0000{device_id:04X}"
+                    f"sv0000{vendor_id:04X}sd0000{device_id:04X}bc03sc02i00\n")
         _link(self.paths.join("bus", "pci"), os.path.join(dev, "subsystem"))
         _link(self.paths.join("bus", "pci", "drivers", "nvidia"),
               os.path.join(dev, "driver"))
         _link(dev, self.paths.pci_device(address))
         if physfn is not None:
             _link(self._device_dir(gpu), os.path.join(dev, "physfn"))
+        self._announce_pci("add", dev)
         return dev
 
     def _plug_gpu(self, gpu):
@@ -171,6 +221,7 @@ class FakeKernel(linux.LinuxSysfs):
             self._register_parent(gpu, dev, gpu["virtual"].split("/")[-1])
             return
         dev = self._plug_pci_function(gpu, gpu["address"])
+        self._announce_pci("bind", dev, DRIVER="nvidia")
         sriov = gpu.get("sriov")
         if sriov:
             _write_file(os.path.join(dev, "sriov_totalvfs"), f"{sriov['totalvfs']}\n")
@@ -196,6 +247,7 @@ class FakeKernel(linux.LinuxSysfs):
                 _write_file(os.path.join(vf_dir, "nvidia", "current_vgpu_type"), "0\n", 0o644)
             else:
                 self._register_parent(gpu, vf_dir, vf)
+            self._announce_pci("bind", vf_dir, DRIVER="nvidia")
         _write_file(os.path.join(pf_dir, "sriov_numvfs"), f"{count}\n", 0o644)
         self._refresh(gpu)
 
@@ -208,7 +260,9 @@ class FakeKernel(linux.LinuxSysfs):
             _remove_link(self.paths.parent(vf))
             _remove_link(self.paths.pci_device(vf))
             _remove_link(os.path.join(pf_dir, f"virtfn{index}"))
+            self._announce_pci("unbind", vf_dir)
             shutil.rmtree(vf_dir)
+            self._announce_pci("remove", vf_dir)
         _write_file(os.path.join(pf_dir, "sriov_numvfs"), "0\n", 0o644)
 
     def _register_parent(self, gpu, dev, name):
@@ -354,17 +408,32 @@ class FakeKernel(linux.LinuxSysfs):
         _link(os.path.join(dev, "mdev_supported_types", type_id),
               os.path.join(mdev_dir, "mdev_type"))
         _link(self.paths.join("bus", "mdev"), os.path.join(mdev_dir, "subsystem"))
+        _link(self._new_iommu_group(), os.path.join(mdev_dir, "iommu_group"))
         _link(mdev_dir, os.path.join(dev, "mdev_supported_types", type_id, "devices", uuid))
         _link(mdev_dir, self.paths.mdev(uuid))
         self._refresh(gpu)
+        self._announce("add", mdev_dir, "mdev", MDEV_TYPE=type_id)
+
+    def _new_iommu_group(self):
+        """``kernel/iommu_groups/<n>``: each mdev gets a group of its own."""
+        groups = self.paths.join("kernel", "iommu_groups")
+        os.makedirs(groups, exist_ok=True)
+        taken = [int(e) for e in os.listdir(groups) if e.isdigit()]
+        group = os.path.join(groups, str(max(taken, default=99) + 1))
+        os.makedirs(os.path.join(group, "devices"))
+        return group
 
     def _destroy_mdev(self, dev, uuid):
         mdev_dir = os.path.join(dev, uuid)
+        group = linux.resolve_link(os.path.join(mdev_dir, "iommu_group"))
+        if group:
+            shutil.rmtree(group, ignore_errors=True)
         type_link = linux.resolve_link(os.path.join(mdev_dir, "mdev_type"))
         _remove_link(self.paths.mdev(uuid))
         if type_link:
             _remove_link(os.path.join(type_link, "devices", uuid))
         shutil.rmtree(mdev_dir)
+        self._announce("remove", mdev_dir, "mdev")
 
     def _hold_path(self, uuid):
         return os.path.join(self.paths.root, MARKER_DIR, f"held-{uuid}")
@@ -451,4 +520,8 @@ class FakeKernel(linux.LinuxSysfs):
     def unregister_parent(self, name):
         """The vendor driver unregisters a parent (unbind in progress)."""
         with self._locked():
-            _remove_link(self.paths.parent(names.check_parent_name(name)))
+            link = self.paths.parent(names.check_parent_name(name))
+            dev = os.path.realpath(link)
+            _remove_link(link)
+            if names.is_pci_address(name):
+                self._announce_pci("unbind", dev)

@@ -41,6 +41,11 @@ class MdevManager:
             self._snapshot = discovery.discover(self.host)
         return self._snapshot
 
+    def use_snapshot(self, snapshot):
+        """Take a snapshot read elsewhere (the cached discovery) as current."""
+        self._snapshot = snapshot
+        return snapshot
+
     def configured_type(self, gpu):
         config = self.config.for_host(self.snapshot())
         type_id, _why = inventory.configured_type(gpu, config)

@@ -148,19 +148,22 @@ class LinuxSysfs(base.SysfsHost):
             return []
 
     def list_parents(self):
-        parents = []
+        parents = (self.read_parent(name) for name in self.parent_names())
+        return [parent for parent in parents if parent is not None]
+
+    def parent_names(self):
+        """The valid names under ``class/mdev_bus``, sorted (no link read)."""
+        found = []
         for entry in self._listdir(self.paths.parent_base()):
             try:
-                name = names.check_parent_name(entry, "class/mdev_bus")
+                found.append(names.check_parent_name(entry, "class/mdev_bus"))
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping parent: %s", exc)
-                continue
-            parent = self._read_parent(name)
-            if parent is not None:
-                parents.append(parent)
-        return parents
+        return found
 
-    def _read_parent(self, name):
+    def read_parent(self, name):
+        """One parent's :class:`ParentInfo` (its types read now), or None
+        when its link points to no device."""
         link = self.paths.parent(name)
         device_path = resolve_link(link) or link
         if not os.path.isdir(device_path):
@@ -198,22 +201,28 @@ class LinuxSysfs(base.SysfsHost):
                 unreadable=tuple(unreadable))
 
     def list_mdevs(self):
-        mdevs = []
-        base_dir = self.paths.mdev_base()
-        for entry in self._listdir(base_dir):
+        mdevs = (self.read_mdev(uuid) for uuid in self.mdev_uuids())
+        return [mdev for mdev in mdevs if mdev is not None]
+
+    def mdev_uuids(self):
+        """The valid names under ``bus/mdev/devices``, sorted (no link read)."""
+        found = []
+        for entry in self._listdir(self.paths.mdev_base()):
             try:
-                uuid = names.check_mdev_uuid(entry, "bus/mdev/devices")
+                found.append(names.check_mdev_uuid(entry, "bus/mdev/devices"))
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping mdev: %s", exc)
-                continue
-            mdev_path = resolve_link(os.path.join(base_dir, uuid))
-            type_id = link_name(os.path.join(mdev_path, "mdev_type")) if mdev_path else None
-            if type_id is None:
-                # Removed while we looked: the kernel drops both links at once.
-                continue
-            parent = os.path.basename(os.path.dirname(mdev_path))
-            mdevs.append(base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id))
-        return mdevs
+        return found
+
+    def read_mdev(self, uuid):
+        """One mdev's :class:`MdevInfo`, or None once it is gone."""
+        mdev_path = resolve_link(self.paths.mdev(uuid))
+        type_id = link_name(os.path.join(mdev_path, "mdev_type")) if mdev_path else None
+        if type_id is None:
+            # Removed while we looked: the kernel drops both links at once.
+            return None
+        parent = os.path.basename(os.path.dirname(mdev_path))
+        return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
 
     def parent_mdevs(self, parent):
         """``[(uuid, type_id)]`` of the mdevs on one parent; None if it is gone.

@@ -1,0 +1,262 @@
+"""udev events, for real: the fake kernel announces its devices on udev's
+netlink group as udevd does, and the production monitor hears them.
+
+Nothing of pyudev is replaced: the monitor is ``pyudev.Monitor.from_netlink``
+on a real socket, and each event crossed the kernel's netlink layer.  Sending
+to udev's group needs root (CAP_NET_ADMIN); CI runs as root.
+"""
+
+import os
+import random
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests import served_host
+from vgpu_driver import discovery
+from vgpu_driver import discovery_cache
+from vgpu_driver import domains
+from vgpu_driver import driver
+from vgpu_driver import exception
+from vgpu_driver import names
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.sysfs import linux
+from vgpu_driver.sysfs import udev
+
+T4 = "0000:18:00.0"
+A100 = "0000:41:00.0"
+A100_VF = "0000:41:00.4"
+L40S = "0000:c1:00.0"
+STEPS = 25
+PROFILES = ("t4x8", "a100-sriov", "l40s-vfio", "mtty")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="only root may send on udev's netlink group")
+
+
+@pytest.fixture
+def announced(make_host):
+    """A fake host that announces its devices, read by the production reader."""
+    kernel = make_host(*PROFILES)
+    kernel.enable_uevents()
+    return kernel
+
+
+@pytest.fixture
+def monitor(announced):
+    watching = udev.start(linux.LinuxSysfs(announced.paths.root), "udev")
+    assert isinstance(watching, udev.UdevMonitor), getattr(watching, "reason", "")
+    yield watching
+    watching.stop()
+
+
+def settled(monitor, quiet=0.2):
+    """Changes once no event came for ``quiet`` seconds."""
+    waiter = monitor.waiter()
+    while waiter.wait(quiet):
+        pass
+    return monitor.take_changes()
+
+
+def test_mdev_events_name_their_parent_and_gpu(announced, monitor):
+    monitor.take_changes()
+    waiter = monitor.waiter()
+    mdev = str(uuid.uuid4())
+    announced.create_mdev(T4, "nvidia-222", mdev)
+    assert waiter.wait(5)
+    changes = settled(monitor)
+    assert not changes.everything
+    assert T4 in changes.parents and T4 in changes.gpus
+    announced.remove_mdev(mdev)
+    changes = settled(monitor)
+    assert T4 in changes.parents and T4 in changes.gpus
+
+
+def test_vfs_coming_and_going_name_their_gpu(announced, monitor):
+    announced.set_sriov_numvfs(A100, 0)
+    gone = settled(monitor)
+    assert A100_VF in gone.parents
+    announced.set_sriov_numvfs(A100, 16)
+    back = settled(monitor)
+    assert A100_VF in back.parents and A100 in back.gpus
+    assert not settled(monitor, quiet=0.05)
+
+
+def test_a_served_host_announces_writes_from_any_process(tmp_path):
+    """The FUSE-served kernel (another process) broadcasts what a plain
+    write to its ``create`` file did."""
+    with served_host.served(tmp_path, "t4x8") as host:
+        host.kernel.enable_uevents()
+        watching = udev.start(linux.LinuxSysfs(host.mount), "udev")
+        try:
+            waiter = watching.waiter()
+            path = f"{host.mount}/class/mdev_bus/{T4}/mdev_supported_types/nvidia-222/create"
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, str(uuid.uuid4()).encode())
+            finally:
+                os.close(fd)
+            assert waiter.wait(5)
+            assert T4 in settled(watching).gpus
+        finally:
+            watching.stop()
+
+
+# -- cached discovery equals a full one ----------------------------------------
+
+
+def _random_change(kernel, rng):
+    """One thing that happens to a host: an mdev created or removed, VFs
+    enabled or disabled, a vendor vGPU type set or cleared."""
+    action = rng.choice(("create", "create", "remove", "sriov", "vendor"))
+    try:
+        if action == "create":
+            parent = rng.choice(kernel.list_parents())
+            kernel.create_mdev(parent.name, rng.choice(parent.types).type_id,
+                               str(uuid.UUID(int=rng.getrandbits(128))))
+        elif action == "remove" and kernel.list_mdevs():
+            kernel.remove_mdev(rng.choice(kernel.list_mdevs()).uuid)
+        elif action == "sriov":
+            gpu = rng.choice((A100, L40S))
+            enabled = kernel.pci_device(gpu).sriov_numvfs
+            kernel.set_sriov_numvfs(gpu, 0 if enabled else rng.randint(1, 16))
+        elif action == "vendor" and kernel.list_vendor_vfio():
+            vf = rng.choice(kernel.list_vendor_vfio())
+            number = 0 if vf.current_type or not vf.creatable else vf.creatable[0][0]
+            kernel.set_vendor_vgpu_type(vf.address, number)
+    except exception.MdevWriteError:
+        pass  # refused by the kernel's rules: nothing changed, as on a host
+    return action
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_cached_discovery_equals_a_full_one(announced, monitor, seed):
+    rng = random.Random(seed)
+    reader = linux.LinuxSysfs(announced.paths.root)
+    cached = discovery_cache.CachedDiscovery(reader, monitor, full_every=1e9)
+    assert cached.snapshot() == discovery.discover(reader)
+    partial = 0
+    for step in range(STEPS):
+        action = _random_change(announced, rng)
+        got = cached.snapshot()
+        assert got == discovery.discover(reader), f"step {step}: {action}"
+        partial += cached.last == "partial"
+    assert partial == STEPS
+
+
+def test_lost_events_mean_a_full_read(announced, monitor):
+    reader = linux.LinuxSysfs(announced.paths.root)
+    cached = discovery_cache.CachedDiscovery(reader, monitor, full_every=1e9)
+    cached.snapshot()
+    monitor.stop()
+    announced.create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+    assert cached.snapshot() == discovery.discover(reader)
+    assert cached.last == "full"
+
+
+# -- late VFs after a reboot ------------------------------------------------------
+
+
+def make_driver(make_conf, host, tmp_path, extra=""):
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = nvidia-468
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        hotplug_events = udev
+        restore_wait = 60
+        {extra}
+        """)
+    return driver.VGPUDriver(conf, domains.InProcessDomains(),
+                             host=fakekernel.FakeKernel(host.paths.root))
+
+
+def wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_path):
+    """After a reboot the vendor enables the VFs seconds after the service
+    started: by then a backoff would sleep for seconds, the monitor's
+    waiter wakes the restore at the VFs' first events."""
+    host = make_host("a100-sriov")
+    host.enable_uevents()
+    vgpu = make_driver(make_conf, host, tmp_path)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    guest = str(uuid.uuid4())
+    got = vgpu.allocate(guest, {"rp": {"resources": {"VGPU": 2}}}, providers)
+    vgpu.domains.define(guest, got)
+    vgpu.instance_defined(guest)
+    vgpu.close()
+    host.reboot()
+
+    restarted = make_driver(make_conf, host, tmp_path)
+    try:
+        assert isinstance(restarted.changes, udev.UdevMonitor)
+        restarted.domains.define(guest, got)
+        assert {o.result for o in restarted.init_host()} == {"failed"}
+        assert restarted.restoring.is_alive()
+        time.sleep(4.0)  # a backoff from 0.5 s would now sleep until 7.5 s
+        enabled = time.monotonic()
+        host.set_sriov_numvfs(A100, 16)
+        assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 1.0), \
+            f"not restored within 1 s of the VFs' events ({host.list_mdevs()})"
+        elapsed = time.monotonic() - enabled
+        restarted.restoring.join(5)
+        assert not restarted.restoring.is_alive()
+        assert all(names.is_mdev_uuid(u) for u in got) and elapsed < 1.0
+    finally:
+        restarted.close()
+
+
+def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path):
+    host = make_host("a100-sriov")
+    vgpu = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
+    assert isinstance(vgpu.changes, udev.Polling)
+    providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
+    got = vgpu.allocate("g", {"rp": {"resources": {"VGPU": 1}}}, providers)
+    vgpu.domains.define("g", got)
+    vgpu.instance_defined("g")
+    host.reboot()
+    restarted = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
+    restarted.domains.define("g", got)
+    restarted.init_host()
+    threading.Timer(0.2, host.set_sriov_numvfs, (A100, 16)).start()
+    assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 10.0)
+
+
+def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tmp_path):
+    """An mdev another tool makes for its guest (of another type: the GPU is
+    then blocked) shows in the next refresh, which re-read only that GPU."""
+    host = make_host("t4x8")
+    host.enable_uevents()
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = nvidia-222
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        hotplug_events = udev
+        """)
+    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
+                             host=fakekernel.FakeKernel(host.paths.root))
+    try:
+        before = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert (before.total, before.reserved) == (16, 0)
+        other = str(uuid.uuid4())
+        host.create_mdev(T4, "nvidia-223", other)
+        vgpu.domains.define("a-guest-of-another-tool", [other])
+        after = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert vgpu.discovery.last == "partial"
+        assert after.reserved == after.total
+        assert after == vgpu.provider_tree("cn1").by_gpu(T4)
+    finally:
+        vgpu.close()

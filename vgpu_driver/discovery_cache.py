@@ -1,0 +1,154 @@
+"""Discovery that re-reads only the GPUs udev says changed.
+
+The periodic inventory refresh used to read every type of every parent of
+every GPU (four attributes per type), though between two refreshes usually
+nothing, or one GPU, changed.  :class:`CachedDiscovery` keeps what it read
+per parent and per GPU and, told by a :mod:`vgpu_driver.sysfs.udev` monitor
+which parents and GPUs changed, reads only those again.  What it still
+reads every time is cheap and catches what udev does not announce: the
+names under ``class/mdev_bus`` (a parent registered or gone) and under
+``bus/mdev/devices`` (the links of new mdevs, and of those on parents
+events named, are read), and NVIDIA's vendor-VFIO VFs (a VF's vGPU type
+changes without a uevent).
+
+A full discovery is made instead whenever the monitor cannot vouch for its
+changes (not running, events lost to an overflow) and at least every
+``full_every`` seconds, so a missed event costs at most that long.  The
+result is always what :func:`vgpu_driver.discovery.discover` would return.
+"""
+
+import time
+
+from oslo_log import log as logging
+
+from vgpu_driver import discovery
+from vgpu_driver import names
+
+LOG = logging.getLogger(__name__)
+
+
+class CachedDiscovery:
+    def __init__(self, host, monitor, full_every=600.0, clock=time.monotonic):
+        """``monitor``: a :mod:`~vgpu_driver.sysfs.udev` monitor (or its
+        polling stand-in, whose changes always say "everything")."""
+        self.host = host
+        self.monitor = monitor
+        self.full_every = full_every
+        self.clock = clock
+        self._snapshot = None
+        self._full_at = None
+        self._parents = {}      # name -> ParentInfo
+        self._gpu_of = {}       # parent name -> GPU key
+        self._pci = {}          # GPU key -> PciDeviceInfo
+        self._vendor = {}       # vendor-VFIO VF address -> GPU key
+        self._mdevs = {}        # uuid -> MdevInfo
+        #: How the last snapshot was made: "full" or "partial" (for logs, tests).
+        self.last = None
+
+    def _can_read_partially(self):
+        return all(hasattr(self.host, attr)
+                   for attr in ("parent_names", "read_parent", "mdev_uuids", "read_mdev"))
+
+    def snapshot(self):
+        """The host's snapshot, read in full or only where it changed."""
+        changes = self.monitor.take_changes()
+        now = self.clock()
+        if (changes.everything or self._snapshot is None or not self._can_read_partially()
+                or now - self._full_at >= self.full_every):
+            return self._read_all(now)
+        return self._read_changed(changes)
+
+    # -- full ---------------------------------------------------------------------------
+
+    def _read_all(self, now):
+        host = self.host
+        mdevs = tuple(host.list_mdevs())
+        infos = host.list_parents()
+        vendor_vfs = host.list_vendor_vfio()
+        self._mdevs = {mdev.uuid: mdev for mdev in mdevs}
+        self._parents = {info.name: info for info in infos}
+        self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
+        self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
+        self._pci = {}
+        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device)
+        self._full_at = now
+        self.last = "full"
+        return self._snapshot
+
+    def _pci_device(self, key):
+        if key not in self._pci:
+            self._pci[key] = self.host.pci_device(key)
+        return self._pci[key]
+
+    # -- partial ------------------------------------------------------------------------
+
+    def _read_changed(self, changes):
+        host = self.host
+        mdevs = self._read_mdevs(changes)
+        listed = host.parent_names()
+        present = set(listed)
+        dirty = set(changes.gpus)
+        # Parents that came, went or were named by an event: their GPUs.
+        for name in present.symmetric_difference(self._parents) | changes.parents:
+            if name in self._vendor:
+                dirty.add(self._vendor[name])
+            if name in self._gpu_of:
+                dirty.add(self._gpu_of[name])
+            elif name in present:
+                info = self._reread(name)
+                if info is not None:
+                    dirty.add(self._gpu_of[name])
+        for name in list(self._parents):
+            if name not in present or self._gpu_of.get(name) in dirty:
+                self._forget(name)
+        for name in listed:
+            if name not in self._parents:
+                self._reread(name)
+        for key in dirty:
+            self._pci.pop(key, None)
+        vendor_vfs = self._vendor_vfs(changes)
+        infos = [self._parents[name] for name in listed if name in self._parents]
+        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device)
+        self.last = "partial"
+        if dirty:
+            LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))
+        return self._snapshot
+
+    def _read_mdevs(self, changes):
+        """Every mdev, its links read again only if new or on a parent an
+        event named (an mdev's parent and type change only by a remove and
+        a create, each announced)."""
+        found = {}
+        for uuid in self.host.mdev_uuids():
+            mdev = self._mdevs.get(uuid)
+            if mdev is None or mdev.parent in changes.parents:
+                mdev = self.host.read_mdev(uuid)
+            if mdev is not None:
+                found[uuid] = mdev
+        self._mdevs = found
+        return tuple(found.values())
+
+    def _reread(self, name):
+        info = self.host.read_parent(name)
+        if info is None:
+            self._forget(name)
+            return None
+        self._parents[name] = info
+        self._gpu_of[name] = discovery.gpu_key(self.host, info)
+        return info
+
+    def _forget(self, name):
+        self._parents.pop(name, None)
+        self._gpu_of.pop(name, None)
+
+    def _vendor_vfs(self, changes):
+        """Every known vendor-VFIO VF read again, and any PCI device an event
+        named that turns out to be one (a VF just enabled)."""
+        found = []
+        candidates = set(self._vendor) | (changes.parents - set(self._parents))
+        for address in sorted(candidates):
+            vf = self.host.vendor_vf(address) if names.is_pci_address(address) else None
+            if vf is not None:
+                found.append(vf)
+        self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in found}
+        return found

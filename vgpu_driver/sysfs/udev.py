@@ -1,0 +1,311 @@
+"""Which GPUs changed, told by udev rather than found by re-reading sysfs.
+
+A :class:`UdevMonitor` listens to udev's broadcasts for the ``pci`` and
+``mdev`` subsystems (VFs appearing when the vendor enables SR-IOV, GPUs
+bound or unbound, mdevs created or removed by anyone) and keeps, for each
+event, the mdev parent it touches and, when sysfs still says, the physical
+GPU that parent belongs to.  Two kinds of reader use it:
+
+* the periodic refresh takes :meth:`UdevMonitor.take_changes` and re-reads
+  only those GPUs (:mod:`vgpu_driver.discovery_cache`);
+* whoever waits for devices to appear (the restore after a reboot, the
+  SR-IOV enablement) takes a :meth:`UdevMonitor.waiter` and blocks on its
+  ``wait(timeout)``, woken by the first event instead of sleeping.
+
+Where udev cannot be used (no pyudev, no netlink socket, no udev daemon in
+this namespace, a sysfs root that is not the kernel's), :func:`start`
+returns a :class:`Polling` stand-in whose changes always say "read
+everything" and whose waiters just sleep: every caller keeps working,
+only slower, and the reason is logged once.
+"""
+
+import dataclasses
+import errno
+import os
+import select
+import threading
+import time
+
+from oslo_log import log as logging
+
+from vgpu_driver import names
+from vgpu_driver.sysfs import linux
+from vgpu_driver.sysfs import paths as sysfs_paths
+
+LOG = logging.getLogger(__name__)
+
+SUBSYSTEMS = ("pci", "mdev")
+# Where a running udev daemon keeps its control socket: without a daemon
+# nobody broadcasts on udev's group (a container, a minimal chroot).
+UDEV_CONTROL = "/run/udev/control"
+MODES = ("auto", "udev", "off")
+_READ_CHUNK = 256
+_SETTLE_SECONDS = 0.5
+_SETTLE_STEP = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Changes:
+    """What changed since the last :meth:`take_changes`.
+
+    ``everything`` means events may have been lost (none are watched, the
+    socket overflowed, the monitor stopped): only a full read is right.
+    ``parents`` are mdev parent (device) names, ``gpus`` physical GPU
+    addresses, each as sysfs names them.
+    """
+
+    everything: bool = False
+    parents: frozenset = frozenset()
+    gpus: frozenset = frozenset()
+
+    def __bool__(self):
+        return self.everything or bool(self.parents or self.gpus)
+
+
+EVERYTHING = Changes(everything=True)
+
+
+class _Waiter:
+    """``wait(timeout)``: True as soon as something changed since the last
+    return (or since the waiter was made), False after ``timeout``."""
+
+    def __init__(self, monitor):
+        self._monitor = monitor
+        self._seen = monitor.generation
+
+    def wait(self, timeout):
+        self._seen, changed = self._monitor.wait_after(self._seen, timeout)
+        return changed
+
+
+class _SleepingWaiter:
+    """The polling stand-in: nothing tells, so sleep the whole time."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+
+    def wait(self, timeout):
+        self._stop.wait(max(timeout, 0))
+        return False
+
+
+class Polling:
+    """No events: every refresh reads everything, every wait sleeps."""
+
+    running = False
+
+    def __init__(self, reason=""):
+        self.reason = reason
+
+    def take_changes(self):
+        return EVERYTHING
+
+    def waiter(self):
+        return _SleepingWaiter()
+
+    def stop(self):
+        pass
+
+
+def parse_event(root, subsystem, devpath, properties):
+    """``(parent, gpu)`` an event touches; None for devices that are no
+    mdev parent candidate (a PCI bridge is still a PCI device: kept).
+
+    ``devpath`` is sysfs-relative (``/devices/pci0000:41/0000:41:00.4``);
+    ``gpu`` is read from the device's ``physfn`` link under ``root`` while
+    the device exists, else None (the caller knows removed VFs' GPUs).
+    """
+    parts = [p for p in devpath.split("/") if p]
+    if not parts:
+        return None
+    if subsystem == "mdev":
+        if len(parts) < 2 or not names.is_mdev_uuid(parts[-1]):
+            return None
+        parent_dir = os.path.join(root, *parts[:-1])
+        return parts[-2], _gpu_of(parent_dir, parts[-2])
+    if subsystem == "pci":
+        address = properties.get("PCI_SLOT_NAME") or parts[-1]
+        if not names.is_pci_address(address):
+            return None
+        return address, _gpu_of(os.path.join(root, *parts), address)
+    return None
+
+
+def _gpu_of(device_dir, name):
+    """The physical function a PCI device belongs to: its ``physfn``, or
+    itself; None when its directory is gone or it is not a PCI device."""
+    try:
+        target = os.readlink(os.path.join(device_dir, "physfn"))
+    except OSError:
+        if os.path.isdir(device_dir) and names.is_pci_address(name):
+            return name
+        return None
+    return os.path.basename(target)
+
+
+class UdevMonitor:
+    """A pyudev netlink monitor read by a daemon thread."""
+
+    running = True
+
+    def __init__(self, root, monitor):
+        self.root = root
+        self._monitor = monitor
+        self._cond = threading.Condition()
+        self._parents, self._gpus = set(), set()
+        self._lost = False
+        # Held by the reader while it takes events out of the socket.
+        self._busy = threading.Lock()
+        self.generation = 0
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="vgpu-udev", daemon=True)
+
+    @classmethod
+    def open(cls, root, source="udev"):
+        """Listen on ``source``'s netlink group; raises OSError/ImportError."""
+        import pyudev
+
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context, source=source)
+        for subsystem in SUBSYSTEMS:
+            monitor.filter_by(subsystem)
+        monitor.start()
+        watching = cls(root, monitor)
+        watching._thread.start()
+        return watching
+
+    # -- the reader thread ----------------------------------------------------------
+
+    def _run(self):
+        try:
+            while True:
+                ready, _, _ = select.select([self._monitor, self._wake_r], [], [])
+                if self._wake_r in ready:
+                    return
+                with self._busy:
+                    self._drain()
+        except Exception:  # noqa: BLE001 - a dead reader must not look alive
+            LOG.exception("The udev monitor stopped; GPUs are read in full from now on")
+        finally:
+            with self._cond:
+                self.running = False
+                self._lost = True
+                self.generation += 1
+                self._cond.notify_all()
+
+    def _drain(self):
+        """Record every queued event; an overflow means some were lost."""
+        for _ in range(_READ_CHUNK):
+            try:
+                device = self._monitor.poll(timeout=0)
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                LOG.warning("udev events were lost (socket overflow): full re-read")
+                self._record(lost=True)
+                continue
+            if device is None:
+                return
+            touched = parse_event(self.root, device.subsystem or "", device.device_path,
+                                  dict(device.properties))
+            LOG.debug("udev %s %s -> %s", device.action, device.device_path, touched)
+            if touched is not None:
+                self._record(*touched)
+
+    def _record(self, parent=None, gpu=None, lost=False):
+        with self._cond:
+            if parent:
+                self._parents.add(parent)
+            if gpu:
+                self._gpus.add(gpu)
+            self._lost |= lost
+            self.generation += 1
+            self._cond.notify_all()
+
+    # -- readers ------------------------------------------------------------------
+
+    def _settle(self, limit=_SETTLE_SECONDS):
+        """Let the reader record what the socket already holds: a change our
+        own write caused is queued by the time the write returned."""
+        deadline = time.monotonic() + limit
+        while self.running and time.monotonic() < deadline:
+            with self._busy:
+                ready, _, _ = select.select([self._monitor], [], [], 0)
+            if not ready:
+                return
+            time.sleep(_SETTLE_STEP)
+
+    def take_changes(self):
+        """What changed since the last call (everything if events were lost)."""
+        self._settle()
+        with self._cond:
+            if self._lost or not self.running:
+                changes = EVERYTHING
+            else:
+                changes = Changes(parents=frozenset(self._parents),
+                                  gpus=frozenset(self._gpus))
+            self._parents, self._gpus = set(), set()
+            self._lost = not self.running
+            return changes
+
+    def wait_after(self, seen, timeout):
+        """``(generation, changed)``: blocks until the generation passes
+        ``seen`` or ``timeout`` seconds went by."""
+        with self._cond:
+            changed = self._cond.wait_for(lambda: self.generation != seen,
+                                          max(timeout, 0))
+            return self.generation, changed
+
+    def waiter(self):
+        return _Waiter(self)
+
+    def stop(self):
+        """End the reader thread and close the socket."""
+        if self._thread.is_alive():
+            os.write(self._wake_w, b"x")
+            self._thread.join(5)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+
+def unusable_because(host, mode):
+    """Why udev cannot tell about ``host`` in ``mode``; None when it can."""
+    if mode == "off":
+        return "[vgpu] hotplug_events is off"
+    if not isinstance(host, linux.LinuxSysfs):
+        return f"{host!r} reads no sysfs tree"
+    if mode == "auto":
+        if type(host) is not linux.LinuxSysfs \
+                or os.path.realpath(host.paths.root) != sysfs_paths.DEFAULT_ROOT:
+            return f"sysfs root {host.paths.root} is not the kernel's"
+        if not os.path.exists(UDEV_CONTROL):
+            return f"no udev daemon here ({UDEV_CONTROL} is absent)"
+    return None
+
+
+_logged = set()
+
+
+def start(host, mode="auto"):
+    """A running :class:`UdevMonitor` for ``host``, else :class:`Polling`.
+
+    ``mode``: ``auto`` uses udev on the kernel's own sysfs with a udev
+    daemon running; ``udev`` uses it for any root whose devices udev
+    announces (a fake host that broadcasts as udev does); ``off`` polls.
+    """
+    reason = unusable_because(host, mode)
+    if reason is None:
+        try:
+            return UdevMonitor.open(host.paths.root)
+        except ImportError:
+            reason = "pyudev is not installed (the 'hotplug' extra)"
+        except OSError as exc:
+            reason = f"no udev netlink socket: {exc}"
+    if reason not in _logged:
+        _logged.add(reason)
+        LOG.info("GPU changes are found by polling sysfs, not by udev: %s", reason)
+    return Polling(reason)
