@@ -24,6 +24,9 @@ STATE_OFF = "off"
 STATE_ENABLED = "enabled"
 STATE_PARTIAL = "partial"
 POLL_INTERVAL = 0.2
+# With udev, a wait ends at the VFs' events; it still re-reads at least this
+# often, for a vendor driver that registers its types without an event.
+EVENT_RECHECK = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +178,17 @@ def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic)
         else:
             say(f"{step.address}: {step.detail}")
     return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)
+
+
+def waker(changes):
+    """``wake(seconds)`` for :func:`enable`: on a host udev tells about
+    (:mod:`vgpu_driver.sysfs.udev`), woken by the next pci or mdev event;
+    elsewhere a short sleep.  Make it before the write, so the write's own
+    events are not missed."""
+    if not changes.running:
+        return lambda seconds: time.sleep(min(POLL_INTERVAL, max(seconds, 0)))
+    waiter = changes.waiter()
+    return lambda seconds: waiter.wait(min(EVENT_RECHECK, max(seconds, 0)))
 
 
 def wait_ready(host, addresses, timeout, wake=None, progress=None, clock=time.monotonic):

@@ -21,6 +21,7 @@ from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import sriov
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import udev
@@ -260,3 +261,28 @@ def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tm
         assert after == vgpu.provider_tree("cn1").by_gpu(T4)
     finally:
         vgpu.close()
+
+
+# -- sriov enable's wait ---------------------------------------------------------------
+
+
+def test_sriov_enable_wakes_at_the_vfs_events(make_host):
+    """``sriov enable --wait`` ends at the VFs' events, not at its next
+    re-read (EVENT_RECHECK), and polls without udev."""
+    host = make_host("a100-sriov-off")
+    host.enable_uevents()
+    changes = udev.start(linux.LinuxSysfs(host.paths.root), "udev")
+    try:
+        wake = sriov.waker(changes)
+        threading.Timer(0.3, host.set_sriov_numvfs, (A100, 16)).start()
+        started = time.monotonic()
+        woke = wake(10.0)
+        elapsed = time.monotonic() - started
+        assert woke and elapsed < 1.0 < sriov.EVENT_RECHECK
+        [ready] = sriov.wait_ready(host, [A100], 5.0, wake)
+        assert (ready.numvfs, ready.state) == (16, sriov.STATE_ENABLED)
+    finally:
+        changes.stop()
+    polling = sriov.waker(udev.start(linux.LinuxSysfs(host.paths.root), "off"))
+    started = time.monotonic()
+    assert polling(10.0) is None and time.monotonic() - started < 1.0

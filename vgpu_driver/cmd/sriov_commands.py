@@ -14,6 +14,7 @@ from vgpu_driver import sriov
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
+from vgpu_driver.sysfs import udev
 
 DEFAULT_WAIT = 60.0
 
@@ -96,7 +97,12 @@ class Enable(base.Command):
             out.write(f"{text}\n")
             out.flush()
 
-        sriov.enable(host, steps, parsed_args.wait, progress=progress)
+        changes = udev.start(host, self.app.conf.vgpu.hotplug_events)
+        try:
+            sriov.enable(host, steps, parsed_args.wait, wake=sriov.waker(changes),
+                         progress=progress)
+        finally:
+            changes.stop()
         return base.EXIT_OK
 
 
