@@ -55,26 +55,9 @@ from vgpu_driver.sysfs import udev
 
 private_libvirtd = common.load_test_helper("libvirtd")
 
-NODENAME = "bench-host"
+NODENAME = bench_allocation.NODENAME
 TYPE_ID = bench_allocation.TYPE_ID
 RATIO_TARGET = 10.0
-
-
-def nova_conf(tmp, uri):
-    path = os.path.join(tmp, "nova.conf")
-    with open(path, "w") as f:
-        f.write(textwrap.dedent(f"""
-            [DEFAULT]
-            host = {NODENAME}
-            state_path = {tmp}/nova
-            instances_path = {tmp}/nova/instances
-            [libvirt]
-            virt_type = kvm
-            connection_uri = {uri}
-            [devices]
-            enabled_mdev_types = {TYPE_ID}
-            """))
-    return path
 
 
 def nova_driver(conf_file):
@@ -154,7 +137,8 @@ def measure(args, tmp):
     ours = polled = None
     wrong, partial = [], []
     try:
-        nova = nova_driver(nova_conf(tmp, daemon.uri))
+        # bench_allocation's nova.conf: nova's libvirt on the private daemon.
+        nova = nova_driver(bench_allocation.nova_conf(tmp, daemon.uri))
         ours = our_driver(tmp, root, "udev")
         polled = our_driver(tmp, root, "off")
         if not isinstance(ours.changes, udev.UdevMonitor):
