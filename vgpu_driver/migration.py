@@ -29,6 +29,10 @@ class MigrationPreCheckFailed(exception.VgpuDriverError):
     msg_fmt = "Cannot live-migrate instance %(instance)s with vGPUs: %(reason)s"
 
 
+class SourceNotMigratable(exception.VgpuDriverError):
+    msg_fmt = "Cannot live-migrate the guest's vGPUs from this host: %(reason)s"
+
+
 def _dotted(version):
     return ".".join(str(v) for v in version)
 
@@ -71,14 +75,14 @@ class Migrations:
         """
         vfs = [u for u in mdev_uuids if names.is_vf_vgpu_id(u)]
         if vfs:
-            raise exception.VgpuDriverError(
-                f"the guest's vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) "
-                "cannot be live-migrated by vgpu-driver")
+            raise SourceNotMigratable(
+                reason=f"its vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) "
+                       "cannot be live-migrated by vgpu-driver")
         types = {m.uuid: m.type_id for m in self.manager.snapshot(refresh=True).mdevs}
         missing = [u for u in mdev_uuids if u not in types]
         if missing:
-            raise exception.VgpuDriverError(
-                f"mdevs {', '.join(missing)} of the guest are not on this host")
+            raise SourceNotMigratable(
+                reason=f"mdevs {', '.join(missing)} of the guest are not on this host")
         return {u: types[u] for u in mdev_uuids}
 
     @staticmethod

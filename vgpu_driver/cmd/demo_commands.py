@@ -74,6 +74,10 @@ class DemoFailed(exception.VgpuDriverError):
     msg_fmt = "demo step '%(step)s' failed: %(reason)s"
 
 
+class DemoDirNotEmpty(exception.VgpuDriverError):
+    msg_fmt = "--dir %(path)s is not empty; give a new or empty directory"
+
+
 def _reason(exc):
     """One line saying what went wrong, with the pip extra when one is missing."""
     if isinstance(exc, ImportError) and exc.name:
@@ -205,8 +209,7 @@ class Demo(base.Command):
         if not wanted:
             return tempfile.mkdtemp(prefix="vgpu-demo-")
         if os.path.isdir(wanted) and os.listdir(wanted):
-            raise exception.VgpuDriverError(f"--dir {wanted} is not empty; give a new or "
-                                            "empty directory")
+            raise DemoDirNotEmpty(path=wanted)
         os.makedirs(wanted, exist_ok=True)
         return os.path.abspath(wanted)
 
