@@ -29,9 +29,10 @@ from vgpu_driver import sysfs
 from vgpu_driver.cmd import demo_commands
 from vgpu_driver.cmd import manage
 from vgpu_driver.cmd.demo import compute
+from vgpu_driver.cmd.demo import scenario
 
 NODE = "demo-host"
-FLAVORS = [demo_commands.FLAVORS[flavor] for _name, flavor in demo_commands.BOOTS]
+FLAVORS = [scenario.FLAVORS[flavor] for _name, flavor in scenario.BOOTS]
 A100 = "0000:41:00.0"
 ORPHAN = "7f5a0e0c-3a59-4b7e-9f65-2bb1d1f1e0aa"
 
@@ -128,11 +129,11 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
         (dom_uuid, inventory.provider_name_for(NODE, host_after[m][1]))
         for dom_uuid, mdevs, _models in domains_after.values() for m in mdevs)
     assert dict(held) == allocations
-    assert set(domains_after) == {name for name, _flavor in demo_commands.BOOTS}
-    for name, flavor in demo_commands.BOOTS:
+    assert set(domains_after) == {name for name, _flavor in scenario.BOOTS}
+    for name, flavor in scenario.BOOTS:
         dom_uuid, mdevs, models = domains_after[name]
         assert dom_uuid == compute.instance_uuid(name)
-        assert len(mdevs) == demo_commands.FLAVORS[flavor].vgpus
+        assert len(mdevs) == scenario.FLAVORS[flavor].vgpus
         assert models == ["vfio-pci"] * len(mdevs)
     # A multi-vGPU guest, guests on the A100 (one VF each) and on a T4.
     gpus = {host_after[m][1] for m in host_after}
@@ -140,7 +141,7 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
     assert max(len(mdevs) for _u, mdevs, _m in domains_after.values()) >= 2
     a100_parents = [p for p, gpu, _t in host_after.values() if gpu == A100]
     assert len(a100_parents) == sum(f.vgpus for f in FLAVORS
-                                    if f.trait == demo_commands.A100_4C)
+                                    if f.trait == scenario.A100_4C)
     assert len(set(a100_parents)) == len(a100_parents)
 
 
@@ -223,7 +224,7 @@ def test_the_story_is_told_in_order(demo):
         "serves are removed",
         f"==> creating the compute node's provider {NODE}, as nova does",
         "==> reporting the inventory: one provider per physical GPU",
-        *[f"==> booting {n} (flavor {f})" for n, f in demo_commands.BOOTS],
+        *[f"==> booting {n} (flavor {f})" for n, f in scenario.BOOTS],
         "==> reading usage back from Placement",
         "==> reading each instance's mdevs from libvirt and their GPU from /sys",
         "==> stopping Placement"]
@@ -249,7 +250,7 @@ def run_in_process(monkeypatch, tmp_path, *argv):
 
 
 def demo_domains():
-    names = {name for name, _flavor in demo_commands.BOOTS}
+    names = {name for name, _flavor in scenario.BOOTS}
     return [d.name() for d in libvirt.open("test:///default").listAllDomains(0)
             if d.name() in names]
 
@@ -265,10 +266,10 @@ def test_without_dir_the_working_directory_is_removed(monkeypatch, tmp_path):
 def test_a_failed_step_is_one_error_line_and_everything_is_cleaned_up(monkeypatch,
                                                                       tmp_path):
     # One more guest than the A100 has room for: no allocation candidate.
-    greedy = compute.Flavor("greedy.11x-a100-4c", 8, 8192, 40, 11, demo_commands.A100_4C)
-    monkeypatch.setitem(demo_commands.FLAVORS, greedy.name, greedy)
-    monkeypatch.setattr(demo_commands, "BOOTS",
-                        (*demo_commands.BOOTS, ("greedy-1", greedy.name)))
+    greedy = compute.Flavor("greedy.11x-a100-4c", 8, 8192, 40, 11, scenario.A100_4C)
+    monkeypatch.setitem(scenario.FLAVORS, greedy.name, greedy)
+    monkeypatch.setattr(scenario, "BOOTS",
+                        (*scenario.BOOTS, ("greedy-1", greedy.name)))
     code, out, err = run_in_process(monkeypatch, tmp_path)
     assert code == 2
     assert err.splitlines() == [

@@ -1,0 +1,58 @@
+"""Writing the fake tree as the kernel lays it out, and failing as it fails.
+
+Every part of the fake kernel (PCI functions, mdev parents, the facade)
+writes attributes and links the same way: attributes replaced at once so
+lock-free readers never see half a value, links relative as the kernel makes
+them, and errors as the ``OSError`` a store handler's errno gives.
+"""
+
+import contextlib
+import errno
+import os
+import threading
+
+
+def os_error(code, path):
+    """The error a store handler's errno gives its writer."""
+    return OSError(code, os.strerror(code), path)
+
+
+def parse_int(value, attr):
+    """What kstrtoul() accepts (any base), else EINVAL as the store handlers give."""
+    try:
+        return int(value.strip(), 0)
+    except ValueError:
+        raise os_error(errno.EINVAL, attr) from None
+
+
+def write_file(path, text="", mode=0o444):
+    """Replace an attribute's content at once, never rewriting it in place.
+
+    Readers take no lock, and the kernel never shows a reader a half-written
+    value: a reader sees the old content or the new one.
+    """
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_bytes(path, data, mode=0o444):
+    """A binary attribute (a PCI function's ``config``), replaced at once."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def link(target_abs, link_path):
+    """A relative symlink, as the kernel makes them."""
+    os.makedirs(os.path.dirname(link_path), exist_ok=True)
+    os.symlink(os.path.relpath(target_abs, os.path.dirname(link_path)), link_path)
+
+
+def remove_link(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,147 @@
+"""The mdev side of :class:`~vgpu_driver.sysfs.linux.LinuxSysfs`: parents,
+their types and the mdevs on them.
+
+A mixin rather than a module of functions so that ``LinuxSysfs`` stays the
+one class callers use; it needs only ``self.paths``
+(:class:`~vgpu_driver.sysfs.paths.SysfsPaths`), which ``LinuxSysfs`` sets.
+The layout followed is the kernel's: parents are links under
+``class/mdev_bus`` into ``devices/...``; mdevs are links under
+``bus/mdev/devices`` to ``<parent device>/<uuid>``, whose ``mdev_type`` link
+names the type.
+"""
+
+import os
+
+from oslo_log import log as logging
+
+from vgpu_driver import exception
+from vgpu_driver import names
+from vgpu_driver.sysfs import attrs
+from vgpu_driver.sysfs import base
+
+LOG = logging.getLogger(__name__)
+
+
+class MdevReads:
+    """Reads of ``class/mdev_bus`` and ``bus/mdev/devices`` and what they link to."""
+
+    def list_parents(self):
+        parents = (self.read_parent(name) for name in self.parent_names())
+        return [parent for parent in parents if parent is not None]
+
+    def parent_names(self):
+        """The valid names under ``class/mdev_bus``, sorted (no link read)."""
+        found = []
+        for entry in attrs.sorted_entries(self.paths.parent_base()):
+            try:
+                found.append(names.check_parent_name(entry, "class/mdev_bus"))
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping parent: %s", exc)
+        return found
+
+    def read_parent(self, name):
+        """One parent's :class:`ParentInfo` (its types read now), or None
+        when its link points to no device."""
+        link = self.paths.parent(name)
+        device_path = attrs.resolve_link(link) or link
+        if not os.path.isdir(device_path):
+            LOG.warning("Skipping parent %s: %s points to no device", name, link)
+            return None
+        types = tuple(self._read_types(device_path))
+        address = physfn = None
+        if names.is_pci_address(name):
+            address = names.parse_pci_address(name)
+            pf_path = attrs.resolve_link(os.path.join(device_path, "physfn"))
+            if pf_path is not None:
+                physfn = names.parse_pci_address(os.path.basename(pf_path),
+                                                 f"{name}/physfn")
+        return base.ParentInfo(name=name, device_path=device_path, types=types,
+                               address=address, physfn=physfn)
+
+    def _read_types(self, device_path):
+        types_dir = os.path.join(device_path, "mdev_supported_types")
+        for entry in attrs.sorted_entries(types_dir):
+            try:
+                type_id = names.check_type_id(entry, types_dir)
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping type: %s", exc)
+                continue
+            # Plain concatenation: this loop runs for every type of every parent.
+            prefix = f"{types_dir}/{type_id}/"
+            unreadable = []
+            available = attrs.read_parsed(prefix + "available_instances", attrs.parse_count,
+                                          unreadable)
+            yield base.MdevTypeInfo(
+                type_id=type_id,
+                available_instances=available or 0,
+                device_api=attrs.read_parsed(prefix + "device_api", attrs.parse_printable,
+                                             unreadable) or "",
+                name=attrs.read_parsed(prefix + "name", attrs.parse_printable, unreadable),
+                description=attrs.read_parsed(prefix + "description", str, unreadable),
+                unreadable=tuple(unreadable))
+
+    def list_mdevs(self):
+        mdevs = (self.read_mdev(uuid) for uuid in self.mdev_uuids())
+        return [mdev for mdev in mdevs if mdev is not None]
+
+    def mdev_uuids(self):
+        """The valid names under ``bus/mdev/devices``, sorted (no link read)."""
+        found = []
+        for entry in attrs.sorted_entries(self.paths.mdev_base()):
+            try:
+                found.append(names.check_mdev_uuid(entry, "bus/mdev/devices"))
+            except exception.InvalidSysfsName as exc:
+                LOG.warning("Skipping mdev: %s", exc)
+        return found
+
+    def read_mdev(self, uuid):
+        """One mdev's :class:`MdevInfo`, or None once it is gone."""
+        mdev_path = attrs.resolve_link(self.paths.mdev(uuid))
+        type_id = attrs.link_name(os.path.join(mdev_path, "mdev_type")) if mdev_path else None
+        if type_id is None:
+            # Removed while we looked: the kernel drops both links at once.
+            return None
+        parent = os.path.basename(os.path.dirname(mdev_path))
+        return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
+
+    def parent_mdevs(self, parent):
+        """``[(uuid, type_id)]`` of the mdevs on one parent; None if it is gone.
+
+        Reads one directory, not the whole bus: allocations look at one GPU.
+        """
+        device_path = attrs.resolve_link(self.paths.parent(names.check_parent_name(parent)))
+        try:
+            entries = os.listdir(device_path) if device_path else None
+        except FileNotFoundError:
+            entries = None
+        if entries is None:
+            return None
+        found = []
+        for entry in sorted(entries):
+            if names.is_mdev_uuid(entry):
+                type_id = attrs.link_name(f"{device_path}/{entry}/mdev_type")
+                if type_id:
+                    found.append((entry, type_id))
+        return found
+
+    def parent_mdev_uuids(self, parent):
+        """The UUIDs of the mdevs on one parent, sorted (no link reads)."""
+        device_path = self.paths.parent(names.check_parent_name(parent))
+        try:
+            return sorted(e for e in os.listdir(device_path) if names.is_mdev_uuid(e))
+        except FileNotFoundError:
+            return None
+
+    def available_instances(self, parent, type_id):
+        """One type's ``available_instances`` on one parent (0 if absent)."""
+        path = os.path.join(self.paths.parent_type(names.check_parent_name(parent),
+                                                   names.check_type_id(type_id)),
+                            "available_instances")
+        return attrs.int_or_none(attrs.read_attr(path)) or 0
+
+    def mdev_created_at(self, uuid):
+        """When an mdev appeared (its sysfs entry's change time), or None."""
+        try:
+            return os.lstat(self.paths.mdev(names.check_mdev_uuid(uuid))).st_ctime
+        except FileNotFoundError:
+            return None

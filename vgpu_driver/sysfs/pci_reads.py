@@ -1,0 +1,110 @@
+"""The PCI side of :class:`~vgpu_driver.sysfs.linux.LinuxSysfs`: functions,
+SR-IOV and NVIDIA's vendor-VFIO files.
+
+A mixin rather than a module of functions so that ``LinuxSysfs`` stays the
+one class callers use; it needs only ``self.paths``
+(:class:`~vgpu_driver.sysfs.paths.SysfsPaths`), which ``LinuxSysfs`` sets.
+Vendor-VFIO VFs have no mdev: each VF's ``nvidia/current_vgpu_type`` holds
+its vGPU, and ``nvidia/creatable_vgpu_types`` what it could host.
+"""
+
+import os
+import re
+
+from vgpu_driver import names
+from vgpu_driver.sysfs import attrs
+from vgpu_driver.sysfs import base
+
+_VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
+_CREATABLE_RE = re.compile(r"^\s*(\d+)\s*:?\s+(.*?)\s*$")
+_CONSISTENT_READ_TRIES = 5
+
+
+def parse_creatable_vgpu_types(text):
+    """``creatable_vgpu_types``: a header, then ``ID : Name`` lines."""
+    result = []
+    for line in (text or "").splitlines():
+        match = _CREATABLE_RE.match(line)
+        if match:
+            result.append((int(match[1]), match[2]))
+    return tuple(result)
+
+
+class PciReads:
+    """Reads of ``bus/pci/devices``: a function, SR-IOV PFs and vendor-VFIO VFs."""
+
+    def pci_device(self, address):
+        dev = self.paths.pci_device(names.parse_pci_address(str(address)))
+        if not os.path.isdir(dev):
+            return None
+        virtfns = []
+        for entry in os.listdir(dev):
+            match = _VIRTFN_RE.match(entry)
+            target = match and attrs.resolve_link(os.path.join(dev, entry))
+            if target:
+                virtfns.append((int(match[1]), names.parse_pci_address(
+                    os.path.basename(target), f"{address}/{entry}")))
+        return base.PciDeviceInfo(
+            address=address,
+            vendor=attrs.read_attr(os.path.join(dev, "vendor")),
+            device=attrs.read_attr(os.path.join(dev, "device")),
+            numa_node=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "numa_node"))),
+            sriov_totalvfs=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "sriov_totalvfs"))),
+            sriov_numvfs=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "sriov_numvfs"))),
+            virtfns=tuple(vf for _, vf in sorted(virtfns)),
+            pci_class=attrs.read_attr(os.path.join(dev, "class")))
+
+    def list_sriov_pfs(self):
+        found = []
+        for entry in attrs.sorted_entries(self.paths.pci_base()):
+            # One failed open per function that is no SR-IOV PF (VFs included).
+            if names.is_pci_address(entry) and attrs.read_attr(
+                    f"{self.paths.pci_base()}/{entry}/sriov_totalvfs") is not None:
+                info = self.pci_device(entry)
+                if info is not None:
+                    found.append(info)
+        return found
+
+    def list_vendor_vfio(self):
+        found = []
+        for entry in attrs.sorted_entries(self.paths.pci_base()):
+            if not names.is_pci_address(entry):
+                continue
+            vf = self.vendor_vf(entry)
+            if vf is not None:
+                found.append(vf)
+        return found
+
+    def vendor_vf(self, address):
+        address = names.parse_pci_address(str(address))
+        vfio_dir = self.paths.vendor_vfio_dir(address)
+        current_path = os.path.join(vfio_dir, "current_vgpu_type")
+        text = attrs.read_attr(current_path)
+        if text is None:
+            # Not a VF with NVIDIA's files: one failed open per PCI function.
+            return None
+        current = attrs.int_or_none(text) or 0
+        for _attempt in range(_CONSISTENT_READ_TRIES):
+            creatable = attrs.read_attr(os.path.join(vfio_dir, "creatable_vgpu_types"))
+            if creatable is None:
+                return None
+            # The list depends on the VF's own type: only keep a pair read
+            # with no change of that type in between.
+            again = attrs.int_or_none(attrs.read_attr(current_path)) or 0
+            if again == current:
+                break
+            current = again
+        pf = attrs.link_name(os.path.join(self.paths.pci_device(address), "physfn"))
+        return base.VendorVfioInfo(
+            address=address,
+            physfn=names.parse_pci_address(pf) if pf else None,
+            creatable=parse_creatable_vgpu_types(creatable),
+            current_type=current)
+
+    def vendor_vgpu_set_at(self, address):
+        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
+                            "current_vgpu_type")
+        try:
+            return os.lstat(path).st_ctime
+        except FileNotFoundError:
+            return None
