@@ -12,7 +12,6 @@ from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import libvirt_host
 from vgpu_driver import migration
-from vgpu_driver.cmd import demo_commands
 from vgpu_driver.cmd.demo import compute as demo_compute
 from vgpu_driver.cmd.demo import progress as demo_progress
 from vgpu_driver.cmd.demo import workdir as demo_workdir
@@ -20,7 +19,7 @@ from vgpu_driver.conf import placement as placement_conf
 from vgpu_driver.placement import client as placement_client
 
 PAGE = pathlib.Path(__file__).parents[2] / "doc" / "source" / "admin" / "troubleshooting.rst"
-MODULES = (exception, guest, libvirt_host, migration, demo_commands, demo_compute,
+MODULES = (exception, guest, libvirt_host, migration, demo_compute,
            demo_progress, demo_workdir, placement_conf, placement_client)
 # A placeholder as msg_fmt writes it: %(name)s, %(name)r, %(name).0f, %(name)d.
 PLACEHOLDER = re.compile(r"%\(\w+\)[-#0 +]*\d*(?:\.\d+)?[sdrfi]")
