@@ -52,6 +52,11 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def __init__(self, virtapi, read_only=False):
         super().__init__(virtapi, read_only)
         self._vgpu = None
+        # Before nova's init_host opens the connection: the index wraps how
+        # the Host connects and registers its event callbacks, or it would
+        # never hear that connection's events and re-read every domain at
+        # each lookup.
+        self._domains = events.domain_index_of(self._host)
         self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
@@ -63,7 +68,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def vgpu(self):
         """The core driver, made once nova's dynamic [mdev_*] options exist."""
         if self._vgpu is None:
-            self._vgpu = core.VGPUDriver(CONF, events.domain_index_of(self._host))
+            self._vgpu = core.VGPUDriver(CONF, self._domains)
         return self._vgpu
 
     @property
