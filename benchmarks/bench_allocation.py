@@ -48,7 +48,6 @@ from vgpu_driver import driver as core
 from vgpu_driver import nova_alias
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
-from vgpu_driver.nova import events
 
 private_libvirtd = common.load_test_helper("libvirtd")
 
@@ -194,7 +193,7 @@ def compute_driver(conf_file, kernel):
     # nova-compute's handler records the connection in nova's database through
     # the conductor; neither runs here.
     drv._host._conn_event_handler = None
-    drv._vgpu = core.VGPUDriver(libvirt_driver.CONF, events.domain_index_of(drv._host),
+    drv._vgpu = core.VGPUDriver(libvirt_driver.CONF, drv._domains,
                                  host=kernel)
     libvirt_driver.LibvirtDriver.init_host(drv, NODENAME)
     drv.vgpu.domains.event_driven = True

@@ -1,24 +1,33 @@
 """The periodic GPU refresh after a small change, against nova's own.
 
-nova-compute asks its driver for the provider tree every minute or so; for
-vGPUs nova's libvirt driver then runs ``LibvirtDriver._get_gpu_inventories``,
-which lists every mdev and every mdev-capable device through libvirt's
-node-device API and parses each one's XML.  Ours is
-:meth:`vgpu_driver.driver.VGPUDriver.provider_tree` (the core of
-``_update_provider_tree_for_vgpu``): the claims reconcile, discovery, the
-stale-type reclaim and the inventory, with discovery going through
-:class:`~vgpu_driver.discovery_cache.CachedDiscovery` and its udev monitor.
+nova-compute asks its driver for the provider tree every minute or so; the
+GPU part of that update is ``_update_provider_tree_for_vgpu``.  Ours is the
+class that ships, :class:`vgpu_driver.nova.LibvirtVGPUDriver`, loaded as
+nova-compute loads it (``load_compute_driver``, nova's config, nova's
+``init_host``) on nova's ``Host``: the core's ``provider_tree`` (claims
+reconcile, discovery through :class:`~vgpu_driver.discovery_cache.
+CachedDiscovery` and its udev monitor, stale-type reclaim, inventory), then
+nova's provider tree written, the reshape check, the prune of vanished
+GPUs and libvirt's mdev definitions settled when due.  nova's is
+``LibvirtDriver._update_provider_tree_for_vgpu`` itself (its
+``_get_gpu_inventories`` lists every mdev and every mdev-capable device
+through libvirt's node-device API and parses each one's XML), called on the
+same driver object, so both talk to the same daemon.  Each side updates its
+own nova ``ProviderTree`` (a root, as the resource tracker keeps it).
 
 Both read the same GPUs: the large host of ``bench_allocation.py`` (8 x T4,
 16 mdevs each) written by the fake kernel.  nova reads it through a private,
 real ``libvirtd`` (``tests/libvirtd.py``) whose mount namespace has the fake
 tree bound over ``/sys``: its node-device driver enumerates it with libudev
 as it would a host's.  Ours reads the tree with the production
-``LinuxSysfs``; the fake kernel announces its devices on udev's netlink
-group, which the production monitor hears.  Before each of our rounds one
-mdev of one GPU is removed or created again (untimed): the small change.
-The target is ``nova / ours >= 10``.  For context the run also times our
-refresh with udev off (a full read every time) and discovery alone.
+``LinuxSysfs`` (``[vgpu] hotplug_events = udev``); the fake kernel
+announces its devices on udev's netlink group, which the production monitor
+hears.  Before each of our rounds one mdev of one GPU is removed or created
+again (untimed): the small change.  The target is ``nova / ours >= 10``
+for the shipped update.  As a breakdown the run also times the core's
+``VGPUDriver.provider_tree`` (with ``InProcessDomains``) against nova's
+``_get_gpu_inventories``, the core with udev off (a full read every time)
+and discovery alone, and profiles the shipped update by parts.
 
 Run ``python benchmarks/bench_refresh.py [--rounds N] [--json FILE]`` as
 root (the daemon's namespace and udev's group need it).  It reports and
@@ -36,11 +45,15 @@ import time
 try:
     import libvirt  # noqa: F401 - the daemon helper needs it
     from nova import config as nova_config
+    from nova.compute import provider_tree as nova_provider_tree
     from nova.virt import driver as virt_driver
-    from nova.virt import fake as fake_virt
     from nova.virt.libvirt import driver as libvirt_driver
 except ImportError:  # pragma: no cover - depends on the environment
     sys.exit("bench_refresh needs nova and libvirt-python (the nova venv)")
+import cProfile
+import pstats
+import uuid
+
 import bench_allocation
 import common
 from oslo_config import cfg
@@ -48,6 +61,8 @@ from oslo_config import cfg
 from vgpu_driver import discovery
 from vgpu_driver import domains
 from vgpu_driver import driver as core
+from vgpu_driver import inventory
+from vgpu_driver import nova_alias
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import linux
@@ -60,13 +75,48 @@ TYPE_ID = bench_allocation.TYPE_ID
 RATIO_TARGET = 10.0
 
 
-def nova_driver(conf_file):
-    """nova's own LibvirtDriver, loaded and started as nova-compute does."""
-    nova_config.parse_args([], default_config_files=[conf_file])
-    drv = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), "libvirt.LibvirtDriver")
+def vgpu_conf_file(tmp, root):
+    """What this host adds to bench_allocation's nova.conf: udev on the fake
+    tree (which announces its devices as udev does), full reads hourly."""
+    path = os.path.join(tmp, "vgpu.conf")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(f"""
+            [vgpu]
+            sysfs_root = {root}
+            hotplug_events = udev
+            full_refresh_interval = 3600
+            """))
+    return path
+
+
+def shipped_driver(conf_files):
+    """``LibvirtVGPUDriver`` as nova-compute loads and starts it, on the
+    private daemon; its core reads the fake tree with ``LinuxSysfs``.
+
+    Its report client refuses use (no Placement runs here): with no claims
+    and no GPU gone, an update asks Placement nothing.
+    """
+    nova_alias.install()  # as vgpu-nova-compute does before nova-compute runs
+    nova_config.parse_args([], default_config_files=conf_files)
+    drv = virt_driver.load_compute_driver(bench_allocation._VirtAPI(),
+                                          "vgpu_driver.nova.LibvirtVGPUDriver")
     drv._host._conn_event_handler = None  # records in nova's DB, which is absent here
     drv.init_host(NODENAME)
     return drv
+
+
+def new_tree():
+    """nova's provider tree with the compute node's root, as the resource
+    tracker hands it to the driver."""
+    tree = nova_provider_tree.ProviderTree()
+    tree.new_root(NODENAME, str(uuid.uuid4()))
+    return tree
+
+
+def nova_update(drv, tree):
+    """nova's own GPU part of the update (not our override), on the same
+    driver object and so the same connection to the daemon."""
+    libvirt_driver.LibvirtDriver._update_provider_tree_for_vgpu(drv, tree, NODENAME)
 
 
 def our_driver(tmp, root, events):
@@ -126,6 +176,70 @@ def our_totals(tree):
     return {p.gpu: p.total for p in tree.providers}
 
 
+def tree_totals(tree):
+    """``{child provider name: total units}`` under the root of nova's tree."""
+    root = tree.data(NODENAME).uuid
+    totals = {}
+    for rp in tree.get_provider_uuids_in_tree(NODENAME):
+        data = tree.data(rp)
+        if data.parent_uuid == root:
+            totals[data.name] = sum(inv["total"] for inv in data.inventory.values())
+    return totals
+
+
+class Rounds:
+    """The timed rounds: each returns its ms and records wrong answers."""
+
+    def __init__(self, kernel, change, expected, shipped):
+        self.kernel, self.change, self.expected = kernel, change, expected
+        self.shipped = shipped
+        self.wrong, self.partial = [], []
+        self.nova_tree, self.our_tree = new_tree(), new_tree()
+
+    def check(self, who, got, want):
+        if got != want:
+            self.wrong.append(f"{who}: {got}")
+
+    def nova(self, func, totals, names):
+        def run():
+            self.change.restore()  # libvirtd hears no fake uevent: its mdevs are the start's
+            elapsed, got = timed(func)
+            self.check("nova", totals(got), {names(a): 16 for a in self.expected})
+            return elapsed
+        return run
+
+    def ours(self, func, totals, drv):
+        def run():
+            self.change.toggle()
+            elapsed, got = timed(func)
+            # One mdev fewer on a GPU: one more can be created, the total stays.
+            self.check("ours", totals(got), {self.names(a): 16 for a in self.expected}
+                       if totals is tree_totals else dict(self.expected))
+            if drv is not None:
+                self.partial.append(drv.discovery.last == "partial")
+            return elapsed
+        return run
+
+    @staticmethod
+    def names(address):
+        return inventory.provider_name_for(NODENAME, address)
+
+    def nova_update(self):
+        return self.nova(lambda: nova_update(self.shipped, self.nova_tree) or self.nova_tree,
+                         tree_totals, self.names)
+
+    def nova_inventories(self):
+        return self.nova(lambda: libvirt_driver.LibvirtDriver._get_gpu_inventories(
+            self.shipped), nova_totals, lambda a: a)
+
+    def shipped_update(self):
+        return self.ours(self.update_ours, tree_totals, self.shipped.vgpu)
+
+    def update_ours(self):
+        self.shipped._update_provider_tree_for_vgpu(self.our_tree, NODENAME)
+        return self.our_tree
+
+
 def measure(args, tmp):
     profile, by_gpu = bench_allocation.host_profile()
     root = os.path.join(tmp, "sys")
@@ -134,83 +248,129 @@ def measure(args, tmp):
     gpu = sorted(by_gpu)[0]
     change = Change(kernel, gpu, by_gpu[gpu][-1])
     daemon = private_libvirtd.Libvirtd(os.path.join(tmp, "libvirtd"), sysfs=root).start()
-    ours = polled = None
-    wrong, partial = [], []
+    ours = polled = shipped = None
     try:
-        # bench_allocation's nova.conf: nova's libvirt on the private daemon.
-        nova = nova_driver(bench_allocation.nova_conf(tmp, daemon.uri))
+        # bench_allocation's nova.conf (nova's libvirt on the private daemon),
+        # with udev on the fake tree.
+        shipped = shipped_driver([bench_allocation.nova_conf(tmp, daemon.uri),
+                                  vgpu_conf_file(tmp, root)])
         ours = our_driver(tmp, root, "udev")
         polled = our_driver(tmp, root, "off")
-        if not isinstance(ours.changes, udev.UdevMonitor):
-            sys.exit(f"udev is not usable here: {ours.changes.reason}")
-        expected = {address: 16 for address in by_gpu}
-
-        def one_nova():
-            change.restore()  # libvirtd hears no fake uevent: its mdev list is the start's
-            elapsed, got = timed(lambda: libvirt_driver.LibvirtDriver._get_gpu_inventories(nova))
-            if nova_totals(got) != expected:
-                wrong.append(f"nova: {nova_totals(got)}")
-            return elapsed
-
-        def one(drv):
-            def run():
-                change.toggle()
-                removed = not any(m.uuid == change.uuid for m in kernel.list_mdevs())
-                elapsed, tree = timed(lambda: drv.provider_tree(NODENAME))
-                want = dict(expected)
-                if removed:
-                    want[gpu] = 16  # one mdev fewer, one more can be created
-                if our_totals(tree) != want:
-                    wrong.append(f"ours: {our_totals(tree)}")
-                if drv is ours:
-                    partial.append(drv.discovery.last == "partial")
-                return elapsed
-            return run
-
-        nova_ms, ours_ms = common.interleaved(args.rounds, one_nova, one(ours))
-        _, full_ms = common.interleaved(max(args.rounds // 3, 1), one_nova, one(polled))
+        for drv in (shipped.vgpu, ours):
+            if not isinstance(drv.changes, udev.UdevMonitor):
+                sys.exit(f"udev is not usable here: {drv.changes.reason}")
+        rounds = Rounds(kernel, change, {address: 16 for address in by_gpu}, shipped)
+        nova_update_ms, shipped_ms = common.interleaved(
+            args.rounds, rounds.nova_update(), rounds.shipped_update())
+        shipped_partial = rounds.partial
+        rounds.partial = []
+        nova_ms, ours_ms = common.interleaved(
+            args.rounds, rounds.nova_inventories(),
+            rounds.ours(lambda: ours.provider_tree(NODENAME), our_totals, ours))
+        _, full_ms = common.interleaved(
+            max(args.rounds // 3, 1), rounds.nova_inventories(),
+            rounds.ours(lambda: polled.provider_tree(NODENAME), our_totals, None))
         discover_full = [timed(lambda: discovery.discover(ours.host))[0]
                          for _ in range(args.rounds)]
         discover_cached = []
         for _ in range(args.rounds):
             change.toggle()
             discover_cached.append(timed(ours.discovery.snapshot)[0])
-        nodedevs = len(nova._host.get_connection().listAllDevices(0))
+        parts = profile_shipped(rounds, args.rounds)
+        nodedevs = len(shipped._host.get_connection().listAllDevices(0))
     finally:
-        for drv in (ours, polled):
+        for drv in (ours, polled, shipped and shipped.vgpu):
             if drv is not None:
                 drv.close()
         daemon.stop()
-    return {"nova_ms": common.summary(nova_ms), "ours_ms": common.summary(ours_ms),
+    return {"nova_update_ms": common.summary(nova_update_ms),
+            "shipped_ms": common.summary(shipped_ms),
+            "nova_ms": common.summary(nova_ms), "ours_ms": common.summary(ours_ms),
             "ours_udev_off_ms": common.summary(full_ms),
             "discover_full_ms": common.summary(discover_full),
             "discover_cached_ms": common.summary(discover_cached),
-            "partial_rounds": sum(partial), "rounds_ours": len(partial),
+            "partial_rounds": sum(shipped_partial), "rounds_ours": len(shipped_partial),
+            "profile": parts,
             "libvirt_nodedevs": nodedevs, "host": profile["description"],
-            "daemon": daemon.uri.split("?")[0]}, wrong
+            "daemon": daemon.uri.split("?")[0]}, rounds.wrong
+
+
+# Parts of one shipped update, as ``(label, [function suffixes whose cumulative
+# times add up])``; bench_allocation's way of reading cProfile's rows.
+PROFILE_PARTS = (
+    ("core provider_tree (claims, discovery, reclaim, inventory)",
+     ["driver.py(provider_tree)"]),
+    ("  of which discovery (cached, udev)", ["discovery_cache.py(snapshot)"]),
+    ("nova's provider tree written (providers.write)", ["nova/providers.py(write)"]),
+    ("reshape check (reshape.take_over)", ["nova/reshape.py(take_over)"]),
+    ("prune of vanished GPUs (providers.prune)", ["nova/providers.py(prune)"]),
+    ("libvirt's mdev definitions (nodedevs.Definitions.settle_if_due)",
+     ["nova/nodedevs.py(settle_if_due)"]),
+)
+
+
+def profile_shipped(rounds, count):
+    """cProfile over ``count`` shipped updates, each after a small change."""
+    profiler = cProfile.Profile()
+    for _ in range(count):
+        rounds.change.toggle()
+        common.settle()
+        profiler.enable()
+        rounds.update_ours()
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, func), (_cc, calls, tottime, cumtime, _) in stats.stats.items():
+        rows.append({"function": f"{bench_allocation._short(filename)}:{line}({func})",
+                     "calls": calls // count, "tottime_ms": tottime * 1000 / count,
+                     "cumtime_ms": cumtime * 1000 / count})
+    total = max(r["cumtime_ms"] for r in rows
+                if r["function"].endswith("(_update_provider_tree_for_vgpu)"))
+    parts = [(label, bench_allocation._cum(rows, suffixes))
+             for label, suffixes in PROFILE_PARTS]
+    counted = sum(ms for label, ms in parts if not label.startswith(" "))
+    parts.append(("the rest", total - counted))
+    top = sorted(rows, key=lambda r: r["tottime_ms"], reverse=True)[:10]
+    return {"total_ms": total, "rounds": count, "parts_ms": parts, "functions": top}
 
 
 def report(results):
     print(f"Host: {results['host']}; libvirtd ({results['daemon']}) sees it as "
           f"{results['libvirt_nodedevs']} node devices")
     print("Each of our rounds follows one mdev removed or created on one GPU (untimed).")
-    print(f"Our refreshes that re-read only what changed: {results['partial_rounds']} of "
+    print(f"Shipped updates that re-read only what changed: {results['partial_rounds']} of "
           f"{results['rounds_ours']}")
     print()
-    print(f"  {'path':<58} {'median ms':>10} {'min':>8} {'max':>8}")
-    rows = (("nova LibvirtDriver._get_gpu_inventories (libvirtd nodedev)", "nova_ms"),
-            ("ours VGPUDriver.provider_tree, udev + cached discovery", "ours_ms"),
-            ("ours VGPUDriver.provider_tree, udev off (full read)", "ours_udev_off_ms"),
+    print(f"  {'path':<64} {'median ms':>10} {'min':>8} {'max':>8}")
+    rows = (("nova LibvirtDriver._update_provider_tree_for_vgpu", "nova_update_ms"),
+            ("ours LibvirtVGPUDriver._update_provider_tree_for_vgpu (shipped)",
+             "shipped_ms"),
+            ("breakdown: nova LibvirtDriver._get_gpu_inventories", "nova_ms"),
+            ("breakdown: ours VGPUDriver.provider_tree, udev + cached", "ours_ms"),
+            ("breakdown: ours VGPUDriver.provider_tree, udev off (full read)",
+             "ours_udev_off_ms"),
             ("  discovery alone: cached after a change", "discover_cached_ms"),
             ("  discovery alone: full", "discover_full_ms"))
     for label, key in rows:
         s = results[key]
-        print(f"  {label:<58} {s['median']:>10.2f} {s['min']:>8.2f} {s['max']:>8.2f}")
+        print(f"  {label:<64} {s['median']:>10.2f} {s['min']:>8.2f} {s['max']:>8.2f}")
     ratio = results["ratio_median"]
     print()
-    print(f"nova / ours (median): {ratio:.1f}x, target >= {RATIO_TARGET:g}x: "
-          f"{common.mark(ratio >= RATIO_TARGET)}")
+    print(f"nova / ours, shipped update (median): {ratio:.1f}x, target >= "
+          f"{RATIO_TARGET:g}x: {common.mark(ratio >= RATIO_TARGET)}")
+    print(f"nova inventories / our core provider_tree (median): "
+          f"{results['core_ratio_median']:.1f}x")
     print(f"ours udev off / ours udev on (median): {results['cache_gain']:.1f}x")
+    profile = results["profile"]
+    print()
+    print(f"Where the shipped update spends its time: cProfile over {profile['rounds']} "
+          f"updates, {profile['total_ms']:.2f} ms each (profiled)")
+    for label, ms in profile["parts_ms"]:
+        print(f"  {ms:>7.2f} ms {100 * ms / profile['total_ms']:>4.0f} %  {label}")
+    print(f"  {'own ms':>7} {'cum ms':>7} {'calls':>5}  functions by own time")
+    for row in profile["functions"]:
+        print(f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
+              f"{row['function']}")
 
 
 def main(argv=None):
@@ -226,7 +386,9 @@ def main(argv=None):
         return 1
     results.update(benchmark="refresh", rounds=args.rounds, settle=common.SETTLE,
                    python=platform.python_version(),
-                   ratio_median=results["nova_ms"]["median"] / results["ours_ms"]["median"],
+                   ratio_median=(results["nova_update_ms"]["median"]
+                                 / results["shipped_ms"]["median"]),
+                   core_ratio_median=results["nova_ms"]["median"] / results["ours_ms"]["median"],
                    cache_gain=(results["ours_udev_off_ms"]["median"]
                                / results["ours_ms"]["median"]))
     results["target_ok"] = results["ratio_median"] >= RATIO_TARGET

@@ -9,7 +9,13 @@ its definition: a restart must not bring it back, and the mdevs guests hold
 must stay.
 """
 
+import os
+import unittest
+
+from nova.tests.fixtures import libvirt as fakelibvirt
+
 from tests.functional_nova import test_takeover
+from vgpu_driver.sysfs import udev
 
 
 class PersistentMdevTests(test_takeover.NovaHostTestBase):
@@ -92,3 +98,58 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
                       self.stdlog.logger.output)
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertIn(keep_mdev, self.nodedevs.defined())
+
+
+@unittest.skipIf(os.geteuid() != 0, "only root may send on udev's netlink group")
+class EventDrivenSettleTests(test_takeover.NovaHostTestBase):
+    """With udev telling what changed, an update lists libvirt's mdev
+    definitions only when something can have left one nothing wants."""
+
+    mdev_of = PersistentMdevTests.mdev_of
+    boot_under_nova = PersistentMdevTests.boot_under_nova
+
+    def setUp(self):
+        super().setUp()
+        self.flags(remove_mdevs_on_release=True, hotplug_events="udev", group="vgpu")
+
+    def count_mdev_listings(self, driver):
+        """The mdev listings made on the driver's connection from now on
+        (each call goes through to the connection's own)."""
+        conn = driver._host.get_connection()
+        listings, real = [], conn.listAllDevices
+
+        def listing(flags=0):
+            if flags & fakelibvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV:
+                listings.append(flags)
+            return real(flags)
+
+        conn.listAllDevices = listing
+        self.addCleanup(vars(conn).pop, "listAllDevices", None)
+        return listings
+
+    def test_a_definition_goes_at_the_update_after_its_mdev_is_removed(self):
+        (_keep, gone), (keep_mdev, gone_mdev, foreign_mdev) = self.boot_under_nova()
+        self.kernel.enable_uevents()
+        self.switch_to_vgpu_driver()
+        driver = self.computes["host1"].driver
+        self.addCleanup(driver.vgpu.close)
+        self.assertIsInstance(driver.vgpu.changes, udev.UdevMonitor)
+        listings = self.count_mdev_listings(driver)
+
+        # Nothing changed since the start-up's settle: nothing is listed.
+        self._run_periodics(raise_on_error=True)
+        self.assertEqual([], listings)
+        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined())
+
+        # The guest goes, its mdev removed through sysfs (udev tells): the
+        # next update lists the definitions and undefines that one.
+        self._delete_server(gone)
+        self.assertEqual(sorted([keep_mdev, foreign_mdev]), sorted(self.kernel_mdevs("host1")))
+        self._run_periodics(raise_on_error=True)
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+        self.assertTrue(listings)
+
+        # And quiet again after that.
+        del listings[:]
+        self._run_periodics(raise_on_error=True)
+        self.assertEqual([], listings)

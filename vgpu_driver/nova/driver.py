@@ -52,6 +52,12 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def __init__(self, virtapi, read_only=False):
         super().__init__(virtapi, read_only)
         self._vgpu = None
+        # Before nova's init_host opens the connection: the index wraps how
+        # the Host connects and registers its event callbacks, or it would
+        # never hear that connection's events and re-read every domain at
+        # each lookup.
+        self._domains = events.domain_index_of(self._host)
+        self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
         # A configured GPU whose SR-IOV VFs are off is logged once, not at
@@ -62,8 +68,15 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def vgpu(self):
         """The core driver, made once nova's dynamic [mdev_*] options exist."""
         if self._vgpu is None:
-            self._vgpu = core.VGPUDriver(CONF, events.domain_index_of(self._host))
+            self._vgpu = core.VGPUDriver(CONF, self._domains)
         return self._vgpu
+
+    @property
+    def definitions(self):
+        """libvirt's mdev definitions, settled when something may need it."""
+        if self._definitions is None:
+            self._definitions = nodedevs.Definitions(self.vgpu)
+        return self._definitions
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -80,7 +93,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         """Instead of nova's start of every defined mdev: undefine those no
         claim and no domain wants (never resurrected), start the others
         that can start now (a late VF does not stop the service)."""
-        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains)
+        self.definitions.settle(self._host.get_connection(), start=True)
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -97,8 +110,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 usage.allocations_in(allocations, provider_tree, name)))
         providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
         # mdevs removed through sysfs since: their definitions go too.
-        nodedevs.settle(self._host.get_connection(), self.vgpu.journal, self.vgpu.domains,
-                        start=False)
+        self.definitions.settle_if_due(self._host.get_connection())
 
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
         tree = self.vgpu.provider_tree(nodename, allocations_on)

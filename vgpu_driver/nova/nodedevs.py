@@ -15,12 +15,16 @@ that is inactive is started; one that cannot start yet (its VF is not back)
 is left to the claims' restore, which keeps retrying in the background,
 instead of failing the service's start as nova's step would.
 
-Each inventory update undefines again what nothing wants (what was removed
+Inventory updates undefine again what nothing wants (what was removed
 through sysfs since), so mdevctl's autostart at a host boot does not bring
-it back either.
+it back either.  Listing the definitions asks libvirt about every mdev node
+device (on a full host most of an update's time), so :class:`Definitions`
+does it only when something since the last time can have left a definition
+nothing wants: see :meth:`Definitions.due`.
 """
 
 import dataclasses
+import time
 
 from lxml import etree
 from nova.virt.libvirt import host as nova_host
@@ -39,6 +43,7 @@ class Settled:
     kept: tuple[str, ...] = ()
     undefined: tuple[str, ...] = ()
     started: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()  # libvirt would not undefine these
 
 
 def mdev_uuid(device):
@@ -66,28 +71,102 @@ def defined_mdevs(connection):
     return [(mdev_uuid(d), d) for d in devices if d.isPersistent()]
 
 
+def _may_be_defined(connection, uuid, parent):
+    """Whether libvirt keeps a definition of one mdev, or cannot say (it
+    does not know the mdev by either of its names yet)."""
+    base = "mdev_" + uuid.replace("-", "_")
+    for name in (f"{base}_{parent.replace(':', '_').replace('.', '_')}", base):
+        try:
+            return bool(connection.nodeDeviceLookupByName(name).isPersistent())
+        except nova_host.libvirt.libvirtError:
+            continue
+    return True
+
+
 def wanted(journal, domains):
     """UUIDs a claim that is not being released, or a domain, references."""
     held = {c.mdev_uuid for c in journal.claims() if c.state != claims.RELEASING}
     return held | set(domains.mdev_users())
 
 
-def settle(connection, journal, domains, start=True):
-    """Undefine every defined mdev nothing here wants; with ``start``, start
-    the wanted ones that are inactive, where they can start now.  Returns a
-    :class:`Settled`.
+def settle(connection, journal, domains, start=True, keep=None):
+    """Undefine every defined mdev nothing here wants (``keep``, else read
+    now); with ``start``, start the wanted ones that are inactive, where
+    they can start now.  Returns a :class:`Settled`.
     """
-    keep = wanted(journal, domains)
-    kept, undefined, started = [], [], []
+    keep = wanted(journal, domains) if keep is None else keep
+    kept, undefined, started, refused = [], [], [], []
     for uuid, device in defined_mdevs(connection):
         if uuid not in keep:
-            if _undefine(device, uuid):
-                undefined.append(uuid)
+            (undefined if _undefine(device, uuid) else refused).append(uuid)
             continue
         kept.append(uuid)
         if start and not device.isActive() and _start(device, uuid):
             started.append(uuid)
-    return Settled(tuple(sorted(kept)), tuple(sorted(undefined)), tuple(sorted(started)))
+    return Settled(*(tuple(sorted(found)) for found in (kept, undefined, started, refused)))
+
+
+class Definitions:
+    """Settles libvirt's mdev definitions when something may need it.
+
+    ``vgpu`` is the core :class:`~vgpu_driver.driver.VGPUDriver`: its
+    journal and domains say what is wanted, its udev monitor whether the
+    mdevs it last read are current.
+    """
+
+    def __init__(self, vgpu, clock=time.monotonic):
+        self.vgpu = vgpu
+        self.clock = clock
+        self._wanted = None         # what was wanted at the last settle
+        self._mdevs = frozenset()   # the mdevs sysfs had at the last update
+        self._at = None
+        self._refused = False
+
+    def settle(self, connection, start=False):
+        """Settle now (at start-up, and when :meth:`due`)."""
+        keep = wanted(self.vgpu.journal, self.vgpu.domains)
+        return self._settle(connection, keep, self._present(), start)
+
+    def settle_if_due(self, connection):
+        """After an inventory update: settle if :meth:`due`, else None.
+        The mdevs are those of the snapshot the update just read."""
+        keep = wanted(self.vgpu.journal, self.vgpu.domains)
+        present = self._present()
+        if not self.due(connection, keep, present):
+            self._mdevs = frozenset(present)
+            return None
+        return self._settle(connection, keep, present, start=False)
+
+    def due(self, connection, keep, present):
+        """Whether a definition nothing wants can be there since the last settle.
+
+        After a settle every definition is wanted (or was refused, and is
+        tried again).  One becomes unwanted when a claim or a domain stops
+        referencing it, and a new one can come with an mdev that appears
+        in sysfs (udev keeps the snapshot current): for one nothing wants,
+        libvirt is asked about that mdev alone.  An unwanted mdev that goes
+        has no definition left (it was undefined when it appeared or was
+        released).  A definition added without an mdev appearing (the
+        operator's ``mdevctl define``) waits for ``[vgpu]
+        full_refresh_interval``, as a missed udev event does; without udev
+        running, every update settles.
+        """
+        if (self._wanted is None or self._refused or not self.vgpu.changes.running
+                or self.clock() - self._at >= self.vgpu.conf.vgpu.full_refresh_interval
+                or self._wanted - keep):
+            return True
+        appeared = set(present) - self._mdevs - keep
+        return any(_may_be_defined(connection, uuid, present[uuid]) for uuid in appeared)
+
+    def _present(self):
+        """``{uuid: parent}`` of the mdevs in the current snapshot."""
+        return {m.uuid: m.parent for m in self.vgpu.manager.snapshot().mdevs}
+
+    def _settle(self, connection, keep, present, start):
+        result = settle(connection, self.vgpu.journal, self.vgpu.domains, start, keep)
+        self._wanted, self._mdevs, self._at = keep, frozenset(present), self.clock()
+        self._refused = bool(result.refused)
+        return result
 
 
 def _undefine(device, uuid):

@@ -143,6 +143,20 @@ def _gpu_of(device_dir, name):
     return os.path.basename(target)
 
 
+def _next_device(monitor):
+    """The next queued event's device, or None when none is queued.
+
+    pyudev's ``Monitor.poll`` builds a ``select.poll``, which eventlet's
+    monkey-patching (nova-compute's, by default) removes from ``select``:
+    ask ``select.select`` instead, which both have, then read one event
+    from the socket, which libudev made non-blocking.
+    """
+    ready, _, _ = select.select([monitor], [], [], 0)
+    if not ready:
+        return None
+    return monitor._receive_device()  # noqa: SLF001 - poll's read, without its poll
+
+
 class UdevMonitor:
     """A pyudev netlink monitor read by a daemon thread."""
 
@@ -197,7 +211,7 @@ class UdevMonitor:
         """Record every queued event; an overflow means some were lost."""
         for _ in range(_READ_CHUNK):
             try:
-                device = self._monitor.poll(timeout=0)
+                device = _next_device(self._monitor)
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
                     raise
