@@ -65,34 +65,45 @@ class Reconciler:
 
     # -- orphans --------------------------------------------------------------------------
 
-    def orphans(self, grace=0.0, referenced=None):
+    def orphans(self, grace=0.0, referenced=None, kinds=None):
         """Unreferenced vGPUs older than ``grace`` seconds: mdevs by UUID,
         then typed vendor-VFIO VFs by address.
 
         ``referenced``: what :meth:`in_use` just said, if the caller has it;
         the host is then not read again (its cached snapshot is used).
+        ``kinds``: only orphans of these kinds (their age is read from sysfs
+        only then: the periodic update wants stale types alone).
         """
         if referenced is None:
             snapshot = self.manager.snapshot(refresh=True)
             referenced = self._referenced(snapshot)
         else:
             snapshot = self.manager.snapshot()
+        kind_of = self._kind_by_parent(snapshot)
         now = self.clock()
         found = []
         for vgpu in snapshot.vgpus:
             if vgpu.id in referenced:
                 continue
+            gpu, serves = kind_of.get(vgpu.parent, (None, None))
+            kind = UNMANAGED if serves is None else (
+                FREE if serves == vgpu.type_id else STALE_TYPE)
+            if kinds is not None and kind not in kinds:
+                continue
             created = self._created_at(vgpu)
             age = None if created is None else max(now - created, 0.0)
             if age is not None and age < grace:
                 continue
-            gpu = snapshot.gpu_of_parent(vgpu.parent)
-            serves = self.manager.configured_type(gpu) if gpu else None
-            kind = UNMANAGED if serves is None else (
-                FREE if serves == vgpu.type_id else STALE_TYPE)
             found.append(Orphan(vgpu.id, vgpu.parent, gpu.address if gpu else "",
                                 vgpu.type_id, kind, age))
         return found
+
+    def _kind_by_parent(self, snapshot):
+        """``{parent: (gpu, type it serves or None)}``, the configuration
+        resolved for the host once, not once per vGPU."""
+        serves = self.manager.configured_types(snapshot)
+        return {parent.name: (gpu, serves.get(gpu.address))
+                for gpu in snapshot.gpus for parent in gpu.parents}
 
     def _referenced(self, snapshot):
         """vGPU ids a domain or a claim references.
@@ -139,7 +150,7 @@ class Reconciler:
     def reclaim_stale_types(self, grace=0.0, referenced=None):
         """Remove unused mdevs of a type their GPU no longer serves
         (``referenced`` as for :meth:`orphans`)."""
-        stale = [o for o in self.orphans(grace, referenced) if o.kind == STALE_TYPE]
+        stale = self.orphans(grace, referenced, kinds={STALE_TYPE})
         return self.reclaim(stale) if stale else []
 
     def finish_releases(self):

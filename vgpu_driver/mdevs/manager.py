@@ -46,10 +46,16 @@ class MdevManager:
         self._snapshot = snapshot
         return snapshot
 
-    def configured_type(self, gpu):
-        config = self.config.for_host(self.snapshot())
-        type_id, _why = inventory.configured_type(gpu, config)
-        return type_id
+    def configured_types(self, snapshot):
+        """``{gpu address: type id}`` of every GPU a type is configured for,
+        the fleet's configuration resolved once."""
+        config = self.config.for_host(snapshot)
+        served = {}
+        for gpu in snapshot.gpus:
+            type_id, _why = inventory.configured_type(gpu, config)
+            if type_id is not None:
+                served[gpu.address] = type_id
+        return served
 
     def _for_gpu(self, gpu):
         return strategies.for_gpu(gpu, self.host, self.domains, self.config)
