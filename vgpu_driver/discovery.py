@@ -175,12 +175,13 @@ def discover(host):
     """Read the host once and return a :class:`HostSnapshot`."""
     mdevs = tuple(host.list_mdevs())
     return assemble(host, mdevs, host.list_parents(), host.list_vendor_vfio(),
-                    host.pci_device)
+                    host.pci_device, host.list_sriov_pfs())
 
 
-def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device):
+def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs):
     """The snapshot made of what was read: ``parent_infos`` sorted by name,
-    ``pci_device(address)`` the PCI facts of a GPU (read now or kept)."""
+    ``pci_device(address)`` the PCI facts of a GPU (read now or kept),
+    ``sriov_pfs`` the host's SR-IOV physical functions (the same)."""
     by_parent = collections.defaultdict(list)
     for mdev in mdevs:
         by_parent[mdev.parent].append(mdev)
@@ -194,8 +195,7 @@ def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device):
     for key, parents in _vendor_vfio_parents(vendor_vfs).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)
-    # Read once: SR-IOV GPUs with parents need it too.
-    sriov_pfs = {str(pci.address): pci for pci in host.list_sriov_pfs()}
+    sriov_pfs = {str(pci.address): pci for pci in sriov_pfs}
     gpus = []
     for key in sorted(grouped):
         pci = None

@@ -42,6 +42,7 @@ class CachedDiscovery:
         self._pci = {}          # GPU key -> PciDeviceInfo
         self._vendor = {}       # vendor-VFIO VF address -> GPU key
         self._mdevs = {}        # uuid -> MdevInfo
+        self._sriov_pfs = []    # PciDeviceInfo of each SR-IOV physical function
         #: How the last snapshot was made: "full" or "partial" (for logs, tests).
         self.last = None
 
@@ -70,7 +71,9 @@ class CachedDiscovery:
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
         self._pci = {}
-        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device)
+        self._sriov_pfs = host.list_sriov_pfs()
+        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
+                                            self._sriov_pfs)
         self._full_at = now
         self.last = "full"
         return self._snapshot
@@ -84,6 +87,7 @@ class CachedDiscovery:
 
     def _read_changed(self, changes):
         host = self.host
+        known = set(self._parents) | set(self._vendor)
         mdevs = self._read_mdevs(changes)
         listed = host.parent_names()
         present = set(listed)
@@ -107,12 +111,24 @@ class CachedDiscovery:
         for key in dirty:
             self._pci.pop(key, None)
         vendor_vfs = self._vendor_vfs(changes)
+        self._sriov_pfs = self._sriov_functions(known, present, changes)
         infos = [self._parents[name] for name in listed if name in self._parents]
-        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device)
+        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
+                                            self._sriov_pfs)
         self.last = "partial"
         if dirty:
             LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))
         return self._snapshot
+
+    def _sriov_functions(self, known, present, changes):
+        """The SR-IOV physical functions, listed again only when VFs or GPUs
+        came or went (their list, and their VF counts, can then differ):
+        parents or vendor-VFIO VFs other than before, or an event on a device
+        that was neither.  An mdev created or removed on a known parent
+        changes none of them."""
+        if present | set(self._vendor) != known or changes.parents - known:
+            return self.host.list_sriov_pfs()
+        return self._sriov_pfs
 
     def _read_mdevs(self, changes):
         """Every mdev, its links read again only if new or on a parent an
