@@ -235,6 +235,12 @@ def _reserve_unallocated(rows, unallocated):
             for row in rows]
 
 
+def check_nodename(nodename, snapshot):
+    """InvalidNodename unless every GPU's provider name built on
+    ``nodename`` is one Placement takes."""
+    names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
+
+
 def compute(snapshot, config, nodename, in_use=None, unallocated=None):
     """The desired :class:`ProviderTree` of a host.
 
@@ -242,7 +248,7 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
     GPU draining for a type change from one blocked by unused mdevs;
     ``unallocated`` (:func:`unallocated_claims`), when known, is reserved.
     """
-    names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
+    check_nodename(nodename, snapshot)
     rows, unserved, pending = [], [], set()
     config = config.for_host(snapshot)
     for gpu in snapshot.gpus:

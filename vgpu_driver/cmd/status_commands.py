@@ -83,6 +83,7 @@ def read_status(app):
     """``(HostStatus, warning or None)``: every source read exactly once."""
     config = host_commands.load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
+    inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
     journal = app.journal(snapshot)
     claim_list = journal.claims() if journal else []
     users, warning = libvirt_users(app)
