@@ -48,9 +48,9 @@ class PciReads:
             address=address,
             vendor=attrs.read_attr(os.path.join(dev, "vendor")),
             device=attrs.read_attr(os.path.join(dev, "device")),
-            numa_node=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "numa_node"))),
-            sriov_totalvfs=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "sriov_totalvfs"))),
-            sriov_numvfs=attrs.int_or_none(attrs.read_attr(os.path.join(dev, "sriov_numvfs"))),
+            numa_node=_read_int(dev, "numa_node"),
+            sriov_totalvfs=_read_int(dev, "sriov_totalvfs"),
+            sriov_numvfs=_read_int(dev, "sriov_numvfs"),
             virtfns=tuple(vf for _, vf in sorted(virtfns)),
             pci_class=attrs.read_attr(os.path.join(dev, "class")))
 
@@ -108,3 +108,9 @@ class PciReads:
             return os.lstat(path).st_ctime
         except FileNotFoundError:
             return None
+
+
+def _read_int(dev, name):
+    """A numeric attribute of a PCI function; garbage is logged naming the
+    file (and read as absent), not taken silently for "no SR-IOV"."""
+    return attrs.read_parsed(os.path.join(dev, name), lambda text: int(text, 0), [])
