@@ -91,6 +91,18 @@ def type_traits(type_id, type_name):
     return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
 
 
+def configured_types(snapshot, mdev_config):
+    """``{gpu address: type id}`` of every GPU of ``snapshot`` a type is
+    configured for, the fleet's configuration resolved once."""
+    config = mdev_config.for_host(snapshot)
+    served = {}
+    for gpu in snapshot.gpus:
+        type_id, _why = configured_type(gpu, config)
+        if type_id is not None:
+            served[gpu.address] = type_id
+    return served
+
+
 def configured_type(gpu, config):
     """``(type_id, None)`` or ``(None, reason the GPU is not served)``.
 

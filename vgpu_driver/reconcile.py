@@ -24,6 +24,7 @@ from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import exception
+from vgpu_driver import inventory
 from vgpu_driver import names
 
 LOG = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Reconciler:
     def _kind_by_parent(self, snapshot):
         """``{parent: (gpu, type it serves or None)}``, the configuration
         resolved for the host once, not once per vGPU."""
-        serves = self.manager.configured_types(snapshot)
+        serves = inventory.configured_types(snapshot, self.manager.config)
         return {parent.name: (gpu, serves.get(gpu.address))
                 for gpu in snapshot.gpus for parent in gpu.parents}
 

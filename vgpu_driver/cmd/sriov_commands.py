@@ -35,12 +35,10 @@ class Status(base.Lister):
 
 def _configured(app, host):
     """SR-IOV GPUs the config gives a type (device_addresses, device_ids)."""
-    config = host_commands.load_mdev_config(app)
     snapshot = discovery.discover(host)
-    config = config.for_host(snapshot)
+    served = inventory.configured_types(snapshot, host_commands.load_mdev_config(app))
     return [gpu.address for gpu in snapshot.gpus
-            if discovery.is_sriov_gpu(gpu.pci)
-            and inventory.configured_type(gpu, config)[0] is not None]
+            if discovery.is_sriov_gpu(gpu.pci) and gpu.address in served]
 
 
 class Enable(base.Command):

@@ -14,7 +14,6 @@ from oslo_log import log as logging
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
 from vgpu_driver import exception
-from vgpu_driver import inventory
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 
@@ -45,17 +44,6 @@ class MdevManager:
         """Take a snapshot read elsewhere (the cached discovery) as current."""
         self._snapshot = snapshot
         return snapshot
-
-    def configured_types(self, snapshot):
-        """``{gpu address: type id}`` of every GPU a type is configured for,
-        the fleet's configuration resolved once."""
-        config = self.config.for_host(snapshot)
-        served = {}
-        for gpu in snapshot.gpus:
-            type_id, _why = inventory.configured_type(gpu, config)
-            if type_id is not None:
-                served[gpu.address] = type_id
-        return served
 
     def _for_gpu(self, gpu):
         return strategies.for_gpu(gpu, self.host, self.domains, self.config)
