@@ -18,6 +18,9 @@ import pytest
 from vgpu_driver.fake import fakekernel
 
 MANAGE = os.path.join(os.path.dirname(sys.executable), "vgpu-manage")
+# A FUSE mount is no sysfs: the privileged side writes into it only when the
+# configuration says, for tests, that a fake root is meant.
+FAKE_ROOT_CONF = "[vgpu]\ntest_only_fake_sysfs_root = true\n"
 
 
 def can_serve():

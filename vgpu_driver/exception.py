@@ -13,6 +13,8 @@ Tree::
     ├── FakeHostExists                fake-host target is not empty
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
+    ├── PrivilegedWriteRefused        the privileged side will not make this write
+    │   └── WritesNeedRoot            vgpu-manage writes sysfs only as root
     ├── MdevWriteError                the kernel refused a write (has .errno)
     │   ├── MdevInvalidRequest        EINVAL
     │   ├── MdevAlreadyExists         EEXIST
@@ -148,9 +150,32 @@ class PrivilegedHelperUnavailable(VgpuDriverError):
     msg_fmt = ("Cannot start the privileged helper (%(reason)s), so no sysfs write can be "
                "made. nova-compute starts it as [vgpu_driver_sysfs_writer] helper_command "
                "says (by default 'sudo privsep-helper ... --privsep_context "
-               "vgpu_driver.privsep.sysfs_writer'); install the sudoers line "
-               "etc/vgpu-driver/sudoers.d/vgpu-driver or the rootwrap filter "
-               "etc/vgpu-driver/rootwrap.d/vgpu-driver.filters.")
+               "vgpu_driver.privsep.sysfs_writer'); install the sudoers rule "
+               "etc/vgpu-driver/sudoers.d/vgpu-driver, adapted to nova-compute's "
+               "user and configuration files.")
+
+
+class PrivilegedWriteRefused(VgpuDriverError):
+    """The privileged side checked the write and will not make it.
+
+    ``rule`` names the check that refused, so an operator can tell a
+    configuration that does not enable the write from a sysfs tree that
+    does not look like the kernel's.
+    """
+
+    msg_fmt = "Refusing to write %(target)s: %(rule)s."
+
+    def __init__(self, target, rule):
+        super().__init__(target=target, rule=rule)
+
+
+class WritesNeedRoot(PrivilegedWriteRefused):
+    msg_fmt = ("vgpu-manage writes sysfs only when it runs as root (it runs as uid "
+               "%(uid)s), so %(target)s was not written; run the command as root, "
+               "e.g. with sudo.")
+
+    def __init__(self, target, uid):
+        VgpuDriverError.__init__(self, target=target, uid=uid)
 
 
 class MdevWriteError(VgpuDriverError):

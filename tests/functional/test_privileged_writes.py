@@ -32,6 +32,8 @@ from vgpu_driver.sysfs import linux
 
 T4 = "0000:18:00.0"
 A100 = "0000:41:00.0"
+A100_VF = "0000:41:00.4"
+L40S = "0000:c1:00.0"
 L40S_VF = "0000:c1:00.4"
 NIC = "0000:05:00.0"
 HELPER = os.path.join(os.path.dirname(sys.executable), "privsep-helper")
@@ -40,6 +42,21 @@ HELPER = os.path.join(os.path.dirname(sys.executable), "privsep-helper")
 # (daemon._fd_logger); that is the library's, not a leak of ours.
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
+
+
+# What nova-compute's files say on this host, as the daemon reads them: the
+# T4s serve nvidia-222, the A100 nvidia-468, the L40S nvidia-1156.
+DAEMON_CONF = f"""
+[vgpu]
+sysfs_root = {{mount}}
+test_only_fake_sysfs_root = true
+[devices]
+enabled_mdev_types = nvidia-222, nvidia-468, nvidia-1156
+[mdev_nvidia-468]
+device_addresses = {A100}
+[mdev_nvidia-1156]
+device_addresses = {L40S}
+"""
 
 
 def daemon_pids(marker):
@@ -70,10 +87,13 @@ def served(tmp_path):
 
 
 @contextlib.contextmanager
-def served_by_daemon(tmp_path, *profile_names):
+def served_by_daemon(tmp_path, *profile_names, fake_root=True):
     with served_host.served(tmp_path, *profile_names) as host:
         daemon_conf = tmp_path / "privsep-daemon.conf"
-        daemon_conf.write_text(f"[vgpu]\nsysfs_root = {host.mount}\n")
+        text = DAEMON_CONF.format(mount=host.mount)
+        if not fake_root:
+            text = text.replace("test_only_fake_sysfs_root = true", "")
+        daemon_conf.write_text(text)
         use_helper(f"{HELPER} --config-file {daemon_conf}")
         try:
             yield host
@@ -146,13 +166,14 @@ def test_sriov_and_vendor_types_through_the_daemon(served):
     host.set_vendor_vgpu_type(L40S_VF, 1156)
     assert host.vendor_vf(L40S_VF).current_type == 1156
     with pytest.raises(exception.MdevBusy, match="already has a vGPU type"):
-        host.set_vendor_vgpu_type(L40S_VF, 1155)
+        host.set_vendor_vgpu_type(L40S_VF, 1156)
     taken = str(uuid.uuid4())
     host.create_mdev(T4, "nvidia-222", taken)
     with pytest.raises(exception.MdevAlreadyExists):
         host.create_mdev("0000:19:00.0", "nvidia-222", taken)
-    with pytest.raises(exception.MdevNoCapacity):
-        host.create_mdev(T4, "nvidia-223", str(uuid.uuid4()))
+    host.create_mdev(A100_VF, "nvidia-468", str(uuid.uuid4()))
+    with pytest.raises(exception.MdevNoCapacity):       # one vGPU per VF
+        host.create_mdev(A100_VF, "nvidia-468", str(uuid.uuid4()))
 
 
 def test_enabling_a_rebooted_a100_through_the_daemon(tmp_path):
@@ -196,26 +217,62 @@ def plant_refusals(tree, tmp_path):
 
 
 def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
+    """Malformed names, devices that are not what the write is for, and
+    writes the daemon's configuration does not enable: each entry point
+    refuses, typed on the caller's side, and nothing is written."""
     pci_itself, escaping = plant_refusals(served.state, tmp_path)
-    refusals = [
+    malformed = [
         (("create_mdev", "../../../etc", "nvidia-222", str(uuid.uuid4())), "mdev parent name"),
         (("create_mdev", T4, "..", str(uuid.uuid4())), "mdev type id"),
-        (("create_mdev", "escape", "nvidia-222", str(uuid.uuid4())), "outside"),
-        (("remove_mdev", escaping), "outside"),
-        (("remove_mdev", pci_itself), "not an mdev of a registered parent"),
         (("remove_mdev", "../../devices"), "mdev UUID"),
-        (("set_sriov_numvfs", NIC, 4), "not a display or 3D controller"),
+        (("remove_mdev", str(uuid.uuid4()) + "\n"), "mdev UUID"),
+        (("set_sriov_numvfs", A100, "16 "), "VF count"),
         (("set_vgpu_type", L40S_VF, "1156; reboot"), "vGPU type number"),
         (("set_vgpu_type", L40S_VF, "1156"), "vGPU type number"),
     ]
-    for call, text in refusals:
-        with pytest.raises(exception.InvalidSysfsName, match=text):
-            privsep.call(*call)
+    refused = [
+        (("create_mdev", "escape", "nvidia-222", str(uuid.uuid4())), "outside"),
+        (("create_mdev", T4, "nvidia-223", str(uuid.uuid4())), "nvidia-223 is not enabled"),
+        (("create_mdev", A100_VF, "nvidia-222", str(uuid.uuid4())),
+         f"GPU {A100} is configured for nvidia-468, not nvidia-222"),
+        (("remove_mdev", escaping), "outside"),
+        (("remove_mdev", pci_itself), "not an mdev of a registered parent"),
+        (("set_sriov_numvfs", NIC, 4), "not a display or 3D controller"),
+        (("set_sriov_numvfs", T4, 4), "not an SR-IOV physical function"),
+        (("set_vgpu_type", L40S_VF, 1155), f"GPU {L40S} is configured for nvidia-1156"),
+        (("set_vgpu_type", A100, 1156), "not an SR-IOV virtual function"),
+    ]
+    before = tree_bytes(served.state)
+    for calls, kind in ((malformed, exception.InvalidSysfsName),
+                        (refused, exception.PrivilegedWriteRefused)):
+        for call, text in calls:
+            with pytest.raises(kind, match=text):
+                privsep.call(*call)
+    assert tree_bytes(served.state) == before
     assert (tmp_path / "outside" / "remove").read_text() == ""
-    with open(os.path.join(served.mount, "bus/pci/devices", NIC, "sriov_numvfs")) as f:
-        assert f.read() == "0\n"
     # The daemon is still serving after all of them.
     linux.LinuxSysfs(served.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+
+
+def test_the_daemon_refuses_a_root_that_is_not_sysfs(tmp_path):
+    """Without the test-only option the daemon writes into sysfs only."""
+    with served_by_daemon(tmp_path, "t4x8", fake_root=False) as host:
+        before = tree_bytes(host.state)
+        with pytest.raises(exception.PrivilegedWriteRefused, match="not a sysfs mount"):
+            linux.LinuxSysfs(host.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+        assert tree_bytes(host.state) == before
+
+
+def tree_bytes(top):
+    """Every regular file under ``top`` and its bytes."""
+    found = {}
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, "rb") as f:
+                    found[path] = f.read()
+    return found
 
 
 def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):

@@ -25,7 +25,7 @@ CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_a
 @pytest.fixture
 def rebooted(tmp_path):
     with served_host.served(tmp_path, "a100-sriov-off") as host:
-        (tmp_path / "nova.conf").write_text(CONF)
+        (tmp_path / "nova.conf").write_text(CONF + served_host.FAKE_ROOT_CONF)
         yield host
 
 

@@ -66,7 +66,7 @@ class ManageApp(app.App):
                 value = getattr(self.options, option)
                 if value:
                     conf.set_override(option, value, group="vgpu")
-            privsep.run_in_process_when_root(conf.vgpu.sysfs_root)
+            privsep.run_in_process_when_root(conf)
             self._conf = conf
         return self._conf
 

@@ -2,7 +2,7 @@
 
 oslo.privsep registers these options itself when the context is used; they
 are listed here so that the sample config shows where ``helper_command``
-(sudo or rootwrap) is set.  The helper's sysfs root is ``[vgpu] sysfs_root``
+is set.  The helper's sysfs root is ``[vgpu] sysfs_root``
 of the configuration files it is started with, never a call's argument.
 """
 
@@ -19,6 +19,8 @@ def list_opts():
              "(create/remove mdevs, SR-IOV VFs, vendor vGPU types) with "
              "CAP_DAC_OVERRIDE only.  By default nova-compute starts it with "
              "'sudo privsep-helper --config-file ... --privsep_context "
-             "vgpu_driver.privsep.sysfs_writer'; see etc/vgpu-driver/sudoers.d "
-             "and rootwrap.d.")
+             "vgpu_driver.privsep.sysfs_writer', which the sudoers rule "
+             "etc/vgpu-driver/sudoers.d/vgpu-driver allows exactly.  The helper "
+             "reads the same files: it writes under [vgpu] sysfs_root only, and "
+             "only what [devices] and [mdev_*] enable.")
     return [(group, priv_context.OPTS)]

@@ -25,7 +25,19 @@ vgpu_opts = [
 Directory that plays the kernel's sysfs.  Keep the default on a real host.
 Point it at a mount made by ``vgpu-manage fake-host serve`` to run the driver
 on a fake host.  The privileged helper reads this option from the files it
-is started with (by default nova-compute's own) and writes under it only.
+is started with (by default nova-compute's own) and writes under it only,
+and only when it is a sysfs mount (see ``test_only_fake_sysfs_root``).
+"""),
+    cfg.BoolOpt(
+        "test_only_fake_sysfs_root",
+        default=False,
+        help="""
+TEST ONLY: let the privileged helper write into a ``sysfs_root`` that is not
+a sysfs mount (a fake host's directory, or its FUSE mount served by
+``vgpu-manage fake-host serve``).  Never set it on a real host: the helper
+refuses any other filesystem so that nothing but the kernel's sysfs can
+receive its writes, and a fake host served by an unprivileged user would
+otherwise steer what root writes.
 """),
     cfg.StrOpt(
         "state_dir",

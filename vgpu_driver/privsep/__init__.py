@@ -1,0 +1,84 @@
+"""The privileged side of vgpu-driver: one entry point per sysfs write.
+
+nova-compute does not run as root; creating or removing an mdev, enabling
+VFs or choosing a vendor vGPU type are writes to root-owned sysfs files,
+made by an oslo.privsep daemon holding only ``CAP_DAC_OVERRIDE``
+(:data:`sysfs_writer`).  The daemon is sent names, never paths; on its side
+(:mod:`.entrypoints`) it validates them, opens every path by directory fd
+beneath a sysfs root of its own configuration (:mod:`.beneath`) and writes
+only what that configuration enables (:mod:`.policy`).  A ``vgpu-manage``
+that runs as root runs the entry points in-process under its own
+configuration; one that does not is refused every write
+(:class:`~vgpu_driver.exception.WritesNeedRoot`), since a daemon it started
+would read nova-compute's files, not the ones it was given.
+
+This module is the caller's side.
+"""
+
+import os
+
+from oslo_privsep import daemon
+
+from vgpu_driver import exception
+from vgpu_driver.privsep import context
+from vgpu_driver.privsep.entrypoints import create_mdev
+from vgpu_driver.privsep.entrypoints import remove_mdev
+from vgpu_driver.privsep.entrypoints import set_sriov_numvfs
+from vgpu_driver.privsep.entrypoints import set_vgpu_type
+
+__all__ = ["call", "create_mdev", "ensure_started", "refuse_writes", "remove_mdev",
+           "run_in_process", "run_in_process_when_root", "set_sriov_numvfs",
+           "set_vgpu_type", "sysfs_writer", "use_daemon"]
+
+# oslo.privsep finds the context by this name in the daemon it starts
+# ('--privsep_context vgpu_driver.privsep.sysfs_writer').
+sysfs_writer = context.sysfs_writer
+
+_ENTRY_POINTS = {"create_mdev": create_mdev, "remove_mdev": remove_mdev,
+                 "set_sriov_numvfs": set_sriov_numvfs, "set_vgpu_type": set_vgpu_type}
+
+
+def run_in_process_when_root(conf):
+    """The CLI's choice: write in-process under ``conf`` when root, else refuse
+    every write (a daemon would not read the files the CLI was given)."""
+    if os.geteuid() == 0:
+        run_in_process(conf)
+    else:
+        refuse_writes()
+
+
+def run_in_process(conf):
+    """Run the entry points here, ``conf`` fixing the root and the policy."""
+    sysfs_writer.set_client_mode(False)
+    context.fix_configuration(conf)
+
+
+def refuse_writes():
+    """Every write is refused, typed, before anything is opened."""
+    use_daemon()
+    context.state["refuse_writes"] = os.geteuid()
+
+
+def use_daemon():
+    """Back to the default: every call goes to the privsep daemon."""
+    sysfs_writer.set_client_mode(True)
+    context.fix_configuration(None)
+    context.state.pop("refuse_writes", None)
+
+
+def ensure_started():
+    """Start the daemon now, so that failing to start is not a device error."""
+    if not sysfs_writer.client_mode or sysfs_writer.channel is not None:
+        return
+    try:
+        sysfs_writer.start()
+    except (OSError, daemon.FailedToDropPrivileges) as exc:
+        raise exception.PrivilegedHelperUnavailable(reason=str(exc)) from exc
+
+
+def call(entry_point, *args):
+    """Run one entry point by name, starting the daemon first."""
+    if "refuse_writes" in context.state:
+        raise exception.WritesNeedRoot(f"{entry_point}{args!r}", context.state["refuse_writes"])
+    ensure_started()
+    return _ENTRY_POINTS[entry_point](*args)

@@ -1,0 +1,154 @@
+"""The privileged entry points: one per sysfs write the driver ever makes.
+
+Each runs on the privileged side (the daemon, or a root ``vgpu-manage``).
+It takes names and plain numbers only, validates them, opens the sysfs root
+of its own configuration (a sysfs mount: :class:`.beneath.SysfsRoot`),
+finds the device through the kernel's links read by hand, checks the device
+is what the write is for (a display or 3D controller, an SR-IOV function of
+the right role, an NVIDIA function) and that the configuration enables the
+write (:class:`.policy.WritePolicy`), then writes the one attribute by fd.
+
+Malformed names are :class:`~vgpu_driver.exception.InvalidSysfsName`; every
+other refusal is :class:`~vgpu_driver.exception.PrivilegedWriteRefused`;
+the kernel's errnos come back as ``OSError``.  Nothing is written before
+every check passed.
+"""
+
+import contextlib
+import errno
+import os
+import posixpath
+
+from vgpu_driver import exception
+from vgpu_driver import names
+from vgpu_driver.privsep import beneath
+from vgpu_driver.privsep import context
+from vgpu_driver.privsep import policy
+
+_DISPLAY_CLASS_PREFIX = "0x03"
+_MAX_TYPE_NUMBER = 2 ** 32 - 1
+_LINK_REFUSALS = (errno.ELOOP, errno.EXDEV, errno.ENOTDIR)
+
+
+def _policy():
+    if "policy" not in context.state:
+        context.state["policy"] = policy.WritePolicy(context.configuration())
+    return context.state["policy"]
+
+
+@contextlib.contextmanager
+def _sysfs():
+    """``(root, host)``: the root held by fd, and a reader of the same tree
+    for the policy; a link or mount met on the way is a refusal."""
+    from vgpu_driver.sysfs import linux  # it writes through this package
+
+    conf = context.configuration()
+    path = os.path.realpath(conf.vgpu.sysfs_root)
+    try:
+        with beneath.SysfsRoot(path, allow_fake=conf.vgpu.test_only_fake_sysfs_root) as root:
+            yield root, linux.LinuxSysfs(path)
+    except OSError as exc:
+        if exc.errno not in _LINK_REFUSALS:
+            raise
+        raise exception.PrivilegedWriteRefused(
+            exc.filename or path, f"a link, another mount or a non-directory on the way "
+                                  f"({os.strerror(exc.errno)})") from None
+
+
+def _is_display_controller(root, device):
+    return root.read(posixpath.join(device, "class")).startswith(_DISPLAY_CLASS_PREFIX)
+
+
+def _require_display_controller(root, device, name):
+    if not _is_display_controller(root, device):
+        raise exception.PrivilegedWriteRefused(name, "not a display or 3D controller")
+
+
+def _parent_device(root, parent):
+    """A registered mdev parent's device directory, relative to the root."""
+    return root.follow(posixpath.join("class", "mdev_bus", parent), parent)
+
+
+def _registered_as(root, parent, device):
+    """True when ``class/mdev_bus`` registers ``parent`` and leads to ``device``."""
+    try:
+        return _parent_device(root, names.check_parent_name(parent)) == device
+    except exception.InvalidSysfsName:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return False
+        raise
+
+
+def _pci_function(root, address):
+    """A GPU function's device directory, found by its address."""
+    address = str(names.parse_pci_address(address))
+    device = root.follow(posixpath.join("bus", "pci", "devices", address), address)
+    if posixpath.basename(device) != address:
+        raise exception.PrivilegedWriteRefused(address, "a link naming another device")
+    _require_display_controller(root, device, address)
+    return address, device
+
+
+def _plain_number(value, kind):
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TYPE_NUMBER:
+        raise exception.InvalidSysfsName(kind, value, "a value that is not a plain number")
+    return value
+
+
+@context.sysfs_writer.entrypoint
+def create_mdev(parent, type_id, uuid):
+    parent = names.check_parent_name(parent)
+    type_id = names.check_type_id(type_id)
+    uuid = names.check_mdev_uuid(uuid)
+    with _sysfs() as (root, host):
+        device = _parent_device(root, parent)
+        if names.is_pci_address(parent):
+            _require_display_controller(root, device, parent)
+        _policy().check_create(host, parent, type_id)
+        root.write(posixpath.join(device, "mdev_supported_types", type_id, "create"), uuid)
+
+
+@context.sysfs_writer.entrypoint
+def remove_mdev(uuid):
+    uuid = names.check_mdev_uuid(uuid)
+    with _sysfs() as (root, host):
+        mdev = root.follow(posixpath.join("bus", "mdev", "devices", uuid), uuid)
+        device, name = posixpath.split(mdev)
+        parent = posixpath.basename(device)
+        if name != uuid or not _registered_as(root, parent, device):
+            raise exception.PrivilegedWriteRefused(
+                uuid, "a link to something that is not an mdev of a registered parent")
+        if names.is_pci_address(parent):
+            _require_display_controller(root, device, parent)
+        else:
+            _policy().check_free_parent(host, parent)
+        root.write(posixpath.join(mdev, "remove"), "1")
+
+
+@context.sysfs_writer.entrypoint
+def set_sriov_numvfs(pf_address, count):
+    count = _plain_number(count, "VF count")
+    with _sysfs() as (root, host):
+        address, device = _pci_function(root, pf_address)
+        if not root.exists(posixpath.join(device, "sriov_totalvfs")):
+            raise exception.PrivilegedWriteRefused(address, "not an SR-IOV physical function")
+        _policy().check_sriov(host, address)
+        root.write(posixpath.join(device, "sriov_numvfs"), str(count))
+
+
+@context.sysfs_writer.entrypoint
+def set_vgpu_type(vf_address, number):
+    number = _plain_number(number, "vGPU type number")
+    with _sysfs() as (root, host):
+        address, device = _pci_function(root, vf_address)
+        if not root.exists(posixpath.join(device, "physfn")):
+            raise exception.PrivilegedWriteRefused(address, "not an SR-IOV virtual function")
+        vendor = root.read(posixpath.join(device, "vendor"))
+        if vendor != policy.NVIDIA_VENDOR:
+            raise exception.PrivilegedWriteRefused(
+                address, f"not an NVIDIA function (vendor {vendor or 'unknown'})")
+        if number:     # 0 clears the type: it frees the VF, as a removal does
+            _policy().check_vgpu_type(host, address, names.vendor_type_id(number))
+        root.write(posixpath.join(device, "nvidia", "current_vgpu_type"), str(number))
