@@ -45,7 +45,7 @@ if [ "$shipped" != "$wanted" ]; then
 fi
 echo "==> the operator's files under share/vgpu-driver/"
 share="$WORK/venv/share/vgpu-driver"
-for f in etc/vgpu-driver/sudoers.d/vgpu-driver etc/vgpu-driver/rootwrap.d/vgpu-driver.filters \
+for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
          etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf; do
     case $f in
         etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;
