@@ -24,3 +24,22 @@ FLEET = """
     device_ids = 10de:20f1
     mdev_class = CUSTOM_A100_4C
     """
+
+# The t4x8 + a100-sriov + l40s-vfio host: the T4s serve nvidia-222 (no
+# addresses: every GPU not listed), the A100 nvidia-468, the L40S nvidia-1156.
+MIXED_HOST = """
+    [devices]
+    enabled_mdev_types = nvidia-222, nvidia-468, nvidia-1156
+    [mdev_nvidia-468]
+    device_addresses = 0000:41:00.0
+    [mdev_nvidia-1156]
+    device_addresses = 0000:c1:00.0
+    """
+
+# nvidia-222 on the first T4 alone: every other GPU is given no type.
+FIRST_T4_ONLY = """
+    [devices]
+    enabled_mdev_types = nvidia-222
+    [mdev_nvidia-222]
+    device_addresses = 0000:18:00.0
+    """

@@ -10,6 +10,7 @@ from vgpu_driver import privsep
 from vgpu_driver.cmd import manage
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
+from vgpu_driver.privsep import beneath
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +19,16 @@ def privileged_writes_back_to_the_daemon():
     then on; the next test starts from the default again."""
     yield
     privsep.use_daemon()
+
+
+@pytest.fixture(params=["openat2", "components"])
+def walk(request, monkeypatch):
+    """The privileged side's two walks: the kernel's openat2 and the walk by
+    components kept for kernels without it."""
+    if request.param == "openat2" and not beneath.HAVE_OPENAT2:
+        pytest.skip("this kernel has no openat2")
+    monkeypatch.setattr(beneath, "HAVE_OPENAT2", request.param == "openat2")
+    return request.param
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import errno
 import os
 import signal
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ import uuid
 import pytest
 from oslo_config import cfg
 
+from tests import confs
 from tests import served_host
 from vgpu_driver import domains
 from vgpu_driver import driver
@@ -44,19 +46,9 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 
 
-# What nova-compute's files say on this host, as the daemon reads them: the
-# T4s serve nvidia-222, the A100 nvidia-468, the L40S nvidia-1156.
-DAEMON_CONF = f"""
-[vgpu]
-sysfs_root = {{mount}}
-test_only_fake_sysfs_root = true
-[devices]
-enabled_mdev_types = nvidia-222, nvidia-468, nvidia-1156
-[mdev_nvidia-468]
-device_addresses = {A100}
-[mdev_nvidia-1156]
-device_addresses = {L40S}
-"""
+# What nova-compute's files say on this host, as the daemon reads them.
+DAEMON_CONF = textwrap.dedent(confs.MIXED_HOST) + served_host.FAKE_ROOT_CONF + \
+    "sysfs_root = {mount}\n"
 
 
 def daemon_pids(marker):
@@ -92,7 +84,7 @@ def served_by_daemon(tmp_path, *profile_names, fake_root=True):
         daemon_conf = tmp_path / "privsep-daemon.conf"
         text = DAEMON_CONF.format(mount=host.mount)
         if not fake_root:
-            text = text.replace("test_only_fake_sysfs_root = true", "")
+            text = text.replace(served_host.FAKE_ROOT_CONF, "[vgpu]\n")
         daemon_conf.write_text(text)
         use_helper(f"{HELPER} --config-file {daemon_conf}")
         try:

@@ -16,13 +16,10 @@ import sys
 import textwrap
 import uuid
 
-import pytest
-
 from vgpu_driver import exception
 from vgpu_driver import privsep
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
-from vgpu_driver.privsep import beneath
 
 T4 = "0000:18:00.0"
 SWAPS = 20_000
@@ -47,14 +44,6 @@ SWAPPER = textwrap.dedent("""
             break
     print(swaps, flush=True)
 """)
-
-
-@pytest.fixture(params=["openat2", "components"])
-def walk(request, monkeypatch):
-    if request.param == "openat2" and not beneath.HAVE_OPENAT2:
-        pytest.skip("this kernel has no openat2")
-    monkeypatch.setattr(beneath, "HAVE_OPENAT2", request.param == "openat2")
-    return request.param
 
 
 def one_t4():

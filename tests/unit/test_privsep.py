@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from tests import confs
 from vgpu_driver import exception
 from vgpu_driver import privsep
 from vgpu_driver.fake import fakekernel
@@ -25,25 +26,7 @@ L40S = "0000:c1:00.0"
 L40S_VF = "0000:c1:00.4"
 NIC = "0000:05:00.0"
 
-# The T4s serve nvidia-222 (no addresses: every GPU not listed), the A100
-# nvidia-468 and the L40S nvidia-1156.
-ENABLED = f"""
-    [devices]
-    enabled_mdev_types = nvidia-222, nvidia-468, nvidia-1156
-    [mdev_nvidia-468]
-    device_addresses = {A100}
-    [mdev_nvidia-1156]
-    device_addresses = {L40S}
-    """
-
-
-@pytest.fixture(params=["openat2", "components"])
-def walk(request, monkeypatch):
-    """Every test runs with the kernel's openat2 and with the walk by components."""
-    if request.param == "openat2" and not beneath.HAVE_OPENAT2:
-        pytest.skip("this kernel has no openat2")
-    monkeypatch.setattr(beneath, "HAVE_OPENAT2", request.param == "openat2")
-    return request.param
+ENABLED = confs.MIXED_HOST
 
 
 @pytest.fixture
@@ -201,12 +184,7 @@ def test_writes_the_configuration_does_not_enable_are_refused(root, what, call, 
 
 
 def test_sriov_on_a_gpu_the_configuration_does_not_name(host, configure):
-    configure(f"""
-        [devices]
-        enabled_mdev_types = nvidia-222
-        [mdev_nvidia-222]
-        device_addresses = {T4}
-        """)
+    configure(confs.FIRST_T4_ONLY)
     before = snapshot(host.paths.root)
     with pytest.raises(exception.PrivilegedWriteRefused,
                        match=f"GPU {A100} is given no mdev type by the configuration"):
@@ -218,12 +196,7 @@ def test_sriov_on_a_gpu_the_configuration_does_not_name(host, configure):
 
 
 def test_an_mdev_of_a_virtual_parent_not_configured_stays(host, configure):
-    configure(f"""
-        [devices]
-        enabled_mdev_types = nvidia-222
-        [mdev_nvidia-222]
-        device_addresses = {T4}
-        """)
+    configure(confs.FIRST_T4_ONLY)
     mdev = str(uuid.uuid4())
     fakekernel.FakeKernel(host.paths.root).create_mdev("mtty", "mtty-1", mdev)
     before = snapshot(host.paths.root)

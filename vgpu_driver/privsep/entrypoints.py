@@ -127,13 +127,19 @@ def remove_mdev(uuid):
         root.write(posixpath.join(mdev, "remove"), "1")
 
 
+def _sriov_function(root, address, marker, role):
+    """An SR-IOV function of a GPU, whose ``role`` its ``marker`` proves."""
+    address, device = _pci_function(root, address)
+    if not root.exists(posixpath.join(device, marker)):
+        raise exception.PrivilegedWriteRefused(address, f"not an SR-IOV {role} function")
+    return address, device
+
+
 @context.sysfs_writer.entrypoint
 def set_sriov_numvfs(pf_address, count):
     count = _plain_number(count, "VF count")
     with _sysfs() as (root, host):
-        address, device = _pci_function(root, pf_address)
-        if not root.exists(posixpath.join(device, "sriov_totalvfs")):
-            raise exception.PrivilegedWriteRefused(address, "not an SR-IOV physical function")
+        address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
         _policy().check_sriov(host, address)
         root.write(posixpath.join(device, "sriov_numvfs"), str(count))
 
@@ -142,9 +148,7 @@ def set_sriov_numvfs(pf_address, count):
 def set_vgpu_type(vf_address, number):
     number = _plain_number(number, "vGPU type number")
     with _sysfs() as (root, host):
-        address, device = _pci_function(root, vf_address)
-        if not root.exists(posixpath.join(device, "physfn")):
-            raise exception.PrivilegedWriteRefused(address, "not an SR-IOV virtual function")
+        address, device = _sriov_function(root, vf_address, "physfn", "virtual")
         vendor = root.read(posixpath.join(device, "vendor"))
         if vendor != policy.NVIDIA_VENDOR:
             raise exception.PrivilegedWriteRefused(

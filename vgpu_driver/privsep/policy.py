@@ -50,12 +50,10 @@ class WritePolicy:
 
     def check_sriov(self, host, pf_address):
         snapshot, served = self._served(host)
-        gpu = snapshot.gpu(pf_address)
-        if gpu is None or gpu.address not in served:
-            raise exception.PrivilegedWriteRefused(
-                f"sriov_numvfs of {pf_address}",
-                f"GPU {pf_address} is given no mdev type by the configuration "
-                "([mdev_<type>] device_addresses or device_ids)")
+        self._require_served(
+            f"sriov_numvfs of {pf_address}", snapshot.gpu(pf_address), served,
+            f"GPU {pf_address} is given no mdev type by the configuration "
+            "([mdev_<type>] device_addresses or device_ids)")
 
     def check_vgpu_type(self, host, vf_address, type_id):
         snapshot, served = self._served(host)
@@ -67,12 +65,15 @@ class WritePolicy:
         """A removal on a parent that is not a PCI display controller: only
         on a device the configuration serves (the kernel's mtty sample)."""
         snapshot, served = self._served(host)
-        gpu = snapshot.gpu_of_parent(parent)
+        self._require_served(
+            f"an mdev of {parent}", snapshot.gpu_of_parent(parent), served,
+            f"parent {parent} is neither a display controller nor a device the "
+            "configuration gives an mdev type")
+
+    @staticmethod
+    def _require_served(target, gpu, served, rule):
         if gpu is None or gpu.address not in served:
-            raise exception.PrivilegedWriteRefused(
-                f"an mdev of {parent}",
-                f"parent {parent} is neither a display controller nor a device the "
-                "configuration gives an mdev type")
+            raise exception.PrivilegedWriteRefused(target, rule)
 
     @staticmethod
     def _require_type(target, gpu, served, type_id, where):
