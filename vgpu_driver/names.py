@@ -3,6 +3,11 @@
 Names come from nova.conf, from sysfs itself and from the CLI.  None of them
 is joined into a path before it passed one of these checks, so a stray
 ``../`` or ``/`` can never steer a write outside the sysfs root.
+
+Every check matches the whole string, ASCII only, and bounds its length: a
+name with a trailing newline, a NUL, a non-ASCII digit or surrounding blanks is
+refused, never trimmed into another name, so what passes is exactly what is
+used as a path component and as a claims journal key.
 """
 
 import dataclasses
@@ -12,13 +17,22 @@ import uuid as uuid_mod
 from vgpu_driver import exception
 
 _PCI_RE = re.compile(
-    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):"
-    r"(?P<slot>[01][0-9a-fA-F])\.(?P<function>[0-7])$")
+    r"(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<slot>[01][0-9a-fA-F])\.(?P<function>[0-7])", re.ASCII)
 # Virtual (non-PCI) parents such as the kernel's mtty sample are named as in
-# nova: "<class>_<device>" for /sys/devices/virtual/<class>/<device>.
-_VIRTUAL_RE = re.compile(r"^(?P<cls>[a-z0-9][a-z0-9-]*)_(?P<dev>[a-z0-9][a-z0-9-]*)$")
-_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+# nova: "<class>_<device>" for /sys/devices/virtual/<class>/<device>.  Neither
+# part holds an underscore, so the split is unambiguous.
+_VIRTUAL_RE = re.compile(
+    r"(?=.{3,128}\Z)(?P<cls>[a-z0-9][a-z0-9-]*)_(?P<dev>[a-z0-9][a-z0-9-]*)", re.ASCII)
+_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}", re.ASCII)
+_UUID_RE = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
+
+
+def _whole(pattern, value):
+    """The match of ``pattern`` over all of ``value``; None for anything else,
+    non-strings included (``$`` would let a trailing newline through)."""
+    return pattern.fullmatch(value) if isinstance(value, str) else None
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -46,7 +60,12 @@ class PciAddress:
 
 
 def parse_pci_address(value, source=None):
-    match = _PCI_RE.match(value.strip()) if isinstance(value, str) else None
+    """``dddd:bb:ss.f`` (any case) as a :class:`PciAddress`; ``str()`` of it is
+    the canonical lower-case form.  Surrounding blanks are refused: sysfs
+    entries and link targets never carry them; attribute reads, oslo.config
+    lists and the SR-IOV commands' operator input trim theirs before a value
+    gets here."""
+    match = _whole(_PCI_RE, value)
     if not match:
         raise exception.InvalidSysfsName("PCI address", value, source)
     return PciAddress(int(match["domain"], 16), int(match["bus"], 16),
@@ -54,7 +73,7 @@ def parse_pci_address(value, source=None):
 
 
 def is_pci_address(value):
-    return bool(isinstance(value, str) and _PCI_RE.match(value))
+    return _whole(_PCI_RE, value) is not None
 
 
 def parse_device_address(value, source=None):
@@ -62,22 +81,21 @@ def parse_device_address(value, source=None):
 
     Returns the canonical string (PCI addresses lower-cased).
     """
-    value = value.strip() if isinstance(value, str) else value
-    if isinstance(value, str) and ":" not in value and _VIRTUAL_RE.match(value):
+    if _whole(_VIRTUAL_RE, value):
         return value
     return str(parse_pci_address(value, source))
 
 
 def virtual_device_path(name):
     """``mtty_mtty`` -> ``("mtty", "mtty")`` (under devices/virtual)."""
-    match = _VIRTUAL_RE.match(name)
+    match = _whole(_VIRTUAL_RE, name)
     if not match:
         raise exception.InvalidSysfsName("virtual device name", name)
     return match["cls"], match["dev"]
 
 
 def check_type_id(value, source=None):
-    if not isinstance(value, str) or not _TYPE_RE.match(value):
+    if not _whole(_TYPE_RE, value):
         raise exception.InvalidSysfsName("mdev type id", value, source)
     return value
 
@@ -86,13 +104,13 @@ def check_parent_name(value, source=None):
     """A name under class/mdev_bus: a PCI address or a plain device name."""
     if is_pci_address(value):
         return value.lower()
-    if isinstance(value, str) and _TYPE_RE.match(value) and ":" not in value:
+    if _whole(_TYPE_RE, value):
         return value
     raise exception.InvalidSysfsName("mdev parent name", value, source)
 
 
 def is_mdev_uuid(value):
-    return bool(isinstance(value, str) and _UUID_RE.match(value))
+    return _whole(_UUID_RE, value) is not None
 
 
 def check_mdev_uuid(value, source=None):
@@ -125,18 +143,23 @@ def is_vf_vgpu_id(value):
     return is_pci_address(value)
 
 
-_VENDOR_TYPE_RE = re.compile(r"^nvidia-(?P<number>[1-9][0-9]{0,8})$")
+_VENDOR_TYPE_RE = re.compile(r"nvidia-(?P<number>[1-9][0-9]{0,8})", re.ASCII)
 
 
 def vendor_type_id(number):
     """The type id a vendor-VFIO type number is known by (``1156`` -> ``nvidia-1156``),
-    named like the mdev types NVIDIA's older drivers list."""
-    return f"nvidia-{int(number)}"
+    named like the mdev types NVIDIA's older drivers list.
+
+    Only an int is taken: ``int()`` of a string would read non-ASCII digits
+    and blanks into a number no sysfs file printed."""
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise exception.InvalidSysfsName("vendor vGPU type number", number)
+    return f"nvidia-{number}"
 
 
 def vendor_type_number(type_id, source=None):
     """``nvidia-1156`` -> 1156: the only kind of value written to ``current_vgpu_type``."""
-    match = _VENDOR_TYPE_RE.match(type_id) if isinstance(type_id, str) else None
+    match = _whole(_VENDOR_TYPE_RE, type_id)
     if not match:
         raise exception.InvalidSysfsName("vendor vGPU type id", type_id, source)
     return int(match["number"])

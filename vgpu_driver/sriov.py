@@ -108,9 +108,12 @@ def functions_in(snapshot):
 
 
 def function(host, address, action):
-    """The GPU at ``address``, or SriovRefused naming why it is not one."""
+    """The GPU at ``address``, or SriovRefused naming why it is not one.
+
+    ``address`` is typed by an operator: blanks around it are dropped here,
+    the check itself refuses them."""
     try:
-        address = str(names.parse_pci_address(str(address)))
+        address = str(names.parse_pci_address(str(address).strip()))
     except exception.InvalidSysfsName:
         raise exception.SriovRefused(action=action, address=address,
                                      reason="not a PCI address (dddd:bb:ss.f)") from None
