@@ -6,6 +6,7 @@ import os
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.sysfs import pci_reads
 
 T4 = "0000:18:00.0"
 
@@ -59,3 +60,27 @@ def test_a_dangling_parent_link_is_no_device(make_host, caplog):
     assert "0000:99:00.0" not in [p.name for p in host.list_parents()]
     assert len(host.list_parents()) == 8
     assert "Skipping parent 0000:99:00.0" in caplog.text
+
+
+L40S_VF = "0000:c1:00.4"
+
+
+def test_vendor_type_numbers_are_plain_ascii_numbers():
+    text = ("Available vGPU types:\n1155 : NVIDIA L40S-4Q\n-5 : Negative\n"
+            "\u0661\u0662 : Arabic-Indic digits\n0123 : Leading zero\n"
+            "1234567890 : Ten digits\n1156 : NVIDIA L40S-8Q\n")
+    assert pci_reads.parse_creatable_vgpu_types(text) == (
+        (1155, "NVIDIA L40S-4Q"), (1156, "NVIDIA L40S-8Q"))
+
+
+def test_a_garbage_current_vgpu_type_leaves_the_vf_out(make_host, caplog):
+    host = make_host("l40s-vfio")
+    path = os.path.join(host.paths.vendor_vfio_dir(L40S_VF), "current_vgpu_type")
+    caplog.set_level(logging.WARNING)
+    for garbage in ("-5\n", "\u0661\n", "12abc\n"):
+        with open(os.path.realpath(path), "w") as f:
+            f.write(garbage)
+        assert host.vendor_vf(L40S_VF) is None
+        vfs = {str(vf.address) for vf in host.list_vendor_vfio()}
+        assert L40S_VF not in vfs and len(vfs) == 15
+    assert f"Unreadable sysfs value: {path}: '-5' is not a vGPU type number" in caplog.text

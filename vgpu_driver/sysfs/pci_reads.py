@@ -11,23 +11,41 @@ its vGPU, and ``nvidia/creatable_vgpu_types`` what it could host.
 import os
 import re
 
+from oslo_log import log as logging
+
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
 
 _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
-_CREATABLE_RE = re.compile(r"^\s*(\d+)\s*:?\s+(.*?)\s*$")
+# A vendor type number: ASCII digits, no sign, no leading zero, at most nine
+# of them (what names.vendor_type_id and the privileged side accept).
+_CREATABLE_RE = re.compile(r"[ \t]*([1-9][0-9]{0,8})[ \t]*:?[ \t]+(.*?)\s*", re.ASCII)
+_CURRENT_RE = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
 _CONSISTENT_READ_TRIES = 5
+LOG = logging.getLogger(__name__)
 
 
 def parse_creatable_vgpu_types(text):
     """``creatable_vgpu_types``: a header, then ``ID : Name`` lines."""
     result = []
     for line in (text or "").splitlines():
-        match = _CREATABLE_RE.match(line)
+        match = _CREATABLE_RE.fullmatch(line)
         if match:
             result.append((int(match[1]), match[2]))
     return tuple(result)
+
+
+def _current_type(text, path):
+    """A VF's ``current_vgpu_type`` (0: none); None, logged, for garbage: a VF
+    whose type cannot be read is neither free nor of any type."""
+    if text is None:
+        return None
+    if _CURRENT_RE.fullmatch(text):
+        return int(text)
+    LOG.warning("Unreadable sysfs value: %s: %r is not a vGPU type number; the VF "
+                "is left out", path, text[:40])
+    return None
 
 
 class PciReads:
@@ -83,14 +101,18 @@ class PciReads:
         if text is None:
             # Not a VF with NVIDIA's files: one failed open per PCI function.
             return None
-        current = attrs.int_or_none(text) or 0
+        current = _current_type(text, current_path)
+        if current is None:
+            return None
         for _attempt in range(_CONSISTENT_READ_TRIES):
             creatable = attrs.read_attr(os.path.join(vfio_dir, "creatable_vgpu_types"))
             if creatable is None:
                 return None
             # The list depends on the VF's own type: only keep a pair read
             # with no change of that type in between.
-            again = attrs.int_or_none(attrs.read_attr(current_path)) or 0
+            again = _current_type(attrs.read_attr(current_path), current_path)
+            if again is None:
+                return None
             if again == current:
                 break
             current = again
