@@ -67,7 +67,9 @@ class VGPUDriver:
         What cannot be re-created yet is retried in the background.
         """
         self.reconciler.finish_releases()
-        self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace)
+        self.reconciler.clean_stale_claims(
+            grace=self.conf.vgpu.claim_grace,
+            migration_timeout=self.conf.vgpu.migration_claim_timeout)
         takeover.adopt(self.manager)
         # Taken before the first pass: a VF appearing during it wakes the retry.
         waiter = self.changes.waiter()
@@ -114,13 +116,15 @@ class VGPUDriver:
     def reconcile_claims(self):
         """Between restarts, at each inventory update: finish removals the
         kernel refused before (a guest still held the device) and drop
-        ``claimed`` claims no guest came for.  Each step reads the journal
-        and only the vGPUs it names.  Claims of guests whose domain is gone
-        (``attached``) wait for a start-up: a resize or a hard reboot
-        undefines the domain for a while and keeps its claims."""
+        ``claimed`` claims no guest came for, and ``migrating_in`` ones no
+        guest arrived for within ``migration_claim_timeout``.  Each step
+        reads the journal and only the vGPUs it names.  Claims of guests
+        whose domain is gone (``attached``) wait for a start-up: a resize or
+        a hard reboot undefines the domain for a while and keeps its claims."""
         self.reconciler.finish_releases()
-        self.reconciler.clean_stale_claims(grace=self.conf.vgpu.claim_grace,
-                                           attached_too=False)
+        self.reconciler.clean_stale_claims(
+            grace=self.conf.vgpu.claim_grace, attached_too=False,
+            migration_timeout=self.conf.vgpu.migration_claim_timeout)
 
     def allocate(self, instance_uuid, allocations, providers):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO

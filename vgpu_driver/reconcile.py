@@ -6,7 +6,8 @@
 * After a **reboot** the kernel has no mdevs and SR-IOV VFs come back only
   once the vendor's enablement has run; every mdev a guest or claim still
   references is created again, with its UUID, on its GPU.
-* A **stale claim** is one no guest came to use, or whose guest is gone.
+* A **stale claim** is one no guest came to use, or whose guest is gone, or
+  an incoming live migration's that neither finished nor rolled back.
 
 Removals hold a ``releasing`` claim while the kernel works, so nothing hands
 the mdev out meanwhile.
@@ -168,34 +169,47 @@ class Reconciler:
 
     # -- claims nobody came for ----------------------------------------------------------------
 
-    def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True):
+    def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True,
+                           migration_timeout=None):
         """Drop claims whose guest never came or is gone; returns them.
 
         A ``claimed`` claim older than ``grace`` that no domain references
         never got its guest; an ``attached`` one without a domain lost it
-        (only with ``attached_too``).  ``migrating_in`` claims are kept for
-        the migration to settle them.  With ``live_instances``, claims of
-        other instances go too.
+        (only with ``attached_too``).  A ``migrating_in`` claim is the
+        migration's to settle, unless no domain references it
+        ``migration_timeout`` seconds on (None or 0: never): its rollback
+        never came.  With ``live_instances``, claims of other instances go
+        too (not ``migrating_in`` ones: their instance lives on the source).
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
         with self.manager.journal.transaction() as txn:
             stale = [claim for claim in txn.claims()
                      if (attached_too or claim.state != claims_mod.ATTACHED)
-                     and self._is_stale(claim, users, now, grace, live_instances)]
+                     and self._is_stale(claim, users, now, grace, live_instances,
+                                        migration_timeout)]
             stale = txn.remove_exact(stale)
         for claim in stale:
+            if claim.state == claims_mod.MIGRATING_IN:
+                LOG.warning("Dropped the migrating_in claim of instance %s on vGPU %s, "
+                            "%.0fs old: no domain uses it, and the incoming live "
+                            "migration never finished nor rolled back here ([vgpu] "
+                            "migration_claim_timeout)", claim.instance_uuid,
+                            claim.mdev_uuid, now - claim.updated_at)
+                continue
             LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
                      claim.state, claim.instance_uuid, claim.mdev_uuid)
         return stale
 
     @staticmethod
-    def _is_stale(claim, users, now, grace, live_instances):
-        if claim.mdev_uuid in users or claim.state in (claims_mod.MIGRATING_IN,
-                                                      claims_mod.RELEASING):
+    def _is_stale(claim, users, now, grace, live_instances, migration_timeout):
+        if claim.mdev_uuid in users or claim.state == claims_mod.RELEASING:
             return False
+        age = now - claim.updated_at
+        if claim.state == claims_mod.MIGRATING_IN:
+            return bool(migration_timeout) and age > migration_timeout
         gone = live_instances is not None and claim.instance_uuid not in live_instances
-        return gone or claim.state == claims_mod.ATTACHED or now - claim.updated_at > grace
+        return gone or claim.state == claims_mod.ATTACHED or age > grace
 
     # -- after a reboot ---------------------------------------------------------------------------
 

@@ -110,6 +110,21 @@ everything every time.
 Seconds after which a claim that no guest has come to use is dropped as
 stale (for example, after a crash during a boot).
 """),
+    cfg.FloatOpt(
+        "migration_claim_timeout",
+        default=21600.0,
+        min=0.0,
+        help="""
+Seconds after which a ``migrating_in`` claim (vGPUs a destination holds for
+an incoming live migration) that no domain references is dropped as stale,
+when the migration's rollback never reached this host.  A claim the guest's
+domain references is never dropped.  Such a claim goes unreferenced only
+between the destination's pre-check and libvirt starting the incoming guest
+here, steps nova bounds by its RPC timeout (``[DEFAULT] long_rpc_timeout``,
+30 minutes by default); from then on the domain references it however long
+the copy takes.  The default, 6 hours, leaves a wide margin.  0 never drops
+them: the migration settles them, or ``vgpu-manage claims drop`` does.
+"""),
     cfg.StrOpt(
         "libvirt_uri",
         default="qemu:///system",
