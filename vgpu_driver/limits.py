@@ -40,8 +40,10 @@ class RegisteredLimits:
         # The proxy authenticates and discovers versions as it is built.
         self.identity = self._call("authenticate", lambda: connection.identity)
         self.endpoint_id = endpoint_id
+        # Every use of the proxy is inside _call: openstacksdk raises as an
+        # attribute is looked up (a service it could not load, for one).
         endpoint = self._call("read endpoint " + endpoint_id,
-                              self.identity.get_endpoint, endpoint_id)
+                              lambda: self.identity.get_endpoint(endpoint_id))
         self.service_id, self.region_id = endpoint.service_id, endpoint.region_id
 
     def check(self, names):
@@ -59,9 +61,9 @@ class RegisteredLimits:
                 continue
             if not dry_run:
                 self._call(f"create registered limit {row.resource_name}",
-                           self.identity.create_registered_limit,
-                           service_id=self.service_id, region_id=self.region_id,
-                           resource_name=row.resource_name, default_limit=default_limit)
+                           lambda name=row.resource_name: self.identity.create_registered_limit(
+                               service_id=self.service_id, region_id=self.region_id,
+                               resource_name=name, default_limit=default_limit))
             rows.append(LimitRow(row.resource_name, default_limit,
                                  WOULD_CREATE if dry_run else CREATED))
         return rows

@@ -75,7 +75,8 @@ def test_configured_enables_only_what_nova_conf_names(make_host, run):  # noqa: 
 @pytest.mark.parametrize("argv, why", [
     (("sriov", "enable"), "give ADDRESS..., --all or --configured"),
     (("sriov", "enable", "--all", A100), "give ADDRESS..., --all or --configured"),
-    (("sriov", "enable", "--all", "--wait", "-1"), "--wait -1.0: must be 0 or more"),
+    (("sriov", "enable", "--all", "--wait", "-1"),
+     "argument --wait: '-1' is not a finite, non-negative number"),
     (("sriov", "enable", A100, pci_devices.NIC), "vendor 0x8086 is not NVIDIA"),
     (("sriov", "enable", "0000:41:00.1"), "no PCI device at this address"),
     (("sriov", "disable", pci_devices.NIC, "--dry-run"), "vendor 0x8086 is not NVIDIA"),

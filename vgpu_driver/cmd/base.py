@@ -4,6 +4,10 @@
 2: the command could not do its job, with one ``error:`` line that says why.
 """
 
+import argparse
+import math
+import sys
+
 from cliff import command
 from cliff import lister
 from keystoneauth1 import exceptions as ks_exceptions
@@ -31,7 +35,34 @@ def one_line(exc):
     return " ".join(lines[:1] + ["; ".join(lines[1:])] if len(lines) > 1 else lines)
 
 
+def usage_errors_on_one_line(parser):
+    """``parser`` reporting a usage error as one ``error:`` line and exit 2,
+    not argparse's usage block and ``prog: error:`` line."""
+
+    def error(message):
+        sys.stderr.write(f"error: {parser.prog}: {message}\n")
+        sys.exit(EXIT_ERROR)
+
+    parser.error = error
+    return parser
+
+
+def seconds(text):
+    """An argparse type: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite, non-negative number of seconds")
+    return value
+
+
 class _ErrorsAsExitCodes:
+    def get_parser(self, prog_name):
+        return usage_errors_on_one_line(super().get_parser(prog_name))
+
     def run(self, parsed_args):
         try:
             return super().run(parsed_args)
@@ -47,8 +78,14 @@ class Command(_ErrorsAsExitCodes, command.Command):
 
 class Lister(_ErrorsAsExitCodes, lister.Lister):
     def produce_output(self, parsed_args, column_names, data):
-        """An empty table is no output at all, not a blank line."""
+        """An empty table is no output at all, not a blank line; an unknown
+        ``-c`` column is a bad option, not a crash."""
         data = list(data)
+        unknown = [c for c in parsed_args.columns or () if c not in column_names]
+        if unknown:
+            raise exception.InvalidOption(
+                option="-c", value=unknown[0],
+                reason=f"no such column; the columns are {', '.join(column_names)}")
         if not data and parsed_args.formatter in ("table", "value"):
             return EXIT_OK
         return super().produce_output(parsed_args, column_names, data)

@@ -5,6 +5,7 @@ cliff command declared in ``setup.cfg`` (namespace ``vgpu_driver.manage``),
 so every listing takes ``-f table|json|yaml|value|csv``.
 """
 
+import os
 import socket
 import sys
 
@@ -20,6 +21,7 @@ from vgpu_driver import exception
 from vgpu_driver import libvirt_host
 from vgpu_driver import privsep
 from vgpu_driver import sysfs
+from vgpu_driver.cmd import base
 
 
 class ManageApp(app.App):
@@ -50,7 +52,17 @@ class ManageApp(app.App):
         parser.add_argument(
             "--state-dir", metavar="DIR",
             help="Directory of the driver's state (overrides [vgpu] state_dir).")
-        return parser
+        return base.usage_errors_on_one_line(parser)
+
+    def run_subcommand(self, argv):
+        """An unknown command is one ``error:`` line, with the near misses."""
+        try:
+            self.command_manager.find_command(argv)
+        except ValueError:
+            self.stderr.write(f"error: {_unknown_command(argv, self.get_fuzzy_matches)}; "
+                              "see 'vgpu-manage --help'\n")
+            return base.EXIT_ERROR
+        return super().run_subcommand(argv)
 
     @property
     def conf(self):
@@ -59,12 +71,17 @@ class ManageApp(app.App):
             conf = cfg.ConfigOpts()
             vgpu_conf.register_opts(conf)
             files = self.options.config_file or cfg.find_config_files(project="nova")
+            for path in files:
+                _check_utf8(path)
             conf([], project="nova", default_config_files=files)
-            if self.options.sysfs_root:
-                conf.set_override("sysfs_root", self.options.sysfs_root, group="vgpu")
-            for option in ("state_dir", "libvirt_uri"):
+            for option in ("sysfs_root", "state_dir", "libvirt_uri"):
                 value = getattr(self.options, option)
-                if value:
+                if value is not None and not value.strip():
+                    raise exception.InvalidOption(
+                        option="--" + option.replace("_", "-"), value=value,
+                        reason="empty; give a value, or leave the option out for "
+                               f"[vgpu] {option}")
+                if value is not None:
                     conf.set_override(option, value, group="vgpu")
             privsep.run_in_process_when_root(conf)
             self._conf = conf
@@ -100,8 +117,38 @@ class ManageApp(app.App):
         return vgpu.manager, vgpu.reconciler
 
 
+def _unknown_command(argv, near_misses):
+    if argv[0].startswith("-"):
+        return (f"unknown option {argv[0]!r} (a command's own options, such as -f, go "
+                "after the command)")
+    near = near_misses(argv[0])
+    hint = f" (did you mean {' or '.join(repr(m) for m in near)}?)" if near else ""
+    return f"{' '.join(argv)!r} is not a vgpu-manage command{hint}"
+
+
+def _check_utf8(path):
+    """oslo.config's decode error names no file; this one does."""
+    try:
+        with open(path, "rb") as f:
+            f.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise cfg.ConfigFileParseError(
+            path, f"not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})"
+        ) from None
+    except OSError:
+        pass   # oslo.config says what is wrong with a file it cannot open
+
+
 def main(argv=None):
-    return ManageApp().run(sys.argv[1:] if argv is None else argv)
+    try:
+        return ManageApp().run(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:    # argparse's exit: a usage error, --help, --version
+        return exc.code if isinstance(exc.code, int) else base.EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (``vgpu-manage ... | head``): end quietly,
+        # with nothing left for the interpreter to flush into the pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return base.EXIT_ERROR
 
 
 if __name__ == "__main__":

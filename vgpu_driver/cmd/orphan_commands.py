@@ -25,7 +25,7 @@ def _reconciler(app):
 
 
 def _add_grace(parser):
-    parser.add_argument("--grace", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=base.seconds, default=0.0, metavar="SECONDS",
                         help="Leave out mdevs younger than this (default: 0).")
 
 

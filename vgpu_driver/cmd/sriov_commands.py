@@ -55,7 +55,7 @@ class Enable(base.Command):
                                 "device_addresses, device_ids).")
         parser.add_argument("addresses", nargs="*", metavar="ADDRESS",
                             help="Physical function PCI address (dddd:bb:ss.f).")
-        parser.add_argument("--wait", type=float, default=DEFAULT_WAIT, metavar="SECONDS",
+        parser.add_argument("--wait", type=base.seconds, default=DEFAULT_WAIT, metavar="SECONDS",
                             help="At most this long for the VFs to offer their types "
                                  "(default: %(default)s).")
         parser.add_argument("--dry-run", action="store_true",
@@ -68,9 +68,6 @@ class Enable(base.Command):
             raise exception.InvalidOption(
                 option="sriov enable", value=" ".join(parsed_args.addresses),
                 reason="give ADDRESS..., --all or --configured (one of them)")
-        if parsed_args.wait < 0:
-            raise exception.InvalidOption(option="--wait", value=parsed_args.wait,
-                                          reason="must be 0 or more seconds")
         if parsed_args.all:
             return [pf.address for pf in sriov.list_functions(host)]
         if parsed_args.configured:

@@ -8,6 +8,8 @@ registered limits belong to.  ``vgpu-manage limits`` uses the same section,
 so it checks exactly the limits nova-compute's API would look up.
 """
 
+import urllib.parse
+
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
@@ -55,5 +57,9 @@ def connection(conf):
         if not group[name]:
             raise exception.LimitsNotConfigured(option=f"[{GROUP}] {name}")
     auth = ks_loading.load_auth_from_conf_options(conf, GROUP)
+    auth_url = getattr(auth, "auth_url", None)
+    if auth_url and urllib.parse.urlsplit(auth_url).scheme not in ("http", "https"):
+        raise exception.KeystoneUnavailable(
+            url=auth_url, reason="[oslo_limit] auth_url is not an http:// or https:// URL")
     session = ks_loading.load_session_from_conf_options(conf, GROUP, auth=auth)
     return openstack.connection.Connection(session=session), group.endpoint_id
