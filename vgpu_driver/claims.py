@@ -85,6 +85,12 @@ def _claim(row):
     return Claim(*row[:6], bool(row[6]), *row[7:])
 
 
+# The longest sqlite itself may wait for another writer, sleeping in C, at a
+# time: under eventlet nothing else runs meanwhile.  Longer waits are made of
+# such tries with Python's sleep in between, which yields to the hub.
+BUSY_POLL = 0.05
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
 _PROCESS_LOCKS = {}
 _PROCESS_LOCKS_GUARD = threading.Lock()
 
@@ -94,6 +100,24 @@ def _process_lock(path):
     key = (os.getpid(), path)
     with _PROCESS_LOCKS_GUARD:
         return _PROCESS_LOCKS.setdefault(key, threading.RLock())
+
+
+def _patiently(action, patience):
+    """``action()``, retried while the database is busy for up to ``patience``
+    seconds, sleeping between tries in Python (see :data:`BUSY_POLL`)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES \
+                    or time.monotonic() >= deadline:
+                raise
+        time.sleep(BUSY_POLL)
+
+
+def _begin_immediate(db, patience):
+    _patiently(lambda: db.execute("BEGIN IMMEDIATE"), patience)
 
 
 def _make_state_dir(state_dir, path):
@@ -171,7 +195,7 @@ class Journal:
 
     def _migrate(self, db, version):
         with _process_lock(self.path):
-            db.execute("BEGIN IMMEDIATE")
+            _begin_immediate(db, self._busy_timeout)
             try:
                 for script in _MIGRATIONS[version:]:
                     for statement in filter(str.strip, script.split(";")):
@@ -191,7 +215,7 @@ class Journal:
         costs a WAL checkpoint each time.  A forked child opens its own."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
-            db = sqlite3.connect(self.path, timeout=self._busy_timeout,
+            db = sqlite3.connect(self.path, timeout=BUSY_POLL,
                                  isolation_level=None, check_same_thread=True)
             db.execute("PRAGMA journal_mode=WAL")
             # Claims must survive power loss too: a reboot restores from them.
@@ -204,13 +228,15 @@ class Journal:
         """A write transaction holding the host-wide allocation lock.
 
         Threads of this process queue on a lock of their own first, so only
-        one of them waits on sqlite's lock at a time: sqlite waits by
-        sleeping in C, which under eventlet (nova-compute can run on it)
-        would freeze every green thread, the lock holder's included.
+        one of them waits on sqlite's lock at a time; a writer of another
+        process (a ``vgpu-manage`` command) is waited for in short tries with
+        Python's sleep between them: sqlite waits by sleeping in C, which
+        under eventlet (nova-compute can run on it) would freeze every green
+        thread for as long as the other process holds the lock.
         """
         with _process_lock(self.path):
             db = self._db()
-            db.execute("BEGIN IMMEDIATE")
+            _begin_immediate(db, self._busy_timeout)
             try:
                 yield Transaction(db)
             except BaseException:
@@ -219,7 +245,8 @@ class Journal:
             db.execute("COMMIT")
 
     def claims(self, instance_uuid=None):
-        return Transaction(self._db()).claims(instance_uuid)
+        return _patiently(lambda: Transaction(self._db()).claims(instance_uuid),
+                          self._busy_timeout)
 
 
 class Transaction:
