@@ -70,6 +70,8 @@ class JournalUnderEventletTests(testtools.TestCase):
         result = json.loads(waiter.stdout.readline())
         self.assertEqual(0, waiter.wait(timeout=30))
         self.assertGreater(result["waited"], HOLD * 0.6)
-        # sqlite may sleep in C for one short try at a time, no longer.
-        self.assertLess(result["longest_gap"], claims.BUSY_POLL * 4, result)
+        # sqlite may sleep in C for one short try at a time (BUSY_POLL); the
+        # bound leaves room for a loaded machine, and is far below the whole
+        # hold, which is what a wait inside sqlite's busy handler freezes for.
+        self.assertLess(result["longest_gap"], HOLD / 3, result)
         self.assertGreater(result["ticks"], 30, result)
