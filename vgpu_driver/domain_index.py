@@ -11,9 +11,14 @@ O(domains).
 
 A full re-read happens on first use, on a connection the owner did not
 report through :meth:`connected` (its events may never come), without
-events, and
-when the last one is ``max_staleness`` seconds old: libvirt sends no event
-when a shut-off guest's saved config gains or loses a device.
+events, and when the last full re-read is ``max_staleness`` seconds old:
+libvirt sends no event when a shut-off guest's saved config gains or loses
+a device.
+
+A lookup that meets an error (but libvirt's "no such domain") raises and
+publishes nothing: the changes it could not apply stay noted, a failed full
+re-read is done again.  The caller fails rather than take a guest's vGPU for
+free.
 """
 
 import collections
@@ -23,6 +28,8 @@ from types import MappingProxyType
 
 from vgpu_driver import domains
 from vgpu_driver import libvirt_host
+
+_NEVER = (None, float("-inf"))
 
 
 class DomainIndex(domains.DomainReferences):
@@ -42,9 +49,13 @@ class DomainIndex(domains.DomainReferences):
         self._evented = None
         self._changed = collections.deque()
         self._lock = threading.Lock()
-        self._by_domain = {}
-        self._users = MappingProxyType({})
-        self._refreshed_at = float("-inf")
+        #: ``({domain uuid: (DomainRef, vgpu ids)}, {vgpu id: DomainRef})``,
+        #: replaced whole, never changed in place: a reader holding it sees
+        #: one state of both maps.
+        self._maps = ({}, MappingProxyType({}))
+        #: The evented connection the last full read was made on (None if
+        #: on another) and when it began: events patch only that listing.
+        self._listed = _NEVER
 
     # -- fed by the owner's event loop ------------------------------------------------
 
@@ -56,26 +67,43 @@ class DomainIndex(domains.DomainReferences):
         """The owner registered its domain callbacks on a new ``conn``: the
         old one's events are lost, so everything is read again."""
         self._evented = conn
-        self._refreshed_at = float("-inf")
+        self._listed = _NEVER
 
     # -- lookups ------------------------------------------------------------------------
 
     def mdev_users(self):
-        with self._lock:
-            conn = self._connection()
-            if (not self.event_driven or conn is not self._evented
-                    or time.monotonic() - self._refreshed_at > self.max_staleness):
-                self._refresh(conn)
-            elif self._changed:
-                self._apply_changes(conn)
-            return self._users
+        return self._current()[1]
 
     def domain_mdevs(self, domain_uuid):
         """The vGPU ids one domain references, by the index."""
-        entry = self.mdev_users() and self._by_domain.get(domain_uuid)
+        entry = self._current()[0].get(domain_uuid)
         return entry[1] if entry else ()
 
-    def _refresh(self, conn):
+    def _current(self):
+        """Both maps, brought up to date.  On any error nothing is published
+        and no change is forgotten: the caller fails rather than act on a
+        view missing a guest's vGPUs."""
+        with self._lock:
+            # Taken before the connection: should the owner reconnect from
+            # here on, a listing made now is not taken for the new one's.
+            evented = self._evented
+            conn = self._connection()
+            if self._must_reread(conn):
+                self._refresh(conn, conn if conn is evented else None)
+            elif self._changed:
+                self._apply_changes(conn)
+            return self._maps
+
+    def _must_reread(self, conn):
+        listed_on, started = self._listed
+        return (not self.event_driven or conn is not self._evented
+                or listed_on is not conn
+                or time.monotonic() - started > self.max_staleness)
+
+    def _refresh(self, conn, evented):
+        """Read every domain; ``evented``: ``conn`` if its events are heard."""
+        # Until this listing is published, the next lookup reads again.
+        self._listed = _NEVER
         # Events noted from here on are applied on top of this listing.
         self._changed.clear()
         started = time.monotonic()
@@ -83,33 +111,56 @@ class DomainIndex(domains.DomainReferences):
         every = (self._libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
                  | self._libvirt.VIR_CONNECT_LIST_DOMAINS_INACTIVE)
         for dom in conn.listAllDomains(every):
-            try:
-                by_domain[dom.UUIDString()] = libvirt_host.read_domain(dom)
-            except self._libvirt.libvirtError:
-                continue  # undefined while we listed
-        self._by_domain = by_domain
-        self._users = MappingProxyType(libvirt_host.index_users(by_domain))
-        self._refreshed_at = started
+            entry = self._read_listed(dom)
+            if entry is not None:
+                by_domain[entry[0].uuid] = entry
+        self._maps = (by_domain, MappingProxyType(libvirt_host.index_users(by_domain)))
+        self._listed = (evented, started)
 
     def _apply_changes(self, conn):
-        users = dict(self._users)
+        """Re-read the changed domains into new maps; on an error, put their
+        events back for the next lookup."""
+        changed = self._take_changes()
+        by_domain, users = dict(self._maps[0]), dict(self._maps[1])
+        try:
+            for uuid in changed:
+                _replace(by_domain, users, uuid, self._read(conn, uuid))
+        except BaseException:
+            self._changed.extendleft(reversed(changed))
+            raise
+        self._maps = (by_domain, MappingProxyType(users))
+
+    def _take_changes(self):
+        """The domains changed so far, each once, in the order first noted."""
+        changed = {}
         while self._changed:
-            uuid = self._changed.popleft()
-            entry = self._read(conn, uuid)
-            old_ref, old_mdevs = self._by_domain.pop(uuid, (None, ()))
-            for mdev in old_mdevs:
-                if users.get(mdev) is old_ref:
-                    del users[mdev]
-            if entry is not None:
-                self._by_domain[uuid] = entry
-                users.update(dict.fromkeys(entry[1], entry[0]))
-        self._users = MappingProxyType(users)
+            changed[self._changed.popleft()] = None
+        return list(changed)
 
     def _read(self, conn, uuid):
         """The domain's entry, or None once it is no longer defined."""
+        return self._unless_undefined(
+            lambda: libvirt_host.read_domain(conn.lookupByUUIDString(uuid)))
+
+    def _read_listed(self, dom):
+        """A listed domain's entry, or None if undefined since the listing."""
+        return self._unless_undefined(lambda: libvirt_host.read_domain(dom))
+
+    def _unless_undefined(self, read):
         try:
-            return libvirt_host.read_domain(conn.lookupByUUIDString(uuid))
+            return read()
         except self._libvirt.libvirtError as exc:
             if exc.get_error_code() == self._libvirt.VIR_ERR_NO_DOMAIN:
                 return None
             raise
+
+
+def _replace(by_domain, users, uuid, entry):
+    """Put one domain's new ``entry`` (None: undefined) in both maps."""
+    old_ref, old_mdevs = by_domain.pop(uuid, (None, ()))
+    for mdev in old_mdevs:
+        if users.get(mdev) is old_ref:
+            del users[mdev]
+    if entry is not None:
+        by_domain[uuid] = entry
+        users.update(dict.fromkeys(entry[1], entry[0]))
