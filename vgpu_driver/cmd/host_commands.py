@@ -48,7 +48,7 @@ class ListMdevs(base.Lister):
 
     def take_action(self, parsed_args):
         snapshot = discovery.discover(self.app.open_host())
-        journal = self.app.journal(snapshot)
+        journal = self.app.view_journal(snapshot)
         claimed = {c.mdev_uuid: c for c in journal.claims()} if journal else {}
         try:
             users = self.app.domains().mdev_users()
@@ -78,10 +78,11 @@ def load_mdev_config(app):
     return config
 
 
-def in_use(app, snapshot):
+def in_use(app, snapshot, view=False):
     """vGPU ids (mdev UUIDs, VF addresses) guests or claims reference, or None
-    when libvirt is unreachable."""
-    journal = app.journal(snapshot)
+    when libvirt is unreachable.  ``view``: a read-only view, which works
+    without a journal (see ``view_journal``)."""
+    journal = app.view_journal(snapshot) if view else app.journal(snapshot)
     claimed = {c.mdev_uuid for c in journal.claims()} if journal else set()
     try:
         return claimed | set(app.domains().mdev_users())
@@ -99,8 +100,8 @@ def desired_tree(app, sync=None):
     config = load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
     unallocated = _claims_placement_lacks(app, snapshot, sync) if sync else None
-    return (inventory.compute(snapshot, config, app.options.nodename, in_use(app, snapshot),
-                              unallocated),
+    return (inventory.compute(snapshot, config, app.options.nodename,
+                              in_use(app, snapshot, view=sync is None), unallocated),
             snapshot)
 
 

@@ -107,6 +107,21 @@ class ManageApp(app.App):
                 return None
             raise
 
+    def view_journal(self, snapshot):
+        """The journal for a read-only view: as :meth:`journal`, except that a
+        journal nova-compute never made (no state directory, or no file in
+        it) gives None and one warning, so a host can be looked at before
+        nova-compute first runs there.  Writers use :meth:`journal`."""
+        try:
+            return self.journal(snapshot)
+        except exception.JournalMissing as exc:
+            state_dir = self.conf.vgpu.state_dir
+            if os.path.exists(state_dir) and not os.path.isdir(state_dir):
+                raise
+            self.LOG.warning("No claims journal at %s (%s): claims are not counted in "
+                             "this view", exc.kwargs["path"], exc.kwargs["reason"])
+            return None
+
     def domains(self):
         return libvirt_host.LibvirtHost(self.conf.vgpu.libvirt_uri, use_events=False)
 

@@ -84,7 +84,7 @@ def read_status(app):
     config = host_commands.load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
-    journal = app.journal(snapshot)
+    journal = app.view_journal(snapshot)
     claim_list = journal.claims() if journal else []
     users, warning = libvirt_users(app)
     tree = inventory.compute(snapshot, config, app.options.nodename,
