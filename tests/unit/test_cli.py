@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import os
 import textwrap
 import uuid
 
@@ -229,3 +230,20 @@ def test_vendor_vfio_vgpus_in_mdev_list_inventory_and_orphans(make_host, run, tm
     assert code == 0 and json.loads(out) == [{"uuid": free, "result": "removed",
                                               "reason": ""}]
     assert [str(vf.address) for vf in host.list_vendor_vfio() if vf.current_type] == [used]
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(make_host, tmp_path):
+    """``vgpu-manage types | head -1`` with SIGPIPE ignored (as Python does):
+    no traceback and no ``error: Broken pipe``; the exit a shell gives a
+    command SIGPIPE ended."""
+    host = make_host("t4x8")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    err = io.StringIO()
+    with os.fdopen(write_end, "w") as closed_pipe, contextlib.redirect_stdout(closed_pipe), \
+            contextlib.redirect_stderr(err):
+        code = manage.main(["--config-file", os.devnull, "--sysfs-root", host.paths.root,
+                            "types", "-f", "value"])
+        with contextlib.suppress(BrokenPipeError):
+            closed_pipe.flush()
+    assert code == manage.SIGPIPE_EXIT and err.getvalue() == ""

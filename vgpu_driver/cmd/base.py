@@ -66,6 +66,8 @@ class _ErrorsAsExitCodes:
     def run(self, parsed_args):
         try:
             return super().run(parsed_args)
+        except BrokenPipeError:
+            raise       # the reader went away: main() ends quietly
         except EXPECTED_ERRORS as exc:
             self.app.LOG.debug("%s failed", self.cmd_name, exc_info=exc)
             self.app.stderr.write(f"error: {one_line(exc)}\n")

@@ -5,6 +5,8 @@ cliff command declared in ``setup.cfg`` (namespace ``vgpu_driver.manage``),
 so every listing takes ``-f table|json|yaml|value|csv``.
 """
 
+import contextlib
+import io
 import os
 import socket
 import sys
@@ -154,16 +156,27 @@ def _check_utf8(path):
         pass   # oslo.config says what is wrong with a file it cannot open
 
 
+# What cliff returns when the reader stopped reading (``... | head``), as a
+# shell reports a command SIGPIPE ended.
+SIGPIPE_EXIT = 141
+
+
+def _quiet_stdout():
+    """Nothing left for the interpreter to flush into a closed pipe at exit."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv=None):
     try:
-        return ManageApp().run(sys.argv[1:] if argv is None else argv)
+        code = ManageApp().run(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:    # argparse's exit: a usage error, --help, --version
         return exc.code if isinstance(exc.code, int) else base.EXIT_ERROR
     except BrokenPipeError:
-        # The reader went away (``vgpu-manage ... | head``): end quietly,
-        # with nothing left for the interpreter to flush into the pipe.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return base.EXIT_ERROR
+        code = SIGPIPE_EXIT
+    if code == SIGPIPE_EXIT:
+        _quiet_stdout()
+    return code
 
 
 if __name__ == "__main__":
