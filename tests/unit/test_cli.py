@@ -247,3 +247,19 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(make_host, tmp_pat
         with contextlib.suppress(BrokenPipeError):
             closed_pipe.flush()
     assert code == manage.SIGPIPE_EXIT and err.getvalue() == ""
+
+
+def test_stderr_carries_no_chatter_and_warnings_share_one_prefix(make_host, run):
+    host = make_host("t4x8")
+    assert run("--sysfs-root", host.paths.root, "claims", "init")[0] == base.EXIT_OK
+    # How this process learns of GPU changes (polling, on a fake host) is
+    # nova-compute's concern, not the command's.
+    code, _out, err = run("--sysfs-root", host.paths.root, "orphans", "list")
+    assert code == base.EXIT_OK and err == ""
+    code, _out, err = run("--sysfs-root", host.paths.root, "inventory",
+                          conf="[devices]\nenabled_mdev_types = nvidia-222, nvidia-223\n")
+    assert code == base.EXIT_OK
+    assert err.splitlines() == [
+        "warning: [mdev_nvidia-223] device_addresses = []: empty, but type nvidia-222 "
+        "already serves every unlisted device; nvidia-223 will not be used (set its "
+        "device_addresses)"], err

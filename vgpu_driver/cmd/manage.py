@@ -7,6 +7,7 @@ so every listing takes ``-f table|json|yaml|value|csv``.
 
 import contextlib
 import io
+import logging
 import os
 import socket
 import sys
@@ -55,6 +56,17 @@ class ManageApp(app.App):
             "--state-dir", metavar="DIR",
             help="Directory of the driver's state (overrides [vgpu] state_dir).")
         return base.usage_errors_on_one_line(parser)
+
+    def configure_logging(self):
+        """cliff's console, with one prefix style (``warning: ...``) and no
+        library's chatter unless ``--debug``."""
+        super().configure_logging()
+        for handler in logging.getLogger().handlers:
+            if getattr(handler, "stream", None) is self.stderr:
+                handler.setFormatter(_ConsoleFormatter(self.CONSOLE_MESSAGE_FORMAT))
+        if not self.options.debug:
+            for name in _QUIET_UNLESS_DEBUG:
+                logging.getLogger(name).setLevel(logging.WARNING)
 
     def run_subcommand(self, argv):
         """An unknown command is one ``error:`` line, with the near misses."""
@@ -132,6 +144,23 @@ class ManageApp(app.App):
         vgpu = driver.VGPUDriver(self.conf, self.domains(), host=self.open_host(),
                                  mdev_config=mdev_config, journal=self.journal())
         return vgpu.manager, vgpu.reconciler
+
+
+# Loggers whose INFO lines say nothing an operator of this command needs:
+# libraries', and how this command process learns of GPU changes.
+_QUIET_UNLESS_DEBUG = ("keystoneauth", "openstack", "stevedore", "urllib3", "oslo_privsep",
+                       "vgpu_driver.sysfs.udev")
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """Warnings and errors on the console start as the error lines do."""
+
+    def format(self, record):
+        text = super().format(record)
+        prefix = f"{record.levelname.lower()}: "
+        if record.levelno >= logging.WARNING and not text.startswith(prefix):
+            return prefix + text
+        return text
 
 
 def _unknown_command(argv, near_misses):
