@@ -62,6 +62,8 @@ class Audit(base.Lister):
     def run(self, parsed_args):
         self.drifted = None
         code = super().run(parsed_args)
-        if self.drifted is False and self.app.stdout.isatty():
-            self.app.stdout.write("no drift\n")   # a script reads the empty output
+        if self.drifted is False:
+            # A script reads the empty listing on stdout; a person sees the words.
+            tty = self.app.stdout.isatty()
+            (self.app.stdout if tty else self.app.stderr).write("no drift\n")
         return code or (base.EXIT_PROBLEMS if self.drifted else base.EXIT_OK)
