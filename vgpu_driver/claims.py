@@ -167,15 +167,24 @@ class Journal:
         byte for byte as it was), then the schema brought to this version."""
         version, has_claims = 0, False
         if os.path.exists(self.path):
-            version, has_claims = self._check_read_only()
-        if version == 0 and not has_claims and not create:
-            raise exception.JournalUnreadable(path=self.path, reason="it holds no claims table")
+            # A file that is there is ours only if it holds our table: an
+            # empty file or another program's database is never adopted.
+            if os.path.getsize(self.path) == 0:
+                raise exception.JournalUnreadable(path=self.path,
+                                                  reason="the file is empty (0 bytes)")
+            version, tables = self._check_read_only()
+            has_claims = "claims" in tables
+            # Without claims: another program's tables are never adopted; a
+            # database with none (a first start cut short) only by a creator.
+            if not has_claims and (tables or not create):
+                raise exception.JournalUnreadable(path=self.path,
+                                                  reason="it holds no claims table")
         db = self._db()
         if version < SCHEMA_VERSION:
             self._migrate(db, 1 if version == 0 and has_claims else version)
 
     def _check_read_only(self):
-        """``(schema version, has a claims table)`` of a journal that passes
+        """``(schema version, its table names)`` of a journal that passes
         sqlite's integrity check and is not newer than this code."""
         db = sqlite3.connect(f"file:{parse.quote(self.path)}?mode=ro", uri=True,
                              timeout=self._busy_timeout)
@@ -185,13 +194,13 @@ class Journal:
                 raise exception.JournalUnreadable(path=self.path,
                                                   reason=f"integrity check: {verdict}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            has_claims = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                                    "AND name = 'claims'").fetchone() is not None
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
             db.close()
         if version > SCHEMA_VERSION:
             raise exception.JournalTooNew(path=self.path, found=version, known=SCHEMA_VERSION)
-        return version, has_claims
+        return version, tables
 
     def _migrate(self, db, version):
         with _process_lock(self.path):

@@ -111,3 +111,29 @@ def test_a_state_dir_with_uri_characters_opens(tmp_path):
     state = tmp_path / "a?b#c%20"
     journal_with_a_claim(state)
     assert [c.mdev_uuid for c in claims.Journal(str(state), create=False).claims()] == [MDEV]
+
+
+@pytest.mark.parametrize("setup, reason", [
+    (lambda path: path.write_bytes(b""), "the file is empty"),
+    (lambda path: sqlite3.connect(path).executescript("CREATE TABLE other (x)"),
+     "it holds no claims table"),
+])
+def test_creating_never_adopts_an_empty_file_or_another_programs_database(tmp_path, setup,
+                                                                        reason):
+    """``claims init`` (and nova-compute's start-up) create a journal only
+    where there is none: what is there is left byte for byte."""
+    path = tmp_path / claims.Journal.FILENAME
+    setup(path)
+    before = path.read_bytes()
+    with pytest.raises(exception.JournalUnreadable, match=reason):
+        claims.Journal(str(tmp_path), create=True)
+    assert path.read_bytes() == before
+
+
+def test_a_first_start_cut_short_is_finished_by_the_next(tmp_path):
+    """A database sqlite made but no table yet (the process died before its
+    first transaction) is the journal's to finish creating."""
+    path = tmp_path / claims.Journal.FILENAME
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").fetchall()
+    journal = claims.Journal(str(tmp_path), create=True)
+    assert journal.claims() == [] and journal.schema_version == claims.SCHEMA_VERSION
