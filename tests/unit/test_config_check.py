@@ -58,3 +58,15 @@ def test_strict_turns_warnings_into_problems(make_host, run):  # noqa: F811
     code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", "--strict",
                        conf=conf)
     assert code == base.EXIT_PROBLEMS and "ok:" not in out
+
+
+def test_the_old_name_beside_the_new_one_is_a_warning(make_host, run):  # noqa: F811
+    """oslo.config takes enabled_mdev_types and drops enabled_vgpu_types
+    without a word when a file sets both."""
+    host = make_host("m60-multi")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", "--strict",
+                       conf="[devices]\nenabled_mdev_types = nvidia-35\n"
+                            "enabled_vgpu_types = nvidia-36\n")
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        "warning: [devices] enabled_vgpu_types = 'nvidia-36': ignored: enabled_mdev_types "
+        "is set too and wins; remove the old name"])

@@ -109,7 +109,23 @@ def _raw_value(conf, group, name):
         return None
 
 
+def _written(conf, group, name):
+    """Whether a configuration file sets ``[group] name`` itself."""
+    try:
+        conf._namespace._get_file_value([(group, name)])
+    except Exception:  # noqa: BLE001 - not found is KeyError; best effort, reporting only
+        return False
+    return True
+
+
 def _enabled_types(conf, problems):
+    if _written(conf, "devices", "enabled_mdev_types") and \
+            _written(conf, "devices", "enabled_vgpu_types"):
+        problems.append(exception.ConfigProblem(
+            _option("devices", "enabled_vgpu_types"),
+            _raw_value(conf, "devices", "enabled_vgpu_types"),
+            "ignored: enabled_mdev_types is set too and wins; remove the old name",
+            "warning"))
     enabled = []
     for type_id in conf.devices.enabled_mdev_types:
         try:
