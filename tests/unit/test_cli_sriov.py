@@ -21,6 +21,7 @@ from tests import pci_devices
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
 from vgpu_driver import claims
 from vgpu_driver.cmd import base
+from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import manage
 
 A100 = "0000:41:00.0"
@@ -173,3 +174,14 @@ def test_boot_unit_command_enables_a_rebooted_a100(make_host, tmp_path, fake_ker
     assert code == 0 and out.getvalue().startswith(f"{ENABLED}\n")
     assert host.pci_device(A100).sriov_numvfs == 16
     assert len(host.list_parents()) == 16
+
+
+def test_vf_lists_read_as_ranges_in_tables_and_whole_in_json():
+    vfs = ["0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7", "0000:41:01.0",
+           "0000:41:02.1", "0000:41:02.2", "0000:42:00.0"]
+    column = columns.PciRangesColumn(vfs)
+    assert column.human_readable() == ("0000:41:00.4-0000:41:01.0, 0000:41:02.1-0000:41:02.2, "
+                                       "0000:42:00.0 (8)")
+    assert column.machine_readable() == vfs
+    assert columns.PciRangesColumn(["0000:41:00.4"]).human_readable() == "0000:41:00.4"
+    assert columns.PciRangesColumn([]).human_readable() == ""

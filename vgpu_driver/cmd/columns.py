@@ -2,6 +2,8 @@
 
 from cliff import columns
 
+from vgpu_driver import names
+
 
 class ListColumn(columns.FormattableColumn):
     def human_readable(self):
@@ -9,6 +11,26 @@ class ListColumn(columns.FormattableColumn):
 
     def machine_readable(self):
         return list(self._value or ())
+
+
+class PciRangesColumn(ListColumn):
+    """PCI functions (an SR-IOV board's VFs): runs of consecutive addresses
+    as ranges in tables, every address in JSON/YAML."""
+
+    def human_readable(self):
+        found = sorted(names.parse_pci_address(str(a)) for a in self._value or ())
+        runs = []
+        for address in found:
+            if runs and runs[-1][-1].offset(1) == address:
+                runs[-1].append(address)
+            else:
+                runs.append([address])
+        text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])
+                         for run in runs)
+        return f"{text} ({len(found)})" if len(found) > 1 else text
+
+    def machine_readable(self):
+        return [str(a) for a in self._value or ()]
 
 
 class OptionalColumn(columns.FormattableColumn):

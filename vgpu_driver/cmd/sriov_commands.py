@@ -27,7 +27,7 @@ class Status(base.Lister):
         cols = ("physical_function", "vendor", "device", "totalvfs", "numvfs", "vfs",
                 "mdev_types", "state")
         rows = [(pf.address, pf.vendor, pf.device, pf.totalvfs, pf.numvfs,
-                 columns.ListColumn([vf.address for vf in pf.vfs]),
+                 columns.PciRangesColumn([vf.address for vf in pf.vfs]),
                  columns.ListColumn(pf.mdev_types), pf.state)
                 for pf in sriov.list_functions(self.app.open_host())]
         return cols, [columns.optional(r) for r in rows]
