@@ -6,6 +6,7 @@ import json
 import os
 import textwrap
 import uuid
+from importlib import metadata
 
 import pytest
 
@@ -263,3 +264,13 @@ def test_stderr_carries_no_chatter_and_warnings_share_one_prefix(make_host, run)
         "warning: [mdev_nvidia-223] device_addresses = []: empty, but type nvidia-222 "
         "already serves every unlisted device; nvidia-223 will not be used (set its "
         "device_addresses)"], err
+
+
+def test_every_command_summary_is_one_whole_line():
+    """``vgpu-manage --help`` shows each command's first docstring line: one
+    that wraps is cut mid-sentence there."""
+    for entry in metadata.entry_points(group="vgpu_driver.manage"):
+        doc = entry.load().__doc__ or ""
+        lines = doc.strip().splitlines()
+        assert lines and (len(lines) == 1 or not lines[1].strip()), entry.name
+        assert len(lines[0]) <= 80, entry.name

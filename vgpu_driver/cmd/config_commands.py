@@ -9,8 +9,10 @@ from vgpu_driver.conf import mdev_types
 
 
 class CheckConfig(base.Command):
-    """Validate [devices] and [mdev_*] against this host; exit 1 and list each
-    problem if unsound (with --strict, warnings too)."""
+    """Validate [devices] and [mdev_*] against this host; exit 1 if unsound.
+
+    Each problem is one line (with --strict, warnings count as problems).
+    """
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)

@@ -35,8 +35,11 @@ from vgpu_driver.fake import fakekernel
 
 
 class Demo(progress.Progress, base.Command):
-    """Run vgpu-driver end to end on a fake host, a real Placement and libvirt's
-    test driver."""
+    """Run vgpu-driver end to end on a fake host, with nothing to set up.
+
+    The host is a fake one, Placement a real one run in-process, and libvirt
+    its test driver.
+    """
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)

@@ -20,8 +20,11 @@ DEFAULT_WAIT = 60.0
 
 
 class Status(base.Lister):
-    """List NVIDIA SR-IOV GPUs: their VFs, the types those offer, and state
-    (off, enabled, partial: VFs not all registered by the vendor driver)."""
+    """List NVIDIA SR-IOV GPUs: their VFs, the types those offer, and state.
+
+    The state is off, enabled, or partial (VFs not all registered by the
+    vendor driver yet).
+    """
 
     def take_action(self, parsed_args):
         cols = ("physical_function", "vendor", "device", "totalvfs", "numvfs", "vfs",
@@ -42,8 +45,11 @@ def _configured(app, host):
 
 
 class Enable(base.Command):
-    """Enable the VFs of NVIDIA SR-IOV GPUs (all of them: sriov_totalvfs) and
-    wait until every VF offers its mdev types.  GPUs with VFs are left alone."""
+    """Enable the VFs of NVIDIA SR-IOV GPUs, then wait for their mdev types.
+
+    All of a GPU's VFs are enabled (sriov_totalvfs); GPUs that have VFs
+    already are left alone.
+    """
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
@@ -102,8 +108,11 @@ class Enable(base.Command):
 
 
 class Disable(base.Command):
-    """Disable the VFs of one NVIDIA SR-IOV GPU; refused while any VF holds a
-    vGPU or the claims journal holds a claim on it."""
+    """Disable the VFs of one NVIDIA SR-IOV GPU, if nothing uses them.
+
+    Refused while any VF holds a vGPU or the claims journal holds a claim
+    on it.
+    """
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
