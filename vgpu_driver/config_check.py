@@ -100,9 +100,29 @@ def vfs_pending(config, snapshot):
         if not type_id or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
         option, value = _serving_option(type_id, device_id, how)
+        listed = [a for a in config.type_config(type_id).device_addresses
+                  if a in gpu.addresses]
+        vfs = [a for a in listed if a != address]
+        board = f"; {', '.join(vfs)} will be VF(s) of it" if vfs else ""
         problems.append(exception.ConfigProblem(
-            option, value or address, f"GPU {address} gets no provider: "
-            f"{inventory.vfs_pending_reason(gpu)}"))
+            option, value or ", ".join(listed) or address, f"GPU {address} gets no provider: "
+            f"{inventory.vfs_pending_reason(gpu)}{board}"))
+    return problems
+
+
+def types_on_one_board(config, snapshot):
+    """A board whose PF and VFs (or VFs) are listed under different types: it
+    serves one type, so it gets none."""
+    problems = []
+    for gpu in snapshot.gpus:
+        listed = {a: config.by_address[a] for a in gpu.addresses if a in config.by_address}
+        if len(set(listed.values())) > 1:
+            where = ", ".join(f"{a} under {t}" for a, t in sorted(listed.items()))
+            problems.append(exception.ConfigProblem(
+                "device_addresses", ", ".join(sorted(listed)),
+                f"addresses of one board (GPU {gpu.address}) are listed under different "
+                f"types ({where}); a board serves one type, so it gets none: list it "
+                "under one type"))
     return problems
 
 
@@ -168,5 +188,5 @@ def check(conf, config, snapshot):
     """Every problem found, errors first in the order they are checked."""
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
             + absent_types(config, snapshot) + absent_addresses(config, snapshot)
-            + vfs_pending(config, snapshot)
+            + types_on_one_board(config, snapshot) + vfs_pending(config, snapshot)
             + uncapped_vendor_vfio(config, snapshot))

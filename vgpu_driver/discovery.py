@@ -62,7 +62,11 @@ class PhysicalGPU:
 
     @property
     def addresses(self):
-        """The GPU's own address and those of its parents (its VFs)."""
+        """The GPU's own address and those of its parents (its VFs); with its
+        VFs off, those the VFs will take, so that a configuration naming a
+        VF finds its board before the VFs are enabled."""
+        if self.vfs_off:
+            return (self.address, *self.pci.future_vf_addresses())
         return (self.address, *(p.name for p in self.parents if p.name != self.address))
 
     @property

@@ -22,10 +22,17 @@ ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
 CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
 
 
-@pytest.fixture
-def rebooted(tmp_path):
+# nova's guide configures SR-IOV boards by their VFs' addresses, which do
+# not exist while the VFs are off: the PF's sriov_offset and sriov_stride say
+# which they will be.
+CONF_BY_VFS = CONF.replace(f"device_addresses = {A100}",
+                           "device_addresses = 0000:41:00.4, 0000:41:00.5")
+
+
+@pytest.fixture(params=[CONF, CONF_BY_VFS], ids=["by-pf", "by-vfs"])
+def rebooted(tmp_path, request):
     with served_host.served(tmp_path, "a100-sriov-off") as host:
-        (tmp_path / "nova.conf").write_text(CONF + served_host.FAKE_ROOT_CONF)
+        (tmp_path / "nova.conf").write_text(request.param + served_host.FAKE_ROOT_CONF)
         yield host
 
 
@@ -44,7 +51,8 @@ def test_acceptance_enable_a_rebooted_a100(rebooted, tmp_path):
     assert code == 0 and row["provider"] is None and "sriov enable" in row["reason"]
     code, out, _ = manage(rebooted, tmp_path, "config", "check")
     assert code == 1 and len(out.splitlines()) == 1 and A100 in out
-    code, out, err = manage(rebooted, tmp_path, "sriov", "enable", "--all")
+    # What the boot unit runs: the configured boards, found with their VFs off.
+    code, out, err = manage(rebooted, tmp_path, "sriov", "enable", "--configured")
     assert code == 0 and "error" not in err and out.startswith(f"{ENABLED}\n")
     code, out, _ = manage(rebooted, tmp_path, "sriov", "status", "-f", "json")
     [status] = json.loads(out)

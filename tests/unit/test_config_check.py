@@ -70,3 +70,19 @@ def test_the_old_name_beside_the_new_one_is_a_warning(make_host, run):  # noqa: 
     assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
         "warning: [devices] enabled_vgpu_types = 'nvidia-36': ignored: enabled_mdev_types "
         "is set too and wins; remove the old name"])
+
+
+@pytest.mark.parametrize("profile", ["a100-sriov", "a100-sriov-off"])
+def test_one_board_under_two_types_is_an_error(make_host, run, profile):  # noqa: F811
+    """A board's PF under one type and one of its VFs under another: it can
+    serve only one, so it gets none (with its VFs off as well as on)."""
+    host = make_host(profile)
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check",
+                       conf="[devices]\nenabled_mdev_types = nvidia-468, nvidia-469\n"
+                            "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00.0\n"
+                            "[mdev_nvidia-469]\ndevice_addresses = 0000:41:00.5\n")
+    assert code == base.EXIT_PROBLEMS
+    assert ("error: device_addresses = '0000:41:00.0, 0000:41:00.5': addresses of one board "
+            "(GPU 0000:41:00.0) are listed under different types (0000:41:00.0 under "
+            "nvidia-468, 0000:41:00.5 under nvidia-469); a board serves one type, so it gets "
+            "none: list it under one type") in out.splitlines()

@@ -10,6 +10,8 @@ import abc
 import dataclasses
 import re
 
+from vgpu_driver import names
+
 _FRAMEBUFFER_RE = re.compile(r"^(\d+)\s*([KMGT]?)i?B?$", re.IGNORECASE)
 _UNIT_TO_MB = {"K": 1 / 1024, "": 1 / (1024 * 1024), "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -103,6 +105,18 @@ class PciDeviceInfo:
     virtfns: tuple = ()
     # The PCI class code as sysfs prints it (``0x030200``: 3D controller).
     pci_class: str | None = None
+    # Where the VFs will be (routing IDs after the PF's), known with them off.
+    sriov_offset: int | None = None
+    sriov_stride: int | None = None
+
+    def future_vf_addresses(self):
+        """The addresses the VFs take once enabled, from ``sriov_offset``,
+        ``sriov_stride`` and ``sriov_totalvfs``; none when not all known."""
+        if not (self.sriov_totalvfs and self.sriov_offset and self.sriov_stride):
+            return ()
+        pf = names.parse_pci_address(str(self.address))
+        return tuple(str(pf.offset(self.sriov_offset + i * self.sriov_stride))
+                     for i in range(self.sriov_totalvfs))
 
 
 @dataclasses.dataclass(frozen=True)

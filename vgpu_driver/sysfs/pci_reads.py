@@ -70,7 +70,9 @@ class PciReads:
             sriov_totalvfs=_read_int(dev, "sriov_totalvfs"),
             sriov_numvfs=_read_int(dev, "sriov_numvfs"),
             virtfns=tuple(vf for _, vf in sorted(virtfns)),
-            pci_class=attrs.read_attr(os.path.join(dev, "class")))
+            pci_class=attrs.read_attr(os.path.join(dev, "class")),
+            sriov_offset=_read_int(dev, "sriov_offset"),
+            sriov_stride=_read_int(dev, "sriov_stride"))
 
     def list_sriov_pfs(self):
         found = []
