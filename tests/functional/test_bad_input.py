@@ -267,6 +267,8 @@ CASES = [
     case("usage-unknown-column", ["types", "-c", "nope"], "-c 'nope': no such column"),
     case("usage-unknown-argument", ["inventory", "--bogus"],
          "unrecognized arguments: --bogus"),
+    case("usage-global-abbreviation", ["claims", "drop", "--state", "claimed"],
+         "unrecognized arguments: --state claimed"),
     # Empty options never fall back to a default (the real /sys, for one).
     *[case(f"empty-{option}-{' '.join(cmd)}", [option, value, *cmd], f"{option} {value!r}: empty")
       for option, value, cmd in (

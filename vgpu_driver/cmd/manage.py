@@ -37,6 +37,9 @@ class ManageApp(app.App):
         self._conf = None
 
     def build_option_parser(self, description, version, argparse_kwargs=None):
+        # No abbreviations of the global options: a command's own option
+        # (claims drop --claim-state) must never be taken for one of them.
+        argparse_kwargs = {**(argparse_kwargs or {}), "allow_abbrev": False}
         parser = super().build_option_parser(description, version, argparse_kwargs)
         parser.add_argument(
             "--config-file", action="append", default=[], metavar="FILE",
