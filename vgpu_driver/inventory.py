@@ -15,6 +15,7 @@ import dataclasses
 
 from vgpu_driver import discovery
 from vgpu_driver import names
+from vgpu_driver.placement import ownership
 
 TRAIT_MAX_LENGTH = 255
 
@@ -89,6 +90,11 @@ def type_traits(type_id, type_name):
     if type_name:
         traits.append(f"CUSTOM_VGPU_{names.trait_fragment(type_name)}")
     return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
+
+
+def provider_traits(type_id, type_name):
+    """A GPU provider's traits: its type's, and the one saying it is ours."""
+    return tuple(sorted({*type_traits(type_id, type_name), ownership.OWNER_TRAIT}))
 
 
 def configured_types(snapshot, mdev_config):
@@ -302,7 +308,7 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
             gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
             resource_class=type_config.mdev_class, total=row["total"],
             reserved=row["reserved"], max_unit=row["total"],
-            traits=type_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
+            traits=provider_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
                         mdev_classes=config.mdev_classes | {"VGPU"},

@@ -44,12 +44,13 @@ A100_4C = """
 M60 = "compute1"
 A100 = "compute2"
 A100_TRAIT = "CUSTOM_VGPU_NVIDIA_A100_4C"
+OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
 # What the guide's inventory list shows for each GPU, our capacities plugged in.
 EXPECTED = {
-    f"{M60}_pci_0000_84_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B"}),
-    f"{M60}_pci_0000_85_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B"}),
-    f"{M60}_pci_0000_86_00_0": (8, {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B"}),
-    f"{A100}_pci_0000_41_00_0": (10, {"CUSTOM_MDEV_NVIDIA_468", A100_TRAIT}),
+    f"{M60}_pci_0000_84_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER}),
+    f"{M60}_pci_0000_85_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER}),
+    f"{M60}_pci_0000_86_00_0": (8, {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B", OWNER}),
+    f"{A100}_pci_0000_41_00_0": (10, {"CUSTOM_MDEV_NVIDIA_468", A100_TRAIT, OWNER}),
 }
 
 
@@ -136,7 +137,8 @@ def test_openstack_cli_sees_the_guides_layout(make_host, make_conf, tmp_path):
             "resource_class": "VGPU", "allocation_ratio": 1.0, "min_unit": 1,
             "max_unit": total, "reserved": 0, "step_size": 1, "total": total, "used": 0,
         }], name
-        # resource provider trait list: the type's traits, by id and by vendor name.
+        # resource provider trait list: the type's traits, by id and by vendor name,
+        # and the one saying the provider is vgpu-driver's.
         assert {t["name"] for t in out[("traits", name)]} == traits, name
 
     # allocation candidate list: asking for an A100-4C lands on the A100 only.

@@ -36,7 +36,8 @@ def test_a100_is_one_provider_of_ten_not_sixteen(make_host, tree_of):
     assert provider.name == "cn1_pci_0000_41_00_0"
     assert (provider.total, provider.reserved, provider.max_unit) == (10, 0, 10)
     assert provider.parent_provider == "cn1"
-    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_468", "CUSTOM_VGPU_NVIDIA_A100_4C")
+    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_468", "CUSTOM_OWNER_VGPU_DRIVER",
+                               "CUSTOM_VGPU_NVIDIA_A100_4C")
     assert provider.inventory() == {"VGPU": {
         "total": 10, "reserved": 0, "min_unit": 1, "max_unit": 10, "step_size": 1,
         "allocation_ratio": 1.0}}
@@ -103,7 +104,8 @@ def test_t4x8_default_type_and_custom_class(make_host, tree_of):
         """)
     assert totals(tree) == {gpu: (4, 0) for gpu in T4}
     assert {p.resource_class for p in tree.providers} == {"CUSTOM_T4_4Q"}
-    assert tree.providers[0].traits == ("CUSTOM_MDEV_NVIDIA_232", "CUSTOM_VGPU_GRID_T4_4Q")
+    assert tree.providers[0].traits == ("CUSTOM_MDEV_NVIDIA_232", "CUSTOM_OWNER_VGPU_DRIVER",
+                                        "CUSTOM_VGPU_GRID_T4_4Q")
 
 
 def test_mtty_sample(make_host, tree_of):
@@ -196,7 +198,8 @@ def test_vendor_vfio_gpu(make_host, tree_of):
         """)
     (provider,) = tree.providers
     assert (provider.total, provider.reserved) == (6, 0)
-    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_1156", "CUSTOM_VGPU_NVIDIA_L40S_8Q")
+    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_1156", "CUSTOM_OWNER_VGPU_DRIVER",
+                               "CUSTOM_VGPU_NVIDIA_L40S_8Q")
 
 
 def _claim(gpu, instance, state="attached"):

@@ -48,7 +48,7 @@ def test_a_binary_name_gives_no_mojibake_trait(make_host, make_conf):
     host = make_host("t4x8")
     corrupt(host, T4, "nvidia-231", "name", b"GRID \xff\xfe T4\n")
     t4 = tree(host, make_conf).by_gpu(T4)
-    assert t4.traits == ("CUSTOM_MDEV_NVIDIA_231",)
+    assert t4.traits == ("CUSTOM_MDEV_NVIDIA_231", "CUSTOM_OWNER_VGPU_DRIVER")
     assert t4.reserved == t4.total and "(not UTF-8 text)" in t4.reason
 
 

@@ -6,9 +6,11 @@ write.  Writes honour generations: a 409 re-reads that provider and tries
 again (bounded, with backoff).  Server errors, timeouts and refused
 connections are retried, then reported as PlacementUnavailable; the first
 request of a sync is a read, so an unreachable Placement is found before
-anything is written.  Traits vgpu-driver manages (``CUSTOM_MDEV_*``,
-``CUSTOM_VGPU_*``) are set and removed as the GPU's type changes; any other
-trait on a provider (an operator's) is kept.
+anything is written, and so is a provider the sync would write that is not
+vgpu-driver's: then nothing is written.  Traits vgpu-driver manages (its
+``CUSTOM_OWNER_VGPU_DRIVER``, ``CUSTOM_MDEV_*``, ``CUSTOM_VGPU_*``) are set
+and removed as the GPU's type changes; any other trait on a provider (an
+operator's) is kept.
 
 The package's parts: :mod:`~vgpu_driver.placement.client` (requests,
 retries, microversion), :mod:`~vgpu_driver.placement.sync` (generations,
@@ -27,8 +29,11 @@ from vgpu_driver.placement.client import exact_name_match
 from vgpu_driver.placement.client import query_url
 from vgpu_driver.placement.ownership import FOREIGN_OWNER_TRAITS
 from vgpu_driver.placement.ownership import MANAGED_TRAIT_PREFIXES
+from vgpu_driver.placement.ownership import OWNER_TRAIT
+from vgpu_driver.placement.ownership import Clash
 from vgpu_driver.placement.ownership import fully_reserved
 from vgpu_driver.placement.ownership import is_managed_trait
+from vgpu_driver.placement.ownership import is_ours
 from vgpu_driver.placement.ownership import is_vanished_gpu_provider
 from vgpu_driver.placement.ownership import why_unwanted
 from vgpu_driver.placement.ownership import with_managed_traits
@@ -36,8 +41,8 @@ from vgpu_driver.placement.sync import Known
 from vgpu_driver.placement.sync import ProviderSync
 from vgpu_driver.placement.sync import SyncReport
 
-__all__ = ["Client", "Conflict", "FOREIGN_OWNER_TRAITS", "KeystoneRefused",
+__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "KeystoneRefused",
            "KeystoneUnavailable", "Known", "MANAGED_TRAIT_PREFIXES", "MICROVERSION",
-           "PlacementError", "PlacementUnavailable", "ProviderSync", "SyncReport",
-           "exact_name_match", "fully_reserved", "is_managed_trait",
+           "OWNER_TRAIT", "PlacementError", "PlacementUnavailable", "ProviderSync",
+           "SyncReport", "exact_name_match", "fully_reserved", "is_managed_trait", "is_ours",
            "is_vanished_gpu_provider", "query_url", "why_unwanted", "with_managed_traits"]

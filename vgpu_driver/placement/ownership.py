@@ -1,12 +1,17 @@
 """Which providers and traits are vgpu-driver's, and what it does with
 those whose GPU is gone.
 
-Traits vgpu-driver manages (``CUSTOM_MDEV_*``, ``CUSTOM_VGPU_*``) are set and
-removed as the GPU's type changes; any other trait on a provider (an
-operator's) is kept.  A provider under the compute node that looks like one
-of ours but has no GPU any more is pruned, unless another service's trait
-says it is theirs.
+Every GPU provider vgpu-driver creates or manages carries
+:data:`OWNER_TRAIT`; one with a GPU provider's name that lacks it is written
+only when it is one an older vgpu-driver created (:func:`is_ours`).  Traits
+vgpu-driver manages (:data:`OWNER_TRAIT`, ``CUSTOM_MDEV_*``,
+``CUSTOM_VGPU_*``) are set and removed as the GPU's type changes; any other
+trait on a provider (an operator's) is kept.  A provider under the compute
+node that looks like one of ours but has no GPU any more is pruned, unless
+another service's trait says it is theirs.
 """
+
+import dataclasses
 
 from vgpu_driver import names
 
@@ -14,11 +19,49 @@ MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_")
 # Standard traits that mark a provider as another service's: nova's PCI
 # devices in Placement, and Cyborg's accelerators.
 FOREIGN_OWNER_TRAITS = frozenset({"COMPUTE_MANAGED_PCI_DEVICE", "OWNER_CYBORG"})
+# Ours, on every GPU provider vgpu-driver creates or manages: named after the
+# standard OWNER_* traits (OWNER_CYBORG, OWNER_NOVA), outside the type
+# traits' prefixes so that no GPU type's name can produce it.
+OWNER_TRAIT = "CUSTOM_OWNER_VGPU_DRIVER"
 
 
 def is_managed_trait(trait):
-    """A trait vgpu-driver sets from the GPU's type (an operator's is not)."""
-    return trait.startswith(MANAGED_TRAIT_PREFIXES)
+    """A trait vgpu-driver sets (an operator's is not): its owner trait and
+    the GPU type's traits."""
+    return trait == OWNER_TRAIT or trait.startswith(MANAGED_TRAIT_PREFIXES)
+
+
+def is_ours(parent_uuid, root_uuid, inventories, traits, mdev_classes):
+    """Whether a provider of the host's tree named as one of its GPU
+    providers is vgpu-driver's to write.
+
+    It is when it carries :data:`OWNER_TRAIT`, or when an older vgpu-driver
+    created it, before providers were marked: a direct child of the root
+    with nothing but mdev classes.  Never with another owner's trait.
+    """
+    if set(traits) & FOREIGN_OWNER_TRAITS:
+        return False
+    return OWNER_TRAIT in traits or (parent_uuid == root_uuid
+                                     and set(inventories) <= set(mdev_classes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Clash:
+    """A provider a sync would write but must not: it holds the name of
+    this host's root or of one of its GPU providers, and is not ours."""
+
+    name: str
+    reason: str
+    where: str        # "parent X, root Y", or "a root provider"
+    traits: tuple
+
+    def kwargs(self):
+        return {"name": self.name, "reason": self.reason, "where": self.where,
+                "traits": ", ".join(self.traits) or "none"}
+
+    def detail(self):
+        return (f"{self.reason} ({self.where}, traits {', '.join(self.traits) or 'none'}); "
+                "sync refuses to write it")
 
 
 def with_managed_traits(traits, managed):
