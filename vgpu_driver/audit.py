@@ -7,7 +7,11 @@
 * ``stale-provider``: a provider of this host whose GPU is gone;
 * ``missing-provider``: a GPU that should have a provider and has none;
 * ``inventory`` / ``traits``: a provider's inventory or managed traits differ
-  from what the host computes.
+  from what the host computes;
+* ``name-clash``: the provider named as this host's root, or as one of its
+  GPU providers, is not vgpu-driver's (another provider's child, another
+  tree's, or another owner's); ``sync`` refuses to write it, and it is left
+  for an operator to sort out.
 """
 
 import collections
@@ -59,8 +63,12 @@ def _inventory_detail(have, want):
 def audit(sync, tree, snapshot, claim_list, domain_users):
     """Every difference between the host and Placement, as Drift rows."""
     sync.observe(tree)
-    drifts = []
-    desired = {p.name: p for p in tree.providers}
+    clashes = {c.name: c for c in sync.clashes(tree)}
+    drifts = [Drift("name-clash", c.name, getattr(tree.provider(c.name), "gpu", None), None,
+                    c.detail()) for c in clashes.values()]
+    if tree.root_name in clashes:
+        return drifts      # no tree of this host to compare with
+    desired = {p.name: p for p in tree.providers if p.name not in clashes}
     for name, known in sorted(sync.known.items()):
         if placement.is_vanished_gpu_provider(tree, name, known.parent_uuid, sync.root_uuid,
                                               known.inventories, known.traits):

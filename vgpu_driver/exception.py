@@ -31,6 +31,7 @@ Tree::
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
     ├── InvalidNodename               a compute node name Placement cannot take
+    ├── ProviderNotOurs               a provider sync would write is not vgpu-driver's
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
     ├── SriovRefused                  VFs of this device are not ours to change now
@@ -324,6 +325,15 @@ class ClaimConflict(VgpuDriverError):
 class InvalidNodename(VgpuDriverError):
     msg_fmt = ("Refusing nodename %(nodename)r: %(reason)s. Pass the compute node's name "
                "as nova-compute reports it (--nodename, or [DEFAULT] host).")
+
+
+class ProviderNotOurs(VgpuDriverError):
+    """A provider a Placement sync would write holds a name of this host's
+    tree but is not vgpu-driver's; found before anything is written."""
+
+    msg_fmt = ("Refusing to write provider %(name)s: %(reason)s (%(where)s, traits "
+               "%(traits)s); nothing was written. A provider vgpu-driver does not own is "
+               "left to its owner.")
 
 
 class JournalError(VgpuDriverError):

@@ -35,14 +35,15 @@ T4_2Q_GPUS = ("0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0")
 T4_1B_GPUS = ("0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0")
 A100_GPU = "0000:41:00.0"
 
+OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
 # What each GPU's provider must hold, from the profiles' vendor limits:
 # T4-1B max_instance=16, T4-2Q 8, A100-4C 10 (and 16 VFs >= 10).
 EXPECTED = {
-    **{("compute-t4", gpu): (T4_1B, 16, ("CUSTOM_MDEV_NVIDIA_222", "CUSTOM_VGPU_GRID_T4_1B"))
+    **{("compute-t4", gpu): (T4_1B, 16, ("CUSTOM_MDEV_NVIDIA_222", OWNER, "CUSTOM_VGPU_GRID_T4_1B"))
        for gpu in T4_1B_GPUS},
-    **{("compute-t4", gpu): (T4_2Q, 8, ("CUSTOM_MDEV_NVIDIA_231", "CUSTOM_VGPU_GRID_T4_2Q"))
+    **{("compute-t4", gpu): (T4_2Q, 8, ("CUSTOM_MDEV_NVIDIA_231", OWNER, "CUSTOM_VGPU_GRID_T4_2Q"))
        for gpu in T4_2Q_GPUS},
-    ("compute-a100", A100_GPU): (A100_4C, 10, ("CUSTOM_MDEV_NVIDIA_468",
+    ("compute-a100", A100_GPU): (A100_4C, 10, ("CUSTOM_MDEV_NVIDIA_468", OWNER,
                                                "CUSTOM_VGPU_NVIDIA_A100_4C")),
 }
 HOSTS = ("compute-t4", "compute-a100")
@@ -145,7 +146,9 @@ def test_database_is_postgresql(cluster, service, synced):
 def test_first_sync_creates_every_provider(synced):
     for nodename, (tree, _sync, report) in synced.items():
         assert sorted(report.created) == sorted([nodename, *(p.name for p in tree.providers)])
-        assert report.reads == 1  # the root's name lookup: nothing else exists yet
+        # The root's name lookup, and each GPU provider's: nothing else exists
+        # yet, and no name may be another provider's.
+        assert report.reads == 1 + len(tree.providers)
         assert not (report.updated or report.deleted or report.kept)
     assert len(synced["compute-t4"][0].providers) == 8
     assert len(synced["compute-a100"][0].providers) == 1

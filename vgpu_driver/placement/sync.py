@@ -4,7 +4,9 @@
 of each provider, so a sync that changes nothing costs one read and no
 write.  Writes honour generations: a 409 re-reads that provider and tries
 again (bounded, with backoff).  The first request of a sync is a read, so an
-unreachable Placement is found before anything is written.
+unreachable Placement is found before anything is written.  So is a provider
+the sync would write that is not vgpu-driver's (:meth:`ProviderSync.clashes`):
+the sync then writes nothing.
 """
 
 import dataclasses
@@ -12,6 +14,7 @@ import time
 
 from oslo_log import log as logging
 
+from vgpu_driver import exception
 from vgpu_driver.placement import client as placement_client
 from vgpu_driver.placement import ownership
 
@@ -47,6 +50,7 @@ class ProviderSync:
         self.sleep = sleep
         self.known = {}          # provider name -> Known
         self.root_uuid = None
+        self._foreign_root = None  # the provider named as the root, when it has a parent
         self._traits = set()     # custom traits known to exist
         self._resource_classes = set()  # custom resource classes known to exist
 
@@ -83,7 +87,8 @@ class ProviderSync:
         """One read of the tree; re-read only providers whose generation moved."""
         if self.root_uuid is None:
             root = self._find_by_name(tree.root_name, report)
-            if root is None:
+            self._foreign_root = root if root and root["parent_provider_uuid"] else None
+            if root is None or self._foreign_root is not None:
                 return []
             self.root_uuid = root["uuid"]
         url = placement_client.query_url("/resource_providers", in_tree=self.root_uuid)
@@ -97,6 +102,60 @@ class ProviderSync:
                 self._load(rp["name"], rp["uuid"], rp["generation"],
                            rp["parent_provider_uuid"], report)
         return listed
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def clashes(self, tree, report=None):
+        """The providers a sync of ``tree`` would write that are not ours, as
+        :class:`~vgpu_driver.placement.ownership.Clash` rows (reads only;
+        after :meth:`observe`).
+
+        The root must be a root; each GPU provider's name, when Placement has
+        it, must be on a provider of this host's tree that is ours
+        (:func:`~vgpu_driver.placement.ownership.is_ours`), never on another
+        tree's provider.  Names missing from the tree are looked up, so a
+        host's first sync reads once per GPU.
+        """
+        report = report if report is not None else SyncReport()
+        if self._foreign_root is not None:
+            return [self._clash(tree.root_name, "it would be this host's root provider but "
+                                "is another provider's child", self._foreign_root, None,
+                                report)]
+        found = []
+        for provider in tree.providers:
+            known = self.known.get(provider.name)
+            if known is not None:
+                if not ownership.is_ours(known.parent_uuid, self.root_uuid, known.inventories,
+                                         known.traits, tree.mdev_classes):
+                    rp = self._get(f"/resource_providers/{known.uuid}", report)
+                    found.append(self._clash(provider.name, "it is not vgpu-driver's", rp,
+                                             known.traits, report))
+                continue
+            rp = self._find_by_name(provider.name, report)
+            if rp is not None:
+                found.append(self._clash(
+                    provider.name, "it is the root of another provider tree"
+                    if rp["parent_provider_uuid"] is None else "it is in another provider tree",
+                    rp, None, report))
+        return found
+
+    def _clash(self, name, reason, rp, traits, report):
+        if traits is None:
+            traits = self._get(f"/resource_providers/{rp['uuid']}/traits", report)["traits"]
+        if rp["parent_provider_uuid"] is None:
+            where = "a root provider"
+        else:
+            parent = self._name_of(rp["parent_provider_uuid"], report)
+            where = f"parent {parent}"
+            if rp["root_provider_uuid"] != rp["parent_provider_uuid"]:
+                where += f", root {self._name_of(rp['root_provider_uuid'], report)}"
+        return ownership.Clash(name, reason, where, tuple(sorted(traits)))
+
+    def _name_of(self, uuid, report):
+        return self._get(f"/resource_providers/{uuid}", report)["name"]
+
+    def _refuse(self, clash):
+        raise exception.ProviderNotOurs(**clash.kwargs())
 
     # -- writing ------------------------------------------------------------------------
 
@@ -167,10 +226,14 @@ class ProviderSync:
         except placement_client.Conflict as exc:
             if "placement.duplicate_name" not in str(exc):
                 raise
-            # Created by an earlier attempt whose answer was lost: adopt it.
+            # Created by an earlier attempt whose answer was lost: adopt it,
+            # unless another took the name since it was looked up.
             answer = self._find_by_name(name, report)
             if answer is None:
                 raise
+            if answer["parent_provider_uuid"] != parent_uuid:
+                self._refuse(self._clash(name, "it was created meanwhile, outside this "
+                                         "host's tree", answer, None, report))
         uuid = answer["uuid"] if answer else f"<new {name}>"
         self.known[name] = Known(uuid, answer["generation"] if answer else 0, {},
                                  frozenset(), parent_uuid)
@@ -183,6 +246,8 @@ class ProviderSync:
         """Make Placement match ``tree``; returns a SyncReport."""
         report = SyncReport()
         self._observe(tree, report)
+        for clash in self.clashes(tree, report):
+            self._refuse(clash)
         if self.root_uuid is None:
             self.root_uuid = self._create(tree.root_name, None, report, dry_run)
         before = {n: (k.inventories, k.traits) for n, k in self.known.items()}
