@@ -14,6 +14,7 @@ from oslo_log import log as logging
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import removals as removals_mod
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 
@@ -24,13 +25,15 @@ class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
     def __init__(self, host, journal, domains, mdev_config, *, remove_on_release=False,
-                 remove_timeout=30.0):
+                 remove_timeout=30.0, removals=None):
         self.host = host
         self.journal = journal
         self.domains = domains
         self.config = mdev_config
         self.remove_on_release = remove_on_release
         self.remove_timeout = remove_timeout
+        #: The removal writers in flight (one per vGPU at most).
+        self.removals = removals or removals_mod.Removals()
         self._snapshot = None
 
     # -- the host's structure, cached: which parents each GPU has ---------------------
@@ -140,26 +143,59 @@ class MdevManager:
             txn.set_state(instance_uuid, claims_mod.RELEASING)
         return self.finish_release([c.mdev_uuid for c in mine])
 
-    def finish_release(self, mdev_uuids):
+    def finish_release(self, mdev_uuids, wait=None):
         """Remove vGPUs held ``releasing`` and drop their claims once gone.
 
-        A vendor-VFIO vGPU goes by clearing its VF's type (writing 0).
+        A vendor-VFIO vGPU goes by clearing its VF's type (writing 0).  Each
+        removal has one writer at most (:mod:`vgpu_driver.removals`); this
+        call waits for them together, ``wait`` seconds at most (default
+        ``mdev_remove_timeout``), and leaves those the kernel still blocks in
+        flight, their claims ``releasing``.
         """
+        wait = self.remove_timeout if wait is None else wait
+        called = self.removals.clock()
         users = self.domains.mdev_users()
         done = []
+        started = {}
         for uuid in mdev_uuids:
             if uuid in users:
                 # Its claim goes all the same: the domain keeps it from others.
                 LOG.warning("Not removing vGPU %s: domain %s still uses it", uuid,
                             users[uuid].name)
-            else:
-                try:
-                    self._for_vgpu(uuid).destroy(uuid, self.remove_timeout)
-                except exception.MdevWriteError as exc:
-                    LOG.warning("vGPU %s not removed yet: %s", uuid, exc)
-                    continue
-            done.append(uuid)
+                done.append(uuid)
+                continue
+            started[uuid] = self.removals.remove(uuid, self._destroy, 0)
+        deadline = self.removals.clock() + wait
+        for uuid, removal in started.items():
+            # A writer an earlier call started is not waited for: when it
+            # returns, the host reconciler is told.
+            earlier = removal is not None and removal.started_at < called
+            if not earlier and (removal is None or removal.state == removals_mod.IN_FLIGHT):
+                removal = self.removals.remove(
+                    uuid, self._destroy, deadline - self.removals.clock())
+            if self._removed(uuid, removal):
+                done.append(uuid)
         if done:
             with self.journal.transaction() as txn:
                 txn.remove(mdev_uuids=done, state=claims_mod.RELEASING)
         return done
+
+    def _destroy(self, vgpu_id):
+        # No timeout: the writer is the removal's own thread, and the
+        # kernel's block cannot be cut short anyway.
+        self._for_vgpu(vgpu_id).destroy(vgpu_id, None)
+
+    def _removed(self, uuid, removal):
+        if removal is None:
+            LOG.info("vGPU %s waits for its removal: %d others are in flight",
+                     uuid, self.removals.limit)
+            return False
+        if removal.state == removals_mod.IN_FLIGHT:
+            LOG.warning("vGPU %s not removed yet: the kernel has blocked its removal "
+                        "for %.0fs (a guest still holds it); it stays reserved", uuid,
+                        self.removals.clock() - removal.started_at)
+            return False
+        if removal.state == removals_mod.FAILED:
+            LOG.warning("vGPU %s not removed yet: %s", uuid, removal.error)
+            return False
+        return True
