@@ -6,6 +6,8 @@ import pytest
 from oslo_config import cfg
 
 from vgpu_driver import conf as vgpu_conf
+from vgpu_driver import domains as domains_mod
+from vgpu_driver import driver
 from vgpu_driver import privsep
 from vgpu_driver.cmd import manage
 from vgpu_driver.fake import fakekernel
@@ -65,3 +67,26 @@ def make_conf(tmp_path):
         return conf
 
     return make
+
+
+@pytest.fixture
+def make_driver(make_conf, tmp_path):
+    """A core VGPUDriver on a fake host (its writes answered by the fake
+    kernel), state in ``tmp_path/state``; ``extra``: more ``[vgpu]`` lines.
+    Each one made is closed (its host reconciler stopped) when the test ends."""
+    made = []
+
+    def make(host, extra="", domains=None, types="nvidia-468"):
+        conf = make_conf("\n".join((
+            "[devices]", f"enabled_mdev_types = {types}",
+            "[vgpu]", f"sysfs_root = {host.paths.root}",
+            f"state_dir = {tmp_path / 'state'}",
+            *(extra.splitlines() if isinstance(extra, str) else extra))))
+        vgpu = driver.VGPUDriver(conf, domains or domains_mod.InProcessDomains(),
+                                 host=fakekernel.FakeKernel(host.paths.root))
+        made.append(vgpu)
+        return vgpu
+
+    yield make
+    for vgpu in made:
+        vgpu.close()

@@ -17,6 +17,7 @@ changes (not running, events lost to an overflow) and at least every
 result is always what :func:`vgpu_driver.discovery.discover` would return.
 """
 
+import threading
 import time
 
 from oslo_log import log as logging
@@ -45,6 +46,8 @@ class CachedDiscovery:
         self._sriov_pfs = []    # PciDeviceInfo of each SR-IOV physical function
         #: How the last snapshot was made: "full" or "partial" (for logs, tests).
         self.last = None
+        # The periodic update and the host reconciler both read through it.
+        self._lock = threading.Lock()
 
     def _can_read_partially(self):
         return all(hasattr(self.host, attr)
@@ -52,6 +55,10 @@ class CachedDiscovery:
 
     def snapshot(self):
         """The host's snapshot, read in full or only where it changed."""
+        with self._lock:
+            return self._snapshot_now()
+
+    def _snapshot_now(self):
         changes = self.monitor.take_changes()
         now = self.clock()
         if (changes.everything or self._snapshot is None or not self._can_read_partially()

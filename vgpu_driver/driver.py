@@ -6,21 +6,20 @@ inventory is reported, when an instance is spawned or deleted.  It imports
 no nova; :mod:`vgpu_driver.nova` adapts it.
 """
 
-import threading
-
 from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import discovery_cache
 from vgpu_driver import exception
 from vgpu_driver import guest
+from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import migration
 from vgpu_driver import names
 from vgpu_driver import reconcile
+from vgpu_driver import removals
 from vgpu_driver import sysfs
-from vgpu_driver import takeover
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.sysfs import udev
 
@@ -41,55 +40,42 @@ class VGPUDriver:
         self.manager = mdevs.MdevManager(
             self.host, self.journal, domains, self.mdev_config,
             remove_on_release=conf.vgpu.remove_mdevs_on_release,
-            remove_timeout=conf.vgpu.mdev_remove_timeout)
+            remove_timeout=conf.vgpu.mdev_remove_timeout,
+            removals=removals.Removals(conf.vgpu.max_removals_in_flight))
         self.reconciler = reconcile.Reconciler(self.manager)
-        #: The background restore :meth:`init_host` left running, if any.
-        self.restoring = None
         self.migrations = migration.Migrations(self.manager)
         #: What udev says changed (or the polling stand-in), and the
         #: discovery it lets re-read only that.
         self.changes = udev.start(self.host, conf.vgpu.hotplug_events)
         self.discovery = discovery_cache.CachedDiscovery(
             self.host, self.changes, full_every=conf.vgpu.full_refresh_interval)
+        #: The one worker for everything the host changes on its own.
+        self.worker = host_reconciler.HostReconciler(
+            self.reconciler, conf, changes=self.changes, discovery=self.discovery,
+            state_dir=conf.vgpu.state_dir)
+        # A removal the kernel blocked past its caller's wait is finished
+        # as soon as it returns.
+        self.manager.removals.on_done = (
+            lambda vgpu: self.worker.poke(host_reconciler.REMOVAL_DONE))
 
     def close(self):
-        """Stop listening to udev (nova-compute's exit does as much)."""
+        """Stop the host reconciler and udev (nova-compute's exit does as much)."""
+        self.worker.stop()
         self.changes.stop()
 
     def init_host(self):
         """Put the host right after a (re)start; returns the restore outcomes.
 
-        Order matters: finish interrupted removals; drop claims nobody came
-        for (else they would be re-created for nothing); claim the mdevs
-        guests use without a claim (made by nova's driver before a switch);
-        re-create what guests and claims still reference (waiting for VFs);
-        then free GPUs of unused mdevs of types they no longer serve.
-        What cannot be re-created yet is retried in the background.
+        The host reconciler's start-up pass runs now, in order: finish
+        interrupted removals; drop claims nobody came for (else they would
+        be re-created for nothing); claim the mdevs guests use without a
+        claim (made by nova's driver before a switch); re-create what guests
+        and claims still reference; free GPUs of unused mdevs of types they
+        no longer serve.  Then the reconciler works on in the background,
+        re-creating what was not back yet (VFs the vendor enables later) as
+        soon as it appears.
         """
-        self.reconciler.finish_releases()
-        self.reconciler.clean_stale_claims(
-            grace=self.conf.vgpu.claim_grace,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout)
-        takeover.adopt(self.manager)
-        # Taken before the first pass: a VF appearing during it wakes the retry.
-        waiter = self.changes.waiter()
-        outcomes = self.reconciler.restore(wait=0)
-        if any(o.result != "restored" for o in outcomes):
-            self.restoring = self._restore_in_background(waiter)
-        self.reconciler.reclaim_stale_types()
-        return outcomes
-
-    def _restore_in_background(self, waiter):
-        """Keep restoring, up to ``restore_wait``, what was not back at
-        start-up (VFs the vendor enables later): the service starts now.
-        Between passes it waits for udev's next event (or sleeps, polling).
-        Each vGPU still missing at the end is logged as an error."""
-        thread = threading.Thread(
-            target=self.reconciler.restore,
-            kwargs={"wait": self.conf.vgpu.restore_wait, "sleep": waiter.wait},
-            name="vgpu-restore", daemon=True)
-        thread.start()
-        return thread
+        return list(self.worker.start_up().restore)
 
     def provider_tree(self, nodename, allocations_on=None):
         """The desired providers, after reclaiming unused stale-type mdevs.
@@ -98,33 +84,24 @@ class VGPUDriver:
         Placement could not say) lets the inventory reserve claims no
         allocation covers; without it, claims reserve nothing.
         """
-        # One read of the host, its guests and the claims serves the reclaim and
-        # the inventory; they are read again only after the reclaim changed them.
-        self.reconcile_claims()
+        # The host reconciler's pass for this update first (removals,
+        # stale claims and stale types), then one read for the inventory.
+        self.worker.run_now(host_reconciler.PERIODIC)
         snapshot = self.manager.use_snapshot(self.discovery.snapshot())
         in_use = self.reconciler.in_use()
-        outcomes = self.reconciler.reclaim_stale_types(referenced=in_use)
-        if outcomes:
-            removed = any(o.result == "removed" for o in outcomes)
-            snapshot = self.manager.snapshot(refresh=removed)
-            in_use = self.reconciler.in_use()
         unallocated = (inventory.claims_placement_lacks(self.journal.claims(), nodename,
                                                         allocations_on)
                        if allocations_on is not None else None)
         return inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
 
     def reconcile_claims(self):
-        """Between restarts, at each inventory update: finish removals the
-        kernel refused before (a guest still held the device) and drop
-        ``claimed`` claims no guest came for, and ``migrating_in`` ones no
-        guest arrived for within ``migration_claim_timeout``.  Each step
-        reads the journal and only the vGPUs it names.  Claims of guests
-        whose domain is gone (``attached``) wait for a start-up: a resize or
-        a hard reboot undefines the domain for a while and keeps its claims."""
-        self.reconciler.finish_releases()
-        self.reconciler.clean_stale_claims(
-            grace=self.conf.vgpu.claim_grace, attached_too=False,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout)
+        """A host reconciler's pass now: finish removals the kernel refused
+        before, drop ``claimed`` claims no guest came for and ``migrating_in``
+        ones no guest arrived for within ``migration_claim_timeout``, and
+        the rest of the pass.  Claims of guests whose domain is gone
+        (``attached``) wait for a start-up: a resize or a hard reboot
+        undefines the domain for a while and keeps its claims."""
+        return self.worker.run_now(host_reconciler.PERIODIC)
 
     def allocate(self, instance_uuid, allocations, providers):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO
@@ -138,7 +115,7 @@ class VGPUDriver:
     def restore_instance(self, instance_uuid):
         """Re-create, now, the instance's claimed mdevs that sysfs lacks
         (a host reboot since its domain last started); returns the outcomes."""
-        return self.reconciler.restore(wait=0, instance_uuid=instance_uuid)
+        return self.reconciler.restore(instance_uuid=instance_uuid)
 
     def mdev_types(self, mdev_uuids):
         """``{uuid: type id}`` of mdevs on this host; raises if one is missing."""

@@ -52,7 +52,7 @@ class Outcome:
     """What happened to one mdev during a reconcile step."""
 
     mdev_uuid: str
-    result: str        # removed | kept | restored | failed | would-remove
+    result: str        # removed | kept | restored | failed | waiting | skipped | would-remove
     reason: str = ""
 
 
@@ -155,11 +155,12 @@ class Reconciler:
         stale = self.orphans(grace, referenced, kinds={STALE_TYPE})
         return self.reclaim(stale) if stale else []
 
-    def finish_releases(self):
-        """Finish removals a crash or a busy device interrupted."""
+    def finish_releases(self, wait=None):
+        """Finish removals a crash or a busy device interrupted, waiting at
+        most ``wait`` seconds for them (default ``mdev_remove_timeout``)."""
         pending = [c.mdev_uuid for c in self.manager.journal.claims()
                    if c.state == claims_mod.RELEASING]
-        return self.manager.finish_release(pending) if pending else []
+        return self.manager.finish_release(pending, wait) if pending else []
 
     # -- in-use view for the inventory ------------------------------------------------------
 
@@ -218,49 +219,41 @@ class Reconciler:
         return {c.mdev_uuid: c for c in self.manager.journal.claims(instance_uuid)
                 if c.state != claims_mod.RELEASING}
 
-    def restore(self, wait=120.0, first_delay=0.5, max_delay=8.0, sleep=time.sleep,
-                instance_uuid=None):
-        """Create again, with their UUIDs, the referenced mdevs sysfs lacks,
-        and give claimed vendor-VFIO VFs that lost it their type again.
+    def restore(self, instance_uuid=None, refresh=True, attached_only=False):
+        """One pass: create again, with their UUIDs, the claimed mdevs sysfs
+        lacks, and give claimed vendor-VFIO VFs that lost it their type again.
 
-        Waits (bounded, with backoff) for parents that are not there yet,
-        such as VFs before the vendor enables them; returns one Outcome per
-        vGPU that was missing.  With ``instance_uuid``, only that instance's.
+        Returns one Outcome per vGPU that was missing: ``restored``,
+        ``failed``, ``waiting`` (its parent is not there yet, such as a VF
+        before the vendor enables it: a later pass tries again) or
+        ``skipped`` (its claim changed or went since it was read).  With
+        ``instance_uuid``, only that instance's; with ``refresh`` False, the
+        manager's current snapshot says what sysfs has.  Each creation is checked
+        against the journal just before and just after it, so a vGPU whose
+        instance went meanwhile is not left behind.
         """
         users = self.manager.domains.mdev_users()
         wanted = self.wanted_mdevs(instance_uuid)
         # Only mdevs: a PCI hostdev without a claim may be any device (a NIC).
         unknown = [u for u in users if u not in wanted and names.is_mdev_uuid(u)
                    and instance_uuid in (None, users[u].uuid)]
-        # One read of the host per pass, the first one's also telling what is
-        # missing: a pass uses only its structure (which GPUs and parents exist,
-        # what they offer), and creations don't change it.
-        snapshot = self.manager.snapshot(refresh=True)
+        if attached_only:
+            wanted = {u: c for u, c in wanted.items() if c.state == claims_mod.ATTACHED}
+        snapshot = self.manager.snapshot(refresh=refresh)
         present = {v.id for v in snapshot.vgpus}
-        missing = {u: c for u, c in wanted.items() if u not in present}
         outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "
                                          "records its GPU and type")
                     for u in sorted(unknown) if u not in present]
-        deadline = self.clock() + wait
-        delay = first_delay
-        while missing:
-            for uuid, claim in sorted(missing.items()):
-                outcome = self._restore_one(snapshot, claim)
-                if outcome is not None:
-                    outcomes.append(outcome)
-                    del missing[uuid]
-            if not missing or self.clock() >= deadline:
-                break
-            sleep(min(delay, max(deadline - self.clock(), 0)))
-            delay = min(delay * 2, max_delay)
-            snapshot = self.manager.snapshot(refresh=True)
-        for uuid, claim in sorted(missing.items()):
-            outcomes.append(Outcome(uuid, "failed", f"parent {claim.parent} of GPU "
-                                                    f"{claim.gpu} did not appear within "
-                                                    f"{wait:g}s"))
+        for uuid, claim in sorted(wanted.items()):
+            if uuid in present:
+                continue
+            outcome = self._restore_one(snapshot, claim) or Outcome(
+                uuid, "waiting", f"parent {claim.parent} of GPU {claim.gpu} is not "
+                                 "there yet")
+            outcomes.append(outcome)
         for outcome in outcomes:
-            log = LOG.info if outcome.result == "restored" else LOG.error
-            log("mdev %s: %s %s", outcome.mdev_uuid, outcome.result, outcome.reason)
+            log = {"restored": LOG.info, "failed": LOG.error}.get(outcome.result, LOG.debug)
+            log("vGPU %s: %s %s", outcome.mdev_uuid, outcome.result, outcome.reason)
         return outcomes
 
     def _restore_one(self, snapshot, claim):
@@ -271,23 +264,55 @@ class Reconciler:
         if claim.is_vf:
             return self._restore_vf(gpu, claim)
         parents = [p.name for p in gpu.parents if p.type(claim.type_id)]
-        # Its own parent first, then any other of the same GPU.
-        order = sorted(parents, key=lambda name: name != claim.parent)
         if claim.parent not in parents and gpu.sriov:
             return None  # its VF is not back yet: the vendor enables VFs after boot
-        for parent in order:
+        if not parents:
+            return None
+        # Its own parent first, then any other of the same GPU no other
+        # claim points at (another allocation may be about to use it).
+        last = None
+        for parent in sorted(parents, key=lambda name: name != claim.parent):
+            if not self._take_parent(claim, parent):
+                continue
             try:
                 self.host.create_mdev(parent, claim.type_id, claim.mdev_uuid)
             except exception.MdevWriteError as exc:
                 last = exc
                 continue
-            if parent != claim.parent:
-                with self.manager.journal.transaction() as txn:
-                    txn.move(claim.mdev_uuid, parent)
-            return Outcome(claim.mdev_uuid, "restored", f"on {parent}")
-        if not order:
-            return None
+            return self._settle_restored(claim, f"on {parent}")
+        if last is None:
+            return Outcome(claim.mdev_uuid, "skipped", "its claim changed since it was read")
         return Outcome(claim.mdev_uuid, "failed", str(last))
+
+    def _take_parent(self, claim, parent):
+        """Whether ``claim`` is unchanged and ``parent`` is its own or one no
+        other claim points at; the claim then names ``parent``."""
+        with self.manager.journal.transaction() as txn:
+            current = txn.by_mdev()
+            now = current.get(claim.mdev_uuid)
+            if now is None or now.state == claims_mod.RELEASING \
+                    or now.instance_uuid != claim.instance_uuid:
+                return False
+            if parent == now.parent:
+                return True
+            if any(c.parent == parent for c in current.values()):
+                return False
+            txn.move(claim.mdev_uuid, parent)
+        return True
+
+    def _settle_restored(self, claim, where):
+        """The restored vGPU, unless its claim went while it was written:
+        then it is nobody's, and removed again."""
+        with self.manager.journal.transaction() as txn:
+            now = txn.by_mdev().get(claim.mdev_uuid)
+            if now is not None and now.state != claims_mod.RELEASING:
+                return Outcome(claim.mdev_uuid, "restored", where)
+            if now is None:
+                txn.add(RECLAIMER, claim.mdev_uuid, claim.gpu, claim.parent,
+                        claim.type_id, claims_mod.RELEASING)
+        self.manager.finish_release([claim.mdev_uuid])
+        return Outcome(claim.mdev_uuid, "skipped", "its claim went while it was written; "
+                                                   "removed again")
 
     def _restore_vf(self, gpu, claim):
         """Set the claimed VF's type again, once the VF is back.
@@ -296,9 +321,11 @@ class Reconciler:
         """
         if not any(p.name == claim.parent for p in gpu.parents):
             return None  # the vendor enables VFs after boot
+        if not self._take_parent(claim, claim.parent):
+            return Outcome(claim.mdev_uuid, "skipped", "its claim changed since it was read")
         try:
             self.host.set_vendor_vgpu_type(claim.parent,
                                            names.vendor_type_number(claim.type_id))
         except exception.VgpuDriverError as exc:
             return Outcome(claim.mdev_uuid, "failed", str(exc))
-        return Outcome(claim.mdev_uuid, "restored", f"type {claim.type_id} set on the VF")
+        return self._settle_restored(claim, f"type {claim.type_id} set on the VF")

@@ -203,16 +203,15 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
     try:
         assert isinstance(restarted.changes, udev.UdevMonitor)
         restarted.domains.define(guest, got)
-        assert {o.result for o in restarted.init_host()} == {"failed"}
-        assert restarted.restoring.is_alive()
+        assert {o.result for o in restarted.init_host()} == {"waiting"}
+        assert restarted.worker.running and set(restarted.worker.waiting) == set(got)
         time.sleep(4.0)  # a backoff from 0.5 s would now sleep until 7.5 s
         enabled = time.monotonic()
         host.set_sriov_numvfs(A100, 16)
         assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 1.0), \
             f"not restored within 1 s of the VFs' events ({host.list_mdevs()})"
         elapsed = time.monotonic() - enabled
-        restarted.restoring.join(5)
-        assert not restarted.restoring.is_alive()
+        assert wait_for(lambda: not restarted.worker.waiting, 5.0)
         assert all(names.is_mdev_uuid(u) for u in got) and elapsed < 1.0
     finally:
         restarted.close()

@@ -116,7 +116,8 @@ def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
     assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {
         busy: "releasing", kept: "attached", unused: "claimed"}
 
-    host.release(busy)
+    host.release(busy)                         # its one writer returns
+    assert vgpu.manager.removals.join(10)
     vgpu.provider_tree("cn1")
     assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {kept: "attached"}
     assert busy not in {m.uuid for m in host.list_mdevs()}
@@ -134,11 +135,17 @@ def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
     restarted = make_driver(make_conf, host, tmp_path, "restore_wait = 30")
     restarted.domains.define("guest", got)
     started = time.monotonic()
-    outcomes = restarted.init_host()
-    assert time.monotonic() - started < 15   # restore_wait is 30
-    assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "failed")]
-    assert host.list_mdevs() == [] and restarted.restoring.is_alive()
-    host.set_sriov_numvfs(A100, 16)
-    restarted.restoring.join(30)
-    assert not restarted.restoring.is_alive()
-    assert {m.uuid for m in host.list_mdevs()} == set(got)
+    try:
+        outcomes = restarted.init_host()
+        assert time.monotonic() - started < 15   # restore_wait is 30
+        assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "waiting")]
+        assert host.list_mdevs() == [] and restarted.worker.running
+        assert set(restarted.worker.waiting) == set(got)
+        host.set_sriov_numvfs(A100, 16)
+        deadline = time.monotonic() + 10
+        while {m.uuid for m in host.list_mdevs()} != set(got):
+            assert time.monotonic() < deadline, "not restored by the host reconciler"
+            time.sleep(0.05)
+    finally:
+        restarted.close()
+    assert restarted.worker.waiting == {} and not restarted.worker.running

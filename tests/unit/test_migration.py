@@ -142,7 +142,7 @@ def test_destination_restart_during_migration_keeps_the_claims(pair):
     # Even a reboot of the destination: the claimed mdev comes back.
     destination.kernel.reboot()
     destination.kernel.set_sriov_numvfs(A100, 16)
-    outcomes = destination.reconciler.restore(wait=2)
+    outcomes = destination.reconciler.restore()
     assert [(o.mdev_uuid, o.result) for o in outcomes] == [
         (list(mapping.values())[0], "restored")]
     # Nothing else can take it while the migration is under way.

@@ -11,12 +11,13 @@ import time
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_reconciler
 from vgpu_driver import names
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
 
-COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "exists")
+COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "exists", "stuck_for")
 DROP_COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "result", "reason")
 
 
@@ -60,7 +61,9 @@ class ListClaims(base.Lister):
     """List the claims: who holds which vGPU, and whether it still exists.
 
     ``exists`` is false for a claimed vGPU the host lost (after a reboot, say);
-    ``claims restore`` creates it again.
+    ``claims restore`` creates it again.  ``stuck_for``: seconds the kernel
+    has blocked the removal of a ``releasing`` vGPU (a guest still holds
+    it), as nova-compute's host reconciler last wrote; blank otherwise.
     """
 
     def take_action(self, parsed_args):
@@ -68,8 +71,11 @@ class ListClaims(base.Lister):
         journal = self.app.journal()
         present = {v.id for v in snapshot.vgpus}
         now = time.time()
+        stuck = host_reconciler.removals_in_flight(
+            host_reconciler.read_state(self.app.conf.vgpu.state_dir), now)
         rows = [(c.instance_uuid, c.mdev_uuid, c.gpu, c.type_id, c.state,
-                 round(now - c.created_at, 1), c.mdev_uuid in present)
+                 round(now - c.created_at, 1), c.mdev_uuid in present,
+                 round(stuck[c.mdev_uuid], 1) if c.mdev_uuid in stuck else None)
                 for c in journal.claims()]
         return COLUMNS, [columns.optional(r) for r in rows]
 
@@ -87,8 +93,9 @@ class RestoreClaims(base.FailableLister):
         if parsed_args.instance is not None:
             _instance_uuid(parsed_args.instance)
         _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
-        outcomes = reconciler.restore(wait=0, instance_uuid=parsed_args.instance)
-        self.failed = any(o.result == "failed" for o in outcomes)
+        outcomes = reconciler.restore(instance_uuid=parsed_args.instance)
+        # Here a parent not there yet is a failure: nobody retries it.
+        self.failed = any(o.result in ("failed", "waiting") for o in outcomes)
         return ("vgpu", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
                                               for o in outcomes]
 

@@ -60,19 +60,46 @@ mdev of a type its GPU no longer serves is removed automatically.
         default=30.0,
         min=0.1,
         help="""
-Seconds to wait for the kernel to remove an mdev.  The kernel blocks a
-removal while a guest still holds the device; past this time the mdev stays
-reserved and its removal is retried later.
+Seconds a release waits for the kernel to remove an instance's mdevs.  The
+kernel blocks a removal while a guest still holds the device; past this time
+the removal stays in flight (one writer per mdev, never a second), the mdev
+stays reserved, and the host reconciler drops its claim once the kernel has
+removed it.  ``vgpu-manage status`` shows such a removal as stuck, with its
+age.
+"""),
+    cfg.IntOpt(
+        "max_removals_in_flight",
+        default=2,
+        min=1,
+        help="""
+At most this many removals (an mdev's ``remove``, clearing a VF's vGPU type)
+are written at once by this service.  The kernel can block each of them,
+together with the privileged helper's worker that writes it, for as long as
+a guest still holds the device; the others wait their turn, reserved.  Keep
+it below the privileged helper's thread pool (``thread_pool_size`` in
+``[vgpu_driver_sysfs_writer]``, the CPU count by default) so that creating
+vGPUs never waits for a free worker.
+"""),
+    cfg.FloatOpt(
+        "reconcile_interval",
+        default=60.0,
+        min=1.0,
+        help="""
+Seconds between two passes of the host reconciler when nothing asks for
+one sooner.  It also runs at each periodic inventory update, when a removal
+the kernel blocked returns, and (every second, or at udev's events) while
+vGPUs wait for their parents after a reboot.
 """),
     cfg.FloatOpt(
         "restore_wait",
         default=300.0,
         min=0.0,
         help="""
-After start-up, seconds to keep waiting, in the background, for the parents
-of mdevs that guests still reference to appear (SR-IOV VFs appear only after
-the vendor's enablement step); the service does not wait for them.  Each
-mdev that could not be re-created by then is reported.
+Seconds after which a vGPU that a guest's claim still references, and
+whose parent has not appeared since it was found missing (SR-IOV VFs appear
+only after the vendor's enablement step), is reported as an error.  The
+service does not wait for them: the host reconciler re-creates each one as
+soon as its parent appears, and keeps trying after this time.
 """),
     cfg.StrOpt(
         "hotplug_events",

@@ -21,6 +21,7 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import guest as guest_xml
+from vgpu_driver import host_reconciler
 from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import vgpu as vgpu_conf
@@ -84,10 +85,27 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         super().init_host(host)
         # nova's event loop runs now: domain events keep the index current.
         self.vgpu.domains.event_driven = True
+        # libvirt's mdev definitions are settled by the host reconciler too,
+        # at each periodic update's pass.
+        self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
         for outcome in self.vgpu.init_host():
-            if outcome.result != "restored":
-                LOG.error("vGPU %s is not back yet (retried in the background for up "
-                          "to [vgpu] restore_wait): %s", outcome.mdev_uuid, outcome.reason)
+            if outcome.result == "waiting":
+                LOG.warning("vGPU %s is not back yet: %s; the host reconciler re-creates "
+                            "it as soon as it appears", outcome.mdev_uuid, outcome.reason)
+            elif outcome.result != "restored":
+                LOG.error("vGPU %s could not be restored: %s", outcome.mdev_uuid,
+                          outcome.reason)
+
+    def cleanup_host(self, host):
+        """The service stops: so does its host reconciler."""
+        if self._vgpu is not None:
+            self._vgpu.close()
+        super().cleanup_host(host)
+
+    def _settle_definitions(self, reasons):
+        """mdevs removed through sysfs since: their definitions go too."""
+        if host_reconciler.PERIODIC in reasons:
+            self.definitions.settle_if_due(self._host.get_connection())
 
     def _start_inactive_mediated_devices(self):
         """Instead of nova's start of every defined mdev: undefine those no
@@ -109,8 +127,6 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
                 usage.allocations_in(allocations, provider_tree, name)))
         providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
-        # mdevs removed through sysfs since: their definitions go too.
-        self.definitions.settle_if_due(self._host.get_connection())
 
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
         tree = self.vgpu.provider_tree(nodename, allocations_on)

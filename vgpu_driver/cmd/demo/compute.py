@@ -161,8 +161,10 @@ class MiniCompute:
         return {dom.name(): dom.XMLDesc(0) for dom in self._domains}
 
     def shut_down(self):
-        """Stop and undefine the domains booted here (the test driver is shared
-        by everything in this process, so they would outlive the demo)."""
+        """Stop the driver's host reconciler, then stop and undefine the
+        domains booted here (the test driver is shared by everything in this
+        process, so they would outlive the demo)."""
+        self.vgpu.close()
         for dom in reversed(self._domains):
             if dom.isActive():
                 dom.destroy()

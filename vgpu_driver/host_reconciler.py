@@ -1,0 +1,359 @@
+"""The host reconciler: the one worker that changes a host on its own.
+
+Allocation is synchronous, on nova's thread, and never waits for it.
+Everything else the host does without being asked (finishing removals the
+kernel blocked, dropping claims nobody came for or whose migration never
+ended, re-creating after a reboot what claims still reference, removing
+unused mdevs of types their GPU no longer serves, and whatever the compute
+driver adds, such as settling libvirt's mdev definitions) happens here, in
+*passes*, one at a time:
+
+* A pass is asked for with a *reason* (:meth:`HostReconciler.poke`):
+  start-up, a periodic update, a tick, a udev event while vGPUs wait for
+  their parents, a removal that returned, a release.  Reasons that arrive
+  while a pass runs are coalesced into the next one.
+* Each pass reads the journal again and each step acts under its rules:
+  a vGPU is created only for a claim unchanged since it was read, on its
+  own parent or one no other claim points at, and removed again if its
+  claim went while it was written; a claim is dropped only if unchanged
+  since it was judged stale; removals are state (:mod:`vgpu_driver.removals`).
+* A step's exception is logged with its context, recorded as the last
+  error, and the pass goes on with the next step; the worker never dies.
+* What it did is written after every pass to ``reconciler.json`` in the
+  state directory, for ``vgpu-manage status`` (another process) to show.
+"""
+
+import dataclasses
+import json
+import os
+import threading
+import time
+
+from oslo_log import log as logging
+
+from vgpu_driver import takeover
+
+LOG = logging.getLogger(__name__)
+
+START_UP = "start-up"
+PERIODIC = "periodic"
+TICK = "tick"
+UDEV = "udev"
+REMOVAL_DONE = "removal-done"
+
+STATE_FILE = "reconciler.json"
+
+# While vGPUs wait for parents and udev cannot say when they come, how
+# often to look again (the vendor enables VFs seconds after boot).
+_WAITING_POLL = 1.0
+# How long a pass waits for the removals it starts (the rest stays in flight).
+_REMOVAL_WAIT = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PassReport:
+    """One pass: why, when, how long, what the restore found, what failed."""
+
+    reasons: tuple[str, ...]
+    started_at: float
+    duration: float
+    restore: tuple = ()            # reconcile.Outcome of each missing vGPU
+    errors: tuple[str, ...] = ()
+
+
+class HostReconciler:
+    """One worker per host, fed by reasons, one pass at a time."""
+
+    def __init__(self, rules, conf, changes=None, discovery=None, state_dir=None,
+                 clock=time.time):
+        """``rules``: a :class:`vgpu_driver.reconcile.Reconciler`; ``conf``:
+        the options (``[vgpu]``); ``changes``: udev's monitor (or polling);
+        ``discovery``: the cached discovery each pass reads the host through
+        (None: a full read); ``state_dir``: where ``reconciler.json`` goes
+        (None: nowhere)."""
+        self.rules = rules
+        self.manager = rules.manager
+        self.conf = conf
+        self.changes = changes
+        self.discovery = discovery
+        self.clock = clock
+        self.state_path = os.path.join(state_dir, STATE_FILE) if state_dir else None
+        self._extra_steps = []
+        self._cond = threading.Condition()
+        self._pass_lock = threading.Lock()
+        self._reasons = set()
+        self._taken = 0          # passes that took their reasons
+        self._done = 0           # passes finished
+        self._stopping = False
+        self._threads = []
+        #: ``{vgpu: first seen missing}`` of vGPUs waiting for their parent.
+        self.waiting = {}
+        self._reported_late = set()
+        self.last = None
+        self.last_error = None   # (time, step, message)
+        self.passes = 0
+
+    # -- what a pass does -----------------------------------------------------------------
+
+    def add_step(self, name, step):
+        """Run ``step(reasons)`` at the end of every pass (the compute
+        driver's own background work)."""
+        self._extra_steps.append((name, step))
+
+    def _steps(self, reasons):
+        steps = [("host", self._read_host),
+                 ("removals", self._finish_removals),
+                 ("stale claims", self._clean_claims)]
+        if START_UP in reasons:
+            steps.append(("takeover", lambda _: takeover.adopt(self.manager)))
+        steps += [("restore", self._restore),
+                  ("stale types", self._stale_types)]
+        return steps + self._extra_steps
+
+    def _finish_removals(self, reasons):
+        self.rules.finish_releases(wait=_REMOVAL_WAIT)
+
+    def _clean_claims(self, reasons):
+        # An attached claim without a domain is stale only at start-up: a
+        # resize or a hard reboot undefines the domain for a while.
+        self.rules.clean_stale_claims(
+            grace=self.conf.vgpu.claim_grace, attached_too=START_UP in reasons,
+            migration_timeout=self.conf.vgpu.migration_claim_timeout)
+
+    def _read_host(self, reasons):
+        """One read of the host for the whole pass (creations and removals
+        change no structure the later steps need)."""
+        self.manager.use_snapshot(self.discovery.snapshot() if self.discovery
+                                  else self.manager.snapshot(refresh=True))
+
+    def _restore(self, reasons):
+        # At start-up nothing is being allocated yet: every claim is the
+        # host's to restore; later, claims not yet attached are their
+        # allocation's (nova's thread creates them).
+        outcomes = self.rules.restore(refresh=False, attached_only=START_UP not in reasons)
+        now = self.clock()
+        waiting = {o.mdev_uuid for o in outcomes if o.result == "waiting"}
+        self.waiting = {v: self.waiting.get(v, now) for v in waiting}
+        for vgpu, since in self.waiting.items():
+            if now - since >= self.conf.vgpu.restore_wait and vgpu not in self._reported_late:
+                self._reported_late.add(vgpu)
+                LOG.error("vGPU %s is still not back %.0fs after it was found missing "
+                          "([vgpu] restore_wait): its parent has not appeared; it is "
+                          "retried at each pass", vgpu, now - since)
+        self._reported_late &= set(self.waiting)
+        return tuple(outcomes)
+
+    def _stale_types(self, reasons):
+        self.rules.reclaim_stale_types(referenced=self.rules.in_use())
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def run_pass(self, reasons):
+        """Run one pass now, in this thread; its :class:`PassReport`."""
+        reasons = tuple(sorted(reasons))
+        with self._pass_lock:
+            started, began = self.clock(), time.monotonic()
+            errors, restore = [], ()
+            for name, step in self._steps(reasons):
+                try:
+                    result = step(reasons)
+                except Exception as exc:  # noqa: BLE001 - logged, the next step runs
+                    LOG.exception("Host reconciler: the %s step failed in the pass for "
+                                  "%s; the next pass tries again", name, ", ".join(reasons))
+                    errors.append(f"{name}: {exc}")
+                    self.last_error = (self.clock(), name, str(exc))
+                    continue
+                if name == "restore":
+                    restore = result
+            self.passes += 1
+            self.last = PassReport(reasons, started, time.monotonic() - began, restore,
+                                   tuple(errors))
+            self._save_state()
+        return self.last
+
+    # -- the worker -----------------------------------------------------------------------
+
+    @property
+    def running(self):
+        return any(t.is_alive() for t in self._threads)
+
+    def start_up(self):
+        """The start-up pass, in the caller's thread (the service waits for
+        it), then the worker; the start-up pass's report."""
+        report = self.run_pass({START_UP})
+        self.start()
+        return report
+
+    def start(self):
+        if self.running:
+            return
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._work, name="vgpu-reconciler",
+                                          daemon=True)]
+        if self.changes is not None and getattr(self.changes, "running", False):
+            self._threads.append(threading.Thread(target=self._feed_udev,
+                                                  name="vgpu-reconciler-udev", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout=5.0):
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def poke(self, reason):
+        """Ask for a pass; returns the number of the pass that will serve it."""
+        with self._cond:
+            self._reasons.add(reason)
+            self._cond.notify_all()
+            return self._taken + 1
+
+    def run_now(self, reason, timeout=60.0):
+        """A pass for ``reason`` that starts after this call, waited for
+        (at most ``timeout`` seconds once the worker runs); in this thread
+        when no worker runs.  Whether it finished."""
+        if not self.running:
+            self.run_pass({reason})
+            return True
+        target = self.poke(reason)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._done < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.running:
+                    LOG.warning("The host reconciler's pass for %s did not finish within "
+                                "%gs; going on without it", reason, timeout)
+                    return False
+                self._cond.wait(min(left, 1.0))
+        return True
+
+    def _next_reasons(self):
+        """Wait for reasons (a tick if none comes); None when stopping."""
+        with self._cond:
+            while not self._reasons and not self._stopping:
+                interval = self.conf.vgpu.reconcile_interval
+                if self.waiting:
+                    interval = min(interval, _WAITING_POLL)
+                if not self._cond.wait(interval):
+                    self._reasons.add(TICK)
+            if self._stopping:
+                return None
+            reasons, self._reasons = self._reasons, set()
+            self._taken += 1
+            return reasons
+
+    def _work(self):
+        while True:
+            reasons = self._next_reasons()
+            if reasons is None:
+                return
+            try:
+                self.run_pass(reasons)
+            except Exception:  # noqa: BLE001 - the worker outlives any pass
+                LOG.exception("Host reconciler: a pass failed")
+            finally:
+                with self._cond:
+                    self._done += 1
+                    self._cond.notify_all()
+
+    def _feed_udev(self):
+        """While vGPUs wait for their parents, each udev event asks for a
+        pass (the VFs the vendor enables after a boot)."""
+        waiter = self.changes.waiter()
+        while not self._stopping:
+            if waiter.wait(1.0) and self.waiting:
+                self.poke(UDEV)
+
+    # -- what status shows ----------------------------------------------------------------
+
+    def state(self):
+        """What ``reconciler.json`` holds: JSON-ready."""
+        last = self.last
+        with self._cond:
+            queued = sorted(self._reasons)
+        return {
+            "pid": os.getpid(),
+            "written_at": self.clock(),
+            "passes": self.passes,
+            "queued": queued,
+            "last_pass": None if last is None else {
+                "reasons": list(last.reasons), "started_at": last.started_at,
+                "duration": last.duration, "errors": list(last.errors)},
+            "last_error": None if self.last_error is None else dict(
+                zip(("at", "step", "message"), self.last_error, strict=True)),
+            "removals_in_flight": self.manager.removals.in_flight(),
+            "waiting_for_parent": dict(self.waiting),
+        }
+
+    def _save_state(self):
+        if self.state_path is None:
+            return
+        try:
+            tmp = f"{self.state_path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as out:
+                json.dump(self.state(), out, indent=1, sort_keys=True)
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            LOG.warning("Could not write %s: %s", self.state_path, exc)
+
+
+def read_state(state_dir):
+    """What the host reconciler last wrote (None if it never ran here)."""
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as source:
+            return json.load(source)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"unreadable": f"{path}: {exc}"}
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True     # someone else's process: it exists
+    return True
+
+
+def removals_in_flight(state, now):
+    """``{vgpu: seconds its removal has been blocked}`` from what the host
+    reconciler wrote, if the process that wrote it still runs."""
+    if not state or "unreadable" in state or not _alive(int(state.get("pid", 0)) or -1):
+        return {}
+    return {vgpu: max(now - started, 0.0)
+            for vgpu, started in state.get("removals_in_flight", {}).items()}
+
+
+def describe(state, now):
+    """One line about the host reconciler, for ``status`` (None if it never
+    ran on this host: nova-compute starts it)."""
+    if state is None:
+        return None
+    if "unreadable" in state:
+        return f"reconciler: state unreadable ({state['unreadable']})"
+    if not _alive(int(state.get("pid", 0)) or -1):
+        return (f"reconciler: not running (its service, pid {state.get('pid')}, is gone; "
+                f"last written {now - state.get('written_at', now):.0f}s ago)")
+    parts = [f"reconciler: {state.get('passes', 0)} pass(es)"]
+    last = state.get("last_pass")
+    if last:
+        parts.append(f"last {now - last['started_at']:.0f}s ago for "
+                     f"{', '.join(last['reasons'])} in {last['duration'] * 1000:.0f} ms")
+    parts.append(f"queue {len(state.get('queued', []))}")
+    stuck = removals_in_flight(state, now)
+    if stuck:
+        parts.append(f"{len(stuck)} stuck removal(s), oldest {max(stuck.values()):.0f}s")
+    waiting = state.get("waiting_for_parent", {})
+    if waiting:
+        parts.append(f"{len(waiting)} vGPU(s) waiting for their parent")
+    error = state.get("last_error")
+    if error:
+        parts.append(f"last error {now - error['at']:.0f}s ago in {error['step']}: "
+                     f"{error['message']}")
+    return "; ".join(parts)
