@@ -33,6 +33,8 @@ class ClaimInFlight:
     vgpu: str
     instance: str
     state: str
+    # Seconds the kernel has blocked this vGPU's removal (None: not stuck).
+    stuck_for: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,7 @@ class GpuStatus:
 class HostStatus:
     nodename: str
     gpus: tuple[GpuStatus, ...]
+    reconciler: str | None = None   # one line about the host reconciler
 
     @property
     def guests_known(self):
@@ -90,6 +93,8 @@ class HostStatus:
         if sriov:
             enabled = sum(1 for s in sriov if s.state != "off")
             line += f"; SR-IOV on {enabled} of {len(sriov)} board(s)"
+        if self.reconciler:
+            line += "\n" + self.reconciler
         return line
 
 
@@ -134,14 +139,19 @@ def _sriov_state(function):
     return SriovState(function.state, function.numvfs, function.totalvfs)
 
 
-def assemble(nodename, snapshot, tree, claim_list, users, functions=()):
+def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=None,
+             reconciler=None):
     """The :class:`HostStatus` of one host.
 
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
     from ``snapshot``; ``users`` is ``{vgpu id: DomainRef}`` or None when
     libvirt could not be reached (then ``used`` counts claims only);
-    ``functions`` are :func:`vgpu_driver.sriov.functions_in` of the snapshot.
+    ``functions`` are :func:`vgpu_driver.sriov.functions_in` of the snapshot;
+    ``stuck`` is ``{vgpu id: seconds}`` of removals the kernel blocks, and
+    ``reconciler`` a line about the host reconciler
+    (:mod:`vgpu_driver.host_reconciler`).
     """
+    stuck = stuck or {}
     unserved = dict(tree.unserved)
     sriov = {f.address: f for f in functions}
     vgpus = _vgpus_by_gpu(snapshot, claim_list)
@@ -154,7 +164,8 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=()):
         if users is not None:
             guests = tuple(Guest(i, users[i].uuid, users[i].name) for i in ids if i in users)
         in_flight = tuple(sorted(
-            (ClaimInFlight(c.mdev_uuid, c.instance_uuid, c.state) for c in claim_list
+            (ClaimInFlight(c.mdev_uuid, c.instance_uuid, c.state, stuck.get(c.mdev_uuid))
+             for c in claim_list
              if c.gpu == gpu.address and c.state != claims.ATTACHED),
             key=lambda c: (c.instance, c.vgpu)))
         rows.append(GpuStatus(
@@ -169,4 +180,4 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=()):
                     else f"no provider: {unserved.get(gpu.address, 'unknown')}"),
             sriov=_sriov_state(sriov.get(gpu.address)),
             guests=guests, claims=in_flight))
-    return HostStatus(nodename=nodename, gpus=tuple(rows))
+    return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)

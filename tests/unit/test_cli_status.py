@@ -90,11 +90,11 @@ def test_numbers_guests_and_claims_per_gpu(busy_t4, cli):
         {"vgpu": ids["attached"], "instance": inst["web"], "domain": "instance-00000001"},
         {"vgpu": ids["unclaimed"], "instance": inst["legacy"], "domain": "legacy-vm"}]
     assert first["claims"] == [{"vgpu": ids["claimed"], "instance": inst["batch"],
-                                "state": "claimed"}]
+                                "state": "claimed", "stuck_for": None}]
     moving = rows["0000:35:00.0"]
     assert (moving["used"], moving["total"], moving["guests"]) == (1, 16, [])
     assert moving["claims"] == [{"vgpu": ids["incoming"], "instance": inst["moving"],
-                                 "state": "migrating_in"}]
+                                 "state": "migrating_in", "stuck_for": None}]
     idle = rows["0000:36:00.0"]
     assert (idle["used"], idle["bar"], idle["guests"], idle["claims"]) == (
         0, "[..........] 0/16", [], [])
@@ -227,7 +227,7 @@ def test_without_libvirt_gpus_and_claims_are_shown_with_one_warning(busy_t4, cli
     first = rows["0000:18:00.0"]
     assert first["used"] == 2      # the claims; the unclaimed guest is not known
     assert first["claims"] == [{"vgpu": ids["claimed"], "instance": inst["batch"],
-                                "state": "claimed"}]
+                                "state": "claimed", "stuck_for": None}]
     code, out, _ = cli("--sysfs-root", host.paths.root, "status", uri=UNREACHABLE)
     assert code == 0 and "unknown" in out
     assert "guests unknown (libvirt unreachable)" in out.splitlines()[-1]

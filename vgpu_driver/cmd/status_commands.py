@@ -9,10 +9,12 @@ stderr, and exits 0: that is when an operator most needs the rest.
 """
 
 import collections
+import time
 
 from cliff import columns as cliff_columns
 
 from vgpu_driver import discovery
+from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import sriov
@@ -48,11 +50,13 @@ class ClaimsColumn(cliff_columns.FormattableColumn):
     """``instance: state`` lines in tables; objects in JSON/YAML."""
 
     def human_readable(self):
-        return "\n".join(f"{c.instance}: {c.state}" for c in self._value)
+        return "\n".join(f"{c.instance}: {c.state}" + (
+            f" (removal stuck {c.stuck_for:.0f}s)" if c.stuck_for is not None else "")
+            for c in self._value)
 
     def machine_readable(self):
-        return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state}
-                for c in self._value]
+        return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state,
+                 "stuck_for": c.stuck_for} for c in self._value]
 
 
 class SriovColumn(cliff_columns.FormattableColumn):
@@ -89,8 +93,12 @@ def read_status(app):
     users, warning = libvirt_users(app)
     tree = inventory.compute(snapshot, config, app.options.nodename,
                              status.in_use(claim_list, users))
+    worker = host_reconciler.read_state(app.conf.vgpu.state_dir) if journal else None
+    now = time.time()
     view = status.assemble(app.options.nodename, snapshot, tree, claim_list, users,
-                           sriov.functions_in(snapshot))
+                           sriov.functions_in(snapshot),
+                           stuck=host_reconciler.removals_in_flight(worker, now),
+                           reconciler=host_reconciler.describe(worker, now))
     return view, warning
 
 
