@@ -218,6 +218,37 @@ class FailedLiveMigrationTests(LiveMigrationTestBase):
         self.assert_usage_matches_domains("src")
 
 
+class ForgottenRollbackTests(LiveMigrationTestBase):
+    """The migration fails and its rollback never reaches the destination
+    (a lost RPC): nova's record says the migration is over, so the
+    destination's reconciler rolls it back at its next periodic update,
+    instead of keeping the vGPU reserved for migration_claim_timeout."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        # While nova has the migration in progress, the claim stays, even
+        # past claim_grace.
+        self.flags(claim_grace=0, group="vgpu")
+        self._run_periodics()
+        self.during = self.claims("dest", self.server["id"])
+        self.dest.driver._rollback_incoming = lambda instance: None   # the lost RPC
+        conn = self.src.driver._host.get_connection()
+        conn.lookupByUUIDString(self.server["id"]).fail_job()
+        self.migrate_stub_ran = True
+
+    def test_a_lost_rollback_is_done_by_the_destination(self):
+        self.boot()
+        self._live_migrate(self.server, "failed")
+        ((claimed, state),) = self.during
+        self.assertEqual("migrating_in", state)
+        self.assertEqual([(claimed, "migrating_in")], self.claims("dest"))
+        del self.dest.driver._rollback_incoming
+        self._run_periodics()
+        self.assertEqual([], self.claims("dest"))
+        self.assertNotIn(claimed, self.sysfs_mdevs("dest"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+        self.assertIn("its rollback never reached this host", self.stdlog.logger.output)
+
+
 class RestartDuringLiveMigrationTests(LiveMigrationTestBase):
     """nova keeps the destination's reservation in memory: a restart of the
     destination compute mid-migration forgets it.  Ours is journalled."""

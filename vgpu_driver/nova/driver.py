@@ -88,6 +88,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         # libvirt's mdev definitions are settled by the host reconciler too,
         # at each periodic update's pass.
         self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
+        self.vgpu.worker.add_step("forgotten live migrations",
+                                  self.end_forgotten_migrations)
         for outcome in self.vgpu.init_host():
             if outcome.result == "waiting":
                 LOG.warning("vGPU %s is not back yet: %s; the host reconciler re-creates "

@@ -13,15 +13,22 @@ nova's.  It uses what the driver class provides: ``vgpu`` (the core driver),
 ``_instance_mdevs``, ``_providers_by_uuid`` and ``_operating_on``.
 """
 
+import time
+
 import nova.conf
+from nova import context as nova_context
 from nova import exception as nova_exception
+from nova import objects
 from nova.virt.libvirt import driver as libvirt_driver
+from oslo_log import log as logging
 
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import exception
+from vgpu_driver import host_reconciler
 from vgpu_driver import migration as vgpu_migration
 
 CONF = nova.conf.CONF
+LOG = logging.getLogger(__name__)
 
 
 class LiveMigration(libvirt_driver.LibvirtDriver):
@@ -79,6 +86,39 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
     def cleanup_lingering_instance_resources(self, instance):
         super().cleanup_lingering_instance_resources(instance)
         self._rollback_incoming(instance)
+
+    def end_forgotten_migrations(self, reasons):
+        """A host reconciler step (at each periodic update's pass): roll back
+        the incoming live migrations nova no longer has in progress.
+
+        A destination's ``migrating_in`` claims end with the migration, or
+        with its rollback reaching this host; when nova's record says the
+        migration is over and no domain here uses the vGPUs, that rollback
+        was lost, and waiting for ``[vgpu] migration_claim_timeout`` would
+        only keep the vGPUs reserved.  Claims younger than ``claim_grace``
+        are left alone: nova writes its record before asking us.
+        """
+        if host_reconciler.PERIODIC not in reasons:
+            return
+        users = self.vgpu.domains.mdev_users()
+        now = time.time()
+        candidates = {c.instance_uuid for c in self.vgpu.journal.claims()
+                      if c.state == vgpu_claims.MIGRATING_IN and c.mdev_uuid not in users
+                      and now - c.updated_at > CONF.vgpu.claim_grace}
+        if not candidates:
+            return
+        context = nova_context.get_admin_context()
+        for instance in sorted(candidates):
+            if any(ref.uuid == instance for ref in users.values()):
+                continue
+            if objects.MigrationList.get_in_progress_by_instance(
+                    context, instance, migration_type="live-migration"):
+                continue
+            LOG.warning("Instance %s: nova has no live migration to this host in "
+                        "progress any more, and no domain here uses the vGPUs held "
+                        "for it; its rollback never reached this host, done now",
+                        instance)
+            self.vgpu.migrations.rollback_incoming(instance)
 
     def _rollback_incoming(self, instance):
         if any(c.state == vgpu_claims.MIGRATING_IN
