@@ -273,6 +273,7 @@ def test_a_guest_with_two_vgpus_of_a_gpu_is_one_table_line():
     guests = (status.Guest("m1", "i1", "train-1"), status.Guest("m2", "i1", "train-1"),
               status.Guest("m3", "i2", "ml-1"))
     column = status_commands.GuestsColumn(guests)
-    assert column.human_readable() == "i1 (train-1) x2\ni2 (ml-1)"
+    # One line per guest, by domain name.
+    assert column.human_readable() == "i2 (ml-1)\ni1 (train-1) x2"
     assert [g["vgpu"] for g in column.machine_readable()] == ["m1", "m2", "m3"]
     assert status_commands.GuestsColumn(None).machine_readable() is None

@@ -132,8 +132,8 @@ class Demo(progress.Progress, base.Command):
                                                        key=lambda i: names.get(i[0], i[0])))
         parents = {m.uuid: m.parent for m in self.node.vgpu.host.list_mdevs()}
         self.detail(f"GET /allocation_candidates?{booted.query}\n"
-                    f"    {booted.candidates} candidate(s); the first is taken, as nova's "
-                    f"scheduler does\n"
+                    f"    {booted.candidates} candidate(s); the one whose providers' names "
+                    f"sort first is taken (nova's scheduler weighs them)\n"
                     f"PUT /allocations/{booted.uuid}\n    {spread}\n"
                     "VGPUDriver.allocate\n"
                     + "".join(f"    mdev {m} on {parents.get(m)}\n" for m in booted.mdevs)

@@ -28,16 +28,16 @@ COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved"
 
 
 class GuestsColumn(cliff_columns.FormattableColumn):
-    """``instance (domain)`` lines in tables, one per guest (``x2`` when it
-    holds two of the GPU's vGPUs); one object per vGPU, or null when libvirt
-    could not say, in JSON/YAML."""
+    """``instance (domain)`` lines in tables, one per guest by domain name
+    (``x2`` when it holds two of the GPU's vGPUs); one object per vGPU, or
+    null when libvirt could not say, in JSON/YAML."""
 
     def human_readable(self):
         if self._value is None:
             return "unknown"
-        held = collections.Counter((g.instance, g.domain) for g in self._value)
+        held = collections.Counter((g.domain, g.instance) for g in self._value)
         return "\n".join(f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
-                         for (instance, domain), count in held.items())
+                         for (domain, instance), count in sorted(held.items()))
 
     def machine_readable(self):
         if self._value is None:

@@ -4,8 +4,9 @@ The demo has to show the driver driven the way nova drives it, yet the
 package imports no nova.  So this makes nova's calls itself, in nova's
 order, against the real services: it creates the compute node's resource
 provider, reports the GPU providers under it, and boots an instance by
-asking Placement for allocation candidates, allocating the first one (what
-the scheduler does with a host's candidates), reading the instance's
+asking Placement for allocation candidates, allocating one of them (the one
+whose providers' names sort first, where nova's scheduler weighs them: the
+demo's screens are then the same at every run), reading the instance's
 allocations back, turning them into mdevs through the driver and defining a
 libvirt domain with the driver's hostdevs.  Only the GPUs (the fake kernel)
 and the hypervisor (libvirt's test driver) are not real.
@@ -124,8 +125,11 @@ class MiniCompute:
         requests = found["allocation_requests"]
         if not requests:
             raise NoValidHost(instance=name, query=query)
+        names = self.provider_names()
+        chosen = min(requests, key=lambda r: sorted(names.get(rp, rp)
+                                                    for rp in r["allocations"]))
         self.client.request("PUT", f"/allocations/{instance}", {
-            "allocations": requests[0]["allocations"], "project_id": PROJECT,
+            "allocations": chosen["allocations"], "project_id": PROJECT,
             "user_id": USER, "consumer_generation": None, "consumer_type": "INSTANCE"})
         allocations = self.client.request("GET", f"/allocations/{instance}")["allocations"]
         mdevs = self.vgpu.allocate(instance, allocations, self.sync.provider_uuids(self.tree))
