@@ -4,11 +4,12 @@ nova-compute asks its driver for the provider tree every minute or so; the
 GPU part of that update is ``_update_provider_tree_for_vgpu``.  Ours is the
 class that ships, :class:`vgpu_driver.nova.LibvirtVGPUDriver`, loaded as
 nova-compute loads it (``load_compute_driver``, nova's config, nova's
-``init_host``) on nova's ``Host``: the core's ``provider_tree`` (claims
-reconcile, discovery through :class:`~vgpu_driver.discovery_cache.
-CachedDiscovery` and its udev monitor, stale-type reclaim, inventory), then
-nova's provider tree written, the reshape check, the prune of vanished
-GPUs and libvirt's mdev definitions settled when due.  nova's is
+``init_host``) on nova's ``Host``: the core's ``provider_tree`` (the host
+reconciler's pass, waited for: claims, removals, restore, stale-type
+reclaim, libvirt's mdev definitions settled when due; discovery through
+:class:`~vgpu_driver.discovery_cache.CachedDiscovery` and its udev monitor;
+inventory), then nova's provider tree written, the reshape check and the
+prune of vanished GPUs.  nova's is
 ``LibvirtDriver._update_provider_tree_for_vgpu`` itself (its
 ``_get_gpu_inventories`` lists every mdev and every mdev-capable device
 through libvirt's node-device API and parses each one's XML), called on the
@@ -298,14 +299,15 @@ def measure(args, tmp):
 # Parts of one shipped update, as ``(label, [function suffixes whose cumulative
 # times add up])``; bench_allocation's way of reading cProfile's rows.
 PROFILE_PARTS = (
-    ("core provider_tree (claims, discovery, reclaim, inventory)",
+    ("core provider_tree (reconciler's pass, discovery, inventory)",
      ["driver.py(provider_tree)"]),
+    ("  of which the host reconciler's pass, waited for (claims, removals, restore, "
+     "stale types, libvirt's mdev definitions; on its own thread)",
+     ["host_reconciler.py(run_now)"]),
     ("  of which discovery (cached, udev)", ["discovery_cache.py(snapshot)"]),
     ("nova's provider tree written (providers.write)", ["nova/providers.py(write)"]),
     ("reshape check (reshape.take_over)", ["nova/reshape.py(take_over)"]),
     ("prune of vanished GPUs (providers.prune)", ["nova/providers.py(prune)"]),
-    ("libvirt's mdev definitions (nodedevs.Definitions.settle_if_due)",
-     ["nova/nodedevs.py(settle_if_due)"]),
 )
 
 

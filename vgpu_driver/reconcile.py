@@ -184,11 +184,15 @@ class Reconciler:
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
+        # Judged on a plain read; the write lock is taken only when there is
+        # something to drop, and drops only claims unchanged since.
+        stale = [claim for claim in self.manager.journal.claims()
+                 if (attached_too or claim.state != claims_mod.ATTACHED)
+                 and self._is_stale(claim, users, now, grace, live_instances,
+                                    migration_timeout)]
+        if not stale:
+            return []
         with self.manager.journal.transaction() as txn:
-            stale = [claim for claim in txn.claims()
-                     if (attached_too or claim.state != claims_mod.ATTACHED)
-                     and self._is_stale(claim, users, now, grace, live_instances,
-                                        migration_timeout)]
             stale = txn.remove_exact(stale)
         for claim in stale:
             if claim.state == claims_mod.MIGRATING_IN:
