@@ -1,6 +1,7 @@
 """Our GPU providers in nova's provider tree: written from the core's
 desired tree, and removed once their GPU is gone and nothing holds them."""
 
+from nova.objects import service
 from oslo_log import log as logging
 
 from vgpu_driver import inventory
@@ -9,17 +10,36 @@ from vgpu_driver.nova import usage
 
 LOG = logging.getLogger(__name__)
 
+# nova marks every provider it creates with the standard trait OWNER_NOVA
+# from service version 73 on (nova 34, 2026.2): the compute node's in its
+# resource tracker, the GPU, PCI and memory-encryption children where its
+# drivers create them; its scheduler's owner_nova_filter requires it on the
+# root once every nova-compute reports that version
+# (request_filter.MIN_COMPUTE_VERSION_OWNER_TRAIT).  Ours are nova's
+# providers too, so they carry it inside such a nova, and not before: an
+# older nova marks none of its own.  The name is a literal because os-traits
+# has it long before nova sets it (os-traits 3.3.0 of 2025.1 already does).
+OWNER_NOVA = "OWNER_NOVA"
+OWNER_NOVA_SERVICE_VERSION = 73
+
+
+def nova_owner_traits():
+    """The owner traits the running nova puts on the providers it creates."""
+    return {OWNER_NOVA} if service.SERVICE_VERSION >= OWNER_NOVA_SERVICE_VERSION else set()
+
 
 def write(provider_tree, nodename, tree):
     """Each GPU's provider under the node, with its inventory and traits
-    (traits others set are kept)."""
+    (traits others set are kept; nova's owner trait is added where nova
+    adds it to its own)."""
+    owner = nova_owner_traits()
     for provider in tree.providers:
         name = provider.name
         if not provider_tree.exists(name):
             provider_tree.new_child(name, nodename)
         provider_tree.update_inventory(name, provider.inventory())
         provider_tree.update_traits(name, placement.with_managed_traits(
-            provider_tree.data(name).traits, provider.traits))
+            provider_tree.data(name).traits, provider.traits) | owner)
 
 
 def prune(provider_tree, nodename, tree, journal, reportclient):
