@@ -16,9 +16,14 @@ import uuid
 import fixtures
 import libvirt
 import testtools
-from nova import thread_pool_factory
+from nova import utils as nova_utils
 from nova.virt.libvirt import host as nova_host
 from oslo_config import cfg
+
+try:
+    from nova import thread_pool_factory  # nova 34: every executor in one factory
+except ImportError:
+    thread_pool_factory = None
 
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver as core
@@ -80,8 +85,15 @@ def _stop_conn_events(host):
 
 
 def _forget_executors():
-    executors = list(thread_pool_factory.FACTORY._all_executors.values())
-    thread_pool_factory.FACTORY._all_executors.clear()
+    if thread_pool_factory is not None:
+        executors = list(thread_pool_factory.FACTORY._all_executors.values())
+        thread_pool_factory.FACTORY._all_executors.clear()
+    else:
+        # nova 33 keeps the Host's executor in a global of nova.utils; nova 31
+        # has none (it spawns green threads).
+        executors = [e for e in [getattr(nova_utils, "DEFAULT_EXECUTOR", None)] if e]
+        if executors:
+            nova_utils.DEFAULT_EXECUTOR = None
     for executor in executors:
         executor.shutdown(wait=False)
 

@@ -17,7 +17,6 @@ import time
 
 import fixtures
 import nova.conf
-from nova import utils as nova_utils
 from nova.tests.fixtures import libvirt as fakelibvirt
 from nova.tests.functional.libvirt import base
 
@@ -406,8 +405,9 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         self.start_vgpu_compute("host1", "t4x8", mdevs=[
             {"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE])
         host = self.computes["host1"].driver._host
-        connection = host.get_connection()
-        proxied = nova_utils.tpool_wrap(connection, autowrap=host._libvirt_proxy_classes)
+        # nova's own wrapper for libvirt objects (every supported release
+        # has it): tpool on eventlet, the object itself with native threads.
+        proxied = host._wrap_libvirt_proxy(host.get_connection())
         host.get_connection = lambda: proxied
         self._race_two_builds()
 
