@@ -128,17 +128,23 @@ class VGPUDriver:
     def release(self, instance_uuid):
         return self.manager.release(instance_uuid)
 
-    def release_unused(self, instance_uuid, domain_mdevs):
-        """Drop the instance's claims on mdevs its domain no longer uses.
+    def release_unused(self, instance_uuid, keep):
+        """Release the instance's claims on vGPUs not in ``keep``, as
+        :meth:`release` does (their vGPUs removed if so configured).
 
         After a resize is confirmed or reverted, one host keeps the guest and
         the other does not: each keeps exactly the claims its domain needs.
+        Before a guest is defined again from its allocation, the claims the
+        allocation does not cover (a failed step's) go.
         """
-        used = set(domain_mdevs)
+        keep = set(keep)
         with self.journal.transaction() as txn:
             stale = [c for c in txn.claims(instance_uuid)
-                     if c.mdev_uuid not in used and c.state != claims.RELEASING]
-            return [c.mdev_uuid for c in txn.remove_exact(stale)]
+                     if c.mdev_uuid not in keep and c.state != claims.RELEASING]
+            if not stale or not self.manager.remove_on_release:
+                return [c.mdev_uuid for c in txn.remove_exact(stale)]
+            txn.set_state(instance_uuid, claims.RELEASING, [c.mdev_uuid for c in stale])
+        return self.manager.finish_release([c.mdev_uuid for c in stale])
 
     def add_hostdevs(self, domain_xml, mdev_uuids):
         """The domain XML with a hostdev per vGPU, as each one's type wants it.

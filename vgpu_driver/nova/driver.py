@@ -13,9 +13,11 @@ import contextlib
 import threading
 
 import nova.conf
+from keystoneauth1 import exceptions as ks_exceptions
 from nova import exception as nova_exception
 from nova.virt.libvirt import config as vconfig
 from oslo_log import log as logging
+from oslo_utils import excutils
 
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
@@ -25,7 +27,9 @@ from vgpu_driver import host_reconciler
 from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import vgpu as vgpu_conf
+from vgpu_driver.nova import abandoned
 from vgpu_driver.nova import events
+from vgpu_driver.nova import flavors
 from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import providers
@@ -223,46 +227,110 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     # -- spawn, resize, delete -------------------------------------------------------
 
     def spawn(self, context, instance, *args, **kwargs):
-        return self._for_instance(instance, super().spawn, context, instance, *args,
-                                  **kwargs)
+        return self._define_or_release(instance, super().spawn, context, instance, *args,
+                                       **kwargs)
 
     def finish_migration(self, context, migration, instance, *args, **kwargs):
-        return self._for_instance(instance, super().finish_migration, context, migration,
-                                  instance, *args, **kwargs)
+        return self._define_or_release(instance, super().finish_migration, context,
+                                       migration, instance, *args, **kwargs)
 
     def confirm_migration(self, context, migration, instance, network_info):
         super().confirm_migration(context, migration, instance, network_info)
         self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
     def finish_revert_migration(self, context, instance, *args, **kwargs):
-        super().finish_revert_migration(context, instance, *args, **kwargs)
+        """Define the guest here again with the vGPUs of the allocation nova
+        has just moved back to it (the source domain's, unless a failed step
+        changed them), never with claims another step left."""
+        self._claim_allocated(context, instance)
+        self._define_or_release(instance, super().finish_revert_migration, context,
+                                instance, *args, **kwargs)
         self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
+
+    def _define_or_release(self, instance, operation, *args, keep_claims=False, **kwargs):
+        """Run a nova operation that defines the guest here; if it fails, the
+        guest keeps only the claims a domain of it still uses.
+
+        nova gives the guest no vGPU after such a failure: a failed resize
+        goes back to the old flavor (keeping the new one's allocation), a
+        failed build or unshelve goes elsewhere.  A claim left would hand
+        its vGPU to whatever defines the guest here next (a revert, a hard
+        reboot), whichever its flavor then.
+        """
+        try:
+            return self._for_instance(instance, operation, *args, keep_claims=keep_claims,
+                                      **kwargs)
+        except BaseException:
+            with excutils.save_and_reraise_exception():
+                self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
+
+    def _claim_allocated(self, context, instance):
+        """Before nova defines the guest here again: claim the vGPUs its
+        allocation here gives it (its own first, missing ones made again)
+        and release the claims it holds beyond them (what a failed step
+        left); their ids, or None, nothing changed, when the domain holds
+        vGPUs that have no claim or Placement cannot say (then the claims
+        are what the guest gets).
+
+        Refused when the allocation's vGPUs are not the ones the flavor asks
+        for (:mod:`vgpu_driver.nova.flavors`), or when Placement cannot say
+        and the guest holds no vGPU here though its flavor asks for some:
+        the guest then keeps only the claims its domain uses.
+        """
+        domain = set(self._instance_mdevs(instance))
+        held = set(self.vgpu.instance_claims(instance.uuid))
+        if domain - held:
+            return None
+        specs, classes = instance.flavor.extra_specs, self.vgpu.mdev_config.mdev_classes
+        try:
+            allocations = self.virtapi.reportclient.get_allocs_for_consumer(
+                context, instance.uuid)["allocations"]
+        except (nova_exception.ConsumerAllocationRetrievalFailed,
+                ks_exceptions.ClientException) as exc:
+            if not held and flavors.vgpu_groups(specs, classes):
+                raise nova_exception.ComputeResourcesUnavailable(
+                    reason=f"instance {instance.uuid} gets no vGPU here: Placement did not "
+                           f"say which it is allocated ({exc})") from exc
+            LOG.warning("Instance %s keeps the vGPUs it holds: Placement did not say "
+                        "which it is allocated: %s", instance.uuid, exc)
+            return None
+        providers = self._providers_by_uuid()
+        if any(rp not in providers for rp, allocation in allocations.items()
+               if classes & set(allocation.get("resources", {}))):
+            LOG.warning("Instance %s keeps the vGPUs it holds: its allocation is on "
+                        "providers that are not this host's GPUs", instance.uuid)
+            return None
+        why = flavors.mismatch(specs, allocations, providers, classes)
+        if why is not None:
+            self.vgpu.release_unused(instance.uuid, domain)
+            raise nova_exception.ComputeResourcesUnavailable(
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+        mdevs = self._claim(instance.uuid, allocations)
+        self.vgpu.release_unused(instance.uuid, mdevs)
+        return mdevs
 
     # -- hard reboot ------------------------------------------------------------------
 
     def _hard_reboot(self, context, instance, *args, **kwargs):
-        """Define the guest again with the mdevs it holds, whatever its class.
+        """Define the guest again with the vGPUs of its allocation here,
+        whatever their class (a start does it too).
 
-        Its claims say which mdevs are its own even when the domain is gone;
+        Its claims say which vGPUs are its own even when the domain is gone;
         missing ones (a host reboot) are created again with their UUIDs; an
-        instance that holds none but has an allocation on our GPUs gets them
-        claimed now.
+        instance that holds none gets them claimed now, and claims beyond
+        its allocation go.  When Placement cannot say, its claims alone.
         """
         self._reclaim_for_reboot(context, instance)
-        return self._for_instance(instance, super()._hard_reboot, context, instance, *args,
-                                  keep_claims=True, **kwargs)
+        return self._define_or_release(instance, super()._hard_reboot, context, instance,
+                                       *args, keep_claims=True, **kwargs)
 
     def _reclaim_for_reboot(self, context, instance):
-        if self.vgpu.instance_claims(instance.uuid):
+        held = set(self.vgpu.instance_claims(instance.uuid))
+        if held:
             self._restore_claimed(instance)
-            return
-        if self._instance_mdevs(instance):
-            return
-        allocations = self.virtapi.reportclient.get_allocations_for_consumer(
-            context, instance.uuid)
-        mdevs = self._claim(instance.uuid, allocations)
-        if mdevs:
-            LOG.info("Instance %s had lost track of its mdevs; it gets %s",
+        mdevs = self._claim_allocated(context, instance)
+        if mdevs is not None and set(mdevs) - held:
+            LOG.info("Instance %s is given again the vGPUs of its allocation: %s",
                      instance.uuid, ", ".join(mdevs))
 
     def resume(self, context, instance, *args, **kwargs):
@@ -285,3 +353,30 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                         destroy_disks=destroy_disks, destroy_secrets=destroy_secrets)
         if not self._operation.keep_claims:
             self.vgpu.release(instance.uuid)
+
+    # -- vGPUs nobody comes back for -------------------------------------------------------
+
+    def end_forgotten_migrations(self, reasons):
+        """The host reconciler's step for what nova left unfinished here:
+        incoming live migrations (:class:`LiveMigration`'s), then guests a
+        move took away, or a failed step left, without the vGPUs they hold
+        here being released (:mod:`vgpu_driver.nova.abandoned`)."""
+        super().end_forgotten_migrations(reasons)
+        if host_reconciler.PERIODIC in reasons:
+            self.release_abandoned()
+
+    def release_abandoned(self):
+        """Undefine the domains and release the vGPUs that guests hold here
+        and nobody will come back for; their instance UUIDs."""
+        found = abandoned.abandoned(
+            self.vgpu.journal.claims(),
+            {g.uuid for g in self._host.list_guests(only_running=False)},
+            {g.uuid for g in self._host.list_guests(only_running=True)},
+            self._host.get_hostname(), CONF.vgpu.claim_grace)
+        for instance in found:
+            LOG.warning("Instance %s holds vGPUs here that nothing will use (it left this "
+                        "host, or a step failed on it, and no move of it is under way): "
+                        "its domain here and its vGPUs are released", instance.uuid)
+            self._undefine_domain(instance)
+            self.vgpu.release(instance.uuid)
+        return [instance.uuid for instance in found]

@@ -1,0 +1,67 @@
+"""Whether the vGPUs of an allocation are those the instance's flavor asks for.
+
+nova keeps an instance's flavor and its Placement allocation in step, but
+for one case: a resize whose finish fails on the destination gives the
+instance its old flavor back and leaves it there, holding the *new* flavor's
+allocation (so that a hard reboot can recover it there).  A hard reboot, a
+start or a revert that defined the guest from that allocation would give it
+vGPUs of a type its flavor does not ask for; the driver refuses instead.
+
+Only what names a vGPU is compared: the units of each mdev resource class,
+and the traits that name a vGPU type, the automatic ones every GPU provider
+carries (``CUSTOM_VGPU_<name>``, ``CUSTOM_MDEV_<type>``; see
+:func:`vgpu_driver.inventory.type_traits`).
+"""
+
+import re
+
+# nova's request group keys in flavor extra specs: resources[<suffix>]:<class>
+# and trait[<suffix>]:<name> (nova.scheduler.utils.ResourceRequest.XS_KEYPAT).
+_GROUP_KEY = re.compile(r"^(resources|trait)([a-zA-Z0-9_-]{1,64})?:(.+)$")
+TYPE_TRAIT_PREFIXES = ("CUSTOM_VGPU_", "CUSTOM_MDEV_")
+
+
+def vgpu_groups(extra_specs, classes):
+    """The flavor's request groups asking for vGPUs, each as ``(units by
+    class, required type traits, forbidden type traits)``."""
+    groups = {}
+    for key, value in extra_specs.items():
+        match = _GROUP_KEY.match(key)
+        if match is None:
+            continue
+        kind, suffix, name = match.groups()
+        units, required, forbidden = groups.setdefault(suffix, ({}, set(), set()))
+        if kind == "resources" and name in classes:
+            units[name] = int(value)
+        elif kind == "trait" and name.startswith(TYPE_TRAIT_PREFIXES):
+            if value == "required":
+                required.add(name)
+            elif value == "forbidden":
+                forbidden.add(name)
+    return [group for group in groups.values() if any(group[0].values())]
+
+
+def mismatch(extra_specs, allocations, providers, classes):
+    """Why the vGPUs ``allocations`` holds are not the flavor's; None if they are.
+
+    ``allocations`` is Placement's ``{rp uuid: {"resources": {class: n}}}``;
+    ``providers`` maps this host's GPU providers' rp UUIDs to their
+    ``GpuProvider``; ``classes`` are the mdev resource classes.
+    """
+    groups = vgpu_groups(extra_specs, classes)
+    held = [(providers.get(rp), rc, n) for rp, allocation in sorted(allocations.items())
+            for rc, n in allocation.get("resources", {}).items() if rc in classes and n]
+    for rc in sorted(classes):
+        wanted = sum(units.get(rc, 0) for units, _req, _forb in groups)
+        got = sum(n for _p, held_rc, n in held if held_rc == rc)
+        if wanted != got:
+            return f"the flavor asks for {wanted} {rc}, the allocation holds {got}"
+    for provider, rc, _n in held:
+        if provider is None:
+            continue        # not one of ours: the allocation itself is refused
+        traits = set(provider.traits)
+        if not any(rc in units and required <= traits and not forbidden & traits
+                   for units, required, forbidden in groups):
+            return (f"the allocation holds {provider.type_name or provider.type_id} vGPUs "
+                    f"on {provider.name}, a type the flavor does not ask for")
+    return None
