@@ -32,6 +32,8 @@ Tree::
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
     ├── InvalidNodename               a compute node name Placement cannot take
     ├── ProviderNotOurs               a provider sync would write is not vgpu-driver's
+    ├── NovaIncompatible              the installed nova lacks what the adapter hooks
+    ├── AllocationOutsideOperation    nova asked for vGPUs where no instance is known
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
     ├── SriovRefused                  VFs of this device are not ours to change now
@@ -334,6 +336,24 @@ class ProviderNotOurs(VgpuDriverError):
     msg_fmt = ("Refusing to write provider %(name)s: %(reason)s (%(where)s, traits "
                "%(traits)s); nothing was written. A provider vgpu-driver does not own is "
                "left to its owner.")
+
+
+class NovaIncompatible(VgpuDriverError):
+    """Found when nova-compute makes the driver, before it serves anything."""
+
+    msg_fmt = ("vgpu-driver cannot run inside nova %(version)s: %(problems)s. This "
+               "vgpu-driver supports %(supported)s; install a vgpu-driver release that "
+               "supports this nova, or a nova in that range.")
+
+
+class AllocationOutsideOperation(VgpuDriverError):
+    """nova asked for vGPUs from a code path the adapter does not wrap: no
+    instance is known, so no claim could be journalled."""
+
+    msg_fmt = ("nova %(version)s asked for vGPUs outside the operations vgpu-driver "
+               "knows (spawn, resize, migration, hard reboot); refused rather than "
+               "handing out vGPUs no claim records. This vgpu-driver supports "
+               "%(supported)s.")
 
 
 class JournalError(VgpuDriverError):

@@ -28,6 +28,7 @@ from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import abandoned
+from vgpu_driver.nova import compat
 from vgpu_driver.nova import events
 from vgpu_driver.nova import flavors
 from vgpu_driver.nova import live_migration
@@ -55,7 +56,11 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     """nova's libvirt driver (through its live-migration layer), vGPUs ours."""
 
     def __init__(self, virtapi, read_only=False):
+        # Before anything of nova's is touched: a nova without the hooks
+        # below stops nova-compute here, saying which, not at a spawn.
+        compat.check()
         super().__init__(virtapi, read_only)
+        compat.check_driver(self)
         self._vgpu = None
         # Before nova's init_host opens the connection: the index wraps how
         # the Host connects and registers its event callbacks, or it would
@@ -151,9 +156,19 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 if known is not None and known.exists(p.name)}
 
     def _allocate_mdevs(self, allocations):
+        """Claims for the instance of the nova operation under way.
+
+        nova calls this from the operations the driver wraps; a call from
+        anywhere else (a nova that added a caller) has no instance to claim
+        for, and nova's own allocator would hand out vGPUs no claim records:
+        refused, the build rescheduled.
+        """
         instance = self._operation.instance
         if instance is None:
-            return super()._allocate_mdevs(allocations)
+            error = exception.AllocationOutsideOperation(
+                version=compat.nova_version(), supported=compat.supported_range())
+            LOG.error("%s", error)
+            raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
         return self._claim(instance.uuid, allocations)
 
     def _claim(self, instance_uuid, allocations):
