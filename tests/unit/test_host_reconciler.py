@@ -78,6 +78,24 @@ def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(
     assert vgpu.journal.claims() == [] and host.list_mdevs() == []
 
 
+def test_a_vgpu_released_while_its_domain_is_still_defined_is_removed_later(
+        make_host, make_driver):
+    """A guest that left by live migration is released here before nova
+    undefines its domain (nova's cleanup, not destroy): the mdev used to lose
+    its claim at once and stay behind for good."""
+    host = make_host("a100-sriov")
+    vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 1")
+    (held,) = boot(vgpu, "left")
+    assert vgpu.release("left") == []             # its domain still uses it
+    assert [c.state for c in vgpu.journal.claims()] == [claims.RELEASING]
+    assert [m.uuid for m in host.list_mdevs()] == [held]
+    vgpu.provider_tree("cn1")                     # a pass: still in use, kept
+    assert [m.uuid for m in host.list_mdevs()] == [held]
+    vgpu.domains.undefine("left")                 # nova's cleanup
+    vgpu.provider_tree("cn1")                     # the next pass removes it
+    assert vgpu.journal.claims() == [] and host.list_mdevs() == []
+
+
 def test_removals_in_flight_are_bounded(make_host, make_driver):
     """However many removals the kernel blocks, at most
     ``max_removals_in_flight`` writers (privileged workers) wait on it."""

@@ -35,6 +35,8 @@ class MdevManager:
         #: The removal writers in flight (one per vGPU at most).
         self.removals = removals or removals_mod.Removals()
         self._snapshot = None
+        # vGPUs whose removal waits for a domain to let go, already logged.
+        self._held_by_domain = set()
 
     # -- the host's structure, cached: which parents each GPU has ---------------------
 
@@ -159,12 +161,10 @@ class MdevManager:
         started = {}
         for uuid in mdev_uuids:
             if uuid in users:
-                # Its claim goes all the same: the domain keeps it from others.
-                LOG.warning("Not removing vGPU %s: domain %s still uses it", uuid,
-                            users[uuid].name)
-                done.append(uuid)
+                self._wait_for_domain(uuid, users[uuid].name)
                 continue
             started[uuid] = self.removals.remove(uuid, self._destroy, 0)
+        self._held_by_domain &= set(users)
         deadline = self.removals.clock() + wait
         for uuid, removal in started.items():
             # A writer an earlier call started is not waited for: when it
@@ -179,6 +179,15 @@ class MdevManager:
             with self.journal.transaction() as txn:
                 txn.remove(mdev_uuids=done, state=claims_mod.RELEASING)
         return done
+
+    def _wait_for_domain(self, uuid, domain):
+        """A domain still uses a vGPU its guest released (a guest that left
+        is undefined after nova tells us): its claim stays ``releasing``,
+        and a later pass of the host reconciler removes it once the domain
+        lets go.  Dropping the claim would leave an mdev behind for good."""
+        if uuid not in self._held_by_domain:
+            self._held_by_domain.add(uuid)
+            LOG.info("vGPU %s is removed once domain %s no longer uses it", uuid, domain)
 
     def _destroy(self, vgpu_id):
         # No timeout: the writer is the removal's own thread, and the
