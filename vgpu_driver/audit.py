@@ -1,7 +1,8 @@
 """Compare the host's truth with Placement's, and list every difference.
 
 * ``allocation-without-mdev``: Placement allocates vGPUs of a GPU to a
-  consumer that holds fewer mdevs on that GPU here;
+  consumer that holds fewer mdevs on that GPU here (a move's allocation
+  counts as its instance's, see :func:`audit`);
 * ``mdev-without-allocation``: a guest (domain or claim) holds mdevs of a GPU
   that Placement does not allocate to it;
 * ``stale-provider``: a provider of this host whose GPU is gone;
@@ -60,8 +61,15 @@ def _inventory_detail(have, want):
     return f"Placement has {short(have)}; the host computes {short(want)}"
 
 
-def audit(sync, tree, snapshot, claim_list, domain_users):
-    """Every difference between the host and Placement, as Drift rows."""
+def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
+    """Every difference between the host and Placement, as Drift rows.
+
+    ``moves`` is ``{migration uuid: instance uuid}`` of nova's moves under
+    way on this host (:func:`vgpu_driver.compute_api.moves_on`).  nova holds
+    the source allocation of a resize or migration awaiting confirmation
+    under the migration's UUID, while the guest keeps its vGPUs here under
+    its own: those units count as the instance's.
+    """
     sync.observe(tree)
     clashes = {c.name: c for c in sync.clashes(tree)}
     drifts = [Drift("name-clash", c.name, getattr(tree.provider(c.name), "gpu", None), None,
@@ -89,14 +97,15 @@ def audit(sync, tree, snapshot, claim_list, domain_users):
             drifts.append(Drift("traits", name, provider.gpu, None,
                                 f"Placement has {sorted(managed)}; the host computes "
                                 f"{sorted(provider.traits)}"))
-        drifts += _allocation_drift(sync, name, provider, usage)
+        drifts += _allocation_drift(sync, name, provider, usage, moves or {})
     return drifts
 
 
-def _allocation_drift(sync, name, provider, usage):
+def _allocation_drift(sync, name, provider, usage, moves):
     drifts = []
-    allocated = {consumer: resources.get(provider.resource_class, 0)
-                 for consumer, resources in sync.allocations(name).items()}
+    allocated = collections.Counter()
+    for consumer, resources in sync.allocations(name).items():
+        allocated[moves.get(consumer, consumer)] += resources.get(provider.resource_class, 0)
     here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}
     for consumer, units in sorted(allocated.items()):
         if here.get(consumer, 0) < units:
