@@ -8,10 +8,12 @@ import re
 
 import pytest
 
+from vgpu_driver import compute_api
 from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import libvirt_host
 from vgpu_driver import migration
+from vgpu_driver.cmd import install_commands
 from vgpu_driver.cmd.demo import compute as demo_compute
 from vgpu_driver.cmd.demo import progress as demo_progress
 from vgpu_driver.cmd.demo import workdir as demo_workdir
@@ -19,8 +21,8 @@ from vgpu_driver.conf import placement as placement_conf
 from vgpu_driver.placement import client as placement_client
 
 PAGE = pathlib.Path(__file__).parents[2] / "doc" / "source" / "admin" / "troubleshooting.rst"
-MODULES = (exception, guest, libvirt_host, migration, demo_compute,
-           demo_progress, demo_workdir, placement_conf, placement_client)
+MODULES = (exception, compute_api, guest, libvirt_host, migration, install_commands,
+           demo_compute, demo_progress, demo_workdir, placement_conf, placement_client)
 # A placeholder as msg_fmt writes it: %(name)s, %(name)r, %(name).0f, %(name)d.
 PLACEHOLDER = re.compile(r"%\(\w+\)[-#0 +]*\d*(?:\.\d+)?[sdrfi]")
 # Shorter runs of fixed text ("Keystone: ") say too little to look up.

@@ -1,0 +1,136 @@
+"""``install-units``: the systemd units and the sudo rule, with this host's paths.
+
+The files name nova-compute's configuration files (vgpu-manage's own
+``--config-file``, which must be the ones nova-compute reads), where pip put
+the scripts (this environment's ``bin/`` by default) and nova's user.  The
+sudo rule is checked with ``visudo -c`` before anything is written; a file
+already there with other contents is replaced only with ``--force``.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from vgpu_driver import exception
+from vgpu_driver import host_files
+from vgpu_driver.cmd import base
+
+COLUMNS = ("path", "mode", "result")
+NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.service; "
+              "systemctl restart nova-compute")
+
+
+class InstallFilesRefused(exception.VgpuDriverError):
+    msg_fmt = "%(reason)s; nothing was written."
+
+
+def _default_bin_dir():
+    """The directory of the running vgpu-manage (pip put the others beside it)."""
+    return os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else "/usr/bin"
+
+
+class InstallUnits(base.Lister):
+    """Write the systemd units and the sudo rule for this host; list what was written."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("--root", default="/",
+                            help="Install under this directory instead of / (an image "
+                                 "being built); it must exist.")
+        parser.add_argument("--user", default="nova",
+                            help="The user nova-compute runs as (default: nova).")
+        parser.add_argument("--bin-dir", default=None,
+                            help="Where privsep-helper, vgpu-manage and vgpu-nova-compute "
+                                 "are (default: the directory of this vgpu-manage).")
+        parser.add_argument("--tmpdir", default="/tmp",
+                            help="nova-compute's temporary directory, where oslo.privsep "
+                                 "makes its socket (default: /tmp, TMPDIR unset).")
+        parser.add_argument("--force", action="store_true",
+                            help="Replace files that are there with other contents.")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="List what would be written, and write nothing.")
+        return parser
+
+    def take_action(self, parsed_args):
+        settings = self._settings(parsed_args)
+        files = host_files.render(settings)
+        root = parsed_args.root
+        if not os.path.isdir(root):
+            raise InstallFilesRefused(reason=f"--root {root} is not a directory")
+        missing = host_files.missing_scripts(settings.bin_dir)
+        if missing:
+            raise InstallFilesRefused(
+                reason=f"{settings.bin_dir} has no {', '.join(missing)} (give --bin-dir, "
+                       f"the bin/ of the environment nova and vgpu-driver are in)")
+        plan = [(f, os.path.join(root, f.path), _result(os.path.join(root, f.path), f))
+                for f in files]
+        replaced = [target for _f, target, result in plan if result == "replaced"]
+        if replaced and not parsed_args.force:
+            verb = "differs" if len(replaced) == 1 else "differ"
+            raise InstallFilesRefused(reason=f"{', '.join(replaced)} {verb} from what "
+                                             f"would be written (--force replaces them)")
+        _check_sudoers(files[0])
+        rows = []
+        for file, target, result in plan:
+            if parsed_args.dry_run:
+                result = f"would be {result}"
+            elif result != "unchanged":
+                _write(target, file)
+            rows.append((target, f"{file.mode:04o}", result))
+        if not parsed_args.dry_run:
+            self.app.stderr.write(f"then: {NEXT_STEPS}\n")
+        return COLUMNS, rows
+
+    def _settings(self, parsed_args):
+        conf = self.app.conf
+        config_dirs = [conf.config_dir] if conf.config_dir else []
+        return host_files.Settings(
+            bin_dir=parsed_args.bin_dir or _default_bin_dir(), user=parsed_args.user,
+            config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
+            config_dirs=tuple(os.path.abspath(d) for d in config_dirs),
+            tmpdir=parsed_args.tmpdir)
+
+
+def _result(target, file):
+    try:
+        with open(target, encoding="utf-8") as current:
+            same = current.read() == file.text and \
+                (os.stat(target).st_mode & 0o777) == file.mode
+    except FileNotFoundError:
+        return "written"
+    return "unchanged" if same else "replaced"
+
+
+def _check_sudoers(file):
+    """sudo's own parser accepts the rule, before anything is written."""
+    visudo = shutil.which("visudo") or next(
+        (p for p in ("/usr/sbin/visudo", "/sbin/visudo") if os.access(p, os.X_OK)), None)
+    if visudo is None:
+        raise InstallFilesRefused(reason="visudo is not installed, so the sudo rule "
+                                         "cannot be checked (install sudo first)")
+    with tempfile.NamedTemporaryFile("w", suffix=".sudoers", encoding="utf-8") as draft:
+        draft.write(file.text)
+        draft.flush()
+        checked = subprocess.run([visudo, "-c", "-q", "-f", draft.name], capture_output=True,
+                                 text=True, check=False)
+    if checked.returncode != 0:
+        detail = " ".join((checked.stderr or checked.stdout).split())
+        raise InstallFilesRefused(reason=f"visudo refused the sudo rule: {detail}")
+
+
+def _write(target, file):
+    """Whole or not at all: a new file beside it, renamed over it."""
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    descriptor, draft = tempfile.mkstemp(dir=directory, prefix=".vgpu-driver.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(file.text)
+        os.chmod(draft, file.mode)
+        os.replace(draft, target)
+    except BaseException:
+        if os.path.exists(draft):
+            os.unlink(draft)
+        raise

@@ -1,0 +1,110 @@
+"""The files a compute host needs beside the package, with its own paths.
+
+nova-compute must run as ``vgpu-nova-compute`` (a systemd drop-in), SR-IOV
+boards need their VFs enabled at boot (a unit), and the privileged helper
+starts through sudo (a sudoers rule).  Each names absolute paths (where pip
+put the scripts, nova-compute's configuration files, Python's temporary
+directory) and the sudo rule must match oslo.privsep's command exactly, so
+they are rendered from templates (``vgpu_driver/templates``) rather than
+copied and edited by hand.  The examples in ``etc/`` are these templates
+rendered with :data:`EXAMPLE` (a test keeps them so).
+"""
+
+import dataclasses
+import importlib.resources
+import os
+import re
+import string
+
+from vgpu_driver import exception
+
+SUDOERS = "etc/sudoers.d/vgpu-driver"
+SRIOV_UNIT = "etc/systemd/system/vgpu-driver-sriov.service"
+COMPUTE_DROPIN = "etc/systemd/system/nova-compute.service.d/vgpu-driver.conf"
+
+# The scripts the files run, which must be in ``bin_dir``.
+SCRIPTS = ("privsep-helper", "vgpu-manage", "vgpu-nova-compute")
+
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# What a path may hold to be written into a unit's command line and into
+# sudo's regular expression unquoted.
+_PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFile:
+    path: str          # relative to the root it is installed under
+    mode: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the files name: see :func:`check`."""
+
+    bin_dir: str
+    user: str
+    config_files: tuple
+    config_dirs: tuple = ()
+    tmpdir: str = "/tmp"
+
+
+EXAMPLE = Settings(bin_dir="/usr/bin", user="nova", config_files=("/etc/nova/nova.conf",))
+
+
+def check(settings):
+    """Refuse settings the files cannot carry; nothing is rendered before."""
+    if not _USER.fullmatch(settings.user):
+        raise exception.InvalidOption(option="--user", value=settings.user,
+                                      reason="not a user name (lower-case letters, digits, "
+                                             "_ and -, at most 32)")
+    if not settings.config_files:
+        raise exception.InvalidOption(
+            option="--config-file", value="", reason="name nova-compute's configuration "
+                                                     "files (vgpu-manage --config-file F)")
+    for option, paths in (("--bin-dir", (settings.bin_dir,)), ("--tmpdir", (settings.tmpdir,)),
+                          ("--config-file", settings.config_files),
+                          ("--config-dir", settings.config_dirs)):
+        for path in paths:
+            if not _PATH.fullmatch(path) or "/../" in f"{path}/" or "//" in path:
+                raise exception.InvalidOption(
+                    option=option, value=path,
+                    reason="not an absolute, normalised path of letters, digits and "
+                           "._/+- only (it goes into a command line and a sudo rule)")
+
+
+def _config_args(settings):
+    return [f"--config-file {f}" for f in settings.config_files] + \
+        [f"--config-dir {d}" for d in settings.config_dirs]
+
+
+def _template(name):
+    return string.Template(importlib.resources.files("vgpu_driver.templates").joinpath(
+        name).read_text(encoding="utf-8"))
+
+
+def render(settings):
+    """The three files, as :class:`HostFile` (checked settings only)."""
+    check(settings)
+    args = " ".join(_config_args(settings))
+    values = {"bin_dir": settings.bin_dir, "user": settings.user, "config_args": args,
+              "config_regex": _sudo_regex(args), "tmpdir": settings.tmpdir,
+              "tmpdir_regex": _sudo_regex(settings.tmpdir)}
+    return [
+        HostFile(SUDOERS, 0o440, _template("sudoers.tmpl").substitute(values)),
+        HostFile(SRIOV_UNIT, 0o644,
+                 _template("vgpu-driver-sriov.service.tmpl").substitute(values)),
+        HostFile(COMPUTE_DROPIN, 0o644,
+                 _template("nova-compute-dropin.conf.tmpl").substitute(values)),
+    ]
+
+
+def _sudo_regex(text):
+    """``text`` as a literal in sudo's regular expressions (paths hold only
+    the characters :func:`check` allows: ``.`` and ``+`` need escaping)."""
+    return re.sub(r"([.+])", r"\\\1", text)
+
+
+def missing_scripts(bin_dir):
+    """The scripts the files run that ``bin_dir`` lacks."""
+    return [s for s in SCRIPTS if not os.access(os.path.join(bin_dir, s), os.X_OK)]
