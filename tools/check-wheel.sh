@@ -57,5 +57,9 @@ for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
     fi
     echo "    ${installed#"$WORK"/venv/}"
 done
+echo "==> vgpu-manage install-units --dry-run: its templates and the scripts it names"
+mkdir "$WORK/root"
+"$WORK/venv/bin/vgpu-manage" --config-file /dev/null install-units --root "$WORK/root" \
+    --dry-run -f value -c path -c result | sed "s|$WORK/root|    <root>|"
 echo "==> vgpu-manage --config-file /dev/null demo"
 "$WORK/venv/bin/vgpu-manage" --config-file /dev/null demo
