@@ -1,0 +1,991 @@
+"""A soak: random operations through nova's own services, invariants after each.
+
+Each functional test drives one path; what breaks in a cloud is the order
+nobody wrote down (a resize pending while its compute restarts, a removal
+the kernel blocks while the guest is deleted, Placement failing in the
+middle of a periodic update).  :class:`SoakTestBase` plays such orders:
+two computes running ``LibvirtVGPUDriver`` on fake hosts with mixed boards
+(time-sliced T4s and an SR-IOV A100), flavors of one and two vGPUs of either
+type, and a seeded random mix of what users, operators and hosts do,
+faults included.  After every operation it compares nova's servers, the
+guests' domain XML, each host's fake sysfs, the claims journals and
+Placement; at checkpoints it also runs the audit (``vgpu-manage audit``'s
+comparison) after a periodic update; at the end it deletes everything and
+expects nothing left behind.
+
+A violation names the seed and the operation after which it was first
+seen; the run goes on, so one run lists every class it finds.  Rerun a
+seed with ``VGPU_SOAK_SEED``, stop it right after a violation with
+``VGPU_SOAK_OPS``, and watch the operations with ``VGPU_SOAK_TRACE=1``;
+:meth:`SoakTestBase.run_script` replays a sequence shrunk by hand.
+Operations pin their hosts from the seed, so a seed replays the same
+sequence; only thread timing differs from run to run.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import os
+import random
+import sys
+import time
+
+import fixtures
+from nova.tests.functional.api import client as api_client
+from oslo_config import cfg
+from placement import deploy as placement_deploy
+
+from tests import placement_faults
+from tests.functional_nova import test_live_migration
+from vgpu_driver import audit
+from vgpu_driver import claims as claims_mod
+from vgpu_driver import compute_api
+from vgpu_driver import discovery
+from vgpu_driver import guest as guest_xml
+from vgpu_driver import inventory
+from vgpu_driver import placement
+from vgpu_driver import reconcile
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.placement import client as placement_client
+
+SEED_ENV = "VGPU_SOAK_SEED"
+OPS_ENV = "VGPU_SOAK_OPS"
+TRACE_ENV = "VGPU_SOAK_TRACE"
+DEFAULT_OPS = 150
+CHECKPOINT_EVERY = 50          # operations between two audits
+OP_TIMEOUT = 30.0              # seconds an operation may take to settle
+SETTLE_TIMEOUT = 3.0           # seconds a new finding may take to go away
+POLL = 0.05
+
+HOSTS = ("src", "dest")        # the names LiveMigrationTestBase gives them
+PROFILES = ("t4x8", "a100-sriov")
+T4 = "0000:18:00.0"            # the one T4 of eight that serves a vGPU type
+A100 = "0000:41:00.0"
+A100_VFS = 16
+T4_TYPE, A100_TYPE = "nvidia-231", "nvidia-468"     # GRID T4-2Q (8), A100-4C (10)
+A100_CAP = 6                   # [mdev_nvidia-468] max_instances: a partial cap
+IMAGE = "155d900f-4e14-4e4c-a73d-069cbf4541e6"      # nova's fake Glance default
+
+STABLE = {"ACTIVE", "SHUTOFF", "VERIFY_RESIZE", "SHELVED_OFFLOADED", "ERROR"}
+RUNNING = {"ACTIVE", "VERIFY_RESIZE"}
+MIGRATION_DONE = {"finished", "confirmed", "reverted", "completed", "error", "failed",
+                  "cancelled", "done"}
+# What nova says when it refuses, rather than fails.
+REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
+
+
+@dataclasses.dataclass(frozen=True)
+class VgpuFlavor:
+    label: str
+    type_id: str
+    trait: str
+    count: int
+
+
+FLAVORS = (VgpuFlavor("t4x1", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 1),
+           VgpuFlavor("t4x2", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 2),
+           VgpuFlavor("a100x1", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 1),
+           VgpuFlavor("a100x2", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 2))
+
+# The server states each operation is meant for (with ANY_TARGET it picks
+# any server, and nova refuses what the state does not allow).
+SERVER_OPS = {
+    "delete": STABLE - {"ERROR"},
+    "resize": {"ACTIVE", "SHUTOFF"},
+    "cold_migrate": {"ACTIVE", "SHUTOFF"},
+    "confirm_resize": {"VERIFY_RESIZE"},
+    "revert_resize": {"VERIFY_RESIZE"},
+    "live_migrate": {"ACTIVE"},
+    "stop": {"ACTIVE"},
+    "start": {"SHUTOFF"},
+    "hard_reboot": {"ACTIVE", "SHUTOFF"},
+    "shelve": {"ACTIVE", "SHUTOFF"},
+    "unshelve": {"SHELVED_OFFLOADED"},
+}
+WEIGHTS = {
+    "boot": 12, "delete": 6, "resize": 6, "cold_migrate": 4, "confirm_resize": 5,
+    "revert_resize": 4, "live_migrate": 7, "stop": 4, "start": 5, "hard_reboot": 4,
+    "shelve": 3, "unshelve": 4, "restart_compute": 1.5, "periodic_update": 2,
+    "fault_remove_vgpu": 1.5, "fault_hold_vgpu": 1.5, "fault_vfs_off": 1,
+    "fault_placement_5xx": 1, "fault_lost_udev_event": 1,
+}
+FAULTS = frozenset(k for k in WEIGHTS if k.startswith("fault_"))
+WINDOWED_FAULTS = frozenset({"fault_vfs_off", "fault_placement_5xx"})
+WANTED_SERVERS = 10        # boots grow rarer, and deletes likelier, past this
+ANY_TARGET = 0.1           # how often a server operation picks any server
+MAX_HOLD_OPS = 8
+
+
+class Refused(Exception):
+    """nova (or the host) refused the operation, as it may."""
+
+
+class Stuck(Exception):
+    """The operation did not settle in time."""
+
+
+class ServerError(Exception):
+    """A server went to ERROR for a reason that is no refusal."""
+
+    def __init__(self, server):
+        super().__init__(f"{server['name']} went to ERROR: {_fault(server)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    kind: str
+    server: str | None = None      # the server's name
+    flavor: str | None = None      # a VgpuFlavor label
+    host: str | None = None
+    vgpu: str | None = None
+    hold_ops: int = 0
+    inner: "Op | None" = None      # what runs while a fault lasts
+
+    def __str__(self):
+        args = [a for a in (self.server, self.flavor, self.host, self.vgpu) if a]
+        if self.hold_ops:
+            args.append(f"for {self.hold_ops} ops")
+        if self.inner is not None:
+            args.append(f"during {self.inner}")
+        return f"{self.kind}({', '.join(args)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One invariant broken now; ``subject`` tells repeated sightings apart."""
+
+    category: str
+    subject: str
+    detail: str
+
+    @property
+    def key(self):
+        return (self.category, self.subject)
+
+
+@dataclasses.dataclass
+class Violation:
+    category: str
+    subject: str
+    detail: str
+    first_op: int
+    last_op: int
+    seen: int = 1
+    ops_before: tuple = ()
+
+
+@dataclasses.dataclass
+class SoakResult:
+    seed: int
+    ops: int
+    elapsed: float = 0.0
+    done: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    failed_in_fault: collections.Counter = dataclasses.field(
+        default_factory=collections.Counter)
+    faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    skipped_faults: dict = dataclasses.field(default_factory=dict)
+    seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    violations: dict = dataclasses.field(default_factory=dict)
+    log: list = dataclasses.field(default_factory=list)
+
+    def record(self, index, findings):
+        for finding in findings:
+            known = self.violations.get(finding.key)
+            if known is None:
+                self.violations[finding.key] = Violation(
+                    finding.category, finding.subject, finding.detail, index, index,
+                    ops_before=tuple(self.log[-8:]))
+            elif known.last_op != index:
+                known.seen += 1
+                known.last_op = index
+
+    def report(self):
+        """What ran, what was refused, and every violation with its first op."""
+        per_op = 1000 * self.elapsed / max(self.ops, 1)
+        lines = [f"soak seed {self.seed}: {self.ops} operations in {self.elapsed:.1f} s "
+                 f"({per_op:.0f} ms per operation, checks included)",
+                 f"{'operation':24} {'done':>6} {'refused':>8} {'in-fault':>9} {'ms':>7}"]
+        for kind in sorted(set(self.done) | set(self.refused) | set(self.failed_in_fault)):
+            runs = self.done[kind] + self.refused[kind] + self.failed_in_fault[kind]
+            lines.append(f"{kind:24} {self.done[kind]:6} {self.refused[kind]:8} "
+                         f"{self.failed_in_fault[kind]:9} "
+                         f"{1000 * self.seconds[kind] / max(runs, 1):7.0f}")
+        lines.append("faults injected: " + (", ".join(
+            f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"))
+        for kind, why in sorted(self.skipped_faults.items()):
+            lines.append(f"fault {kind} not injected: {why}")
+        lines.append(f"violations: {len(self.violations)} (seed {self.seed})")
+        for v in sorted(self.violations.values(), key=lambda v: (v.first_op, v.category)):
+            lines.append(f"  [{v.category}] {v.subject}: {v.detail}")
+            lines.append(f"    first after op {v.first_op}, last after op {v.last_op}, "
+                         f"after {v.seen} op(s); the ops before it:")
+            lines += [f"      {line}" for line in v.ops_before]
+        return "\n".join(lines)
+
+
+def seed_from_env():
+    value = os.environ.get(SEED_ENV)
+    return int(value) if value else random.SystemRandom().randrange(1, 10**6)
+
+
+def ops_from_env():
+    return int(os.environ.get(OPS_ENV) or DEFAULT_OPS)
+
+
+class _PlacementReader:
+    """The audit's Placement client, over the test's own Placement API: the
+    audit only reads, and a write would be a bug in it."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def request(self, method, url, body=None, report=None):
+        if method != "GET":
+            raise AssertionError(f"the audit wrote to Placement: {method} {url}")
+        if report is not None:
+            report.reads += 1
+        response = self.api.get(url, version=placement_client.MICROVERSION)
+        if response.status >= 400:
+            raise placement_client.PlacementError(method=method, url=url,
+                                                  status=response.status,
+                                                  detail=response.content[:300])
+        return response.body
+
+
+_real_loadapp = placement_deploy.loadapp
+
+
+class SoakTestBase(test_live_migration.LiveMigrationTestBase):
+    """Two mixed-board computes and the soak's operations, faults, invariants."""
+
+    ENABLED_TYPES = SOURCE_TYPES = DEST_TYPES = f"{T4_TYPE},{A100_TYPE}"
+
+    # -- the cloud -------------------------------------------------------------------
+
+    def setUp(self):
+        # Placement is built inside the base's setUp: the injector goes in first.
+        self.useFixture(fixtures.MonkeyPatch("placement.deploy.loadapp",
+                                             self._placement_with_faults))
+        super().setUp()
+        # As ResizeTests: the fake guests have no disk files to move.
+        self.useFixture(fixtures.MockPatch(
+            "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
+        self.useFixture(fixtures.MockPatch("os.rename"))
+        self.flags(instances=-1, cores=-1, ram=-1, group="quota")
+        self.flavors = {f.label: self._create_flavor(
+            name=f.label, memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+            extra_spec={"resources:VGPU": str(f.count), f"trait:{f.trait}": "required"})
+            for f in FLAVORS}
+
+    def _placement_with_faults(self, conf):
+        self._faults = placement_faults.FaultInjector(_real_loadapp(conf))
+        return self._faults
+
+    def start_host(self, hostname, enabled_types):
+        """A compute on a mixed host: one T4 and the A100 serve vGPUs."""
+        self.flags(device_addresses=[T4], group=f"mdev_{T4_TYPE}")
+        self.flags(device_addresses=[A100], max_instances=A100_CAP,
+                   group=f"mdev_{A100_TYPE}")
+        # Removed on release, so a blocked removal is possible and the end
+        # can expect no mdev left; a blocked one keeps a delete this long.
+        self.flags(remove_mdevs_on_release=True, mdev_remove_timeout=0.5, group="vgpu")
+        if _udev_usable():
+            self.flags(hotplug_events="udev", group="vgpu")
+        kernel = self.build_vgpu_host(hostname, *PROFILES)
+        if _udev_usable():
+            kernel.enable_uevents()
+        return super().start_host(hostname, enabled_types)
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        """As libvirt with VIR_MIGRATE_PERSIST_DEST, which nova always sets:
+        the guest arrives defined on the destination (the mixin's stub makes
+        it transient, and it would vanish at its first stop)."""
+        arrived = self.dest.driver._host.get_connection().defineXML(
+            params["destination_xml"])
+        arrived.create()
+        conn = self.src.driver._host.get_connection()
+        conn.lookupByUUIDString(self.server["id"]).complete_job()
+        self.migrate_stub_ran = True
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run_soak(self, seed=None, ops=None, progress=None):
+        """Run ``ops`` random operations from ``seed``; the SoakResult.
+
+        ``progress(index, result)`` is called every 100 operations.
+        """
+        seed = seed_from_env() if seed is None else seed
+        ops = ops_from_env() if ops is None else ops
+        print(f"soak seed {seed} ({SEED_ENV}={seed} {OPS_ENV}={ops} to run it again)",
+              file=sys.stderr, flush=True)
+        rng = random.Random(seed)
+        self._start(SoakResult(seed, ops))
+        for index in range(1, ops + 1):
+            self._step(index, self._choose(rng))
+            if index % CHECKPOINT_EVERY == 0:
+                self._result.record(index, self._checkpoint())
+            if progress is not None and index % 100 == 0:
+                progress(index, self._result)
+        return self._finish(ops + 1)
+
+    def run_script(self, script, seed=0):
+        """Run the given operations, in order (a reproduction shrunk by hand)."""
+        self._start(SoakResult(seed, len(script)))
+        for index, op in enumerate(script, 1):
+            self._step(index, op)
+        return self._finish(len(script) + 1)
+
+    def _start(self, result):
+        self._result = result
+        self._holds = []            # (op index to release at, host, vGPU)
+        self._lost_events = set()   # hosts where a udev event was lost
+        self._ids = {}              # server name -> id
+        self._names = (f"soak-{n}" for n in range(1, 10**9))
+        self._began = time.monotonic()
+        if not _udev_usable():
+            result.skipped_faults["fault_lost_udev_event"] = (
+                "not root: the fake kernel cannot send udev events")
+        self._view = self._list_servers()
+
+    def _step(self, index, op):
+        self._release_due_holds(index)
+        began = time.monotonic()
+        outcome = self._execute(op, index)
+        self._result.seconds[op.kind] += time.monotonic() - began
+        self._log(f"op {index}: {op} -> {outcome}")
+        self._result.record(index, self._settled_findings())
+        self._forget_records()
+
+    def _finish(self, index):
+        self._result.record(index, self._end_findings())
+        self._result.elapsed = time.monotonic() - self._began
+        return self._result
+
+    def _log(self, line):
+        self._result.log.append(line)
+        if os.environ.get(TRACE_ENV):
+            print(line, file=sys.stderr, flush=True)
+
+    def _forget_records(self):
+        """What the fixtures keep of every request would grow without end."""
+        self._faults.reset()
+        self.notifier.reset()
+
+    # -- choosing ----------------------------------------------------------------------
+
+    def _list_servers(self):
+        """nova's servers, by name (one API call)."""
+        return {s["name"]: s for s in self.api.get_servers()}
+
+    def _choose(self, rng, faults=True):
+        servers = self._view
+        kinds = [k for k in WEIGHTS if (faults or k not in FAULTS)
+                 and self._possible(k, servers)]
+        kind = rng.choices(kinds, [self._weight(k, servers) for k in kinds])[0]
+        return self._plan(kind, rng, servers)
+
+    def _possible(self, kind, servers):
+        if kind in SERVER_OPS:
+            return any(s["status"] in SERVER_OPS[kind] for s in servers.values())
+        if kind == "fault_vfs_off":
+            # Claims alone: cheap, and what keeps a board busy most often.
+            return any(all(c.gpu != A100 for c in self._journal(h).claims())
+                       for h in HOSTS)
+        return kind != "fault_lost_udev_event" or _udev_usable()
+
+    @staticmethod
+    def _weight(kind, servers):
+        crowd = len(servers) / WANTED_SERVERS
+        if kind == "boot":
+            return WEIGHTS[kind] * max(0.1, 1.5 - crowd)
+        if kind == "delete":
+            return WEIGHTS[kind] * max(0.2, crowd)
+        return WEIGHTS[kind]
+
+    def _plan(self, kind, rng, servers):
+        if kind == "boot":
+            return Op(kind, flavor=rng.choice(FLAVORS).label, host=rng.choice(HOSTS))
+        if kind in SERVER_OPS:
+            return self._plan_server_op(kind, rng, servers)
+        if kind == "restart_compute":
+            return Op(kind, host=rng.choice(HOSTS))
+        if kind in ("fault_remove_vgpu", "fault_lost_udev_event"):
+            host = rng.choice(HOSTS)
+            return Op(kind, host=host, vgpu=_pick(rng, self._removable_vgpus(host)))
+        if kind == "fault_hold_vgpu":
+            host = rng.choice(HOSTS)
+            return Op(kind, host=host, vgpu=_pick(rng, self._kernel_vgpus(host)),
+                      hold_ops=rng.randint(1, MAX_HOLD_OPS))
+        if kind == "fault_vfs_off":
+            host = _pick(rng, {h for h in HOSTS if self._board_unused(h)})
+            return Op(kind, host=host, inner=self._choose(rng, faults=False))
+        if kind == "fault_placement_5xx":
+            return Op(kind, inner=self._choose(rng, faults=False))
+        return Op(kind)
+
+    def _plan_server_op(self, kind, rng, servers):
+        meant = sorted(n for n, s in servers.items() if s["status"] in SERVER_OPS[kind])
+        name = rng.choice(sorted(servers) if rng.random() < ANY_TARGET else meant)
+        flavor = host = None
+        if kind == "resize":
+            current = _flavor(servers[name])
+            flavor = rng.choice([f for f in FLAVORS if f != current]).label
+        if kind == "unshelve":
+            host = rng.choice(HOSTS)
+        return Op(kind, server=name, flavor=flavor, host=host)
+
+    # -- running one ---------------------------------------------------------------------
+
+    def _execute(self, op, index, in_fault=False):
+        """Run ``op``; how it ended, in a word or two."""
+        result = self._result
+        try:
+            with self._on_source_host(op.server):
+                getattr(self, f"_do_{op.kind}")(op, index)
+        except Refused as exc:
+            (result.failed_in_fault if in_fault else result.refused)[op.kind] += 1
+            return f"refused: {exc}"
+        except Stuck as exc:
+            result.record(index, [Finding("stuck", op.kind, str(exc))])
+            return f"stuck: {exc}"
+        except ServerError as exc:
+            if in_fault:
+                result.failed_in_fault[op.kind] += 1
+            else:
+                result.record(index, [Finding("server-error", op.kind, str(exc))])
+            return f"error: {exc}"
+        except api_client.OpenStackApiException as exc:
+            return self._api_refusal(op, index, exc, in_fault)
+        result.done[op.kind] += 1
+        return "done"
+
+    def _api_refusal(self, op, index, exc, in_fault):
+        status = exc.response.status_code if exc.response is not None else None
+        text = str(exc)
+        if status in (400, 403, 409) or any(r in text for r in REFUSALS) or in_fault:
+            counter = self._result.failed_in_fault if in_fault else self._result.refused
+            counter[op.kind] += 1
+            return f"refused: HTTP {status}"
+        self._result.record(index, [Finding("api-error", op.kind, text[:300])])
+        return f"api error: HTTP {status}"
+
+    @contextlib.contextmanager
+    def _on_source_host(self, name):
+        """While a server's resize awaits confirmation, CONF.host names its
+        source: nova's libvirt driver undefines the source's domain at the
+        confirmation (explicit, or the one a delete makes) only then, and
+        the computes here share one CONF (as in nova's own vGPU tests)."""
+        server = self._view.get(name) if name else None
+        source = None
+        if server is not None and server["status"] == "VERIFY_RESIZE":
+            source = self._pending_source(server["id"])
+        if source is None:
+            yield
+            return
+        host = cfg.CONF.host
+        self.flags(host=source)
+        try:
+            yield
+        finally:
+            self.flags(host=host)
+
+    def _server_id(self, name):
+        if name not in self._ids:
+            raise Refused(f"no server {name}")
+        return self._ids[name]
+
+    def _get(self, server_id):
+        try:
+            return self.api.get_server(server_id)
+        except api_client.OpenStackApiNotFoundException:
+            return None
+
+    def _migrations(self, server_id):
+        return self.api.api_get(
+            f"/os-migrations?instance_uuid={server_id}").body["migrations"]
+
+    def _pending_source(self, server_id):
+        for migration in self._migrations(server_id):
+            if migration["status"] == "finished":
+                return migration["source_compute"]
+        return None
+
+    def _settle(self, server_id, timeout=OP_TIMEOUT):
+        """The server once nothing is under way for it (None once deleted)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            server = self._get(server_id)
+            if server is None:
+                return None
+            if (server["status"] in STABLE and server["OS-EXT-STS:task_state"] is None
+                    and not any(m["status"] not in MIGRATION_DONE
+                                for m in self._migrations(server_id))):
+                return server
+            if time.monotonic() > deadline:
+                raise Stuck(f"{server['name']} still {server['status']}/"
+                            f"{server['OS-EXT-STS:task_state']} after {timeout:.0f}s")
+            time.sleep(POLL)
+
+    def _action(self, name, body, expect):
+        """Post a server action and settle; Refused unless it ends in ``expect``."""
+        server_id = self._server_id(name)
+        self.api.post_server_action(server_id, body)
+        server = self._settle(server_id)
+        self._check_error(server)
+        if server is None or server["status"] not in expect:
+            raise Refused(f"{name} is {server and server['status']}: "
+                          f"{_fault(server) or 'nova left it as it was'}")
+        return server
+
+    def _check_error(self, server):
+        """An ERROR server is deleted (it would only be refused from now on);
+        Refused if nova said no, else ServerError."""
+        if server is None or server["status"] != "ERROR":
+            return
+        self._delete(server["name"])
+        if _refusal(server):
+            raise Refused(f"{server['name']} went to ERROR: {_fault(server)}")
+        raise ServerError(server)
+
+    def _delete(self, name):
+        server_id = self._server_id(name)
+        self.api.delete_server(server_id)
+        deadline = time.monotonic() + OP_TIMEOUT
+        while self._get(server_id) is not None:
+            if time.monotonic() > deadline:
+                raise Stuck(f"{name} not deleted after {OP_TIMEOUT:.0f}s")
+            time.sleep(POLL)
+        del self._ids[name]
+
+    # -- the operations ----------------------------------------------------------------
+
+    def _do_boot(self, op, index):
+        name = next(self._names)
+        created = self.api.post_server({"server": {
+            "name": name, "imageRef": IMAGE, "flavorRef": self.flavors[op.flavor],
+            "networks": "none", "host": op.host}})
+        self._ids[name] = created["id"]
+        self._check_error(self._settle(created["id"]))
+
+    def _do_delete(self, op, index):
+        self._delete(op.server)
+
+    def _do_resize(self, op, index):
+        self._action(op.server, {"resize": {"flavorRef": self.flavors[op.flavor]}},
+                     {"VERIFY_RESIZE"})
+
+    def _do_cold_migrate(self, op, index):
+        self._action(op.server, {"migrate": None}, {"VERIFY_RESIZE"})
+
+    def _do_confirm_resize(self, op, index):
+        self._action(op.server, {"confirmResize": None}, {"ACTIVE", "SHUTOFF"})
+
+    def _do_revert_resize(self, op, index):
+        self._action(op.server, {"revertResize": None}, {"ACTIVE", "SHUTOFF"})
+
+    def _do_live_migrate(self, op, index):
+        server_id = self._server_id(op.server)
+        source = self._get(server_id)["OS-EXT-SRV-ATTR:host"]
+        # The migration stub moves self.server from self.src to self.dest
+        # (a server on no host is nova's to refuse).
+        if source in self.computes:
+            self.server = {"id": server_id}
+            self.src, self.dest = self.computes[source], self.computes[_other(source)]
+        server = self._action(
+            op.server, {"os-migrateLive": {"host": None, "block_migration": "auto"}},
+            {"ACTIVE"})
+        if server["OS-EXT-SRV-ATTR:host"] == source:
+            statuses = [m["status"] for m in self._migrations(server_id)]
+            raise Refused(f"still on {source}, its migration {statuses[:1]}")
+
+    def _do_stop(self, op, index):
+        self._action(op.server, {"os-stop": None}, {"SHUTOFF"})
+
+    def _do_start(self, op, index):
+        self._action(op.server, {"os-start": None}, {"ACTIVE"})
+
+    def _do_hard_reboot(self, op, index):
+        self._action(op.server, {"reboot": {"type": "HARD"}}, {"ACTIVE"})
+
+    def _do_shelve(self, op, index):
+        self._action(op.server, {"shelve": {}}, {"SHELVED_OFFLOADED"})
+
+    def _do_unshelve(self, op, index):
+        self._action(op.server, {"unshelve": {"host": op.host}}, {"ACTIVE"})
+
+    def _do_restart_compute(self, op, index):
+        self.restart_host(op.host)
+
+    def _do_periodic_update(self, op, index):
+        self._run_periodics()
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _do_fault_remove_vgpu(self, op, index):
+        """An mdev removed behind the driver's back (an operator's mdevctl,
+        a script): only one no running guest holds, as the kernel allows."""
+        if op.vgpu is None:
+            raise Refused(f"no vGPU on {op.host} that no running guest holds")
+        self.kernels[op.host].remove_mdev(op.vgpu)
+        self._result.faults[op.kind] += 1
+
+    def _do_fault_hold_vgpu(self, op, index):
+        """A guest's QEMU keeps the device open: its removal blocks meanwhile."""
+        if op.vgpu is None:
+            raise Refused(f"no vGPU on {op.host}")
+        self.kernels[op.host].hold(op.vgpu)
+        self._holds.append((index + op.hold_ops, op.host, op.vgpu))
+        self._result.faults[op.kind] += 1
+
+    def _release_due_holds(self, index):
+        for hold in [h for h in self._holds if h[0] <= index]:
+            self._holds.remove(hold)
+            self.kernels[hold[1]].release(hold[2])
+
+    def _do_fault_vfs_off(self, op, index):
+        """The A100's VFs disabled while no guest uses the board (an operator
+        resetting it), a periodic update and something else happening, then
+        enabled again."""
+        if op.host is None or not self._board_unused(op.host):
+            raise Refused("every A100 has a guest, a claim or a hold")
+        kernel = self.kernels[op.host]
+        kernel.set_sriov_numvfs(A100, 0)
+        self._result.faults[op.kind] += 1
+        try:
+            self._run_periodics()
+            self._inner(op, index)
+        finally:
+            kernel.set_sriov_numvfs(A100, A100_VFS)
+
+    def _do_fault_placement_5xx(self, op, index):
+        """Placement answers 503 to provider requests (the periodic update's
+        and the driver's) while something happens and computes update."""
+        self._faults.fail(path=r"/resource_providers(/.*)?", status=503, times=None)
+        self._result.faults[op.kind] += 1
+        try:
+            self._inner(op, index)
+            self._run_periodics()
+        finally:
+            self._faults.restore()
+
+    def _do_fault_lost_udev_event(self, op, index):
+        """An mdev removed behind the driver's back, and udev's event for it lost."""
+        if op.vgpu is None:
+            raise Refused(f"no vGPU on {op.host} that no running guest holds")
+        kernel = self.kernels[op.host]
+        os.unlink(os.path.join(kernel.paths.root, fakekernel.MARKER_DIR, "uevents"))
+        try:
+            kernel.remove_mdev(op.vgpu)
+        finally:
+            kernel.enable_uevents()
+        self._lost_events.add(op.host)
+        self._result.faults[op.kind] += 1
+
+    def _inner(self, op, index):
+        outcome = self._execute(op.inner, index, in_fault=True)
+        self._log(f"op {index} (inside {op.kind}): {op.inner} -> {outcome}")
+
+    # -- what faults may touch -------------------------------------------------------------
+
+    def _kernel_vgpus(self, host):
+        return {m.uuid for m in self.kernels[host].list_mdevs()}
+
+    def _removable_vgpus(self, host):
+        """mdevs no running guest's domain holds, nor a hold of ours."""
+        running = {s["id"] for s in self._view.values() if s["status"] in RUNNING
+                   and s["OS-EXT-SRV-ATTR:host"] == host}
+        held = {v for _at, h, v in self._holds if h == host}
+        in_running = {m for uuid, mdevs in self._domains(host).items() if uuid in running
+                      for m in mdevs}
+        return self._kernel_vgpus(host) - in_running - held
+
+    def _board_unused(self, host):
+        """No claim, domain or hold on the host's A100."""
+        view = self._host_view(host, placement_too=False)
+        on_board = {v for v, (gpu, _t) in view.vgpus.items() if gpu == A100}
+        claimed = any(c.gpu == A100 for c in view.claims)
+        in_domains = any(set(m) & on_board for m in view.domains.values())
+        held = any(v in on_board for _at, h, v in self._holds if h == host)
+        return not (claimed or in_domains or held)
+
+    # -- what each side says -----------------------------------------------------------------
+
+    def _journal(self, host):
+        return self.computes[host].driver.vgpu.journal
+
+    def _domains(self, host):
+        """``{instance uuid: [vGPU ids]}`` from every domain XML on the host."""
+        return {guest.uuid: guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
+                for guest in self.computes[host].driver._host.list_guests(
+                    only_running=False)}
+
+    def _gpu_usages(self, host):
+        """``{GPU provider name: VGPU usage}``: the host's tree read once, then
+        each GPU provider's usages (``gpu_providers`` reads thrice as much)."""
+        root = self.compute_rp_uuids[host]
+        tree = self.placement.get(f"/resource_providers?in_tree={root}",
+                                  version="1.14").body["resource_providers"]
+        return {rp["name"]: self.placement.get(
+            f"/resource_providers/{rp['uuid']}/usages").body["usages"].get("VGPU", 0)
+            for rp in tree if rp["uuid"] != root}
+
+    def _host_view(self, host, placement_too=True):
+        snapshot = discovery.discover(self.kernels[host])
+        vgpus = {}
+        for vgpu in snapshot.vgpus:
+            gpu = snapshot.gpu_of_parent(vgpu.parent)
+            vgpus[vgpu.id] = (gpu.address if gpu else None, vgpu.type_id)
+        return HostView(host, self._domains(host), vgpus, self._journal(host).claims(),
+                        self._gpu_usages(host) if placement_too else {})
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    def _settled_findings(self):
+        """The invariants' findings, new ones given a few seconds to go away
+        (nova finishes some work after the API says an operation ended)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            findings = self._findings()
+            new = [f for f in findings if f.key not in self._result.violations]
+            if not new or time.monotonic() > deadline:
+                return findings
+            time.sleep(POLL * 2)
+
+    def _findings(self):
+        self._view = self._list_servers()    # what the next operation picks from
+        servers = {s["id"]: s for s in self._view.values()}
+        pending = self._pending_sources(servers)
+        findings = []
+        for host in HOSTS:
+            view = self._host_view(host)
+            findings += view.running_guests_hold_their_flavor(servers)
+            findings += view.no_vgpu_in_two_domains()
+            findings += view.usage_matches_holders()
+            findings += view.claims_and_domains_have_guests(servers, pending)
+        return findings
+
+    def _pending_sources(self, servers):
+        """``{instance: source host}`` of resizes and cold migrations awaiting
+        confirmation (nova keeps the source's domain and allocation)."""
+        return {sid: self._pending_source(sid) for sid, s in servers.items()
+                if s["status"] == "VERIFY_RESIZE"}
+
+    def _checkpoint(self):
+        """A periodic update on every compute, then the audit of each host."""
+        self._run_periodics()
+        return self._settled_findings() + self._audit_findings()
+
+    def _audit_findings(self):
+        servers = {s["id"]: s for s in self._list_servers().values()}
+        pending = set(self._pending_sources(servers))
+        for sid in list(pending):
+            pending |= {m["uuid"] for m in self._migrations(sid)
+                        if m["status"] == "finished"}
+        findings = []
+        for host in HOSTS:
+            findings += [Finding(self._drift_category(host, d, pending),
+                                 f"{host} {d.provider} {d.consumer or ''}".strip(), d.detail)
+                         for d in self._audit(host)]
+        return findings
+
+    def _drift_category(self, host, drift, pending):
+        """Drift a pending resize explains, or a lost udev event, apart."""
+        if drift.consumer in pending:
+            return f"audit-pending-resize:{drift.kind}"
+        if host in self._lost_events and drift.kind == "inventory":
+            return f"audit-after-lost-udev-event:{drift.kind}"
+        return f"audit:{drift.kind}"
+
+    def _audit(self, host):
+        """What ``vgpu-manage audit`` compares, on this compute's host."""
+        driver = self.computes[host].driver
+        sync = placement.ProviderSync(_PlacementReader(self.placement))
+        snapshot = discovery.discover(self.kernels[host])
+        claim_list = driver.vgpu.journal.claims()
+        users = driver.vgpu.domains.mdev_users()
+        sync.observe(inventory.ProviderTree(root_name=host, providers=()))
+        unallocated = inventory.claims_placement_lacks(
+            claim_list, host,
+            lambda name: sync.allocations(name) if name in sync.known else {})
+        in_use = {c.mdev_uuid for c in claim_list} | set(users)
+        tree = inventory.compute(snapshot, driver.vgpu.mdev_config, host, in_use,
+                                 unallocated)
+        moves = compute_api.moves_from(
+            self.api.api_get("/os-migrations").body["migrations"], host)
+        return audit.audit(sync, tree, snapshot, claim_list, users, moves)
+
+    def _end_findings(self):
+        """Everything deleted and each compute updated: nothing may be left."""
+        for _at, host, vgpu in self._holds:
+            self.kernels[host].release(vgpu)
+        self._holds = []
+        stuck = self._delete_everything()
+        for compute in self.computes.values():
+            compute.driver.vgpu.manager.removals.join(OP_TIMEOUT)
+        self._run_periodics()
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            findings = self._leftovers()
+            if not findings or time.monotonic() > deadline:
+                return stuck + findings + self._audit_findings()
+            time.sleep(POLL * 2)
+            self._run_periodics()
+
+    def _delete_everything(self):
+        findings = []
+        for name in sorted(self._ids):
+            try:
+                with self._on_source_host(name):
+                    self._delete(name)
+            except (Stuck, api_client.OpenStackApiException) as exc:
+                findings.append(Finding("end-delete", name, str(exc)[:300]))
+        return findings
+
+    def _leftovers(self):
+        findings = []
+        for host in HOSTS:
+            view = self._host_view(host)
+            findings += [Finding("left-claim", f"{host} {c.mdev_uuid}",
+                                 f"{c.state} claim of {c.instance_uuid}")
+                         for c in view.claims]
+            findings += [Finding("left-mdev", f"{host} {v}", f"{gpu} {type_id}")
+                         for v, (gpu, type_id) in view.vgpus.items()]
+            findings += [Finding("left-domain", f"{host} {u}", f"vGPUs {m}")
+                         for u, m in view.domains.items()]
+            findings += [Finding("left-allocation", f"{host} {name}", f"usage {usage}")
+                         for name, usage in view.usage.items() if usage]
+        return findings
+
+
+@dataclasses.dataclass
+class HostView:
+    """One host as each side tells it, read at one moment."""
+
+    host: str
+    domains: dict              # instance uuid -> [vGPU ids]
+    vgpus: dict                # vGPU id -> (gpu address, type id), from sysfs
+    claims: list
+    usage: dict                # GPU provider name -> VGPU usage
+
+    def running_guests_hold_their_flavor(self, servers):
+        """Each running guest here: its domain holds exactly its flavor's
+        vGPUs, each in sysfs and of the flavor's type."""
+        findings = []
+        for sid, server in servers.items():
+            if (server["status"] in RUNNING and not server["OS-EXT-STS:task_state"]
+                    and server["OS-EXT-SRV-ATTR:host"] == self.host):
+                findings += self._guest_holds(sid, server)
+        return findings
+
+    def _guest_holds(self, sid, server):
+        flavor = _flavor(server)
+        subject = f"{self.host} {server['name']}"
+        vgpus = self.domains.get(sid)
+        if vgpus is None:
+            return [Finding("guest-without-domain", subject, server["status"])]
+        findings = []
+        if len(vgpus) != flavor.count:
+            findings.append(Finding("guest-vgpu-count", subject,
+                                    f"{flavor.label} wants {flavor.count}, its domain "
+                                    f"has {len(vgpus)}: {vgpus}"))
+        for vgpu in vgpus:
+            found = self.vgpus.get(vgpu)
+            if found is None:
+                findings.append(Finding("guest-vgpu-missing", f"{subject} {vgpu}",
+                                        "in its domain, not in the host's sysfs"))
+            elif found[1] != flavor.type_id:
+                findings.append(Finding("guest-vgpu-type", f"{subject} {vgpu}",
+                                        f"{found[1]}, {flavor.label} wants {flavor.type_id}"))
+        return findings
+
+    def no_vgpu_in_two_domains(self):
+        owners = collections.defaultdict(list)
+        for uuid, vgpus in self.domains.items():
+            for vgpu in vgpus:
+                owners[vgpu].append(uuid)
+        return [Finding("vgpu-shared", f"{self.host} {vgpu}", f"domains {uuids}")
+                for vgpu, uuids in owners.items() if len(uuids) > 1]
+
+    def holders_per_gpu(self):
+        """``{gpu: {vGPU ids}}`` a domain uses or a claim holds; vGPUs whose
+        GPU neither sysfs nor a claim says are under ``None``."""
+        claimed = {c.mdev_uuid: c for c in self.claims}
+        held = collections.defaultdict(set)
+        for vgpus in self.domains.values():
+            for vgpu in vgpus:
+                gpu = self.vgpus.get(vgpu, (None,))[0]
+                if gpu is None and vgpu in claimed:
+                    gpu = claimed[vgpu].gpu
+                held[gpu].add(vgpu)
+        for claim in self.claims:
+            if claim.state in audit.HELD_STATES:
+                held[claim.gpu].add(claim.mdev_uuid)
+        return held
+
+    def usage_matches_holders(self):
+        """Placement's usage of each GPU provider is the number of vGPUs of
+        its GPU that domains use or claims hold, whoever the consumer (a
+        pending resize's source allocation is the migration's)."""
+        held = self.holders_per_gpu()
+        findings = [Finding("domain-vgpu-unknown", f"{self.host} {v}",
+                            "in a domain, in no claim and not in sysfs")
+                    for v in held.pop(None, ())]
+        names = {inventory.provider_name_for(self.host, gpu): gpu for gpu in held}
+        for name in sorted(set(names) | set(self.usage)):
+            usage, holders = self.usage.get(name, 0), held.get(names.get(name), set())
+            if usage != len(holders):
+                findings.append(Finding("usage-mismatch", name,
+                                        f"Placement usage {usage}, {len(holders)} vGPU(s) "
+                                        f"held by domains and claims: {sorted(holders)}"))
+        return findings
+
+    def claims_and_domains_have_guests(self, servers, pending):
+        """A claim or a domain here belongs to a server nova has here (or
+        whose pending resize left it here), or to a removal under way."""
+        def belongs(uuid):
+            server = servers.get(uuid)
+            return server is not None and self.host in (
+                server["OS-EXT-SRV-ATTR:host"], pending.get(uuid))
+
+        findings = [Finding("claim-without-guest", f"{self.host} {c.mdev_uuid}",
+                            f"{c.state} claim of {c.instance_uuid}")
+                    for c in self.claims
+                    if c.state != claims_mod.RELEASING
+                    and c.instance_uuid != reconcile.RECLAIMER
+                    and not belongs(c.instance_uuid)]
+        findings += [Finding("domain-without-guest", f"{self.host} {uuid}",
+                             f"vGPUs {vgpus}")
+                     for uuid, vgpus in self.domains.items() if not belongs(uuid)]
+        return findings
+
+
+def _udev_usable():
+    """Only root may send the fake kernel's uevents (a lost one is a fault)."""
+    return os.geteuid() == 0
+
+
+def _other(host):
+    return HOSTS[1 - HOSTS.index(host)]
+
+
+def _pick(rng, items):
+    return rng.choice(sorted(items)) if items else None
+
+
+def _flavor(server):
+    """The VgpuFlavor nova says the server has now."""
+    specs = server["flavor"].get("extra_specs", {})
+    for flavor in FLAVORS:
+        if (specs.get("resources:VGPU") == str(flavor.count)
+                and f"trait:{flavor.trait}" in specs):
+            return flavor
+    raise AssertionError(f"{server['name']} has no soak flavor: {specs}")
+
+
+def _fault(server):
+    return ((server or {}).get("fault") or {}).get("message", "")
+
+
+def _refusal(server):
+    return any(r in _fault(server) for r in REFUSALS)
