@@ -41,7 +41,12 @@ def run(out, conf_path, *command):
                    "host's mdevs, claims and guests")
     if code != base.EXIT_OK:
         said = app.stderr.getvalue().strip().splitlines()
-        why = said[-1].removeprefix("error: ") if said else (
-            "drift, listed above" if command[0] == "audit" else "no message")
+        errors = [line for line in said if line.startswith("error: ")]
+        if errors:
+            why = errors[-1].removeprefix("error: ")
+        elif command[0] == "audit":
+            why = "drift, listed above"   # its warnings, if any, are not why
+        else:
+            why = said[-1] if said else "no message"
         raise progress.DemoFailed(step=f"vgpu-manage {' '.join(command[:2])}",
                                   reason=f"exit code {code}: {why}")
