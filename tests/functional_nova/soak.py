@@ -30,12 +30,10 @@ import random
 import sys
 import time
 
-import fixtures
 from nova.tests.functional.api import client as api_client
 from oslo_config import cfg
-from placement import deploy as placement_deploy
 
-from tests import placement_faults
+from tests.functional_nova import test_fault_outcomes
 from tests.functional_nova import test_live_migration
 from vgpu_driver import audit
 from vgpu_driver import claims as claims_mod
@@ -253,10 +251,8 @@ class _PlacementReader:
         return response.body
 
 
-_real_loadapp = placement_deploy.loadapp
-
-
-class SoakTestBase(test_live_migration.LiveMigrationTestBase):
+class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
+                   test_live_migration.LiveMigrationTestBase):
     """Two mixed-board computes and the soak's operations, faults, invariants."""
 
     ENABLED_TYPES = SOURCE_TYPES = DEST_TYPES = f"{T4_TYPE},{A100_TYPE}"
@@ -264,23 +260,12 @@ class SoakTestBase(test_live_migration.LiveMigrationTestBase):
     # -- the cloud -------------------------------------------------------------------
 
     def setUp(self):
-        # Placement is built inside the base's setUp: the injector goes in first.
-        self.useFixture(fixtures.MonkeyPatch("placement.deploy.loadapp",
-                                             self._placement_with_faults))
         super().setUp()
-        # As ResizeTests: the fake guests have no disk files to move.
-        self.useFixture(fixtures.MockPatch(
-            "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
-        self.useFixture(fixtures.MockPatch("os.rename"))
         self.flags(instances=-1, cores=-1, ram=-1, group="quota")
         self.flavors = {f.label: self._create_flavor(
             name=f.label, memory_mb=512, vcpu=1, disk=1, ephemeral=0,
             extra_spec={"resources:VGPU": str(f.count), f"trait:{f.trait}": "required"})
             for f in FLAVORS}
-
-    def _placement_with_faults(self, conf):
-        self._faults = placement_faults.FaultInjector(_real_loadapp(conf))
-        return self._faults
 
     def start_host(self, hostname, enabled_types):
         """A compute on a mixed host: one T4 and the A100 serve vGPUs."""
@@ -369,7 +354,7 @@ class SoakTestBase(test_live_migration.LiveMigrationTestBase):
 
     def _forget_records(self):
         """What the fixtures keep of every request would grow without end."""
-        self._faults.reset()
+        self.placement_faults.reset()
         self.notifier.reset()
 
     # -- choosing ----------------------------------------------------------------------
@@ -661,13 +646,13 @@ class SoakTestBase(test_live_migration.LiveMigrationTestBase):
     def _do_fault_placement_5xx(self, op, index):
         """Placement answers 503 to provider requests (the periodic update's
         and the driver's) while something happens and computes update."""
-        self._faults.fail(path=r"/resource_providers(/.*)?", status=503, times=None)
+        self.placement_faults.fail(path=r"/resource_providers(/.*)?", status=503, times=None)
         self._result.faults[op.kind] += 1
         try:
             self._inner(op, index)
             self._run_periodics()
         finally:
-            self._faults.restore()
+            self.placement_faults.restore()
 
     def _do_fault_lost_udev_event(self, op, index):
         """An mdev removed behind the driver's back, and udev's event for it lost."""

@@ -33,6 +33,7 @@ from vgpu_driver import inventory
 
 L40S, L40S_TYPE = "0000:c1:00.0", "nvidia-1155"     # NVIDIA L40S-4Q, vendor VFIO
 T4, T4_TYPE = "0000:18:00.0", "nvidia-231"          # GRID T4-2Q, mdevs
+_real_loadapp = placement_deploy.loadapp
 TYPE_OF_TRAIT = {"CUSTOM_VGPU_NVIDIA_L40S_4Q": L40S_TYPE,
                  "CUSTOM_VGPU_GRID_T4_2Q": T4_TYPE}
 
@@ -55,8 +56,9 @@ def _always_fail(error):
     return method
 
 
-class FaultOutcomeTestBase(test_vgpu.VGPUDriverTestBase):
-    HOSTS = {}          # hostname: fake host profiles
+class FaultyPlacementMixin:
+    """Before a nova functional base: its Placement behind a FaultInjector
+    (``self.placement_faults``), and guests without disk files to move."""
 
     def setUp(self):
         # Placement is built inside the base's setUp: the injector goes in first.
@@ -67,15 +69,22 @@ class FaultOutcomeTestBase(test_vgpu.VGPUDriverTestBase):
         self.useFixture(fixtures.MockPatch(
             "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
         self.useFixture(fixtures.MockPatch("os.rename"))
+
+    def _placement_with_faults(self, conf):
+        self.placement_faults = placement_faults.FaultInjector(_real_loadapp(conf))
+        return self.placement_faults
+
+
+class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
+    HOSTS = {}          # hostname: fake host profiles
+
+    def setUp(self):
+        super().setUp()
         # vGPUs are removed on release, so nothing may be left at the end.
         self.flags(remove_mdevs_on_release=True, group="vgpu")
         self.configure()
         for hostname, profiles in self.HOSTS.items():
             self.start_vgpu_compute(hostname, *profiles)
-
-    def _placement_with_faults(self, conf):
-        self.placement_faults = placement_faults.FaultInjector(_real_loadapp(conf))
-        return self.placement_faults
 
     def configure(self):
         """[devices] and [mdev_<type>] options, set before the computes start."""
@@ -408,5 +417,3 @@ def _resolve(target):
     module, cls, attr = target.rsplit(".", 2)
     return getattr(getattr(__import__(module, fromlist=[cls]), cls), attr)
 
-
-_real_loadapp = placement_deploy.loadapp
