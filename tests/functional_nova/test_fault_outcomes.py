@@ -288,7 +288,21 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
         self.assert_nothing_left()
 
 
-class CrashWhileReleasingTests(FaultOutcomeTestBase):
+class PendingResizeTestBase(FaultOutcomeTestBase):
+    """A T4 guest resized from host1 to host2, awaiting confirmation."""
+
+    HOSTS = {"host1": ("t4x8",), "host2": ("t4x8",)}
+    ENABLED_TYPES = T4_TYPE
+
+    def setUp(self):
+        super().setUp()
+        self.small = self.flavor("small", "CUSTOM_VGPU_GRID_T4_2Q")
+        self.big = self.flavor("big", "CUSTOM_VGPU_GRID_T4_2Q", memory_mb=1024)
+        server = self._create_server(flavor_id=self.small, networks="none", host="host1")
+        self.server = self._resize_server(server, self.big)
+
+
+class CrashWhileReleasingTests(PendingResizeTestBase):
     """The driver's release raises during a resize's confirm or revert.
 
     A confirm that fails on the source leaves the instance in ERROR on the
@@ -302,16 +316,6 @@ class CrashWhileReleasingTests(FaultOutcomeTestBase):
     that left, and the claims of a guest in ERROR with no domain; a hard
     reboot gives it vGPUs again from its allocation.
     """
-
-    HOSTS = {"host1": ("t4x8",), "host2": ("t4x8",)}
-    ENABLED_TYPES = T4_TYPE
-
-    def setUp(self):
-        super().setUp()
-        self.small = self.flavor("small", "CUSTOM_VGPU_GRID_T4_2Q")
-        self.big = self.flavor("big", "CUSTOM_VGPU_GRID_T4_2Q", memory_mb=1024)
-        server = self._create_server(flavor_id=self.small, networks="none", host="host1")
-        self.server = self._resize_server(server, self.big)
 
     def test_a_confirm_whose_release_crashes_leaves_no_vgpu_held_on_the_source(self):
         with fixtures.MonkeyPatch("vgpu_driver.driver.VGPUDriver.release_unused",
@@ -343,6 +347,40 @@ class CrashWhileReleasingTests(FaultOutcomeTestBase):
         self.assert_holds_its_flavor(server)
         self.delete_all()
         self.assert_nothing_left()
+
+
+class RevertDuringPlacementOutageTests(PendingResizeTestBase):
+    """Placement answers 503 to provider requests while a resize is reverted.
+
+    The destination fails to move the allocations back, so nova leaves the
+    instance in ERROR on the destination (its domain there destroyed, no
+    claim kept) and the migration in error, and nothing reaches the source:
+    its powered-off domain and its claim stay.  The next periodic update
+    lets them go (the guest left it; no move is under way).  What stays is
+    nova's: the migration's allocation on the source's GPU, which it leaks
+    when the server is deleted (as after a revert that crashed, above).
+    """
+
+    def test_a_revert_during_a_placement_outage_leaves_no_vgpu_behind(self):
+        self.placement_faults.fail(path=r"/resource_providers(/.*)?", status=503,
+                                   times=None)
+        try:
+            server = self.act(self.server, {"revertResize": None})
+        finally:
+            self.placement_faults.restore()
+        self.assertEqual(("ERROR", "host2"),
+                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(["error"], [m["status"] for m in self.migrations(server)])
+        self.assertEqual(1, len(self.domains("host1")))    # nothing told the source
+        self.later()
+        self.assert_holds_its_flavor(server)
+        self.assert_left_nothing(server)
+        self.delete_all()
+        self.assert_nothing_left()
+        # nova's leak: the errored migration keeps the source's unit allocated.
+        used = {name: used for host in self.HOSTS
+                for name, (_t, _r, used) in self.gpu_providers(host).items() if used}
+        self.assertEqual([1], list(used.values()))
 
 
 class ShelveOffloadFaultTests(FaultOutcomeTestBase):
