@@ -31,6 +31,24 @@ from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
 
+def _keep_nova_thread_pools():
+    """nova 34 ends a stopped service's graceful shutdown, in a thread its
+    test harness does not wait for (``manager_shutdown_timeout = 0``), by
+    shutting nova's thread pools for the whole process.  Its service fixture
+    prevents that only while the test runs: a restart whose shutdown thread
+    outlives its test (the driver's ``cleanup_host`` stops its host
+    reconciler first) left every later test of the process without pools.
+    A test process never wants them shut; older novas have no such pools."""
+    try:
+        from nova import thread_pool_factory
+    except ImportError:
+        return
+    thread_pool_factory.shutdown_all_executors = lambda: None
+
+
+_keep_nova_thread_pools()
+
+
 class VGPUDriverTestBase(base.ServersTestBase):
     microversion = "latest"
     ADMIN_API = True
