@@ -82,7 +82,12 @@ def test_vfs_coming_and_going_name_their_gpu(announced, monitor):
     announced.set_sriov_numvfs(A100, 16)
     back = settled(monitor)
     assert A100_VF in back.parents and A100 in back.gpus
-    assert not settled(monitor, quiet=0.05)
+    # Then nothing more about the board.  udev's group is the machine's: the
+    # fake hosts of tests running beside this one (the nova lane's soak)
+    # announce their T4s' mdevs on it too, under the same addresses.
+    later = settled(monitor, quiet=0.05)
+    assert A100 not in later.gpus and not {p for p in later.parents
+                                           if p.startswith(A100[:8])}, later
 
 
 def test_a_served_host_announces_writes_from_any_process(tmp_path):
