@@ -64,11 +64,13 @@ def _inventory_detail(have, want):
 def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
     """Every difference between the host and Placement, as Drift rows.
 
-    ``moves`` is ``{migration uuid: instance uuid}`` of nova's moves under
-    way on this host (:func:`vgpu_driver.compute_api.moves_on`).  nova holds
-    the source allocation of a resize or migration awaiting confirmation
-    under the migration's UUID, while the guest keeps its vGPUs here under
-    its own: those units count as the instance's.
+    ``moves`` gives ``{migration uuid: instance uuid}`` of nova's moves
+    under way on this host (:func:`vgpu_driver.compute_api.moves_on`); it
+    is called once, and only when some allocation differs from what the
+    host holds (asking nova costs a request, and needs its admin role).
+    nova holds the source allocation of a resize or migration awaiting
+    confirmation under the migration's UUID, while the guest keeps its
+    vGPUs here under its own: those units count as the instance's.
     """
     sync.observe(tree)
     clashes = {c.name: c for c in sync.clashes(tree)}
@@ -83,6 +85,7 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users)
+    compared = []          # (position in drifts, provider, its allocations)
     for name, provider in sorted(desired.items()):
         known = sync.known.get(name)
         if known is None:
@@ -97,14 +100,29 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
             drifts.append(Drift("traits", name, provider.gpu, None,
                                 f"Placement has {sorted(managed)}; the host computes "
                                 f"{sorted(provider.traits)}"))
-        drifts += _allocation_drift(sync, name, provider, usage, moves or {})
-    return drifts
+        compared.append((len(drifts), provider, sync.allocations(name)))
+    return _with_allocation_drift(drifts, compared, usage, moves)
 
 
-def _allocation_drift(sync, name, provider, usage, moves):
+def _with_allocation_drift(drifts, compared, usage, moves):
+    """``drifts`` with each provider's allocation drift at its place; moves
+    asked for only when there is some (Placement is read once either way)."""
+    found = [_allocation_drift(p, allocations, usage, {}) for _, p, allocations in compared]
+    if moves is not None and any(found):
+        known_moves = moves()
+        found = [_allocation_drift(p, allocations, usage, known_moves)
+                 for _, p, allocations in compared]
+    merged = list(drifts)
+    for (position, _p, _a), rows in reversed(list(zip(compared, found, strict=True))):
+        merged[position:position] = rows
+    return merged
+
+
+def _allocation_drift(provider, allocations, usage, moves):
     drifts = []
+    name = provider.name
     allocated = collections.Counter()
-    for consumer, resources in sync.allocations(name).items():
+    for consumer, resources in allocations.items():
         allocated[moves.get(consumer, consumer)] += resources.get(provider.resource_class, 0)
     here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}
     for consumer, units in sorted(allocated.items()):

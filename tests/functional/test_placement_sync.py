@@ -297,12 +297,22 @@ def test_audit_counts_a_pending_move_allocation_as_its_instance(make_host, tree_
     moves = compute_api.moves_from([
         {"uuid": migration, "instance_uuid": instance, "status": "finished",
          "source_compute": "cn1", "dest_compute": "cn2"}], "cn1")
-    assert audit.audit(sync, tree, snapshot, [], users, moves) == []
+    assert audit.audit(sync, tree, snapshot, [], users, moves=lambda: moves) == []
     # Once nova confirmed, an allocation left under the migration is drift again.
     ended = compute_api.moves_from([
         {"uuid": migration, "instance_uuid": instance, "status": "confirmed",
          "source_compute": "cn1", "dest_compute": "cn2"}], "cn1")
-    assert len(audit.audit(sync, tree, snapshot, [], users, ended)) == 2
+    assert len(audit.audit(sync, tree, snapshot, [], users, moves=lambda: ended)) == 2
+    # Confirmed: the allocation is the instance's, nothing differs, nova is not asked.
+    api("DELETE", f"/allocations/{migration}")
+    api("PUT", f"/allocations/{instance}", {
+        "allocations": {rp: {"resources": {"VGPU": 1}}}, "project_id": "p", "user_id": "u",
+        "consumer_generation": None, "consumer_type": "INSTANCE"})
+    asked = []
+    assert audit.audit(sync, tree, snapshot, [], users,
+                       moves=lambda: asked.append(1) or {}) == []
+    assert asked == []
+
 
 
 def test_audit_sees_a_guest_placement_does_not_know(make_host, tree_for, service):

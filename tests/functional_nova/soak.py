@@ -863,9 +863,9 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         in_use = {c.mdev_uuid for c in claim_list} | set(users)
         tree = inventory.compute(snapshot, driver.vgpu.mdev_config, host, in_use,
                                  unallocated)
-        moves = compute_api.moves_from(
-            self.api.api_get("/os-migrations").body["migrations"], host)
-        return audit.audit(sync, tree, snapshot, claim_list, users, moves)
+        return audit.audit(sync, tree, snapshot, claim_list, users, moves=lambda: (
+            compute_api.moves_from(self.api.api_get("/os-migrations").body["migrations"],
+                                   host)))
 
     def _end_findings(self):
         """Everything deleted and each compute updated: nothing may be left."""

@@ -21,9 +21,6 @@ def _sync(app, connection=None):
     return placement.ProviderSync(placement.Client(connection))
 
 
-ALLOCATION_DRIFT = frozenset({"allocation-without-mdev", "mdev-without-allocation"})
-
-
 class Sync(base.Lister):
     """Push this host's GPU providers to Placement (once); list the requests."""
 
@@ -59,26 +56,22 @@ class Audit(base.Lister):
         journal = self.app.journal(snapshot)
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
-        drifts = audit_mod.audit(sync, tree, snapshot, claim_list, users)
-        if any(d.kind in ALLOCATION_DRIFT for d in drifts):
-            # Only then is nova asked which allocations are its moves'.
-            drifts = self._with_moves(connection, sync, tree, snapshot, claim_list, users,
-                                      drifts)
+        drifts = audit_mod.audit(sync, tree, snapshot, claim_list, users,
+                                 moves=lambda: self._moves(connection, tree.root_name))
         self.drifted = bool(drifts)
         rows = [(d.kind, d.provider, d.gpu, d.consumer, d.detail) for d in drifts]
         return (("kind", "provider", "gpu", "consumer", "detail"),
                 [columns.optional(r) for r in rows])
 
-    def _with_moves(self, connection, sync, tree, snapshot, claim_list, users, drifts):
-        """The audit again, allocations of nova's moves counted as their
-        instances'; as it was (with a warning) when nova cannot say."""
+    def _moves(self, connection, host):
+        """nova's moves under way on the host; none (with a warning) when
+        nova cannot say."""
         try:
-            moves = compute_api.moves_on(connection, tree.root_name)
+            return compute_api.moves_on(connection, host)
         except compute_api.ComputeApiUnavailable as exc:
             self.app.stderr.write(f"warning: {exc}; an allocation a resize awaiting "
                                   f"confirmation holds shows as drift.\n")
-            return drifts
-        return audit_mod.audit(sync, tree, snapshot, claim_list, users, moves)
+            return {}
 
     def run(self, parsed_args):
         self.drifted = None
