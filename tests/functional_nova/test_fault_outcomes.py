@@ -288,8 +288,8 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
         self.assert_nothing_left()
 
 
-class PendingResizeTestBase(FaultOutcomeTestBase):
-    """A T4 guest resized from host1 to host2, awaiting confirmation."""
+class TwoT4HostsTestBase(FaultOutcomeTestBase):
+    """Two T4 hosts and two T4 flavors, ``small`` and ``big``."""
 
     HOSTS = {"host1": ("t4x8",), "host2": ("t4x8",)}
     ENABLED_TYPES = T4_TYPE
@@ -298,6 +298,13 @@ class PendingResizeTestBase(FaultOutcomeTestBase):
         super().setUp()
         self.small = self.flavor("small", "CUSTOM_VGPU_GRID_T4_2Q")
         self.big = self.flavor("big", "CUSTOM_VGPU_GRID_T4_2Q", memory_mb=1024)
+
+
+class PendingResizeTestBase(TwoT4HostsTestBase):
+    """A T4 guest resized from host1 to host2, awaiting confirmation."""
+
+    def setUp(self):
+        super().setUp()
         server = self._create_server(flavor_id=self.small, networks="none", host="host1")
         self.server = self._resize_server(server, self.big)
 
@@ -383,7 +390,7 @@ class RevertDuringPlacementOutageTests(PendingResizeTestBase):
         self.assertEqual([1], list(used.values()))
 
 
-class ShelveOffloadFaultTests(FaultOutcomeTestBase):
+class ShelveOffloadFaultTests(TwoT4HostsTestBase):
     """Placement answers 500 while a volume-backed server is shelved.
 
     nova offloads such a server at once: it destroys the guest, then deletes
@@ -396,13 +403,8 @@ class ShelveOffloadFaultTests(FaultOutcomeTestBase):
     what it is allocated did too.
     """
 
-    HOSTS = {"host1": ("t4x8",), "host2": ("t4x8",)}
-    ENABLED_TYPES = T4_TYPE
-
     def setUp(self):
         super().setUp()
-        self.small = self.flavor("small", "CUSTOM_VGPU_GRID_T4_2Q")
-        self.big = self.flavor("big", "CUSTOM_VGPU_GRID_T4_2Q", memory_mb=1024)
         self.server = self.shelve_failing(self.boot_from_volume())
 
     def boot_from_volume(self):
