@@ -4,6 +4,7 @@ test driver; each source read once."""
 import contextlib
 import io
 import json
+import re
 import uuid
 
 import pytest
@@ -144,6 +145,68 @@ def test_table_lists_guests_as_lines_and_ends_with_the_host_line(busy_t4, cli):
                        uri=uri)
     assert out.split() == sorted(rows_of(cli("--sysfs-root", host.paths.root, "status",
                                              "-f", "json", uri=uri)[1]))
+
+
+UUID_OR_ADDRESS = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+                             r"|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+@pytest.mark.parametrize("width", [100, 80, 60])
+def test_a_screen_narrower_than_the_table_gets_a_block_per_gpu(busy_t4, cli, width):
+    """At 100 columns (and narrower) every line fits, no address or UUID is
+    cut, and every guest, claim and reason of the JSON listing is there."""
+    host, ids, inst, uri = busy_t4
+    args = ("--sysfs-root", host.paths.root, "status")
+    _, wide, _ = cli(*args, uri=uri)
+    assert len(wide.splitlines()[0]) > width      # the table would not fit
+    code, out, err = cli(*args, "--max-width", str(width), uri=uri)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width
+    whole = set(UUID_OR_ADDRESS.findall(wide))
+    assert set(UUID_OR_ADDRESS.findall(out)) == whole
+    assert {inst["web"], inst["legacy"], inst["batch"], inst["moving"]} <= whole
+    heads = [line.split()[0] for line in lines if line[:1] not in (" ", "")]
+    assert heads[:8] == sorted(rows_of(cli(*args, "-f", "json", uri=uri)[1]))
+    flat = " ".join(" ".join(lines).split())
+    for row in rows_of(cli(*args, "-f", "json", uri=uri)[1]).values():
+        if row["reason"]:
+            assert row["reason"] in flat
+        if row["reserved"]:
+            assert f"{row['gpu']} {row['name']} ({row['type']}) {row['bar']} " \
+                   f"{row['reserved']} reserved" in flat
+    assert f"guest {inst['web']} (instance-00000001)" in flat
+    assert f"claim {inst['moving']}: migrating_in" in flat
+    assert flat.endswith("2 guest(s); 2 claim(s) in flight")
+
+
+def test_the_block_layout_shows_only_the_chosen_columns(busy_t4, cli):
+    host, ids, inst, uri = busy_t4
+    code, out, _ = cli("--sysfs-root", host.paths.root, "status", "-c", "gpu", "-c",
+                       "claims", "-c", "reason", "--max-width", "70", uri=uri)
+    lines = out.splitlines()
+    assert code == 0 and max(len(line) for line in lines) <= 70
+    assert "0000:35:00.0" in lines
+    assert f"    claim     {inst['moving']}: migrating_in" in lines
+    blocks = out.split("\ncn1: ")[0]
+    assert not any(word in blocks for word in ("provider ", "guest ", "GRID", "[", "cn1"))
+    assert any(line.startswith("    reason    blocked by unused mdevs") for line in lines)
+
+
+def test_a_table_that_fits_stays_a_table(busy_t4, cli):
+    host, _, _, uri = busy_t4
+    args = ("--sysfs-root", host.paths.root, "status")
+    _, unbounded, _ = cli(*args, uri=uri)
+    _, out, _ = cli(*args, "--max-width", "400", uri=uri)
+    assert out == unbounded and out.startswith("+-")
+    _, out, _ = cli(*args, "-c", "gpu", "-c", "bar", "--max-width", "100", uri=uri)
+    lines = out.splitlines()
+    assert lines[0].startswith("+-") and max(len(line) for line in lines) <= 100
+    # The host line wraps between its parts.
+    assert lines[-1].startswith("    ") and not lines[-2].startswith(" ")
+    assert " ".join(line.strip() for line in lines[-2:]) == (
+        "cn1: 8 GPU(s), 8 with a provider; vGPUs [#.........] 4/112 used, 8 reserved; "
+        "2 guest(s); 2 claim(s) in flight")
 
 
 def counting(monkeypatch, owner, name, counts):

@@ -83,14 +83,18 @@ class Lister(_ErrorsAsExitCodes, lister.Lister):
         """An empty table is no output at all, not a blank line; an unknown
         ``-c`` column is a bad option, not a crash."""
         data = list(data)
+        self.check_columns(parsed_args, column_names)
+        if not data and parsed_args.formatter in ("table", "value"):
+            return EXIT_OK
+        return super().produce_output(parsed_args, column_names, data)
+
+    @staticmethod
+    def check_columns(parsed_args, column_names):
         unknown = [c for c in parsed_args.columns or () if c not in column_names]
         if unknown:
             raise exception.InvalidOption(
                 option="-c", value=unknown[0],
                 reason=f"no such column; the columns are {', '.join(column_names)}")
-        if not data and parsed_args.formatter in ("table", "value"):
-            return EXIT_OK
-        return super().produce_output(parsed_args, column_names, data)
 
 
 class FailableLister(Lister):

@@ -8,7 +8,6 @@ the claims, with guests unknown, says why in one ``warning:`` line on
 stderr, and exits 0: that is when an operator most needs the rest.
 """
 
-import collections
 import time
 
 from cliff import columns as cliff_columns
@@ -22,6 +21,7 @@ from vgpu_driver import status
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import status_screen
 
 COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
            "sriov", "guests", "claims")
@@ -35,9 +35,7 @@ class GuestsColumn(cliff_columns.FormattableColumn):
     def human_readable(self):
         if self._value is None:
             return "unknown"
-        held = collections.Counter((g.domain, g.instance) for g in self._value)
-        return "\n".join(f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
-                         for (domain, instance), count in sorted(held.items()))
+        return "\n".join(status_screen.guest_lines(self._value))
 
     def machine_readable(self):
         if self._value is None:
@@ -50,9 +48,7 @@ class ClaimsColumn(cliff_columns.FormattableColumn):
     """``instance: state`` lines in tables; objects in JSON/YAML."""
 
     def human_readable(self):
-        return "\n".join(f"{c.instance}: {c.state}" + (
-            f" (removal stuck {c.stuck_for:.0f}s)" if c.stuck_for is not None else "")
-            for c in self._value)
+        return "\n".join(status_screen.claim_lines(self._value))
 
     def machine_readable(self):
         return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state,
@@ -116,6 +112,8 @@ class ShowStatus(base.Lister):
     why (as ``inventory`` says), the guests on it (instance and libvirt
     domain), claims in flight (any state but attached) and, on SR-IOV
     boards, the VF state.  The table ends with one line about the host.
+    On a screen narrower than the table (or with --max-width), each GPU is
+    a block of lines instead, wrapped between words.
     Without libvirt, guests are unknown, ``used`` counts claims only, one
     ``warning:`` line on stderr says why, and the exit code is still 0.
     """
@@ -124,11 +122,24 @@ class ShowStatus(base.Lister):
         view, warning = read_status(self.app)
         if warning:
             self.app.stderr.write(f"warning: {warning} Guests are shown as unknown.\n")
-        self._summary = view.summary()
+        self._view = view
         return COLUMNS, [row(gpu) for gpu in view.gpus]
 
     def produce_output(self, parsed_args, column_names, data):
-        code = super().produce_output(parsed_args, column_names, data)
-        if parsed_args.formatter == "table":
-            self.app.stdout.write(self._summary + "\n")
+        if parsed_args.formatter != "table":
+            return super().produce_output(parsed_args, column_names, data)
+        data = list(data)
+        self.check_columns(parsed_args, column_names)
+        selected = parsed_args.columns or column_names
+        width = status_screen.screen_width(parsed_args, self.app.stdout)
+        shown = [i for i, name in enumerate(column_names) if name in selected]
+        table = ([column_names[i] for i in shown], [[r[i] for i in shown] for r in data])
+        if width and data and status_screen.table_width(*table) > width:
+            lines = status_screen.render(self._view.gpus, selected, width)
+            self.app.stdout.write("".join(line + "\n" for line in lines))
+            code = base.EXIT_OK
+        else:
+            code = super().produce_output(parsed_args, column_names, data)
+        lines = status_screen.wrap_summary(self._view.summary(), width)
+        self.app.stdout.write("".join(line + "\n" for line in lines))
         return code
