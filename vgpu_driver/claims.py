@@ -141,6 +141,31 @@ def _check_exists(state_dir, path):
         raise exception.JournalUnreadable(path=path, reason="the file is empty (0 bytes)")
 
 
+def check_new_state_dir(state_dir, also_ours=()):
+    """Refuse to start a journal in a directory that holds other programs'
+    files: ``claims init`` with a mistyped ``--state-dir`` (``/var/lib/nova``,
+    a home directory) would otherwise put the host's claims among them.
+    sqlite's side files, ``also_ours`` (the driver's other state files, and
+    their temporary copies) and a new filesystem's ``lost+found`` are not
+    another program's."""
+    try:
+        entries = sorted(os.listdir(state_dir))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise exception.JournalMissing(
+            path=os.path.join(state_dir, Journal.FILENAME),
+            reason="the state directory is not a directory") from None
+    if Journal.FILENAME in entries:
+        return
+    ours = (Journal.FILENAME, *also_ours)
+    others = [e for e in entries
+              if e != "lost+found" and not any(e.startswith(name) for name in ours)]
+    if others:
+        raise exception.NotAStateDirectory(state_dir=state_dir, count=len(others),
+                                           examples=", ".join(others[:3]))
+
+
 class Journal:
     """The claims database in ``[vgpu] state_dir``; one per process is fine."""
 

@@ -374,6 +374,13 @@ class JournalUnreadable(JournalError):
                "'vgpu-manage claims init'.")
 
 
+class NotAStateDirectory(JournalError):
+    msg_fmt = ("Refusing to create a claims journal in %(state_dir)s: it already holds "
+               "%(count)d other file(s) (%(examples)s) and no journal, so it is not "
+               "vgpu-driver's state directory. Check --state-dir ([vgpu] state_dir); give "
+               "a new or empty directory.")
+
+
 class JournalTooNew(JournalError):
     msg_fmt = ("Claims journal %(path)s has schema version %(found)d; this vgpu-driver "
                "knows versions up to %(known)d. Upgrade vgpu-driver before using it.")

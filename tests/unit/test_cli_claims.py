@@ -95,6 +95,41 @@ def test_init_creates_once_and_then_reports(make_host, cli, tmp_path):
     assert code == 0 and out.endswith("0 claim(s)\n")
 
 
+def test_init_refuses_a_directory_of_other_files(cli, tmp_path):
+    """A mistyped --state-dir (nova's own directory, say) gets no journal."""
+    nova_dir = tmp_path / "nova"
+    (nova_dir / "instances").mkdir(parents=True)
+    (nova_dir / "keys").write_text("x")
+    before = sorted(p.name for p in nova_dir.iterdir())
+    code, out, err = cli("claims", "init", state_dir=nova_dir)
+    assert (code, out) == (base.EXIT_ERROR, "")
+    assert err == (f"error: Refusing to create a claims journal in {nova_dir}: it already "
+                   "holds 2 other file(s) (instances, keys) and no journal, so it is not "
+                   "vgpu-driver's state directory. Check --state-dir ([vgpu] state_dir); "
+                   "give a new or empty directory.\n")
+    assert sorted(p.name for p in nova_dir.iterdir()) == before
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    code, _, err = cli("claims", "init", state_dir=a_file)
+    assert code == base.EXIT_ERROR and err.count("\n") == 1
+    assert "the state directory is not a directory" in err and a_file.read_text() == ""
+
+
+@pytest.mark.parametrize("present", [(), ("lost+found",), ("reconciler.json",)])
+def test_init_takes_a_new_empty_or_own_directory(cli, tmp_path, present):
+    state = tmp_path / "mounted"
+    state.mkdir()
+    for name in present:
+        if name.endswith(".json"):
+            (state / name).write_text("{}")
+        else:
+            (state / name).mkdir()
+    code, out, err = cli("claims", "init", state_dir=state)
+    assert (code, err) == (0, "") and out.endswith("0 claim(s)\n")
+    code, out, _ = cli("claims", "init", state_dir=state)    # and again: it is ours now
+    assert code == 0 and (state / "claims.sqlite").is_file()
+
+
 def test_list_says_which_claimed_mdev_is_gone_and_restore_brings_it_back(claimed_host, cli):
     host, held = claimed_host
     host.remove_mdev(held[1])

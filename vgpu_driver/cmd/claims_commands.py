@@ -47,9 +47,15 @@ def _state(value):
 
 
 class InitClaims(base.Command):
-    """Create the state directory and an empty claims journal (if missing)."""
+    """Create the state directory and an empty claims journal (if missing).
+
+    An existing directory that holds other files and no journal is refused:
+    it is not the driver's state directory.
+    """
 
     def take_action(self, parsed_args):
+        claims.check_new_state_dir(self.app.conf.vgpu.state_dir,
+                                   also_ours=(host_reconciler.STATE_FILE,))
         journal = self.app.journal(create=True)
         count = len(journal.claims())
         self.app.stdout.write(f"claims journal {journal.path}: schema version "
