@@ -150,12 +150,8 @@ def check_new_state_dir(state_dir, also_ours=()):
     another program's."""
     try:
         entries = sorted(os.listdir(state_dir))
-    except FileNotFoundError:
-        return
-    except NotADirectoryError:
-        raise exception.JournalMissing(
-            path=os.path.join(state_dir, Journal.FILENAME),
-            reason="the state directory is not a directory") from None
+    except (FileNotFoundError, NotADirectoryError):
+        return      # created, or refused, when the journal is made
     if Journal.FILENAME in entries:
         return
     ours = (Journal.FILENAME, *also_ours)

@@ -211,6 +211,8 @@ CASES = [
       for cmd in (("orphans", "list"), ("claims", "restore"), ("sync",), ("audit",),
                   ("sync", "--dry-run"))],
     case("journal-garbage-sync", [D, f"{J}/garbage", "sync"], f"{J}/garbage/claims.sqlite"),
+    case("claims-init-into-another-programs-dir", [D, "{w}/journals", "claims", "init"],
+         "Refusing to create a claims journal in {w}/journals: it already holds 5 other"),
     case("claims-init-into-a-file", [D, "{w}/nova.conf", "claims", "init"],
          "cannot create {w}/nova.conf"),
     case("claims-init-over-an-empty-file", [D, f"{J}/zero", "claims", "init"],

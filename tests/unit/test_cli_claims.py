@@ -112,7 +112,7 @@ def test_init_refuses_a_directory_of_other_files(cli, tmp_path):
     a_file.write_text("")
     code, _, err = cli("claims", "init", state_dir=a_file)
     assert code == base.EXIT_ERROR and err.count("\n") == 1
-    assert "the state directory is not a directory" in err and a_file.read_text() == ""
+    assert f"cannot create {a_file}" in err and a_file.read_text() == ""
 
 
 @pytest.mark.parametrize("present", [(), ("lost+found",), ("reconciler.json",)])
