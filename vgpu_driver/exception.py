@@ -144,6 +144,10 @@ class FakeHostExists(VgpuDriverError):
                "fake host.")
 
 
+class FakeHostNotWritten(VgpuDriverError):
+    msg_fmt = "Cannot write the fake host at %(path)s: %(reason)s."
+
+
 class FakeHostMountPointInUse(VgpuDriverError):
     msg_fmt = ("Cannot serve the fake host at %(path)s: %(why)s; choose an empty "
                "directory that nothing is mounted on.")

@@ -59,16 +59,33 @@ def _build_whole(target, profile):
     if os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target)):
         raise exception.FakeHostExists(path=target)
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
+    except OSError as exc:
+        # The error names the staging directory, which the operator never gave.
+        raise exception.FakeHostNotWritten(path=target, reason=exc.strerror) from exc
     try:
         os.chmod(staging, 0o755)  # noqa: S103 - a fake /sys, readable like the real one
         fakekernel.FakeKernel.build(staging, profile)
         os.rename(staging, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise exception.FakeHostNotWritten(
+                path=target, reason=_within(exc, staging)) from exc
         raise
     return target
+
+
+def _within(exc, staging):
+    """The OS error with its file named inside the host being built."""
+    name = exc.filename
+    if isinstance(name, str) and name.startswith(staging + os.sep):
+        return f"{exc.strerror}: {os.path.relpath(name, staging)}"
+    return exc.strerror
+
+
 class ServeFakeHost(base.Command):
     """Serve a fake host at MOUNTPOINT with FUSE, in the foreground.
 
