@@ -73,10 +73,11 @@ MIGRATION_DONE = {"finished", "confirmed", "reverted", "completed", "error", "fa
 REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # A finding whose cause is an allocation nova itself leaked or keeps: one of
 # a server it deleted, of a migration that ended in error or of a deleted
-# server, or of a server in ERROR with no domain anywhere (a delete that
-# Placement's 503 interrupted: its allocation waits for a hard reboot or
-# another delete).  nova never frees those by itself; they are reported,
-# not counted.
+# server, or of a server nova left with no domain anywhere (a delete that
+# Placement's 503 interrupted leaves it in ERROR, and a stop then makes it
+# SHUTOFF, domainless still: its allocation waits for a start, a hard
+# reboot or another delete, which define the domain again).  nova never
+# frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 MIGRATION_FAILED = frozenset({"error", "failed"})
 _USAGE = re.compile(r"Placement usage (\d+), (\d+) vGPU")
@@ -343,6 +344,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._lost_events = set()   # hosts where a udev event was lost
         self._ids = {}              # server name -> id
         self._created = set()       # every server id ever booted
+        self._domainless = set()    # servers seen in ERROR with no domain, still without
         self._names = (f"soak-{n}" for n in range(1, 10**9))
         self._began = time.monotonic()
         if not _udev_usable():
@@ -726,10 +728,17 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """Consumers nova leaves allocated (see :data:`NOVA_LEAK`)."""
         servers = {s["id"]: s for s in self.api.get_servers()}
         migrations = self.api.api_get("/os-migrations").body["migrations"]
-        defined = {uuid for host in HOSTS for uuid in self._domains(host)}
-        return (self._created - set(servers)) | {
+        self._note_domainless(servers)
+        return (self._created - set(servers)) | self._domainless | {
             m["uuid"] for m in migrations
-            if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
+            if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers}
+
+    def _note_domainless(self, servers):
+        """Servers nova left in ERROR with no domain, until one is defined
+        again (a stop in between makes them SHUTOFF, still domainless)."""
+        defined = {uuid for host in HOSTS for uuid in self._domains(host)}
+        self._domainless = {uuid for uuid in self._domainless
+                            if uuid in servers and uuid not in defined} | {
             uuid for uuid, server in servers.items()
             if server["status"] == "ERROR" and uuid not in defined}
 
@@ -807,6 +816,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
     def _findings(self):
         self._view = self._list_servers()    # what the next operation picks from
         servers = {s["id"]: s for s in self._view.values()}
+        self._note_domainless(servers)
         pending = self._pending_sources(servers)
         findings = []
         for host in HOSTS:
