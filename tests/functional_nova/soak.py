@@ -79,6 +79,8 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # reboot or another delete, which define the domain again).  nova never
 # frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
+# What a guest leaves on a host it left, for the next periodic update.
+GUEST_LEFT = frozenset({"claim-without-guest", "domain-without-guest"})
 MIGRATION_FAILED = frozenset({"error", "failed"})
 _USAGE = re.compile(r"Placement usage (\d+), (\d+) vGPU")
 
@@ -345,6 +347,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._ids = {}              # server name -> id
         self._created = set()       # every server id ever booted
         self._domainless = set()    # servers seen in ERROR with no domain, still without
+        self._migrations_of_deleted = {}    # migration uuid -> its server, deleted since
         self._names = (f"soak-{n}" for n in range(1, 10**9))
         self._began = time.monotonic()
         if not _udev_usable():
@@ -554,6 +557,9 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _delete(self, name):
         server_id = self._server_id(name)
+        # nova forgets a server's migrations with it; their allocations it may not.
+        self._migrations_of_deleted.update(
+            (m["uuid"], server_id) for m in self._migrations(server_id))
         self.api.delete_server(server_id)
         deadline = time.monotonic() + OP_TIMEOUT
         while self._get(server_id) is not None:
@@ -731,7 +737,9 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._note_domainless(servers)
         return (self._created - set(servers)) | self._domainless | {
             m["uuid"] for m in migrations
-            if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers}
+            if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
+            uuid for uuid, server in self._migrations_of_deleted.items()
+            if server not in servers}
 
     def _note_domainless(self, servers):
         """Servers nova left in ERROR with no domain, until one is defined
@@ -803,15 +811,33 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _settled_findings(self):
         """The invariants' findings, new ones given a few seconds to go away
-        (nova finishes some work after the API says an operation ended)."""
+        (nova finishes some work after the API says an operation ended).  A
+        claim or domain a guest left behind gets the next periodic update
+        too: nothing else tells a host that a guest left it."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
+        periodic_run = False
         while True:
             findings = self._findings()
             new = [f for f in findings if f.key not in self._result.violations
                    and (NOVA_LEAK + f.category, f.subject) not in self._result.nova_leaks]
+            if not periodic_run and time.monotonic() > deadline and any(
+                    f.category in GUEST_LEFT for f in new):
+                self._periodics_after_grace()
+                periodic_run, deadline = True, time.monotonic() + SETTLE_TIMEOUT
+                continue
             if not new or time.monotonic() > deadline:
                 return findings
             time.sleep(POLL * 2)
+
+    def _periodics_after_grace(self):
+        """A periodic update on every compute, as one that comes once
+        ``[vgpu] claim_grace`` has passed since the operation."""
+        grace = cfg.CONF.vgpu.claim_grace
+        self.flags(claim_grace=0, group="vgpu")
+        try:
+            self._run_periodics()
+        finally:
+            self.flags(claim_grace=grace, group="vgpu")
 
     def _findings(self):
         self._view = self._list_servers()    # what the next operation picks from

@@ -21,7 +21,9 @@ class SoakTest(soak.SoakTestBase):
             self.fail(result.report())
 
 
-class DomainlessServerTest(soak.SoakTestBase):
+class ReplayedCasesTest(soak.SoakTestBase):
+    """Sequences long runs found, shrunk by hand and replayed as scripts."""
+
     def test_a_server_nova_left_without_a_domain_starts_with_its_vgpu(self):
         """A delete that Placement's 503s interrupt leaves the server in
         ERROR with no domain and its allocation kept; a stop makes it SHUTOFF,
@@ -45,3 +47,21 @@ class DomainlessServerTest(soak.SoakTestBase):
                  for v in result.nova_leaks.values()}
         self.assertEqual({("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 3)},
                          leaks, result.report())
+
+    def test_what_a_revert_in_an_outage_leaves_goes_at_the_next_periodic(self):
+        """A revert that Placement's 503s interrupt leaves the source's
+        domain and claim (nothing reached the source); the next periodic
+        update lets them go, so they are not counted."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="src"),
+            soak.Op("resize", server="soak-1", flavor="a100x1"),
+            soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done", "done", "refused: HTTP 500", "done"],
+                         [line.split(" -> ")[1] for line in result.log], result.log)
+        # What stays is nova's: the errored migration's unit on the source,
+        # after the server and (with it) its migrations were deleted.
+        self.assertIn(("nova-leak:left-allocation", "src src_pci_0000_18_00_0"),
+                      {(v.category, v.subject) for v in result.nova_leaks.values()})
