@@ -11,6 +11,7 @@ Tree::
     ├── InvalidSysfsName              a name read from sysfs/config is unsafe
     ├── UnknownProfile                no such fake-host profile
     ├── FakeHostExists                fake-host target is not empty
+    ├── FakeHostNotWritten            fake-host create cannot write its target
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── PrivilegedWriteRefused        the privileged side will not make this write
@@ -41,6 +42,7 @@ Tree::
     ├── JournalError                  the claims journal cannot be used
     │   ├── JournalMissing            no journal (and not asked to create one)
     │   ├── JournalUnreadable         empty, truncated, garbage or failed integrity
+    │   ├── NotAStateDirectory        claims init given another program's directory
     │   └── JournalTooNew             written by a newer vgpu-driver
     └── KeystoneError                 unified limits cannot be read or written
         ├── LimitsNotConfigured       [oslo_limit] lacks what is needed
