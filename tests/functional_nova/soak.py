@@ -350,6 +350,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._ids = {}              # server name -> id
         self._created = set()       # every server id ever booted
         self._domainless = set()    # servers seen in ERROR with no domain, still without
+        self._domainless_moves = {}  # migration uuid -> (server, source) of such a server
         self._explained = set()     # findings nova's leaks explained
         self._migrations_of_deleted = {}    # migration uuid -> its server, deleted since
         self._names = (f"soak-{n}" for n in range(1, 10**9))
@@ -754,7 +755,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         servers = {s["id"]: s for s in self.api.get_servers()}
         migrations = self.api.api_get("/os-migrations").body["migrations"]
         self._note_domainless(servers)
-        return (self._created - set(servers)) | self._domainless | {
+        return (self._created - set(servers)) | self._domainless | set(
+            self._domainless_moves) | {
             m["uuid"] for m in migrations
             if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
             uuid for uuid, server in self._migrations_of_deleted.items()
@@ -762,9 +764,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _note_domainless(self, servers, defined=None):
         """Servers nova left in ERROR with no domain, until one is defined
-        again (a stop in between makes them SHUTOFF, still domainless)."""
+        again (a stop in between makes them SHUTOFF, still domainless).  A
+        resize or cold migration defines it on its destination, and nova
+        moves the kept allocation to the migration on the source, where no
+        domain ever held it: those migrations are remembered as nova's."""
         if defined is None:
             defined = {uuid for host in HOSTS for uuid in self._domains(host)}
+        for uuid in self._domainless & defined & set(servers):
+            self._domainless_moves.update(
+                (m["uuid"], (uuid, m["source_compute"])) for m in self._migrations(uuid))
         self._domainless = {uuid for uuid in self._domainless
                             if uuid in servers and uuid not in defined} | {
             uuid for uuid, server in servers.items()
@@ -773,7 +781,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
     def _as_nova_leak(self, finding, leaked):
         category = finding.category
         if category.startswith("audit"):
-            explained = finding.subject.rsplit(" ", 1)[-1] in leaked
+            # The audit names a migration's allocation by its server.
+            host, consumer = finding.subject.split(" ")[0], finding.subject.rsplit(" ", 1)[-1]
+            explained = consumer in leaked or any(
+                (consumer, host) == moved for uuid, moved in self._domainless_moves.items()
+                if uuid in leaked)
         elif category == "usage-mismatch":
             usage, held = (int(n) for n in _USAGE.match(finding.detail).groups())
             explained = usage - self._leaked_units(finding.subject, leaked) == held
