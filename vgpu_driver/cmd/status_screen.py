@@ -1,7 +1,7 @@
 """``status`` on a screen narrower than its table: one block per GPU.
 
 The table puts addresses, UUIDs and reasons side by side, twelve columns
-about 200 characters wide.  Squeezed into a terminal, every cell would be
+200 characters wide or more.  Squeezed into a terminal, every cell would be
 cut mid-address.  Here each GPU is a head line (address, type, use,
 reserved units, SR-IOV state) and one indented line per provider, reason,
 guest and claim; a line longer than the screen wraps between words, never
