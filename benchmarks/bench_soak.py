@@ -13,6 +13,7 @@ if the case itself failed; timings are reported, not judged.
 import argparse
 import os
 import resource
+import signal
 import sys
 import time
 import unittest
@@ -24,6 +25,7 @@ sys.path.insert(0, common.REPO)   # the soak imports ``tests`` as a package
 from tests.functional_nova import soak  # noqa: E402 - needs the path above
 
 DEFAULT_OPS = 10_000
+EXIT_STOPPED = 130          # as a shell reports a command SIGINT ended
 
 
 class LongSoak(soak.SoakTestBase):
@@ -32,6 +34,19 @@ class LongSoak(soak.SoakTestBase):
     def test_long_soak(self):
         self._long_began = time.monotonic()
         self._soak_result = self.run_soak(progress=self._progress)
+
+    def _step(self, index, op):
+        super()._step(index, op)
+        self._steps_done = index
+
+    def result_so_far(self):
+        """What a run stopped early did (its end checks never ran), or None."""
+        result = getattr(self, "_result", None)
+        if result is None or not getattr(self, "_steps_done", 0):
+            return None
+        result.ops = self._steps_done
+        result.elapsed = time.monotonic() - self._long_began
+        return result
 
     def _progress(self, index, result):
         elapsed = time.monotonic() - self._long_began
@@ -73,7 +88,12 @@ def main(argv=None):
         os.environ[soak.SEED_ENV] = str(args.seed)
     case = LongSoak("test_long_soak")
     outcome = unittest.TestResult()
-    case.run(outcome)
+    # A run cut short (Ctrl-C, or timeout's SIGTERM) still reports what it did.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        case.run(outcome)
+    except KeyboardInterrupt:
+        return _report_stopped(case)
     for test, trace in outcome.errors + outcome.failures:
         print(f"{test.id()} did not finish:\n{trace}", file=sys.stderr)
     result = getattr(case, "_soak_result", None)
@@ -82,6 +102,17 @@ def main(argv=None):
     print(result.report())
     print(f"max RSS {_max_rss_mb():.0f} MB")
     return 1 if result.violations or not outcome.wasSuccessful() else 0
+
+
+def _report_stopped(case):
+    result = case.result_so_far()
+    if result is None:
+        print("stopped before the first operation ended", file=sys.stderr)
+        return EXIT_STOPPED
+    print(result.report())
+    print(f"stopped after {result.ops} operations: the end checks (everything deleted, "
+          f"nothing left) did not run; max RSS {_max_rss_mb():.0f} MB")
+    return EXIT_STOPPED
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ connection) skip every rule and are logged apart, so they neither trip a
 fault meant for the code under test nor pollute its counters.
 """
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -147,6 +148,21 @@ class FaultInjector:
         with self._lock:
             self._outage = None
             self._rules.clear()
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Placement healthy for a moment, then the rules and outage as they
+        were: for a test's own read in the middle of a fault window."""
+        with self._lock:
+            rules, outage = list(self._rules), self._outage
+            self._rules.clear()
+            self._outage = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._rules[:0] = rules
+                self._outage = outage
 
     def reset(self):
         """Forget what was recorded (rules and outage stay)."""

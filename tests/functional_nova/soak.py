@@ -631,7 +631,24 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._action(op.server, {"unshelve": {"host": op.host}}, {"ACTIVE"})
 
     def _do_restart_compute(self, op, index):
+        """The service stopped and started on the same state.  Inside a
+        Placement fault window only the service meets the fault: the
+        harness's own lookup of the compute's provider, after the start,
+        reads a healthy Placement."""
         self.restart_host(op.host)
+
+    def start_compute(self, *args, **kwargs):
+        real_get = self.placement.get
+
+        def harness_get(url, **options):
+            with self.placement_faults.suspended():
+                return real_get(url, **options)
+
+        self.placement.get = harness_get
+        try:
+            return super().start_compute(*args, **kwargs)
+        finally:
+            self.placement.get = real_get
 
     def _do_periodic_update(self, op, index):
         self._run_periodics()
