@@ -7,7 +7,9 @@ case, with ``--ops`` operations (10,000 by default, about two hours on two
 cores) from ``--seed``, and prints progress every 100 operations to stderr,
 then what ran, what nova refused, the faults injected and every violation
 with the operations before it.  It exits 1 if there is any violation, or
-if the case itself failed; timings are reported, not judged.
+if the case itself failed; timings are reported, not judged.  SIGINT or
+SIGTERM ends it after the operation in progress, with the same report for
+what ran, and exit status 130.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 import unittest
 
 import common
@@ -31,13 +34,22 @@ EXIT_STOPPED = 130          # as a shell reports a command SIGINT ended
 class LongSoak(soak.SoakTestBase):
     """The soak case; its result is kept where nova's cleanup leaves it."""
 
+    stop_requested = False
+    in_run = False          # between nova's set-up and its clean-up
+
     def test_long_soak(self):
         self._long_began = time.monotonic()
-        self._soak_result = self.run_soak(progress=self._progress)
+        self.in_run = True
+        try:
+            self._soak_result = self.run_soak(progress=self._progress)
+        finally:
+            self.in_run = False
 
     def _step(self, index, op):
         super()._step(index, op)
         self._steps_done = index
+        if self.stop_requested:
+            raise KeyboardInterrupt
 
     def result_so_far(self):
         """What a run stopped early did (its end checks never ran), or None."""
@@ -65,6 +77,30 @@ class LongSoak(soak.SoakTestBase):
         self.stdlog.logger._output.truncate()
 
 
+def _say_lost_connections(case):
+    """Under eventlet nova's harness keeps each database in one in-memory
+    sqlite connection, so a connection invalidated or closed during the run
+    is an empty database, and every later request fails with "no such
+    table".  Print where that happened: nova's log, truncated as the run
+    goes, would not keep it.  (On native threads the databases are files.)"""
+    from nova import utils as nova_utils  # after the soak's eventlet patching
+    from sqlalchemy import event
+    from sqlalchemy import pool
+    if nova_utils.concurrency_mode_threading():
+        return
+
+    def lost(kind):
+        def listener(dbapi_connection, record, *exception):
+            if case.in_run:
+                why = repr(exception[0]) if exception else "no exception"
+                print(f"a database connection was {kind} ({why}):", file=sys.stderr,
+                      flush=True)
+                traceback.print_stack(limit=30, file=sys.stderr)
+        return listener
+    event.listen(pool.Pool, "invalidate", lost("invalidated"))
+    event.listen(pool.Pool, "close", lost("closed"))
+
+
 def _max_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -87,9 +123,9 @@ def main(argv=None):
     if args.seed is not None:
         os.environ[soak.SEED_ENV] = str(args.seed)
     case = LongSoak("test_long_soak")
+    _say_lost_connections(case)
     outcome = unittest.TestResult()
-    # A run cut short (Ctrl-C, or timeout's SIGTERM) still reports what it did.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    _stop_between_operations(case)
     try:
         case.run(outcome)
     except KeyboardInterrupt:
@@ -102,6 +138,26 @@ def main(argv=None):
     print(result.report())
     print(f"max RSS {_max_rss_mb():.0f} MB")
     return 1 if result.violations or not outcome.wasSuccessful() else 0
+
+
+def _stop_between_operations(case):
+    """Ctrl-C or SIGTERM (``timeout``'s) ends the run after the operation in
+    progress, and it still reports what it did; a second one stops at once.
+
+    The interrupt is raised in the case's own thread once its operation has
+    ended: under eventlet a signal's handler runs in whichever green thread
+    the hub is in, so an interrupt raised there would end a nova service's
+    database call and lose the in-memory database the services share (every
+    later request fails with "no such table"), and the run, rather than stop,
+    would fail."""
+    def request_stop(signum, frame):
+        if case.stop_requested:
+            raise KeyboardInterrupt
+        case.stop_requested = True
+        print(f"{signal.Signals(signum).name}: stopping after the operation in progress "
+              "(again to stop now)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
 
 
 def _report_stopped(case):
