@@ -19,6 +19,15 @@ from vgpu_driver.placement import ownership
 
 TRAIT_MAX_LENGTH = 255
 
+# What a GPU's reserved units are held back for (GpuProvider.reserved_for).
+NO_CAPACITY = "no_capacity"      # the GPU offers no more of its type, for no reason seen
+BLOCKED = "blocked"              # unused vGPUs of another type are in the way
+DRAINING = "draining"            # guests' vGPUs of another type are in the way
+MAX_INSTANCES = "max_instances"  # the type's host-wide max_instances is used elsewhere
+UNREADABLE = "unreadable"        # a sysfs value the vendor driver wrote is garbage
+CLAIMS = "claims"                # claimed vGPUs no Placement allocation covers
+RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS)
+
 
 @dataclasses.dataclass(frozen=True)
 class GpuProvider:
@@ -35,6 +44,9 @@ class GpuProvider:
     max_unit: int = 0
     traits: tuple[str, ...] = ()
     reason: str | None = None
+    # ``((kind, units), ...)``: what the reserved units are held back for
+    # (one of RESERVED_FOR); their units add up to ``reserved``.
+    reserved_for: tuple[tuple[str, int], ...] = ()
     min_unit: int = 1
     step_size: int = 1
     allocation_ratio: float = 1.0
@@ -149,7 +161,7 @@ def per_gpu_limit(gpu, type_info):
 
 
 def _blocked_reason(gpu, type_id, in_use):
-    """Why a GPU cannot serve its type now: mdevs of other types."""
+    """``(kind, why)`` a GPU cannot serve its type now: mdevs of other types."""
     others = {}
     for mdev in gpu.mdevs:
         if mdev.type_id != type_id:
@@ -158,16 +170,16 @@ def _blocked_reason(gpu, type_id, in_use):
         if parent.current_vgpu_type and parent.current_vgpu_type != type_id:
             others.setdefault(parent.current_vgpu_type, []).append(parent.name)
     if not others:
-        return f"no {type_id} can be created now"
+        return NO_CAPACITY, f"no {type_id} can be created now"
     listed = ", ".join(f"{len(u)} of {t}" for t, u in sorted(others.items()))
     if in_use is None:
-        return (f"blocked by existing mdevs ({listed}); remove the unused ones to "
-                f"serve {type_id}")
+        return BLOCKED, (f"blocked by existing mdevs ({listed}); remove the unused ones to "
+                         f"serve {type_id}")
     busy = sum(1 for uuids in others.values() for u in uuids if u in in_use)
     if busy:
-        return (f"draining: mdevs ({listed}) of which {busy} in use by guests; serves "
-                f"{type_id} once they are gone")
-    return f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
+        return DRAINING, (f"draining: mdevs ({listed}) of which {busy} in use by guests; "
+                          f"serves {type_id} once they are gone")
+    return BLOCKED, f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
 
 
 def _hidden_by_other_vgpus(gpu, type_id):
@@ -182,7 +194,7 @@ def _hidden_by_other_vgpus(gpu, type_id):
 
 
 def _gpu_capacity(gpu, type_id, in_use=None):
-    """``(total, reserved, reason)`` for one GPU before host-wide caps."""
+    """``(total, reserved_for, reason)`` for one GPU before host-wide caps."""
     existing = gpu.vgpu_types_in_use().get(type_id, 0)
     creatable = sum(info.available_instances for _, info in gpu.offers(type_id))
     limit = per_gpu_limit(gpu, gpu.type_info(type_id))
@@ -190,9 +202,10 @@ def _gpu_capacity(gpu, type_id, in_use=None):
     if limit is not None:
         capacity = min(capacity, max(limit, existing))
     if capacity:
-        return capacity, 0, None
+        return capacity, (), None
     potential = limit or 1
-    return potential, potential, _blocked_reason(gpu, type_id, in_use)
+    kind, reason = _blocked_reason(gpu, type_id, in_use)
+    return potential, ((kind, potential),), reason
 
 
 def _apply_host_cap(rows, max_instances):
@@ -200,17 +213,17 @@ def _apply_host_cap(rows, max_instances):
     remaining = max_instances
     capped = []
     for row in rows:
-        total, reserved, reason, existing = row["total"], row["reserved"], row["reason"], row[
-            "existing"]
-        usable = total - reserved
+        total, reserved_for, reason, existing = (row["total"], row["reserved_for"],
+                                                 row["reason"], row["existing"])
+        usable = total - _units(reserved_for)
         allowed = max(existing, min(usable, remaining))
         remaining = max(remaining - allowed, 0)
         if usable and allowed == 0:
-            reserved = total
+            reserved_for = ((MAX_INSTANCES, total),)
             reason = f"max_instances={max_instances} for {row['type_id']} is used by other GPUs"
         elif usable:
             total = allowed
-        capped.append({**row, "total": total, "reserved": reserved, "reason": reason})
+        capped.append({**row, "total": total, "reserved_for": reserved_for, "reason": reason})
     return capped
 
 
@@ -248,9 +261,17 @@ def claims_placement_lacks(claim_list, nodename, allocations_on):
 
 def _reserve_unallocated(rows, unallocated):
     """Add to each GPU's reserved units the claims Placement does not count."""
-    return [{**row, "reserved": min(row["total"], row["reserved"]
-                                    + unallocated.get(row["gpu"].address, 0))}
-            for row in rows]
+    reserved = []
+    for row in rows:
+        held = _units(row["reserved_for"])
+        extra = min(row["total"] - held, unallocated.get(row["gpu"].address, 0))
+        reserved.append({**row, "reserved_for": row["reserved_for"] + (
+            ((CLAIMS, extra),) if extra > 0 else ())})
+    return reserved
+
+
+def _units(reserved_for):
+    return sum(units for _kind, units in reserved_for)
 
 
 def check_nodename(nodename, snapshot):
@@ -285,12 +306,13 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
             unserved.append((gpu.address, f"does not offer {type_id} (offers: "
                                           f"{', '.join(offered) or 'nothing'})"))
             continue
-        total, reserved, reason = _gpu_capacity(gpu, type_id, in_use)
+        total, reserved_for, reason = _gpu_capacity(gpu, type_id, in_use)
         unreadable = sorted({u for _, info in gpu.offers(type_id) for u in info.unreadable})
         if unreadable:
-            reserved, reason = total, (f"unreadable sysfs value {unreadable[0]}; check the "
-                                       "vendor driver")
-        rows.append({"gpu": gpu, "type_id": type_id, "total": total, "reserved": reserved,
+            reserved_for, reason = ((UNREADABLE, total),), (
+                f"unreadable sysfs value {unreadable[0]}; check the vendor driver")
+        rows.append({"gpu": gpu, "type_id": type_id, "total": total,
+                     "reserved_for": reserved_for,
                      "reason": reason, "type_name": type_info.name if type_info else None,
                      "existing": gpu.vgpu_types_in_use().get(type_id, 0)})
     for type_config in config.types:
@@ -307,8 +329,9 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
             name=provider_name(nodename, row["gpu"]), parent_provider=nodename,
             gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
             resource_class=type_config.mdev_class, total=row["total"],
-            reserved=row["reserved"], max_unit=row["total"],
-            traits=provider_traits(row["type_id"], row["type_name"]), reason=row["reason"]))
+            reserved=_units(row["reserved_for"]), max_unit=row["total"],
+            traits=provider_traits(row["type_id"], row["type_name"]), reason=row["reason"],
+            reserved_for=row["reserved_for"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
                         mdev_classes=config.mdev_classes | {"VGPU"},

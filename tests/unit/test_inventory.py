@@ -17,9 +17,9 @@ T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
 
 @pytest.fixture
 def tree_of(make_conf):
-    def compute(host, conf_text, nodename="cn1"):
+    def compute(host, conf_text, nodename="cn1", in_use=None):
         config = mdev_types.from_conf(make_conf(conf_text))
-        return inventory.compute(discovery.discover(host), config, nodename)
+        return inventory.compute(discovery.discover(host), config, nodename, in_use)
     return compute
 
 
@@ -130,6 +130,14 @@ def test_gpu_blocked_by_another_type_reserves_everything(make_host, tree_of):
     assert (blocked.total, blocked.reserved) == (8, 8)
     assert blocked.reason == ("blocked by existing mdevs (2 of nvidia-222); remove the "
                               "unused ones to serve nvidia-231")
+    assert blocked.reserved_for == ((inventory.BLOCKED, 8),)
+    assert tree.by_gpu("0000:19:00.0").reserved_for == ()
+    # Once guests are known to use them, the GPU is draining instead.
+    in_use = {m.uuid for m in host.list_mdevs()}
+    draining = tree_of(host, "[devices]\nenabled_mdev_types = nvidia-231\n",
+                       in_use=in_use).by_gpu("0000:18:00.0")
+    assert draining.reason.startswith("draining: ")
+    assert draining.reserved_for == ((inventory.DRAINING, 8),)
     assert (tree.by_gpu("0000:19:00.0").total, tree.by_gpu("0000:19:00.0").reserved) == (8, 0)
 
 
@@ -157,6 +165,8 @@ def test_max_instances_caps_partially_in_address_order(make_host, tree_of):
     assert totals(tree) == expected
     assert len(tree.providers) == 8
     assert "max_instances=20" in tree.by_gpu("0000:35:00.0").reason
+    assert tree.by_gpu("0000:35:00.0").reserved_for == ((inventory.MAX_INSTANCES, 16),)
+    assert tree.by_gpu("0000:19:00.0").reserved_for == ()
 
 
 def test_max_instances_never_hides_existing_mdevs(make_host, tree_of):
@@ -229,3 +239,23 @@ def test_unallocated_claims_are_reserved_up_to_the_total(make_host, make_conf):
     assert totals(tree)[T4[0]] == (8, 3)
     assert totals(tree)[T4[1]] == (8, 8)
     assert totals(tree)[T4[2]] == (8, 0)
+    assert tree.by_gpu(T4[0]).reserved_for == ((inventory.CLAIMS, 3),)
+    assert tree.by_gpu(T4[1]).reserved_for == ((inventory.CLAIMS, 8),)
+    assert tree.by_gpu(T4[2]).reserved_for == ()
+
+
+def test_reserved_units_add_up_to_what_they_are_held_for(make_host, make_conf):
+    """A GPU capped by max_instances holding a claim Placement lacks, and
+    one blocked by another type: every reserved unit has one reason."""
+    host = make_host("t4x8", mdevs=[
+        {"parent": T4[1], "type": "nvidia-222", "uuid": str(uuid.uuid4())}])
+    config = mdev_types.from_conf(make_conf(
+        "[devices]\nenabled_mdev_types = nvidia-231\n[mdev_nvidia-231]\nmax_instances = 4\n"))
+    tree = inventory.compute(discovery.discover(host), config, "cn1",
+                             unallocated={T4[0]: 1, T4[1]: 1, T4[2]: 2})
+    assert tree.by_gpu(T4[0]).reserved_for == ((inventory.CLAIMS, 1),)
+    assert tree.by_gpu(T4[1]).reserved_for == ((inventory.BLOCKED, 8),)
+    assert tree.by_gpu(T4[2]).reserved_for == ((inventory.MAX_INSTANCES, 8),)
+    for provider in tree.providers:
+        assert sum(units for _kind, units in provider.reserved_for) == provider.reserved
+        assert {kind for kind, _units in provider.reserved_for} <= set(inventory.RESERVED_FOR)
