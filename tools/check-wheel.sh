@@ -46,9 +46,11 @@ fi
 echo "==> the operator's files under share/vgpu-driver/"
 share="$WORK/venv/share/vgpu-driver"
 for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
-         etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf; do
+         etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf \
+         etc/prometheus/vgpu-driver-alerts.yml; do
     case $f in
         etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;
+        etc/prometheus/*) installed="$share/prometheus/${f#etc/prometheus/}" ;;
         *) installed="$share/etc/${f#etc/vgpu-driver/}" ;;
     esac
     if ! cmp -s "$TOP/$f" "$installed"; then

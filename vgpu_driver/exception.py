@@ -13,6 +13,7 @@ Tree::
     ├── FakeHostExists                fake-host target is not empty
     ├── FakeHostNotWritten            fake-host create cannot write its target
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
+    ├── MetricsNotWritten             metrics --output cannot write its file
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── PrivilegedWriteRefused        the privileged side will not make this write
     │   └── WritesNeedRoot            vgpu-manage writes sysfs only as root
@@ -148,6 +149,10 @@ class FakeHostExists(VgpuDriverError):
 
 class FakeHostNotWritten(VgpuDriverError):
     msg_fmt = "Cannot write the fake host at %(path)s: %(reason)s."
+
+
+class MetricsNotWritten(VgpuDriverError):
+    msg_fmt = "Cannot write the metrics to %(path)s: %(reason)s."
 
 
 class FakeHostMountPointInUse(VgpuDriverError):

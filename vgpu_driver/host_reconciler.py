@@ -92,6 +92,7 @@ class HostReconciler:
         self.last = None
         self.last_error = None   # (time, step, message)
         self.passes = 0
+        self.errors = 0          # steps that failed, in all passes
 
     # -- what a pass does -----------------------------------------------------------------
 
@@ -161,6 +162,7 @@ class HostReconciler:
                     LOG.exception("Host reconciler: the %s step failed in the pass for "
                                   "%s; the next pass tries again", name, ", ".join(reasons))
                     errors.append(f"{name}: {exc}")
+                    self.errors += 1
                     self.last_error = (self.clock(), name, str(exc))
                     continue
                 if name == "restore":
@@ -277,6 +279,7 @@ class HostReconciler:
             "pid": os.getpid(),
             "written_at": self.clock(),
             "passes": self.passes,
+            "errors": self.errors,
             "queued": queued,
             "last_pass": None if last is None else {
                 "reasons": list(last.reasons), "started_at": last.started_at,
@@ -321,10 +324,16 @@ def _alive(pid):
     return True
 
 
+def is_running(state):
+    """Whether the process that wrote ``state`` (:func:`read_state`) still runs."""
+    return bool(state) and "unreadable" not in state and _alive(
+        int(state.get("pid", 0)) or -1)
+
+
 def removals_in_flight(state, now):
     """``{vgpu: seconds its removal has been blocked}`` from what the host
     reconciler wrote, if the process that wrote it still runs."""
-    if not state or "unreadable" in state or not _alive(int(state.get("pid", 0)) or -1):
+    if not is_running(state):
         return {}
     return {vgpu: max(now - started, 0.0)
             for vgpu, started in state.get("removals_in_flight", {}).items()}
@@ -337,7 +346,7 @@ def describe(state, now):
         return None
     if "unreadable" in state:
         return f"reconciler: state unreadable ({state['unreadable']})"
-    if not _alive(int(state.get("pid", 0)) or -1):
+    if not is_running(state):
         return (f"reconciler: not running (its service, pid {state.get('pid')}, is gone; "
                 f"last written {now - state.get('written_at', now):.0f}s ago)")
     parts = [f"reconciler: {state.get('passes', 0)} pass(es)"]

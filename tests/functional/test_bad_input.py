@@ -183,7 +183,7 @@ CASES = [
           ("empty-dir", "{w}/empty-dir", "has no bus/ and no class/"),
           ("bus-only", "{w}/bus-only", "{w}/bus-only has no class/"))
       for cmd in (("types",), ("inventory",), ("mdev", "list"), ("sync",),
-                  ("orphans", "reclaim"), ("claims", "restore"))],
+                  ("orphans", "reclaim"), ("claims", "restore"), ("metrics",))],
     case("sysfs-missing-config-check", [S, "{w}/nope", "config", "check"],
          "{w}/nope does not exist"),
     case("sysfs-missing-claims-list", [S, "{w}/nope", "claims", "list"],
@@ -258,6 +258,12 @@ CASES = [
                                          "--profile", "t4x8", "{w}/new-host"],
          "Cannot write the fake host at {w}/new-host: File exists: devices/pci0000:18/"),
     case("demo-dir-a-file", ["demo", "--dir", "{w}/nova.conf"], "{w}/nova.conf"),
+    case("metrics-output-under-a-file", ["metrics", "--output", "{w}/nova.conf/vgpu.prom"],
+         "Cannot write the metrics to {w}/nova.conf/vgpu.prom: Not a directory"),
+    case("metrics-output-a-directory", ["metrics", "--output", "{w}/empty-dir"],
+         "Cannot write the metrics to {w}/empty-dir: Is a directory"),
+    case("metrics-serve-listen-no-port", ["metrics", "serve", "--listen", "localhost"],
+         "--listen 'localhost': give ADDR:PORT"),
     # Usage errors: argparse's and cliff's, each one error: line too.
     case("usage-bad-format", ["types", "-f", "xml"], "argument -f/--format: invalid choice"),
     case("usage-conflicting-flags", ["sriov", "enable", "--all", "--configured"],

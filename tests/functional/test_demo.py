@@ -9,7 +9,10 @@ import collections
 import contextlib
 import glob
 import io
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +20,9 @@ import urllib.request
 
 import libvirt
 import pytest
+from prometheus_client import parser as prometheus_parser
 
+from tests import libvirt_domains
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import guest
@@ -30,6 +35,7 @@ from vgpu_driver.cmd import demo_commands
 from vgpu_driver.cmd import manage
 from vgpu_driver.cmd.demo import compute
 from vgpu_driver.cmd.demo import scenario
+from vgpu_driver.fake import fakekernel
 
 NODE = "demo-host"
 FLAVORS = [scenario.FLAVORS[flavor] for _name, flavor in scenario.BOOTS]
@@ -331,3 +337,89 @@ def test_drift_found_by_the_audit_fails_the_demo(monkeypatch, tmp_path):
     assert [(r[0], r[1], r[3]) for r in drift] == [
         ("allocation-without-mdev", f"{NODE}_pci_0000_41_00_0", compute.instance_uuid("ghost"))]
     assert os.listdir(tmp_path) == [] and demo_domains() == []
+
+
+def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domains_after,
+                                                   tmp_path):
+    """``metrics serve`` on 127.0.0.1, scraped over HTTP: each series agrees
+    with ``status -f json``, Placement and the domains, and each scrape reads
+    the host again."""
+    _done, kept = demo
+    domains = [path.read_text() for path in sorted((kept / "domains").glob("*.xml"))]
+    uri = libvirt_domains.node_file(tmp_path / "node.xml", domains)
+    cli = [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file",
+           str(kept / "nova.conf"), "--nodename", NODE, "--libvirt-uri", uri]
+    with subprocess.Popen([*cli, "metrics", "serve", "--listen", "127.0.0.1:0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            url = serving_url(server)
+            status_rows = {r["gpu"]: r for r in json.loads(subprocess.run(
+                [*cli, "status", "-f", "json"], capture_output=True, text=True, check=True,
+                timeout=60).stdout)}
+            found = scraped(url)
+            orphan_made = scraped_with_an_orphan(url, kept)
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=30) == 0, server.stderr.read()
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+
+    _allocations, inventories, usages = placement_after
+    assert found["vgpu_scrape_success"] == {(): 1}
+    for gpu, row in status_rows.items():
+        labels = (("gpu", gpu), ("model", row_model(found, gpu)),
+                  ("provider", row["provider"]), ("resource_class", "VGPU"),
+                  ("type", row["type"]))
+        total, reserved = inventories[row["provider"]]
+        assert found["vgpu_gpu_vgpus_capacity"][labels] == row["total"] == total, gpu
+        assert found["vgpu_gpu_vgpus_reserved"][labels] == row["reserved"] == reserved
+        assert found["vgpu_gpu_vgpus_used"][labels] == row["used"] == usages[row["provider"]]
+        assert found["vgpu_gpu_guests"][labels] == len({g["instance"] for g in row["guests"]})
+    assert set(found["vgpu_gpu_guests"]) == set(found["vgpu_gpu_vgpus_capacity"])
+    assert found["vgpu_claims"][(("state", "attached"),)] == sum(
+        len(mdevs) for _u, mdevs, _m in domains_after.values())
+    assert found["vgpu_orphan_vgpus"] == {(): 0}
+    assert found["vgpu_sriov_boards"][(("state", "enabled"),)] == 1
+    assert found["vgpu_guests_known"] == {(): 1}
+    # An mdev made behind the driver's back shows at the next scrape.
+    assert orphan_made["vgpu_orphan_vgpus"] == {(): 1}
+    assert orphan_made["vgpu_gpu_vgpus_used"] == found["vgpu_gpu_vgpus_used"]
+
+
+def serving_url(server):
+    """The URL ``metrics serve`` says it answers on, once it listens."""
+    ready, _, _ = select.select([server.stdout], [], [], 60)
+    line = server.stdout.readline() if ready else ""
+    if not line.startswith("serving metrics on http://127.0.0.1:"):
+        server.kill()
+        raise AssertionError(f"{line!r}; {server.communicate()[1]}")
+    return line.split()[-1]
+
+
+def scraped_with_an_orphan(url, kept):
+    host = fakekernel.FakeKernel(str(kept / "sys"))
+    host.create_mdev("0000:35:00.0", "nvidia-231", ORPHAN)
+    try:
+        return scraped(url)
+    finally:
+        host.remove_mdev(ORPHAN)
+
+
+def scraped(url):
+    """``{name: {sorted label pairs: value}}`` of one scrape, parsed by
+    prometheus_client's own parser."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    found = collections.defaultdict(dict)
+    for family in prometheus_parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name][tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def row_model(found, gpu):
+    (labels,) = [dict(k) for k in found["vgpu_gpu_vgpus_capacity"] if dict(k)["gpu"] == gpu]
+    assert labels["model"].startswith("10de:")
+    return labels["model"]

@@ -29,6 +29,16 @@ def boot(vgpu, instance, allocation=ONE_VGPU):
     return got
 
 
+def block_a_removal(vgpu, host, instance="deleted"):
+    """Boot ``instance``, undefine its domain while its QEMU still holds the
+    vGPU, and release it: the removal stays in flight.  The held vGPU."""
+    (held,) = boot(vgpu, instance)
+    vgpu.domains.undefine(instance)
+    host.hold(held)
+    assert vgpu.release(instance) == []
+    return held
+
+
 def wait_for(predicate, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -253,10 +263,7 @@ def test_status_and_claims_list_show_a_stuck_removal_and_the_reconciler(
     host = make_host("a100-sriov")
     vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.1")
     vgpu.init_host()
-    (held,) = boot(vgpu, "deleted")
-    vgpu.domains.undefine("deleted")
-    host.hold(held)
-    assert vgpu.release("deleted") == []
+    held = block_a_removal(vgpu, host)
     assert vgpu.worker.run_now(host_reconciler.PERIODIC)
     conf_file = tmp_path / "cli.conf"
     conf_file.write_text(f"[devices]\nenabled_mdev_types = nvidia-468\n[vgpu]\n"

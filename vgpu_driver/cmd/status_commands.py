@@ -8,6 +8,7 @@ the claims, with guests unknown, says why in one ``warning:`` line on
 stderr, and exits 0: that is when an operator most needs the rest.
 """
 
+import dataclasses
 import time
 
 from cliff import columns as cliff_columns
@@ -79,8 +80,24 @@ def libvirt_users(app):
         return None, str(exc)
 
 
-def read_status(app):
-    """``(HostStatus, warning or None)``: every source read exactly once."""
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """What ``status`` reads, each once, and the view it makes of them
+    (``metrics`` shows the same reads)."""
+
+    view: status.HostStatus
+    warning: str | None         # why libvirt could not be asked, if it could not
+    config: object              # the resolved MdevConfig
+    snapshot: discovery.HostSnapshot
+    claims: list
+    users: dict | None
+    tree: inventory.ProviderTree
+    reconciler: dict | None     # what the host reconciler last wrote
+    now: float
+
+
+def read_sources(app):
+    """:class:`Sources`: every source read exactly once."""
     config = host_commands.load_mdev_config(app)
     snapshot = discovery.discover(app.open_host())
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
@@ -95,7 +112,7 @@ def read_status(app):
                            sriov.functions_in(snapshot),
                            stuck=host_reconciler.removals_in_flight(worker, now),
                            reconciler=host_reconciler.describe(worker, now))
-    return view, warning
+    return Sources(view, warning, config, snapshot, claim_list, users, tree, worker, now)
 
 
 def row(gpu):
@@ -119,11 +136,11 @@ class ShowStatus(base.Lister):
     """
 
     def take_action(self, parsed_args):
-        view, warning = read_status(self.app)
-        if warning:
-            self.app.stderr.write(f"warning: {warning} Guests are shown as unknown.\n")
-        self._view = view
-        return COLUMNS, [row(gpu) for gpu in view.gpus]
+        sources = read_sources(self.app)
+        if sources.warning:
+            self.app.stderr.write(f"warning: {sources.warning} Guests are shown as unknown.\n")
+        self._view = sources.view
+        return COLUMNS, [row(gpu) for gpu in sources.view.gpus]
 
     def produce_output(self, parsed_args, column_names, data):
         if parsed_args.formatter != "table":

@@ -1,0 +1,165 @@
+"""``metrics`` and ``metrics serve``: the host in Prometheus' text format.
+
+Both read what ``status`` reads (each source once per scrape) and print it
+through prometheus_client.  ``metrics --output FILE`` is for
+node_exporter's textfile collector (the file is replaced whole, never seen
+half-written); ``metrics serve`` answers scrapes itself, on the loopback
+address unless told otherwise.
+"""
+
+import signal
+import threading
+
+import prometheus_client
+from prometheus_client import registry as prometheus_registry
+
+from vgpu_driver import exception
+from vgpu_driver import inventory
+from vgpu_driver import metrics
+from vgpu_driver.cmd import base
+from vgpu_driver.cmd import status_commands
+
+DEFAULT_LISTEN = "127.0.0.1:9839"
+
+
+def reading(app):
+    """A :class:`vgpu_driver.metrics.Reading` of this host, and why libvirt
+    could not be asked (None if it could)."""
+    sources = status_commands.read_sources(app)
+    snapshot = sources.snapshot
+    vgpus = {}
+    for vgpu in snapshot.vgpus:
+        gpu = snapshot.gpu_of_parent(vgpu.parent)
+        vgpus[vgpu.id] = gpu.address if gpu else None
+    models = {gpu.address: _model(gpu.pci) for gpu in snapshot.gpus if gpu.pci}
+    config = sources.config.for_host(snapshot)
+    configured = {gpu.address: inventory.configured_type(gpu, config)[0]
+                  for gpu in snapshot.gpus}
+    conf = app.conf.vgpu
+    return metrics.Reading(
+        host=sources.view, claims=tuple(sources.claims), vgpus=vgpus,
+        users=None if sources.users is None else frozenset(sources.users),
+        providers={p.gpu: p for p in sources.tree.providers}, models=models,
+        configured=configured,
+        reconciler=sources.reconciler,
+        types=tuple(t.type_id for t in sources.config.types),
+        grace=conf.claim_grace, migration_timeout=conf.migration_claim_timeout,
+        now=sources.now), sources.warning
+
+
+def _model(pci):
+    """``10de:1eb8``: the board's PCI vendor and device IDs."""
+    if not (pci.vendor and pci.device):
+        return ""
+    return f"{pci.vendor.removeprefix('0x')}:{pci.device.removeprefix('0x')}"
+
+
+def _write(path, scrape):
+    """``path`` replaced whole by the scrape (a temporary file beside it,
+    renamed over it); an error names ``path``, not the temporary file."""
+    try:
+        prometheus_client.write_to_textfile(path, scrape)
+    except OSError as exc:
+        raise exception.MetricsNotWritten(path=path, reason=exc.strerror or exc) from exc
+
+
+def registry_of(read, expected=(), failed=None):
+    found = prometheus_registry.CollectorRegistry(auto_describe=False)
+    found.register(metrics.HostCollector(read, expected, failed))
+    return found
+
+
+def parse_listen(text):
+    """``(address, port)`` of ``ADDR:PORT`` (``[ADDR]:PORT`` for IPv6)."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise exception.InvalidOption(
+            option="--listen", value=text,
+            reason="give ADDR:PORT, such as 127.0.0.1:9839 ([ADDR]:PORT for IPv6; port 0 "
+                   "picks a free one)")
+    return host, int(port)
+
+
+class PrintMetrics(base.Command):
+    """Print this host's metrics in Prometheus' text format.
+
+    Per GPU: vGPUs offered, used and reserved, guests and SR-IOV VFs; for
+    the host: SR-IOV boards, claims by state and age, orphan vGPUs, stuck
+    removals and the host reconciler.  With --output, the file is written
+    whole (a temporary file renamed over it), as node_exporter's textfile
+    collector needs.  Without libvirt, ``vgpu_guests_known`` is 0, a
+    ``warning:`` line says why and the exit code is still 0.
+    """
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("--output", metavar="FILE",
+                            help="Write to FILE (replaced whole) instead of stdout.")
+        return parser
+
+    def take_action(self, parsed_args):
+        found, warning = reading(self.app)
+        if warning:
+            self.app.stderr.write(f"warning: {warning} Guests are unknown "
+                                  f"(vgpu_guests_known 0).\n")
+        scrape = registry_of(lambda: found)
+        if parsed_args.output:
+            _write(parsed_args.output, scrape)
+        else:
+            self.app.stdout.write(prometheus_client.generate_latest(scrape).decode())
+        return base.EXIT_OK
+
+
+class ServeMetrics(base.Command):
+    """Answer Prometheus' scrapes of this host's metrics until SIGTERM or Ctrl-C.
+
+    Each scrape of ``/metrics`` reads the host again (what ``metrics``
+    prints).  It listens on 127.0.0.1 unless --listen says otherwise; the
+    host is read once before it listens, so a bad configuration is an
+    ``error:`` line, not a server that answers nothing.  A scrape that
+    cannot read the host holds ``vgpu_scrape_success 0``, and the reason
+    is logged.
+    """
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR:PORT",
+                            help=f"Where to listen (default: {DEFAULT_LISTEN}).")
+        return parser
+
+    def take_action(self, parsed_args):
+        address, port = parse_listen(parsed_args.listen)
+        _found, warning = reading(self.app)
+        if warning:
+            self.app.stderr.write(f"warning: {warning} Guests are unknown "
+                                  f"(vgpu_guests_known 0) while it lasts.\n")
+        scrape = registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
+                             self._failed)
+        server, thread = prometheus_client.start_http_server(port, address, scrape)
+        bound = server.server_address
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        self.app.stdout.write(f"serving metrics on http://{shown}:{bound[1]}/metrics\n")
+        self.app.stdout.flush()
+        try:
+            _wait_for_stop()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+        return base.EXIT_OK
+
+    def _failed(self, exc):
+        self.app.LOG.error("A scrape could not read the host: %s", base.one_line(exc))
+
+
+def _wait_for_stop():
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
