@@ -17,11 +17,17 @@
 
 import collections
 import dataclasses
+import os
 
 from vgpu_driver import claims
 from vgpu_driver import placement
+from vgpu_driver import state_files
 
 HELD_STATES = (claims.CLAIMED, claims.ATTACHED, claims.MIGRATING_IN)
+KINDS = ("allocation-without-mdev", "mdev-without-allocation", "stale-provider",
+         "missing-provider", "inventory", "traits", "name-clash")
+# What the last audit found, in the state directory, for ``vgpu-manage metrics``.
+RECORD_FILE = "audit.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +142,16 @@ def _allocation_drift(provider, allocations, usage, moves):
                                 f"{count} mdev(s) held here, {allocated.get(consumer, 0)} "
                                 f"{provider.resource_class} allocated"))
     return drifts
+
+
+def write_record(state_dir, drifts, now):
+    """Leave how much drift of each kind this audit found, and when, for
+    ``vgpu-manage metrics`` to export (OSError if it cannot be written)."""
+    found = collections.Counter(d.kind for d in drifts)
+    state_files.write(os.path.join(state_dir, RECORD_FILE),
+                      {"at": now, "drift": {kind: found.get(kind, 0) for kind in KINDS}})
+
+
+def read_record(state_dir):
+    """What the last audit on this host found (None if none ran here)."""
+    return state_files.read(os.path.join(state_dir, RECORD_FILE))

@@ -6,6 +6,8 @@ inventory is reported, when an instance is spawned or deleted.  It imports
 no nova; :mod:`vgpu_driver.nova` adapts it.
 """
 
+import time
+
 from oslo_log import log as logging
 
 from vgpu_driver import claims
@@ -84,6 +86,7 @@ class VGPUDriver:
         Placement could not say) lets the inventory reserve claims no
         allocation covers; without it, claims reserve nothing.
         """
+        began, started = time.monotonic(), time.time()
         # The host reconciler's pass for this update first (removals,
         # stale claims and stale types), then one read for the inventory.
         self.worker.run_now(host_reconciler.PERIODIC)
@@ -92,7 +95,9 @@ class VGPUDriver:
         unallocated = (inventory.claims_placement_lacks(self.journal.claims(), nodename,
                                                         allocations_on)
                        if allocations_on is not None else None)
-        return inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
+        tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
+        self.worker.note_update(started, time.monotonic() - began)
+        return tree
 
     def reconcile_claims(self):
         """A host reconciler's pass now: finish removals the kernel refused

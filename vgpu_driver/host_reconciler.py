@@ -24,13 +24,13 @@ driver adds, such as settling libvirt's mdev definitions) happens here, in
 """
 
 import dataclasses
-import json
 import os
 import threading
 import time
 
 from oslo_log import log as logging
 
+from vgpu_driver import state_files
 from vgpu_driver import takeover
 
 LOG = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class HostReconciler:
         self.last_error = None   # (time, step, message)
         self.passes = 0
         self.errors = 0          # steps that failed, in all passes
+        self.last_update = None  # (started at, seconds) of the last inventory update
 
     # -- what a pass does -----------------------------------------------------------------
 
@@ -172,6 +173,12 @@ class HostReconciler:
                                    tuple(errors))
             self._save_state()
         return self.last
+
+    def note_update(self, started_at, duration):
+        """The compute driver's inventory update (its pass included) ended:
+        shown by ``vgpu-manage metrics`` with the rest of the state."""
+        self.last_update = (started_at, duration)
+        self._save_state()
 
     # -- the worker -----------------------------------------------------------------------
 
@@ -286,6 +293,8 @@ class HostReconciler:
                 "duration": last.duration, "errors": list(last.errors)},
             "last_error": None if self.last_error is None else dict(
                 zip(("at", "step", "message"), self.last_error, strict=True)),
+            "last_update": None if self.last_update is None else dict(
+                zip(("started_at", "duration"), self.last_update, strict=True)),
             "removals_in_flight": self.manager.removals.in_flight(),
             "waiting_for_parent": dict(self.waiting),
         }
@@ -294,24 +303,14 @@ class HostReconciler:
         if self.state_path is None:
             return
         try:
-            tmp = f"{self.state_path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as out:
-                json.dump(self.state(), out, indent=1, sort_keys=True)
-            os.replace(tmp, self.state_path)
+            state_files.write(self.state_path, self.state())
         except OSError as exc:
             LOG.warning("Could not write %s: %s", self.state_path, exc)
 
 
 def read_state(state_dir):
     """What the host reconciler last wrote (None if it never ran here)."""
-    path = os.path.join(state_dir, STATE_FILE)
-    try:
-        with open(path, encoding="utf-8") as source:
-            return json.load(source)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        return {"unreadable": f"{path}: {exc}"}
+    return state_files.read(os.path.join(state_dir, STATE_FILE))
 
 
 def _alive(pid):

@@ -14,6 +14,7 @@ import dataclasses
 from prometheus_client import core
 
 from vgpu_driver import __version__
+from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
@@ -31,8 +32,9 @@ class Reading:
     reads; ``claims`` the journal's claims; ``vgpus`` ``{vgpu id: gpu}`` of
     what exists in sysfs; ``users`` the vGPU ids libvirt's domains use
     (None: libvirt could not say); ``reconciler`` what the host reconciler
-    last wrote (None: it never ran here); ``grace`` and ``migration_timeout``
-    the bounds the reconciler drops claims after.
+    last wrote (None: it never ran here), ``audit`` what the last audit
+    recorded (None: none ran here); ``grace`` and ``migration_timeout`` the
+    bounds the reconciler drops claims after.
     """
 
     host: object
@@ -43,6 +45,7 @@ class Reading:
     models: dict                # gpu address -> "vendor:device"
     configured: dict            # gpu address -> the type nova.conf gives it, if any
     reconciler: dict | None
+    audit: dict | None          # what the last ``vgpu-manage audit`` found
     types: tuple[str, ...]
     grace: float
     migration_timeout: float
@@ -92,6 +95,7 @@ class HostCollector:
         yield from _host_families(reading)
         yield from _claim_families(reading)
         yield from _reconciler_families(reading)
+        yield from _audit_families(reading)
         info = core.InfoMetricFamily(_name("driver"), "The driver's version and what "
                                      "this host's configuration enables.",
                                      labels=["nodename"])
@@ -219,15 +223,11 @@ def _reconciler_families(reading):
                      "their parent (an SR-IOV VF) comes.")
     waiting.add_metric([], len(state.get("waiting_for_parent", {})))
     families += [passes, errors, queue, waiting]
-    last = state.get("last_pass")
-    if last:
-        when = _gauge("reconciler_last_pass_timestamp_seconds", "When the last pass "
-                      "started (Unix time).")
-        when.add_metric([], last["started_at"])
-        took = _gauge("reconciler_last_pass_duration_seconds", "How long the last pass "
-                      "took.")
-        took.add_metric([], last["duration"])
-        families += [when, took]
+    families += _timed(state.get("last_pass"), "reconciler_last_pass",
+                       "the host reconciler's last pass")
+    families += _timed(state.get("last_update"), "inventory_update",
+                       "nova-compute's last periodic inventory update (its reconciler "
+                       "pass included)")
     error = state.get("last_error")
     if error:
         at = _gauge("reconciler_last_error_timestamp_seconds", "When a step last failed "
@@ -235,3 +235,31 @@ def _reconciler_families(reading):
         at.add_metric([error["step"]], error["at"])
         families.append(at)
     return families
+
+
+def _timed(record, name, what):
+    """``<name>_timestamp_seconds`` and ``<name>_duration_seconds`` of a
+    ``{"started_at", "duration"}`` record; none without one."""
+    if not record:
+        return []
+    when = _gauge(f"{name}_timestamp_seconds", f"When {what} started (Unix time).")
+    when.add_metric([], record["started_at"])
+    took = _gauge(f"{name}_duration_seconds", f"How long {what} took.")
+    took.add_metric([], record["duration"])
+    return [when, took]
+
+
+def _audit_families(reading):
+    """The last audit's drift, when one ran here and its record is readable."""
+    record = reading.audit
+    if not record or "unreadable" in record:
+        return []
+    drift = _gauge("placement_drift", "Differences between the host and Placement the "
+                   "last vgpu-manage audit found, by kind (see the operator's guide).",
+                   ["kind"])
+    for kind in audit.KINDS:
+        drift.add_metric([kind], record.get("drift", {}).get(kind, 0))
+    when = _gauge("audit_last_run_timestamp_seconds", "When the last vgpu-manage audit ran "
+                  "(Unix time).")
+    when.add_metric([], record["at"])
+    return [drift, when]

@@ -4,8 +4,9 @@ what ``vgpu-manage metrics`` scraped from real host states.
 Two hosts are scraped through the real CLI: ``busy`` runs a driver (its host
 reconciler up) with a vGPU removal the kernel blocks, a claim for an
 incoming migration and T4s held back by ``max_instances`` (by design, no
-alert); ``fresh`` has no nova-compute, an A100 whose VFs are off and a T4
-blocked by an unused vGPU of another type.  Each scrape becomes promtool
+alert); ``fresh`` has no nova-compute, an A100 whose VFs are off, a T4
+blocked by an unused vGPU of another type, and a real Placement whose
+allocation of a vGPU nobody holds an audit found.  Each scrape becomes promtool
 input series over 90 minutes: ages grow by 60 s a minute while their
 subject is there, everything else stays as scraped.  promtool then checks,
 for every alert of the file, exactly which fire.
@@ -27,6 +28,8 @@ from vgpu_driver import claims
 from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import host_reconciler
+from vgpu_driver import placement
+from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
 from vgpu_driver.fake import fakekernel
 
@@ -46,16 +49,20 @@ max_instances = 24
 AGES = {"vgpu_removals_stuck_oldest_seconds": ("vgpu_removals_stuck", None),
         "vgpu_claims_oldest_age_seconds": ("vgpu_claims", "state")}
 
-def scrape(tmp_path, host, state_dir, conf=CONF):
+def cli(tmp_path, host, state_dir, *argv, expect=0):
     conf_file = tmp_path / f"{state_dir.name}.conf"
-    conf_file.write_text(conf)
+    conf_file.write_text(CONF)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1",
                             "--sysfs-root", host.paths.root, "--state-dir", str(state_dir),
-                            "--libvirt-uri", "test:///default", "metrics"])
-    assert code == 0, err.getvalue()
+                            "--libvirt-uri", "test:///default", *argv])
+    assert code == expect, err.getvalue()
     return out.getvalue()
+
+
+def scrape(tmp_path, host, state_dir):
+    return cli(tmp_path, host, state_dir, "metrics")
 
 
 @pytest.fixture
@@ -83,12 +90,24 @@ def busy(make_host, make_conf, tmp_path, fake_kernel_cli):
 
 
 @pytest.fixture
-def fresh(make_host, tmp_path, fake_kernel_cli):
-    """No nova-compute; the A100's VFs off; a T4 blocked by another type."""
+def fresh(make_host, tmp_path, fake_kernel_cli, monkeypatch):
+    """No nova-compute; the A100's VFs off; a T4 blocked by another type;
+    Placement allocating a vGPU nobody holds here, which an audit found."""
     host = make_host("a100-sriov-off", "t4x8", mdevs=[
         {"parent": T4, "type": "nvidia-222", "uuid": str(uuid.uuid4())}])
     state = tmp_path / "fresh"
     claims.Journal(str(state))
+    with placement_service.EmbeddedPlacement() as service:
+        for key, value in service.cli_environment().items():
+            monkeypatch.setenv(key, value)
+        cli(tmp_path, host, state, "sync")
+        client = placement.Client(service.connection())
+        (rp,) = client.request("GET", "/resource_providers?name=cn1_pci_0000_19_00_0")[
+            "resource_providers"]
+        client.request("PUT", f"/allocations/{uuid.uuid4()}", {
+            "allocations": {rp["uuid"]: {"resources": {"VGPU": 1}}}, "project_id": "p",
+            "user_id": "u", "consumer_generation": None, "consumer_type": "INSTANCE"})
+        cli(tmp_path, host, state, "audit", expect=1)
     return scrape(tmp_path, host, state)
 
 
@@ -160,6 +179,8 @@ def test_each_alert_fires_where_the_scraped_state_calls_for_it(busy, fresh, tmp_
     expected["VgpuMigrationClaimTooOld"] = [{"instance": "busy", "state": "migrating_in",
                                              **host}]
     expected["VgpuReconcilerDown"] = [{"instance": "fresh", **host}]
+    expected["VgpuPlacementDrift"] = [{"instance": "fresh", "kind": "allocation-without-mdev",
+                                       **host}]
     expected["VgpuSriovOff"] = [gpu_labels(fresh_found, "vgpu_gpu_sriov_vfs", A100, "fresh")]
     expected["VgpuGpuUnusable"] = [
         gpu_labels(fresh_found, "vgpu_gpu_vgpus_capacity", T4, "fresh")]

@@ -9,8 +9,10 @@ import textwrap
 import uuid
 
 import pytest
+from prometheus_client import parser as prometheus_parser
 
 from tests import confs
+from vgpu_driver import audit
 from vgpu_driver import compute_api
 from vgpu_driver import discovery
 from vgpu_driver import domains
@@ -268,6 +270,26 @@ def test_cli_sync_dry_run_sync_and_audit(make_host, service, api, tmp_path, monk
     assert kinds == {("allocation-without-mdev", ghost), ("inventory", None)}
     # No nova here to say whether the ghost is a move's: said once, shown as drift.
     assert err.count("warning: nova's API did not list the migrations of host cn1") == 1
+    # What it found is left for vgpu-manage metrics.
+    code, out, err = run_cli(*args, "metrics", conf=conf)
+    samples = [s for family in prometheus_parser.text_string_to_metric_families(out)
+               for s in family.samples]
+    drift = {s.labels["kind"]: s.value for s in samples if s.name == "vgpu_placement_drift"}
+    assert code == 0
+    assert drift == {kind: (1 if kind in ("allocation-without-mdev", "inventory") else 0)
+                     for kind in audit.KINDS}
+    (ran,) = [s.value for s in samples if s.name == "vgpu_audit_last_run_timestamp_seconds"]
+    assert ran == audit.read_record(str(tmp_path / "s"))["at"]
+    # A record that cannot be written costs one warning, not the audit.
+    record = tmp_path / "s" / audit.RECORD_FILE
+    record.unlink()
+    record.mkdir()
+    code, out, err = run_cli(*args, "audit", "-f", "json", conf=conf)
+    assert code == 1 and len(json.loads(out)) == 2
+    assert err.count("warning: the audit's result was not recorded for vgpu-manage "
+                     "metrics: ") == 1
+    assert os.listdir(tmp_path / "s").count(audit.RECORD_FILE) == 1
+    assert not [f for f in os.listdir(tmp_path / "s") if f.endswith(".tmp")]
 
 
 def test_audit_counts_a_pending_move_allocation_as_its_instance(make_host, tree_for,

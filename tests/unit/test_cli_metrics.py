@@ -175,7 +175,7 @@ def test_reconciler_series_come_from_nova_computes_reconciler(
 
     vgpu.worker.add_step("definitions", broken)
     held = test_host_reconciler.block_a_removal(vgpu, host)
-    assert vgpu.worker.run_now(host_reconciler.PERIODIC)
+    vgpu.provider_tree("cn1")           # nova-compute's periodic update, its pass first
     conf_file = tmp_path / "cli.conf"
     conf_file.write_text(f"{test_cli_status.A100_CONF}[vgpu]\nsysfs_root = "
                          f"{host.paths.root}\n")
@@ -196,6 +196,10 @@ def test_reconciler_series_come_from_nova_computes_reconciler(
                  step="definitions") == state["last_error"]["at"]
     assert value(found, "vgpu_reconciler_last_pass_duration_seconds") == \
         state["last_pass"]["duration"]
+    update = state["last_update"]
+    assert value(found, "vgpu_inventory_update_duration_seconds") == update["duration"] > 0
+    assert value(found, "vgpu_inventory_update_timestamp_seconds") == update["started_at"]
+    assert update["started_at"] <= state["last_pass"]["started_at"]
     host.release(held)
     vgpu.close()
 

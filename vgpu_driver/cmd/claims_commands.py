@@ -8,6 +8,7 @@ claimed mdev look free.
 import sqlite3
 import time
 
+from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import exception
@@ -55,7 +56,8 @@ class InitClaims(base.Command):
 
     def take_action(self, parsed_args):
         claims.check_new_state_dir(self.app.conf.vgpu.state_dir,
-                                   also_ours=(host_reconciler.STATE_FILE,))
+                                   also_ours=(host_reconciler.STATE_FILE,
+                                              audit.RECORD_FILE))
         journal = self.app.journal(create=True)
         count = len(journal.claims())
         self.app.stdout.write(f"claims journal {journal.path}: schema version "

@@ -13,6 +13,7 @@ import threading
 import prometheus_client
 from prometheus_client import registry as prometheus_registry
 
+from vgpu_driver import audit
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import metrics
@@ -42,6 +43,7 @@ def reading(app):
         providers={p.gpu: p for p in sources.tree.providers}, models=models,
         configured=configured,
         reconciler=sources.reconciler,
+        audit=audit.read_record(conf.state_dir),
         types=tuple(t.type_id for t in sources.config.types),
         grace=conf.claim_grace, migration_timeout=conf.migration_claim_timeout,
         now=sources.now), sources.warning

@@ -6,6 +6,7 @@ reads them) or, without ``auth_type`` there, the usual ``OS_*`` variables or
 """
 
 import json
+import time
 
 from vgpu_driver import audit as audit_mod
 from vgpu_driver import compute_api
@@ -47,7 +48,11 @@ class Sync(base.Lister):
 
 
 class Audit(base.Lister):
-    """Compare the host with Placement; exit 1 if they drifted apart."""
+    """Compare the host with Placement; exit 1 if they drifted apart.
+
+    How much drift of each kind was found is left in the state directory
+    (``audit.json``) for ``vgpu-manage metrics``.
+    """
 
     def take_action(self, parsed_args):
         connection = placement_conf.connection(self.app.conf)
@@ -59,9 +64,20 @@ class Audit(base.Lister):
         drifts = audit_mod.audit(sync, tree, snapshot, claim_list, users,
                                  moves=lambda: self._moves(connection, tree.root_name))
         self.drifted = bool(drifts)
+        if journal is not None:
+            self._record(drifts)
         rows = [(d.kind, d.provider, d.gpu, d.consumer, d.detail) for d in drifts]
         return (("kind", "provider", "gpu", "consumer", "detail"),
                 [columns.optional(r) for r in rows])
+
+    def _record(self, drifts):
+        """What was found, for ``vgpu-manage metrics``; an audit run by a user
+        who cannot write the state directory still reports."""
+        try:
+            audit_mod.write_record(self.app.conf.vgpu.state_dir, drifts, time.time())
+        except OSError as exc:
+            self.app.stderr.write(f"warning: the audit's result was not recorded for "
+                                  f"vgpu-manage metrics: {base.one_line(exc)}\n")
 
     def _moves(self, connection, host):
         """nova's moves under way on the host; none (with a warning) when
