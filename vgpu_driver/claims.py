@@ -253,6 +253,14 @@ class Journal:
             local.db, local.pid = db, os.getpid()
         return local.db
 
+    def close(self):
+        """Close this thread's connection (the next use opens another): a
+        process that reads once per request leaves no file open behind."""
+        db = getattr(self._local, "db", None)
+        if db is not None and getattr(self._local, "pid", None) == os.getpid():
+            db.close()
+        self._local.__dict__.clear()
+
     @contextlib.contextmanager
     def transaction(self):
         """A write transaction holding the host-wide allocation lock.

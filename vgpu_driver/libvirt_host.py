@@ -134,12 +134,22 @@ class LibvirtHost(domains.DomainReferences):
         return True
 
     def close(self):
+        """Stop hearing domain events (the connection stays, for scans)."""
         for callback in self._callbacks:
             try:
                 self.conn.domainEventDeregisterAny(callback)
             except self._libvirt.libvirtError:
                 pass
         self._callbacks = []
+
+    def disconnect(self):
+        """Close the connection: a process that reads once per request
+        (``vgpu-manage metrics serve``) leaves no socket behind."""
+        self.close()
+        try:
+            self.conn.close()
+        except self._libvirt.libvirtError as exc:
+            LOG.debug("Closing the connection to %s: %s", self.uri, exc)
 
     # -- the index ---------------------------------------------------------------------
 

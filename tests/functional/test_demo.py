@@ -357,6 +357,11 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
                 [*cli, "status", "-f", "json"], capture_output=True, text=True, check=True,
                 timeout=60).stdout)}
             found = scraped(url)
+            # Each scrape reads the host anew and leaves no file or socket open.
+            open_files = len(os.listdir(f"/proc/{server.pid}/fd"))
+            for _ in range(40):
+                scraped(url)
+            assert len(os.listdir(f"/proc/{server.pid}/fd")) <= open_files + 1
             orphan_made = scraped_with_an_orphan(url, kept)
             server.send_signal(signal.SIGTERM)
             assert server.wait(timeout=30) == 0, server.stderr.read()

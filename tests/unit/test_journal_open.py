@@ -1,6 +1,7 @@
 """The journal's open path: it exists, passes its integrity check and has a
 schema version this code knows, or it is refused by a typed error naming it."""
 
+import os
 import sqlite3
 
 import pytest
@@ -137,3 +138,19 @@ def test_a_first_start_cut_short_is_finished_by_the_next(tmp_path):
     sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").fetchall()
     journal = claims.Journal(str(tmp_path), create=True)
     assert journal.claims() == [] and journal.schema_version == claims.SCHEMA_VERSION
+
+
+def test_close_lets_go_of_the_files_and_the_next_use_opens_again(tmp_path):
+    journal = journal_with_a_claim(tmp_path)
+    held = {f for f in _open_files() if f.startswith(str(tmp_path))}
+    assert any(f.endswith(claims.Journal.FILENAME) for f in held)
+    journal.close()
+    assert not [f for f in _open_files() if f.startswith(str(tmp_path))]
+    assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
+    journal.close()
+    journal.close()     # twice is harmless
+
+
+def _open_files():
+    return [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")]

@@ -75,9 +75,13 @@ class SriovColumn(cliff_columns.FormattableColumn):
 def libvirt_users(app):
     """``({vgpu id: DomainRef}, None)``, or ``(None, why)`` without libvirt."""
     try:
-        return app.domains().mdev_users(), None
+        connected = app.domains()
     except libvirt_host.LibvirtUnavailable as exc:
         return None, str(exc)
+    try:
+        return dict(connected.mdev_users()), None
+    finally:
+        connected.disconnect()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +107,8 @@ def read_sources(app):
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
     journal = app.view_journal(snapshot)
     claim_list = journal.claims() if journal else []
+    if journal:
+        journal.close()
     users, warning = libvirt_users(app)
     tree = inventory.compute(snapshot, config, app.options.nodename,
                              status.in_use(claim_list, users))
