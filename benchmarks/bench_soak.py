@@ -13,6 +13,7 @@ what ran, and exit status 130.
 """
 
 import argparse
+import gc
 import os
 import resource
 import signal
@@ -37,6 +38,12 @@ class LongSoak(soak.SoakTestBase):
     stop_requested = False
     in_run = False          # between nova's set-up and its clean-up
 
+    def setUp(self):
+        super().setUp()
+        kept = _keep_in_memory_databases()
+        print(f"{kept} in-memory database(s) kept from oslo.db's hourly recycling",
+              file=sys.stderr, flush=True)
+
     def test_long_soak(self):
         self._long_began = time.monotonic()
         self.in_run = True
@@ -49,6 +56,7 @@ class LongSoak(soak.SoakTestBase):
         super()._step(index, op)
         self._steps_done = index
         if self.stop_requested:
+            print(f"stopping after operation {index}, as asked", file=sys.stderr, flush=True)
             raise KeyboardInterrupt
 
     def result_so_far(self):
@@ -75,6 +83,25 @@ class LongSoak(soak.SoakTestBase):
         # nova's log capture would otherwise hold every line of the run.
         self.stdlog.logger._output.seek(0)
         self.stdlog.logger._output.truncate()
+
+
+def _keep_in_memory_databases():
+    """Stop oslo.db recycling the connection of each in-memory database.
+
+    oslo.db closes and reopens a connection an hour after it opened it
+    (``connection_recycle_time``).  Under eventlet nova's harness (and
+    Placement's) keeps each database in one in-memory sqlite connection,
+    so that recycling empties the database: a run past its first hour then
+    failed on every request with "no such table".  Returns how many engines
+    it changed."""
+    from sqlalchemy.engine import Engine
+    kept = 0
+    for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
+        if engine.url.get_backend_name() == "sqlite" and engine.url.database in (
+                None, "", ":memory:"):
+            engine.pool._recycle = -1
+            kept += 1
+    return kept
 
 
 def _say_lost_connections(case):
@@ -151,11 +178,11 @@ def _stop_between_operations(case):
     later request fails with "no such table"), and the run, rather than stop,
     would fail."""
     def request_stop(signum, frame):
+        # Nothing is printed here: the signal may have come in the middle
+        # of a write to stderr, which would then be entered twice.
         if case.stop_requested:
             raise KeyboardInterrupt
         case.stop_requested = True
-        print(f"{signal.Signals(signum).name}: stopping after the operation in progress "
-              "(again to stop now)", file=sys.stderr, flush=True)
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
