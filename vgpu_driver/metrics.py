@@ -29,8 +29,8 @@ class Reading:
     """One scrape's sources, each read once.
 
     ``host`` is the :class:`~vgpu_driver.status.HostStatus` of the same
-    reads; ``claims`` the journal's claims; ``vgpus`` ``{vgpu id: gpu}`` of
-    what exists in sysfs; ``users`` the vGPU ids libvirt's domains use
+    reads; ``claims`` the journal's claims; ``vgpus`` the ids of the vGPUs
+    that exist in sysfs; ``users`` the vGPU ids libvirt's domains use
     (None: libvirt could not say); ``reconciler`` what the host reconciler
     last wrote (None: it never ran here), ``audit`` what the last audit
     recorded (None: none ran here); ``grace`` and ``migration_timeout`` the
@@ -39,7 +39,7 @@ class Reading:
 
     host: object
     claims: tuple
-    vgpus: dict
+    vgpus: frozenset
     users: frozenset | None
     providers: dict             # gpu address -> GpuProvider of the computed tree
     models: dict                # gpu address -> "vendor:device"

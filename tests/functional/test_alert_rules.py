@@ -25,13 +25,10 @@ from prometheus_client import parser
 
 from tests.unit import test_host_reconciler
 from vgpu_driver import claims
-from vgpu_driver import domains
-from vgpu_driver import driver
 from vgpu_driver import host_reconciler
 from vgpu_driver import placement
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
-from vgpu_driver.fake import fakekernel
 
 RULES = "etc/prometheus/vgpu-driver-alerts.yml"
 A100 = "0000:41:00.0"
@@ -66,27 +63,22 @@ def scrape(tmp_path, host, state_dir):
 
 
 @pytest.fixture
-def busy(make_host, make_conf, tmp_path, fake_kernel_cli):
+def busy(make_host, make_driver, tmp_path, fake_kernel_cli):
     """A driver's host: a blocked removal, an incoming migration's claim."""
     host = make_host("a100-sriov", "t4x8")
-    state = tmp_path / "busy"
-    conf = make_conf(CONF + f"[vgpu]\nsysfs_root = {host.paths.root}\nstate_dir = {state}\n"
-                            "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.1\n")
-    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
-                             host=fakekernel.FakeKernel(host.paths.root))
-    try:
-        vgpu.init_host()
-        held = test_host_reconciler.block_a_removal(vgpu, host)
-        incoming = str(uuid.uuid4())
-        host.create_mdev("0000:18:00.0", "nvidia-231", incoming)
-        with vgpu.journal.transaction() as txn:
-            txn.add("moving", incoming, T4, T4, "nvidia-231", state=claims.MIGRATING_IN,
-                    created=True)
-        assert vgpu.worker.run_now(host_reconciler.PERIODIC)
-        yield scrape(tmp_path, host, state)
-        host.release(held)
-    finally:
-        vgpu.close()
+    types = CONF.split("[mdev_", 1)
+    vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.1\n"
+                             "[mdev_" + types[1], types="nvidia-468, nvidia-231")
+    vgpu.init_host()
+    held = test_host_reconciler.block_a_removal(vgpu, host)
+    incoming = str(uuid.uuid4())
+    host.create_mdev("0000:18:00.0", "nvidia-231", incoming)
+    with vgpu.journal.transaction() as txn:
+        txn.add("moving", incoming, T4, T4, "nvidia-231", state=claims.MIGRATING_IN,
+                created=True)
+    assert vgpu.worker.run_now(host_reconciler.PERIODIC)
+    yield scrape(tmp_path, host, tmp_path / "state")
+    host.release(held)
 
 
 @pytest.fixture

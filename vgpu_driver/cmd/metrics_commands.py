@@ -19,6 +19,7 @@ from vgpu_driver import inventory
 from vgpu_driver import metrics
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import status_commands
+from vgpu_driver.conf import fleet
 
 DEFAULT_LISTEN = "127.0.0.1:9839"
 
@@ -28,17 +29,14 @@ def reading(app):
     could not be asked (None if it could)."""
     sources = status_commands.read_sources(app)
     snapshot = sources.snapshot
-    vgpus = {}
-    for vgpu in snapshot.vgpus:
-        gpu = snapshot.gpu_of_parent(vgpu.parent)
-        vgpus[vgpu.id] = gpu.address if gpu else None
-    models = {gpu.address: _model(gpu.pci) for gpu in snapshot.gpus if gpu.pci}
+    models = {gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus}
     config = sources.config.for_host(snapshot)
     configured = {gpu.address: inventory.configured_type(gpu, config)[0]
                   for gpu in snapshot.gpus}
     conf = app.conf.vgpu
     return metrics.Reading(
-        host=sources.view, claims=tuple(sources.claims), vgpus=vgpus,
+        host=sources.view, claims=tuple(sources.claims),
+        vgpus=frozenset(v.id for v in snapshot.vgpus),
         users=None if sources.users is None else frozenset(sources.users),
         providers={p.gpu: p for p in sources.tree.providers}, models=models,
         configured=configured,
@@ -47,13 +45,6 @@ def reading(app):
         types=tuple(t.type_id for t in sources.config.types),
         grace=conf.claim_grace, migration_timeout=conf.migration_claim_timeout,
         now=sources.now), sources.warning
-
-
-def _model(pci):
-    """``10de:1eb8``: the board's PCI vendor and device IDs."""
-    if not (pci.vendor and pci.device):
-        return ""
-    return f"{pci.vendor.removeprefix('0x')}:{pci.device.removeprefix('0x')}"
 
 
 def _write(path, scrape):
