@@ -14,6 +14,7 @@ Tree::
     ├── FakeHostNotWritten            fake-host create cannot write its target
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── MetricsNotWritten             metrics --output cannot write its file
+    ├── MetricsNotServed              metrics serve cannot listen where asked
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── PrivilegedWriteRefused        the privileged side will not make this write
     │   └── WritesNeedRoot            vgpu-manage writes sysfs only as root
@@ -153,6 +154,10 @@ class FakeHostNotWritten(VgpuDriverError):
 
 class MetricsNotWritten(VgpuDriverError):
     msg_fmt = "Cannot write the metrics to %(path)s: %(reason)s."
+
+
+class MetricsNotServed(VgpuDriverError):
+    msg_fmt = "Cannot serve the metrics on %(listen)s: %(reason)s."
 
 
 class FakeHostMountPointInUse(VgpuDriverError):

@@ -262,6 +262,12 @@ CASES = [
          "Cannot write the metrics to {w}/nova.conf/vgpu.prom: Not a directory"),
     case("metrics-output-a-directory", ["metrics", "--output", "{w}/empty-dir"],
          "Cannot write the metrics to {w}/empty-dir: Is a directory"),
+    case("metrics-nodename-empty", ["--nodename", "", "metrics"], "Refusing nodename ''"),
+    case("metrics-journal-garbage", [D, f"{J}/garbage", "metrics"],
+         f"{J}/garbage/claims.sqlite is unusable (file is not a database"),
+    case("metrics-serve-sysfs-missing", [S, "{w}/no-such-sys", "metrics", "serve",
+                                         "--listen", "127.0.0.1:0"],
+         "{w}/no-such-sys does not exist"),
     case("metrics-serve-listen-no-port", ["metrics", "serve", "--listen", "localhost"],
          "--listen 'localhost': give ADDR:PORT"),
     # Usage errors: argparse's and cliff's, each one error: line too.

@@ -363,8 +363,10 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
                 scraped(url)
             assert len(os.listdir(f"/proc/{server.pid}/fd")) <= open_files + 1
             orphan_made = scraped_with_an_orphan(url, kept)
+            host_gone, host_back = scraped_while_the_host_is_gone(url, kept)
             server.send_signal(signal.SIGTERM)
-            assert server.wait(timeout=30) == 0, server.stderr.read()
+            assert server.wait(timeout=30) == 0
+            log = server.stderr.read()
         finally:
             if server.poll() is None:
                 server.kill()
@@ -390,6 +392,12 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
     # An mdev made behind the driver's back shows at the next scrape.
     assert orphan_made["vgpu_orphan_vgpus"] == {(): 1}
     assert orphan_made["vgpu_gpu_vgpus_used"] == found["vgpu_gpu_vgpus_used"]
+    # A host it cannot read is a failed scrape, said and logged, not stale
+    # numbers; the next scrape that can read it is whole again.
+    assert host_gone == {"vgpu_scrape_success": {(): 0}}
+    assert log.count("A scrape could not read the host: ") == 1, log
+    assert host_back["vgpu_scrape_success"] == {(): 1}
+    assert host_back["vgpu_gpu_vgpus_used"] == found["vgpu_gpu_vgpus_used"]
 
 
 def serving_url(server):
@@ -409,6 +417,16 @@ def scraped_with_an_orphan(url, kept):
         return scraped(url)
     finally:
         host.remove_mdev(ORPHAN)
+
+
+def scraped_while_the_host_is_gone(url, kept):
+    """A scrape while the sysfs tree is away, and one once it is back."""
+    (kept / "sys").rename(kept / "sys.away")
+    try:
+        gone = scraped(url)
+    finally:
+        (kept / "sys.away").rename(kept / "sys")
+    return dict(gone), scraped(url)
 
 
 def scraped(url):

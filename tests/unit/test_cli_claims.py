@@ -115,7 +115,8 @@ def test_init_refuses_a_directory_of_other_files(cli, tmp_path):
     assert f"cannot create {a_file}" in err and a_file.read_text() == ""
 
 
-@pytest.mark.parametrize("present", [(), ("lost+found",), ("reconciler.json",)])
+@pytest.mark.parametrize("present", [(), ("lost+found",), ("reconciler.json",),
+                                     ("reconciler.json", "audit.json")])
 def test_init_takes_a_new_empty_or_own_directory(cli, tmp_path, present):
     state = tmp_path / "mounted"
     state.mkdir()

@@ -5,12 +5,14 @@ import contextlib
 import io
 import json
 import os
+import socket
 import time
 
 from prometheus_client import parser
 
 from tests.unit import test_cli_status
 from tests.unit import test_host_reconciler
+from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
@@ -217,3 +219,35 @@ def test_a_bad_listen_address_is_one_error_line(busy_t4, cli):
                              "--listen", bad, uri=uri)
         assert code == 2 and out == "", bad
         assert err.startswith("error: ") and err.count("\n") == 1 and "--listen" in err, err
+
+
+def test_a_taken_port_is_one_error_line_naming_it(busy_t4, cli):
+    host, ids, inst, uri = busy_t4
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, out, err = cli("--sysfs-root", host.paths.root, "metrics", "serve",
+                             "--listen", listen, uri=uri)
+    assert (code, out) == (2, "")
+    assert err == f"error: Cannot serve the metrics on {listen}: Address already in use.\n"
+
+
+def test_unreadable_state_files_are_warned_of_not_hidden(busy_t4, cli, tmp_path):
+    """A corrupt audit record or reconciler state: the scrape still works,
+    says what it left out, and the files are left as they were."""
+    host, ids, inst, uri = busy_t4
+    state = tmp_path / "state"
+    (state / audit.RECORD_FILE).write_text("{half a record")
+    (state / host_reconciler.STATE_FILE).write_text("")
+    code, out, err = cli("--sysfs-root", host.paths.root, "metrics", uri=uri)
+    assert code == 0
+    warnings = err.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("warning: ") for w in warnings)
+    assert "host reconciler's state is unreadable" in warnings[0]
+    assert "last audit's record is unreadable" in warnings[1]
+    found = samples(out)
+    assert value(found, "vgpu_reconciler_up") == 0
+    assert not [k for k in found if k[0] == "vgpu_placement_drift"]
+    assert (state / audit.RECORD_FILE).read_text() == "{half a record"
+    assert (state / host_reconciler.STATE_FILE).read_text() == ""

@@ -25,8 +25,8 @@ DEFAULT_LISTEN = "127.0.0.1:9839"
 
 
 def reading(app):
-    """A :class:`vgpu_driver.metrics.Reading` of this host, and why libvirt
-    could not be asked (None if it could)."""
+    """A :class:`vgpu_driver.metrics.Reading` of this host, and the warnings
+    about what it left out (libvirt unreachable, a state file unreadable)."""
     sources = status_commands.read_sources(app)
     snapshot = sources.snapshot
     models = {gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus}
@@ -34,6 +34,7 @@ def reading(app):
     configured = {gpu.address: inventory.configured_type(gpu, config)[0]
                   for gpu in snapshot.gpus}
     conf = app.conf.vgpu
+    record = audit.read_record(conf.state_dir)
     return metrics.Reading(
         host=sources.view, claims=tuple(sources.claims),
         vgpus=frozenset(v.id for v in snapshot.vgpus),
@@ -41,10 +42,23 @@ def reading(app):
         providers={p.gpu: p for p in sources.tree.providers}, models=models,
         configured=configured,
         reconciler=sources.reconciler,
-        audit=audit.read_record(conf.state_dir),
+        audit=record,
         types=tuple(t.type_id for t in sources.config.types),
         grace=conf.claim_grace, migration_timeout=conf.migration_claim_timeout,
-        now=sources.now), sources.warning
+        now=sources.now), _warnings(sources, record)
+
+
+def _warnings(sources, record):
+    found = []
+    if sources.warning:
+        found.append(f"{sources.warning} Guests are unknown (vgpu_guests_known 0).")
+    if sources.reconciler and "unreadable" in sources.reconciler:
+        found.append(f"The host reconciler's state is unreadable "
+                     f"({sources.reconciler['unreadable']}): vgpu_reconciler_up is 0.")
+    if record and "unreadable" in record:
+        found.append(f"The last audit's record is unreadable ({record['unreadable']}): "
+                     f"vgpu_placement_drift is left out until the next audit.")
+    return found
 
 
 def _write(path, scrape):
@@ -92,10 +106,8 @@ class PrintMetrics(base.Command):
         return parser
 
     def take_action(self, parsed_args):
-        found, warning = reading(self.app)
-        if warning:
-            self.app.stderr.write(f"warning: {warning} Guests are unknown "
-                                  f"(vgpu_guests_known 0).\n")
+        found, warnings = reading(self.app)
+        self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
         scrape = registry_of(lambda: found)
         if parsed_args.output:
             _write(parsed_args.output, scrape)
@@ -123,13 +135,15 @@ class ServeMetrics(base.Command):
 
     def take_action(self, parsed_args):
         address, port = parse_listen(parsed_args.listen)
-        _found, warning = reading(self.app)
-        if warning:
-            self.app.stderr.write(f"warning: {warning} Guests are unknown "
-                                  f"(vgpu_guests_known 0) while it lasts.\n")
+        _found, warnings = reading(self.app)
+        self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
         scrape = registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
                              self._failed)
-        server, thread = prometheus_client.start_http_server(port, address, scrape)
+        try:
+            server, thread = prometheus_client.start_http_server(port, address, scrape)
+        except OSError as exc:
+            raise exception.MetricsNotServed(listen=parsed_args.listen,
+                                             reason=exc.strerror or exc) from exc
         bound = server.server_address
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         self.app.stdout.write(f"serving metrics on http://{shown}:{bound[1]}/metrics\n")
