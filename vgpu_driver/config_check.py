@@ -3,8 +3,9 @@
 Option syntax is checked by :mod:`vgpu_driver.conf.mdev_types`; here the
 configuration is read against itself and against the host: groups that
 configure nothing, types or addresses the host does not have, nothing
-enabled, and vendor-VFIO types with no cap.  Each problem names the option
-and value, and suggests the near miss when there is one.
+enabled, vendor-VFIO types with no cap, and a metrics file node_exporter
+would never read.  Each problem names the option and value, and suggests
+the near miss when there is one.
 """
 
 import difflib
@@ -13,6 +14,7 @@ import re
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
+from vgpu_driver import metrics_textfile
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
@@ -189,4 +191,5 @@ def check(conf, config, snapshot):
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
             + absent_types(config, snapshot) + absent_addresses(config, snapshot)
             + types_on_one_board(config, snapshot) + vfs_pending(config, snapshot)
-            + uncapped_vendor_vfio(config, snapshot))
+            + uncapped_vendor_vfio(config, snapshot)
+            + metrics_textfile.problems(conf.vgpu.metrics_textfile))

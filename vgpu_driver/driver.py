@@ -10,6 +10,7 @@ import time
 
 from oslo_log import log as logging
 
+from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import discovery_cache
 from vgpu_driver import exception
@@ -17,10 +18,13 @@ from vgpu_driver import guest
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
+from vgpu_driver import metrics
+from vgpu_driver import metrics_textfile
 from vgpu_driver import migration
 from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver import removals
+from vgpu_driver import status
 from vgpu_driver import sysfs
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.sysfs import udev
@@ -36,6 +40,8 @@ class VGPUDriver:
         ``journal``: an open Journal (else opened, and created if missing)."""
         self.conf = conf
         self.mdev_config = mdev_config or mdev_types.from_conf(conf)
+        self.metrics_file = (metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
+                             if conf.vgpu.metrics_textfile else None)
         self.host = host or sysfs.open_host(conf.vgpu.sysfs_root)
         self.journal = journal or claims.Journal(conf.vgpu.state_dir)
         self.domains = domains
@@ -88,16 +94,31 @@ class VGPUDriver:
         """
         began, started = time.monotonic(), time.time()
         # The host reconciler's pass for this update first (removals,
-        # stale claims and stale types), then one read for the inventory.
+        # stale claims and stale types), then one read for the inventory
+        # (and the metrics file, when one is written).
         self.worker.run_now(host_reconciler.PERIODIC)
         snapshot = self.manager.use_snapshot(self.discovery.snapshot())
-        in_use = self.reconciler.in_use()
-        unallocated = (inventory.claims_placement_lacks(self.journal.claims(), nodename,
-                                                        allocations_on)
+        # Guests before claims: a vGPU being handed out (claim, then domain)
+        # or given back (domain, then claim) is seen in one or the other.
+        users = self.manager.domains.mdev_users()
+        claim_list = self.journal.claims()
+        in_use = self.reconciler.referenced(snapshot, claim_list, users)
+        unallocated = (inventory.claims_placement_lacks(claim_list, nodename, allocations_on)
                        if allocations_on is not None else None)
         tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
         self.worker.note_update(started, time.monotonic() - began)
+        if self.metrics_file is not None:
+            self._write_metrics(nodename, snapshot, tree, claim_list, users)
         return tree
+
+    def _write_metrics(self, nodename, snapshot, tree, claim_list, users):
+        """The metrics of what this update read, into ``[vgpu] metrics_textfile``."""
+        now = time.time()
+        state = self.worker.state()
+        view = status.of_host(nodename, snapshot, tree, claim_list, users, state, now)
+        self.metrics_file.write(metrics.build_reading(
+            view, snapshot, self.mdev_config, tree, claim_list, users, state,
+            audit.read_record(self.conf.vgpu.state_dir), self.conf.vgpu, now))
 
     def reconcile_claims(self):
         """A host reconciler's pass now: finish removals the kernel refused

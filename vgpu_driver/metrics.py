@@ -12,12 +12,14 @@ every series.
 import dataclasses
 
 from prometheus_client import core
+from prometheus_client import registry as prometheus_registry
 
 from vgpu_driver import __version__
 from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
+from vgpu_driver.conf import fleet
 
 PREFIX = "vgpu"
 GPU_LABELS = ("gpu", "provider", "type", "resource_class", "model")
@@ -50,6 +52,27 @@ class Reading:
     grace: float
     migration_timeout: float
     now: float
+
+
+def build_reading(view, snapshot, config, tree, claim_list, users, reconciler, audit_record,
+                  vgpu_conf, now):
+    """The :class:`Reading` of sources already read: ``view`` is their
+    :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
+    ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
+    libvirt could not say), ``vgpu_conf`` the ``[vgpu]`` options."""
+    resolved = config.for_host(snapshot)
+    return Reading(
+        host=view, claims=tuple(claim_list),
+        vgpus=frozenset(v.id for v in snapshot.vgpus),
+        users=None if users is None else frozenset(users),
+        providers={p.gpu: p for p in tree.providers},
+        models={gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus},
+        configured={gpu.address: inventory.configured_type(gpu, resolved)[0]
+                    for gpu in snapshot.gpus},
+        reconciler=reconciler, audit=audit_record,
+        types=tuple(t.type_id for t in config.types),
+        grace=vgpu_conf.claim_grace, migration_timeout=vgpu_conf.migration_claim_timeout,
+        now=now)
 
 
 def _name(*parts):
@@ -102,6 +125,13 @@ class HostCollector:
         info.add_metric([reading.host.nodename], {
             "version": __version__, "types": ",".join(reading.types)})
         yield info
+
+
+def registry_of(read, expected=(), failed=None):
+    """A prometheus_client registry holding one :class:`HostCollector`."""
+    found = prometheus_registry.CollectorRegistry(auto_describe=False)
+    found.register(HostCollector(read, expected, failed))
+    return found
 
 
 def _gpu_labels(reading, gpu):

@@ -113,11 +113,8 @@ class Reconciler:
         A domain source blind to PCI hostdevs cannot show a guest's VF: every
         typed VF then counts as referenced, so none is ever taken from a guest.
         """
-        referenced = set(self.manager.domains.mdev_users())
-        referenced |= {c.mdev_uuid for c in self.manager.journal.claims()}
-        if not self.manager.domains.sees_pci_hostdevs:
-            referenced |= {v.id for v in snapshot.vgpus if v.is_vf}
-        return referenced
+        users = self.manager.domains.mdev_users()     # guests first: see provider_tree
+        return self.referenced(snapshot, self.manager.journal.claims(), users)
 
     def _created_at(self, vgpu):
         if vgpu.is_vf:
@@ -167,6 +164,14 @@ class Reconciler:
     def in_use(self):
         """vGPU ids a domain or a claim references (draining vs blocked)."""
         return self._referenced(self.manager.snapshot())
+
+    def referenced(self, snapshot, claim_list, users):
+        """:meth:`in_use` of a snapshot, claims and ``{vgpu id: domain}``
+        already read (the caller shows them too, and they must agree)."""
+        referenced = set(users) | {c.mdev_uuid for c in claim_list}
+        if not self.manager.domains.sees_pci_hostdevs:
+            referenced |= {v.id for v in snapshot.vgpus if v.is_vf}
+        return referenced
 
     # -- claims nobody came for ----------------------------------------------------------------
 

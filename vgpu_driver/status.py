@@ -12,6 +12,8 @@ them side by side, so the view cannot disagree with ``inventory``,
 import dataclasses
 
 from vgpu_driver import claims
+from vgpu_driver import host_reconciler
+from vgpu_driver import sriov
 
 BAR_WIDTH = 10
 
@@ -181,3 +183,12 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
             sriov=_sriov_state(sriov.get(gpu.address)),
             guests=guests, claims=in_flight))
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
+
+
+def of_host(nodename, snapshot, tree, claim_list, users, reconciler, now):
+    """:func:`assemble` with the SR-IOV functions of ``snapshot`` and what
+    the host reconciler's ``reconciler`` state (as it writes it) says at
+    ``now``: ``status`` and the metrics build the same view this way."""
+    return assemble(nodename, snapshot, tree, claim_list, users, sriov.functions_in(snapshot),
+                    stuck=host_reconciler.removals_in_flight(reconciler, now),
+                    reconciler=host_reconciler.describe(reconciler, now))

@@ -19,6 +19,7 @@ import fixtures
 import nova.conf
 from nova.tests.fixtures import libvirt as fakelibvirt
 from nova.tests.functional.libvirt import base
+from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
 from vgpu_driver import claims
@@ -184,6 +185,37 @@ class CreateServerTests(VGPUDriverTestBase):
         self.assertEqual(10, len(set(mdevs)))
         self.assertEqual(sorted(mdevs),
                          sorted(self.kernel_mdevs("host1")))
+
+    def test_the_periodic_update_writes_what_it_reported_to_the_metrics_file(self):
+        textfile = os.path.join(self.tmp, "vgpu.prom")
+        self.flags(metrics_textfile=textfile, group="vgpu")
+        self.start_vgpu_compute("host1", "a100-sriov")
+        flavor = self._create_flavor(extra_spec={"resources:VGPU": "2"})
+        server = self._create_server(flavor_id=flavor, networks="none", host="host1")
+        self._run_periodics()
+        with open(textfile, encoding="utf-8") as written:
+            found = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                     for family in prometheus_parser.text_string_to_metric_families(
+                         written.read()) for s in family.samples}
+        gpu = (("gpu", "0000:41:00.0"), ("model", "10de:20f1"),
+               ("provider", "host1_pci_0000_41_00_0"), ("resource_class", "VGPU"),
+               ("type", "nvidia-468"))
+        # What Placement holds: (total, reserved, usage).
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 2)}, self.gpu_providers("host1"))
+        self.assertEqual(
+            (10, 0, 2, 1),
+            tuple(found[(f"vgpu_gpu_{name}", gpu)] for name in (
+                "vgpus_capacity", "vgpus_reserved", "vgpus_used", "guests")))
+        self.assertEqual(2, found[("vgpu_claims", (("state", "attached"),))])
+        self.assertEqual(1, found[("vgpu_reconciler_up", ())])
+        self.assertEqual(0, found[("vgpu_orphan_vgpus", ())])
+        self._delete_server(server)
+        self._run_periodics()
+        with open(textfile, encoding="utf-8") as written:
+            self.assertIn(
+                'vgpu_gpu_vgpus_used{gpu="0000:41:00.0",model="10de:20f1",'
+                'provider="host1_pci_0000_41_00_0",resource_class="VGPU",type="nvidia-468"} 0.0',
+                written.read().splitlines())
 
     def test_deleting_the_server_frees_its_mdev_for_the_next(self):
         self.start_vgpu_compute("host1", "a100-sriov")

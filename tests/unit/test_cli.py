@@ -131,6 +131,19 @@ def test_config_check_lists_each_problem(make_host, run):
     ]
 
 
+def test_config_check_names_a_metrics_file_node_exporter_never_reads(make_host, run,
+                                                                     tmp_path):
+    host = make_host("m60-multi")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check",
+                       conf=confs.NOVA_GUIDE_M60 + f"""[vgpu]
+    metrics_textfile = {tmp_path}/vgpu.txt
+    """)
+    assert code == base.EXIT_PROBLEMS
+    assert out.splitlines() == [
+        f"error: [vgpu] metrics_textfile = '{tmp_path}/vgpu.txt': node_exporter's textfile "
+        "collector reads only files named *.prom"]
+
+
 def test_fake_host_profiles_and_create(tmp_path, run):
     code, out, _ = run("fake-host", "profiles", "-f", "value", "-c", "name")
     assert out.split() == ["a100-sriov", "a100-sriov-off", "l40s-vfio", "m60-multi", "mtty",

@@ -11,15 +11,12 @@ import signal
 import threading
 
 import prometheus_client
-from prometheus_client import registry as prometheus_registry
 
 from vgpu_driver import audit
 from vgpu_driver import exception
-from vgpu_driver import inventory
 from vgpu_driver import metrics
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import status_commands
-from vgpu_driver.conf import fleet
 
 DEFAULT_LISTEN = "127.0.0.1:9839"
 
@@ -28,24 +25,11 @@ def reading(app):
     """A :class:`vgpu_driver.metrics.Reading` of this host, and the warnings
     about what it left out (libvirt unreachable, a state file unreadable)."""
     sources = status_commands.read_sources(app)
-    snapshot = sources.snapshot
-    models = {gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus}
-    config = sources.config.for_host(snapshot)
-    configured = {gpu.address: inventory.configured_type(gpu, config)[0]
-                  for gpu in snapshot.gpus}
-    conf = app.conf.vgpu
-    record = audit.read_record(conf.state_dir)
-    return metrics.Reading(
-        host=sources.view, claims=tuple(sources.claims),
-        vgpus=frozenset(v.id for v in snapshot.vgpus),
-        users=None if sources.users is None else frozenset(sources.users),
-        providers={p.gpu: p for p in sources.tree.providers}, models=models,
-        configured=configured,
-        reconciler=sources.reconciler,
-        audit=record,
-        types=tuple(t.type_id for t in sources.config.types),
-        grace=conf.claim_grace, migration_timeout=conf.migration_claim_timeout,
-        now=sources.now), _warnings(sources, record)
+    record = audit.read_record(app.conf.vgpu.state_dir)
+    return metrics.build_reading(
+        sources.view, sources.snapshot, sources.config, sources.tree, sources.claims,
+        sources.users, sources.reconciler, record, app.conf.vgpu, sources.now,
+    ), _warnings(sources, record)
 
 
 def _warnings(sources, record):
@@ -68,12 +52,6 @@ def _write(path, scrape):
         prometheus_client.write_to_textfile(path, scrape)
     except OSError as exc:
         raise exception.MetricsNotWritten(path=path, reason=exc.strerror or exc) from exc
-
-
-def registry_of(read, expected=(), failed=None):
-    found = prometheus_registry.CollectorRegistry(auto_describe=False)
-    found.register(metrics.HostCollector(read, expected, failed))
-    return found
 
 
 def parse_listen(text):
@@ -108,7 +86,7 @@ class PrintMetrics(base.Command):
     def take_action(self, parsed_args):
         found, warnings = reading(self.app)
         self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
-        scrape = registry_of(lambda: found)
+        scrape = metrics.registry_of(lambda: found)
         if parsed_args.output:
             _write(parsed_args.output, scrape)
         else:
@@ -137,7 +115,7 @@ class ServeMetrics(base.Command):
         address, port = parse_listen(parsed_args.listen)
         _found, warnings = reading(self.app)
         self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
-        scrape = registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
+        scrape = metrics.registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
                              self._failed)
         try:
             server, thread = prometheus_client.start_http_server(port, address, scrape)

@@ -17,7 +17,6 @@ from vgpu_driver import discovery
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
-from vgpu_driver import sriov
 from vgpu_driver import status
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
@@ -114,10 +113,7 @@ def read_sources(app):
                              status.in_use(claim_list, users))
     worker = host_reconciler.read_state(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
-    view = status.assemble(app.options.nodename, snapshot, tree, claim_list, users,
-                           sriov.functions_in(snapshot),
-                           stuck=host_reconciler.removals_in_flight(worker, now),
-                           reconciler=host_reconciler.describe(worker, now))
+    view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now)
     return Sources(view, warning, config, snapshot, claim_list, users, tree, worker, now)
 
 

@@ -153,6 +153,19 @@ the copy takes.  The default, 6 hours, leaves a wide margin.  0 never drops
 them: the migration settles them, or ``vgpu-manage claims drop`` does.
 """),
     cfg.StrOpt(
+        "metrics_textfile",
+        default="",
+        help="""
+File nova-compute writes this host's metrics to, in Prometheus' text format,
+at each periodic inventory update (``[DEFAULT] update_resources_interval``),
+from what that update has just read: the same series as ``vgpu-manage
+metrics``, with no second read of the host.  Point it into node_exporter's
+textfile collector directory (its name must end in ``.prom``; the directory
+must exist and be writable by nova-compute's user).  The file is replaced
+whole each time.  Empty: not written (``vgpu-manage metrics serve`` or
+``metrics --output`` still work).
+"""),
+    cfg.StrOpt(
         "libvirt_uri",
         default="qemu:///system",
         help="""
