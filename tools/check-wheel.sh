@@ -47,6 +47,7 @@ echo "==> the operator's files under share/vgpu-driver/"
 share="$WORK/venv/share/vgpu-driver"
 for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
          etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf \
+         etc/systemd/vgpu-driver-metrics.service \
          etc/prometheus/vgpu-driver-alerts.yml; do
     case $f in
         etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;

@@ -1,8 +1,9 @@
 """The files a compute host needs beside the package, with its own paths.
 
 nova-compute must run as ``vgpu-nova-compute`` (a systemd drop-in), SR-IOV
-boards need their VFs enabled at boot (a unit), and the privileged helper
-starts through sudo (a sudoers rule).  Each names absolute paths (where pip
+boards need their VFs enabled at boot (a unit), the privileged helper
+starts through sudo (a sudoers rule), and ``vgpu-manage metrics serve`` may
+answer Prometheus (a unit, enabled by the operator).  Each names absolute paths (where pip
 put the scripts, nova-compute's configuration files, Python's temporary
 directory) and the sudo rule must match oslo.privsep's command exactly, so
 they are rendered from templates (``vgpu_driver/templates``) rather than
@@ -21,6 +22,7 @@ from vgpu_driver import exception
 SUDOERS = "etc/sudoers.d/vgpu-driver"
 SRIOV_UNIT = "etc/systemd/system/vgpu-driver-sriov.service"
 COMPUTE_DROPIN = "etc/systemd/system/nova-compute.service.d/vgpu-driver.conf"
+METRICS_UNIT = "etc/systemd/system/vgpu-driver-metrics.service"
 
 # The scripts the files run, which must be in ``bin_dir``.
 SCRIPTS = ("privsep-helper", "vgpu-manage", "vgpu-nova-compute")
@@ -84,7 +86,7 @@ def _template(name):
 
 
 def render(settings):
-    """The three files, as :class:`HostFile` (checked settings only)."""
+    """The four files, as :class:`HostFile` (checked settings only)."""
     check(settings)
     args = " ".join(_config_args(settings))
     values = {"bin_dir": settings.bin_dir, "user": settings.user, "config_args": args,
@@ -96,6 +98,8 @@ def render(settings):
                  _template("vgpu-driver-sriov.service.tmpl").substitute(values)),
         HostFile(COMPUTE_DROPIN, 0o644,
                  _template("nova-compute-dropin.conf.tmpl").substitute(values)),
+        HostFile(METRICS_UNIT, 0o644,
+                 _template("vgpu-driver-metrics.service.tmpl").substitute(values)),
     ]
 
 

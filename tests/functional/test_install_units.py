@@ -12,6 +12,8 @@ import hashlib
 import io
 import os
 import pathlib
+import shutil
+import subprocess
 import uuid
 
 import pytest
@@ -23,7 +25,8 @@ from vgpu_driver.cmd import manage
 REPO = pathlib.Path(__file__).parents[2]
 SHIPPED = {host_files.SUDOERS: "etc/vgpu-driver/sudoers.d/vgpu-driver",
            host_files.SRIOV_UNIT: "etc/systemd/vgpu-driver-sriov.service",
-           host_files.COMPUTE_DROPIN: "etc/systemd/nova-compute.service.d/vgpu-driver.conf"}
+           host_files.COMPUTE_DROPIN: "etc/systemd/nova-compute.service.d/vgpu-driver.conf",
+           host_files.METRICS_UNIT: "etc/systemd/vgpu-driver-metrics.service"}
 
 
 def test_the_shipped_examples_are_what_it_writes_with_the_default_paths():
@@ -63,24 +66,28 @@ def snapshot(root):
             for p in sorted(pathlib.Path(root).rglob("*")) if p.is_file()}
 
 
-def test_it_writes_the_three_files_with_this_hosts_paths(tmp_path, bin_dir, nova_conf):
+def test_it_writes_the_four_files_with_this_hosts_paths(tmp_path, bin_dir, nova_conf):
     root = tmp_path / "root"
     root.mkdir()
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
                              "--dry-run")
     assert (code, snapshot(root)) == (0, {})
-    assert out.count("would be written") == 3
+    assert out.count("would be written") == 4
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
-    assert code == 0 and out.count(" written") == 3, out
+    assert code == 0 and out.count(" written") == 4, out
     assert "then: systemctl daemon-reload" in err
     files = {path: (root / path) for path in SHIPPED}
     assert {p: oct(f.stat().st_mode & 0o777) for p, f in files.items()} == {
         host_files.SUDOERS: "0o440", host_files.SRIOV_UNIT: "0o644",
-        host_files.COMPUTE_DROPIN: "0o644"}
+        host_files.COMPUTE_DROPIN: "0o644", host_files.METRICS_UNIT: "0o644"}
     assert f"ExecStart={bin_dir}/vgpu-nova-compute --config-file {nova_conf}\n" in \
         files[host_files.COMPUTE_DROPIN].read_text()
     assert f"ExecStart={bin_dir}/vgpu-manage --config-file {nova_conf} sriov enable " in \
         files[host_files.SRIOV_UNIT].read_text()
+    metrics_unit = files[host_files.METRICS_UNIT].read_text()
+    assert f"ExecStart={bin_dir}/vgpu-manage --config-file {nova_conf} metrics serve\n" in \
+        metrics_unit
+    assert "\nUser=nova\n" in metrics_unit
     rule = test_sudoers._rule_line(files[host_files.SUDOERS].read_text())
     escaped = str(nova_conf).replace(".", "\\.")
     assert rule.startswith(f"nova ALL = (root) NOPASSWD: {bin_dir}/privsep-helper "
@@ -89,7 +96,7 @@ def test_it_writes_the_three_files_with_this_hosts_paths(tmp_path, bin_dir, nova
     # Again: nothing to do.  Changed by hand: refused unless --force.
     before = snapshot(root)
     code, out, _ = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
-    assert (code, out.count("unchanged"), snapshot(root)) == (0, 3, before)
+    assert (code, out.count("unchanged"), snapshot(root)) == (0, 4, before)
     dropin = files[host_files.COMPUTE_DROPIN]
     dropin.write_text(dropin.read_text() + "# --log-file added by hand\n")
     edited = snapshot(root)
@@ -97,12 +104,36 @@ def test_it_writes_the_three_files_with_this_hosts_paths(tmp_path, bin_dir, nova
                              "--user", "compute")
     assert (code, out, snapshot(root)) == (2, "", edited)
     assert err.splitlines() == [
-        f"error: {root}/{host_files.SUDOERS}, {dropin} differ from what would be written "
+        f"error: {root}/{host_files.SUDOERS}, {dropin}, {root}/{host_files.METRICS_UNIT} "
+        f"differ from what would be written "
         f"(--force replaces them); nothing was written."]
     code, out, _ = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
                            "--user", "compute", "--force")
-    assert code == 0 and out.count("replaced") == 2 and out.count("unchanged") == 1, out
+    assert code == 0 and out.count("replaced") == 3 and out.count("unchanged") == 1, out
     assert "# --log-file" not in dropin.read_text()
+
+
+def test_systemd_reads_the_units_it_writes_without_a_complaint(tmp_path, bin_dir,
+                                                                nova_conf):
+    """systemd's own parser: a misspelt key or section is only a warning to
+    systemd (the unit still loads, without it), so any output fails."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (bindep.txt: systemd)")
+    root = tmp_path / "root"
+    root.mkdir()
+    code, _, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
+    assert code == 0, err
+    for unit in (host_files.SRIOV_UNIT, host_files.METRICS_UNIT):
+        checked = subprocess.run([analyze, "verify", str(root / unit)], capture_output=True,
+                                 text=True, check=False,
+                                 env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
+        assert (checked.returncode, checked.stdout, checked.stderr) == (0, "", ""), unit
+    broken = root / host_files.METRICS_UNIT
+    broken.write_text(broken.read_text().replace("Restart=", "Restrat="))
+    checked = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True,
+                             check=False)
+    assert "Unknown key 'Restrat'" in checked.stderr, checked.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

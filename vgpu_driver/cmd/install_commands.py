@@ -19,7 +19,8 @@ from vgpu_driver.cmd import base
 
 COLUMNS = ("path", "mode", "result")
 NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.service; "
-              "systemctl restart nova-compute")
+              "systemctl restart nova-compute (and, to answer Prometheus' scrapes: "
+              "systemctl enable --now vgpu-driver-metrics.service)")
 
 
 class InstallFilesRefused(exception.VgpuDriverError):
