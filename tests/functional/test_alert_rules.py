@@ -45,6 +45,8 @@ max_instances = 24
 # Series whose value is an age: it grows while what it measures is there.
 AGES = {"vgpu_removals_stuck_oldest_seconds": ("vgpu_removals_stuck", None),
         "vgpu_claims_oldest_age_seconds": ("vgpu_claims", "state")}
+# Times nova-compute's periodic update moves on (every minute) while it runs.
+UPDATED_AT = ("vgpu_inventory_update_timestamp_seconds",)
 
 def cli(tmp_path, host, state_dir, *argv, expect=0):
     conf_file = tmp_path / f"{state_dir.name}.conf"
@@ -70,6 +72,7 @@ def busy(make_host, make_driver, tmp_path, fake_kernel_cli):
     vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.1\n"
                              "[mdev_" + types[1], types="nvidia-468, nvidia-231")
     vgpu.init_host()
+    vgpu.provider_tree("cn1")
     held = test_host_reconciler.block_a_removal(vgpu, host)
     incoming = str(uuid.uuid4())
     host.create_mdev("0000:18:00.0", "nvidia-231", incoming)
@@ -103,9 +106,25 @@ def fresh(make_host, tmp_path, fake_kernel_cli, monkeypatch):
     return scrape(tmp_path, host, state)
 
 
-def input_series(text, instance):
+@pytest.fixture
+def stopped(make_host, make_driver, tmp_path):
+    """What nova-compute wrote to [vgpu] metrics_textfile before it stopped."""
+    host = make_host("a100-sriov")
+    (tmp_path / "textfile").mkdir()
+    textfile = tmp_path / "textfile" / "vgpu.prom"
+    # Its own state directory: the last state_dir line is the one read.
+    vgpu = make_driver(host, f"metrics_textfile = {textfile}\n"
+                             f"state_dir = {tmp_path / 'stopped-state'}")
+    vgpu.init_host()
+    vgpu.provider_tree("cn1")
+    vgpu.close()
+    return textfile.read_text()
+
+
+def input_series(text, instance, updating=True):
     """promtool's ``input_series`` of one scrape, as Prometheus would have
-    labelled it (``instance``, ``job``)."""
+    labelled it (``instance``, ``job``); the inventory update's time moves on
+    with promtool's clock if ``updating``, else it stays where it was."""
     found = [(s.name, s.labels, s.value) for family in
              parser.text_string_to_metric_families(text) for s in family.samples]
     present = {(name, labels.get("state")): value for name, labels, value in found}
@@ -115,6 +134,8 @@ def input_series(text, instance):
         if name in AGES:
             subject, key = AGES[name]
             step = 60 if present.get((subject, labels.get(key) if key else None)) else 0
+        if name in UPDATED_AT:
+            value, step = 0.0, (60 if updating else 0)
         labels = {**labels, "instance": instance, "job": "vgpu"}
         series.append({"series": name + _labels(labels),
                        "values": f"{value!r}+{step}x{MINUTES}"})
@@ -162,15 +183,19 @@ def test_the_rules_are_valid():
     assert f"SUCCESS: {len(rules())} rules found" in done.stdout
 
 
-def test_each_alert_fires_where_the_scraped_state_calls_for_it(busy, fresh, tmp_path):
-    busy_series, _ = input_series(busy, "busy")
+def test_each_alert_fires_where_the_scraped_state_calls_for_it(busy, fresh, stopped,
+                                                                 tmp_path):
+    busy_series, busy_found = input_series(busy, "busy")
     fresh_series, fresh_found = input_series(fresh, "fresh")
+    stopped_series, _ = input_series(stopped, "stopped", updating=False)
+    assert any(n in UPDATED_AT for n, _l, _v in busy_found)
     host = {"job": "vgpu"}
     expected = {name: [] for name in rules()}
     expected["VgpuRemovalStuck"] = [{"instance": "busy", **host}]
     expected["VgpuMigrationClaimTooOld"] = [{"instance": "busy", "state": "migrating_in",
                                              **host}]
     expected["VgpuReconcilerDown"] = [{"instance": "fresh", **host}]
+    expected["VgpuInventoryUpdateStale"] = [{"instance": "stopped", **host}]
     expected["VgpuPlacementDrift"] = [{"instance": "fresh", "kind": "allocation-without-mdev",
                                        **host}]
     expected["VgpuSriovOff"] = [gpu_labels(fresh_found, "vgpu_gpu_sriov_vfs", A100, "fresh")]
@@ -178,7 +203,7 @@ def test_each_alert_fires_where_the_scraped_state_calls_for_it(busy, fresh, tmp_
         gpu_labels(fresh_found, "vgpu_gpu_vgpus_capacity", T4, "fresh")]
     found = rules()
     tests = {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": busy_series + fresh_series,
+             "tests": [{"interval": "1m", "input_series": busy_series + fresh_series + stopped_series,
                         "alert_rule_test": [
                             {"eval_time": EVAL_AT, "alertname": name,
                              "exp_alerts": [alert(found[name], labels) for labels in wanted]}
