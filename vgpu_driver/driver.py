@@ -112,13 +112,22 @@ class VGPUDriver:
         return tree
 
     def _write_metrics(self, nodename, snapshot, tree, claim_list, users):
-        """The metrics of what this update read, into ``[vgpu] metrics_textfile``."""
-        now = time.time()
-        state = self.worker.state()
-        view = status.of_host(nodename, snapshot, tree, claim_list, users, state, now)
-        self.metrics_file.write(metrics.build_reading(
-            view, snapshot, self.mdev_config, tree, claim_list, users, state,
-            audit.read_record(self.conf.vgpu.state_dir), self.conf.vgpu, now))
+        """The metrics of what this update read, into ``[vgpu] metrics_textfile``.
+
+        Whatever goes wrong here is logged and the update goes on: the
+        inventory it computed still reaches Placement."""
+        try:
+            now = time.time()
+            state = self.worker.state()
+            view = status.of_host(nodename, snapshot, tree, claim_list, users, state, now)
+            reading = metrics.build_reading(
+                view, snapshot, self.mdev_config, tree, claim_list, users, state,
+                audit.read_record(self.conf.vgpu.state_dir), self.conf.vgpu, now)
+        except Exception:
+            LOG.exception("Cannot compute the metrics for %s; the inventory update goes "
+                          "on without them", self.metrics_file.path)
+            return
+        self.metrics_file.write(reading)
 
     def reconcile_claims(self):
         """A host reconciler's pass now: finish removals the kernel refused

@@ -3,12 +3,13 @@
 nova-compute must run as ``vgpu-nova-compute`` (a systemd drop-in), SR-IOV
 boards need their VFs enabled at boot (a unit), the privileged helper
 starts through sudo (a sudoers rule), and ``vgpu-manage metrics serve`` may
-answer Prometheus (a unit, enabled by the operator).  Each names absolute paths (where pip
-put the scripts, nova-compute's configuration files, Python's temporary
-directory) and the sudo rule must match oslo.privsep's command exactly, so
-they are rendered from templates (``vgpu_driver/templates``) rather than
-copied and edited by hand.  The examples in ``etc/`` are these templates
-rendered with :data:`EXAMPLE` (a test keeps them so).
+answer Prometheus (a unit, enabled by the operator).  Each names absolute
+paths (where pip put the scripts, nova-compute's configuration files,
+Python's temporary directory) and the sudo rule must match oslo.privsep's
+command exactly, so they are rendered from templates
+(``vgpu_driver/templates``) rather than copied and edited by hand.  The
+examples in ``etc/`` are these templates rendered with :data:`EXAMPLE` (a
+test keeps them so).
 """
 
 import dataclasses

@@ -202,8 +202,9 @@ def test_each_alert_fires_where_the_scraped_state_calls_for_it(busy, fresh, stop
     expected["VgpuGpuUnusable"] = [
         gpu_labels(fresh_found, "vgpu_gpu_vgpus_capacity", T4, "fresh")]
     found = rules()
+    series = busy_series + fresh_series + stopped_series
     tests = {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": busy_series + fresh_series + stopped_series,
+             "tests": [{"interval": "1m", "input_series": series,
                         "alert_rule_test": [
                             {"eval_time": EVAL_AT, "alertname": name,
                              "exp_alerts": [alert(found[name], labels) for labels in wanted]}

@@ -13,6 +13,7 @@ from tests.unit import test_cli_status
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import libvirt_host
+from vgpu_driver import metrics
 from vgpu_driver import metrics_textfile
 from vgpu_driver.fake import fakekernel
 
@@ -130,3 +131,22 @@ def test_a_directory_is_not_a_file(textfile_dir):
     assert problem.reason == "it is a directory; name a file in it"
     assert metrics_textfile.problems("") == []
     assert metrics_textfile.problems(str(textfile_dir / "ok.prom")) == []
+
+
+def test_metrics_that_cannot_be_computed_never_fail_the_update(
+        busy_t4, make_conf, tmp_path, textfile_dir, caplog, monkeypatch):
+    host, ids, inst, uri = busy_t4
+    vgpu = t4_driver(make_conf, host, tmp_path, uri, textfile_dir / "vgpu.prom")
+
+    def broken(*args):
+        raise RuntimeError("a bug in the metrics")
+
+    monkeypatch.setattr(metrics, "build_reading", broken)
+    try:
+        assert vgpu.provider_tree("cn1").providers
+        assert not (textfile_dir / "vgpu.prom").exists()
+        [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert record.getMessage().startswith("Cannot compute the metrics for ")
+        assert "a bug in the metrics" in caplog.text
+    finally:
+        vgpu.close()

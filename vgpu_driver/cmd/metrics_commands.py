@@ -116,7 +116,7 @@ class ServeMetrics(base.Command):
         _found, warnings = reading(self.app)
         self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
         scrape = metrics.registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
-                             self._failed)
+                                     self._failed)
         try:
             server, thread = prometheus_client.start_http_server(port, address, scrape)
         except OSError as exc:
