@@ -15,6 +15,10 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
 * ``remove`` blocks while a guest holds the device (:meth:`hold`).
 * ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host;
   clearing the type of a VF a guest holds is refused (``EBUSY``).
+* A vendor-VFIO board that can mix sizes is put in mixed-size mode as NVML
+  would (:meth:`FakeKernel.set_heterogeneous_mode`); its vGPUs then take
+  placements on the board (:mod:`vgpu_driver.fake.placements`), and
+  disabling or enabling its VFs puts it back in equal-size mode.
 * Once :meth:`FakeKernel.enable_uevents` was called on a tree, devices
   added, bound, unbound and removed are announced as udev announces them
   (:mod:`vgpu_driver.fake.uevents`), by whichever process changes the tree.
@@ -36,7 +40,9 @@ import uuid as uuid_mod
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver.fake import mdev_parents
+from vgpu_driver.fake import nvml
 from vgpu_driver.fake import pci_functions
+from vgpu_driver.fake import placements as placements_mod
 from vgpu_driver.fake import tree
 from vgpu_driver.fake import uevents
 from vgpu_driver.fake import vendor
@@ -163,8 +169,71 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
                 return self._store_vgpu_type(os.path.dirname(owner), value)
         raise tree.os_error(errno.EIO, path)
 
+    def _state_path(self, name):
+        """A file of the vendor driver's own state, beside the tree."""
+        return os.path.join(self.paths.root, MARKER_DIR, name)
+
     def _hold_path(self, uuid):
-        return os.path.join(self.paths.root, MARKER_DIR, f"held-{uuid}")
+        return self._state_path(f"held-{uuid}")
+
+    # -- NVML: the vendor driver's state that is not in sysfs ------------------------
+
+    def _vfio_gpu(self, pf_address):
+        gpu = self._gpus.get(pf_address)
+        if gpu is None:
+            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_FOUND)
+        return gpu
+
+    def heterogeneous_mode(self, pf_address):
+        """Whether the GPU is in mixed-size mode (NVML's
+        ``nvmlDeviceGetVgpuHeterogeneousMode``)."""
+        gpu = self._vfio_gpu(pf_address)
+        return os.path.exists(self._state_path(f"mixed-size-{gpu['address']}"))
+
+    def set_heterogeneous_mode(self, pf_address, enabled):
+        """NVML's ``nvmlDeviceSetVgpuHeterogeneousMode``, with its refusals.
+
+        ``NVML_ERROR_NOT_SUPPORTED`` on a GPU that cannot mix sizes;
+        ``NVML_ERROR_IN_USE`` while any vGPU exists on the GPU ("will fail
+        with error NVML_ERROR_IN_USE if any vGPU instance is active on the
+        device", ``nvml.h``).  Set while the VFs are off, it reads back
+        enabled and the next enablement of the VFs clears it.
+        """
+        gpu = self._vfio_gpu(pf_address)
+        if not vendor.can_mix_sizes(gpu):
+            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._locked():
+            if self._gpu_mdev_types(gpu):
+                raise nvml.NvmlError(nvml.NVML_ERROR_IN_USE)
+            path = self._state_path(f"mixed-size-{gpu['address']}")
+            if enabled:
+                tree.write_file(path, "1\n", 0o600)
+            else:
+                tree.remove_link(path)
+            self._refresh(gpu)
+
+    def placement_of(self, vf_address):
+        """The placement ID of the VF's vGPU (NVML's
+        ``nvmlVgpuInstanceGetPlacementId``); None in equal-size mode or
+        without a vGPU."""
+        recorded = linux.read_attr(self._state_path(f"placement-{names.check_vgpu_id(vf_address)}"))
+        return None if recorded is None else int(recorded)
+
+    def placements(self, pf_address, type_number):
+        """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
+        on the GPU in mixed-size mode (NVML's supported and creatable
+        placement lists); creatable is empty in equal-size mode."""
+        gpu = self._vfio_gpu(pf_address)
+        spec = vendor.type_spec(gpu, names.vendor_type_id(type_number))
+        if spec is None or not vendor.can_mix_sizes(gpu):
+            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._locked():
+            existing, placed = self._gpu_mdev_types(gpu), self._placed(gpu)
+            creatable = (() if placed is None else
+                         vendor.creatable_placements(gpu, spec, existing, placed))
+        supported = placements_mod.supported(gpu["framebuffer_mb"], spec["framebuffer_mb"],
+                                             gpu.get("architecture"))
+        return placements_mod.slots(spec["framebuffer_mb"]), supported, creatable
 
     # -- what happens to a host, for tests and demos --------------------------------
 

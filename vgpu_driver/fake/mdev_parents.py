@@ -86,12 +86,13 @@ class MdevParents:
     def _refresh(self, gpu):
         """Rewrite what the driver reports after any change on ``gpu``."""
         existing = self._gpu_mdev_types(gpu)
+        placed = self._placed(gpu) if gpu["model"] == "nvidia-vfio" else None
         for dev in self._parent_dirs(gpu):
             if gpu["model"] == "nvidia-vfio":
                 lines = ["ID    : vGPU Name"]
                 lines += [f"{names.vendor_type_number(spec['id']):<6}: {spec['name']}"
                           for spec in gpu["types"]
-                          if vendor.available(gpu, dev, spec, existing)]
+                          if vendor.available(gpu, dev, spec, existing, placed)]
                 tree.write_file(os.path.join(dev, "nvidia", "creatable_vgpu_types"),
                                 "\n".join(lines) + "\n")
                 continue

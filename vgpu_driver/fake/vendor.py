@@ -12,10 +12,20 @@ Models:
 * ``nvidia-timesliced`` (Turing and older): the GPU is the parent, one type
   at a time, up to the type's ``max_instance``.
 * ``nvidia-sriov`` and ``nvidia-vfio`` (Ampere and later): each VF hosts one
-  vGPU; all vGPUs of a GPU share one framebuffer size, up to the type's
-  per-GPU maximum.
+  vGPU.  By default a GPU is in *equal-size mode*: once it hosts a vGPU,
+  its VFs offer only types of the same framebuffer size, of any series
+  ("When a time-sliced vGPU is created on a GPU in equal-size mode, the
+  content of the creatable_vgpu_types for all virtual functions on the
+  physical GPU is set to only the vGPU types with the same amount of frame
+  buffer", *Virtual GPU Software User Guide* 17.0, 2.10.8.2; a 2B beside a
+  2Q is valid, 2.1.4), up to the type's per-GPU maximum.
+* ``nvidia-vfio`` boards that report "Heterogeneous Time-Slice Sizes" (the
+  profile's ``heterogeneous_sizes``) can be put in *mixed-size mode*
+  (:meth:`FakeKernel.set_heterogeneous_mode`): vGPUs of any sizes share the
+  board, each at a placement of :mod:`vgpu_driver.fake.placements`.
 """
 
+from vgpu_driver.fake import placements
 from vgpu_driver.sysfs import base
 
 
@@ -26,11 +36,12 @@ def type_spec(gpu, type_id):
     return None
 
 
-def available(gpu, dev, spec, existing):
+def available(gpu, dev, spec, existing, placed=None):
     """Room for ``spec`` on parent ``dev`` of ``gpu``.
 
     ``existing`` lists ``(parent dir, uuid, type id)`` of every vGPU on the
-    GPU.
+    GPU; ``placed`` is None in equal-size mode, else (mixed-size mode) the
+    ``{parent dir: placement ID}`` of those vGPUs.
     """
     model = gpu["model"]
     if model == "mtty":
@@ -41,13 +52,31 @@ def available(gpu, dev, spec, existing):
         if present and present != {spec["id"]}:
             return 0
         return max(spec["max"] - len(existing), 0)
-    # SR-IOV (mdev per VF, or vendor VFIO): one vGPU per VF, one size per GPU.
+    # SR-IOV (mdev per VF, or vendor VFIO): one vGPU per VF.
     if any(d == dev for d, _, _ in existing):
         return 0
+    if placed is not None:
+        return 1 if creatable_placements(gpu, spec, existing, placed) else 0
+    # Equal-size mode: one framebuffer size per GPU.
     sizes = {type_spec(gpu, t)["framebuffer_mb"] for _, _, t in existing}
     if sizes and sizes != {spec["framebuffer_mb"]}:
         return 0
     return 1 if len(existing) < spec["max"] else 0
+
+
+def can_mix_sizes(gpu):
+    """Whether the board can be put in mixed-size mode: vendor VFIO, the
+    capability reported, and a published placement table for its size."""
+    return (gpu["model"] == "nvidia-vfio" and bool(gpu.get("heterogeneous_sizes"))
+            and placements.has_table(gpu.get("framebuffer_mb", 0)))
+
+
+def creatable_placements(gpu, spec, existing, placed):
+    """The placement IDs a vGPU of ``spec`` could take now in mixed-size mode."""
+    taken = [(placed[d], placements.slots(type_spec(gpu, t)["framebuffer_mb"]))
+             for d, _, t in existing if d in placed]
+    return placements.creatable(gpu["framebuffer_mb"], spec["framebuffer_mb"], taken,
+                                gpu.get("architecture"))
 
 
 def host_model(profile):
