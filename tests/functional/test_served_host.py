@@ -20,6 +20,7 @@ from tests.functional.test_mdevctl_agrees import in_namespace
 
 T4 = "0000:18:00.0"
 A100 = "0000:41:00.0"
+L40S = "0000:c1:00.0"
 L40S_VF = "0000:c1:00.4"
 
 
@@ -131,6 +132,36 @@ def test_sriov_and_vendor_vgpu_types(tmp_path):
         assert errno_of(current, "1155") == errno.EBUSY
         with open(current) as f:
             assert f.read() == "1156\n"
+
+
+def served_types(mount):
+    """``{parent: {type ids}}`` as ``vgpu-manage types`` lists a host."""
+    done = subprocess.run(
+        [served_host.MANAGE, "--config-file", "/dev/null", "--sysfs-root", mount,
+         "types", "-f", "json"], capture_output=True, text=True, check=True)
+    found = {}
+    for row in json.loads(done.stdout):
+        found.setdefault(row["parent"], set()).add(row["type"])
+    return found
+
+
+def test_a_boards_two_modes_as_vgpu_manage_types_lists_them(tmp_path):
+    l40s_types = {f"nvidia-{n}" for n in range(1155, 1161)}
+    with served_host.served(tmp_path, "l40s-vfio") as host:
+        current = f"{host.mount}/bus/pci/devices/{L40S_VF}/nvidia/current_vgpu_type"
+        write(current, "1157")          # an L40S-12Q, in equal-size mode
+        others = {vf: ids for vf, ids in served_types(host.mount).items() if vf != L40S_VF}
+        assert len(others) == 15 and set(map(frozenset, others.values())) == {
+            frozenset({"nvidia-1157"})}
+        write(current, "0")
+        # Mixed-size mode (NVML's switch, made on the host's kernel), then the
+        # same vGPU: every size with a free placement stays creatable.
+        host.kernel.set_heterogeneous_mode(L40S, True)
+        write(current, "1157")
+        others = {vf: ids for vf, ids in served_types(host.mount).items() if vf != L40S_VF}
+        assert set(map(frozenset, others.values())) == {
+            frozenset(l40s_types - {"nvidia-1160"})}
+        assert host.kernel.placement_of(L40S_VF) == 0
 
 
 def test_a_taken_mount_point_is_refused(tmp_path):
