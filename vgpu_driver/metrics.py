@@ -10,7 +10,10 @@ every series.
 """
 
 import dataclasses
+import os
+import threading
 
+import prometheus_client
 from prometheus_client import core
 from prometheus_client import registry as prometheus_registry
 
@@ -132,6 +135,25 @@ def registry_of(read, expected=(), failed=None):
     found = prometheus_registry.CollectorRegistry(auto_describe=False)
     found.register(HostCollector(read, expected, failed))
     return found
+
+
+def write_textfile(path, registry):
+    """``path`` replaced whole by ``registry``'s exposition (written beside
+    it, then renamed), readable by all whatever the umask: node_exporter
+    runs as its own user.  The temporary name does not end in ``.prom``,
+    so the collector never reads it; OSError if it cannot be written."""
+    text = prometheus_client.generate_latest(registry)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _gpu_labels(reading, gpu):

@@ -12,7 +12,6 @@ fails the update: Placement matters more than a graph.
 
 import os
 
-import prometheus_client
 from oslo_log import log as logging
 
 from vgpu_driver import exception
@@ -56,7 +55,7 @@ class TextfileWriter:
         """True once ``reading`` is in the file; a failure is logged when it
         first happens (and when it changes), and when it stops."""
         try:
-            prometheus_client.write_to_textfile(self.path, metrics.registry_of(lambda: reading))
+            metrics.write_textfile(self.path, metrics.registry_of(lambda: reading))
         except OSError as exc:
             failure = f"{exc.strerror or exc}"
             if failure != self._failing:

@@ -147,11 +147,16 @@ def test_output_replaces_the_file_whole(busy_t4, cli, tmp_path):
     target = tmp_path / "textfile" / "vgpu.prom"
     target.parent.mkdir()
     target.write_text("old contents\n")
-    code, out, err = cli("--sysfs-root", host.paths.root, "metrics", "--output",
-                         str(target), uri=uri)
+    umask = os.umask(0o077)     # node_exporter reads it as another user all the same
+    try:
+        code, out, err = cli("--sysfs-root", host.paths.root, "metrics", "--output",
+                             str(target), uri=uri)
+    finally:
+        os.umask(umask)
     assert (code, out, err) == (0, "", "")
     assert value(samples(target.read_text()), "vgpu_orphan_vgpus") == 1
     assert os.listdir(target.parent) == ["vgpu.prom"]      # no temporary file left
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
 
 
 def test_a_missing_output_directory_is_one_error_line(busy_t4, cli, tmp_path):

@@ -57,8 +57,11 @@ def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_co
     host, ids, inst, uri = busy_t4
     textfile = textfile_dir / "vgpu.prom"
     vgpu = t4_driver(make_conf, host, tmp_path, uri, textfile)
+    umask = os.umask(0o027)     # a service's umask: node_exporter must still read it
     try:
         tree = vgpu.provider_tree("cn1")
+        os.umask(umask)
+        assert oct(textfile.stat().st_mode & 0o777) == "0o644"
         written = samples(textfile.read_text())
         code, out, err = cli("--sysfs-root", host.paths.root, "metrics", uri=uri)
         assert (code, err) == (0, "")
@@ -74,6 +77,7 @@ def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_co
         # The temporary file it renames over the metrics is gone.
         assert os.listdir(textfile_dir) == ["vgpu.prom"]
     finally:
+        os.umask(umask)
         vgpu.close()
 
 

@@ -49,7 +49,7 @@ def _write(path, scrape):
     """``path`` replaced whole by the scrape (a temporary file beside it,
     renamed over it); an error names ``path``, not the temporary file."""
     try:
-        prometheus_client.write_to_textfile(path, scrape)
+        metrics.write_textfile(path, scrape)
     except OSError as exc:
         raise exception.MetricsNotWritten(path=path, reason=exc.strerror or exc) from exc
 
