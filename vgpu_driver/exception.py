@@ -15,6 +15,8 @@ Tree::
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── MetricsNotWritten             metrics --output cannot write its file
     ├── MetricsNotServed              metrics serve cannot listen where asked
+    ├── NvmlUnavailable               nvidia-ml-py or NVIDIA's library is missing
+    ├── MixedSizeModeRefused          NVML refused to switch a GPU's vGPU mode
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── PrivilegedWriteRefused        the privileged side will not make this write
     │   └── WritesNeedRoot            vgpu-manage writes sysfs only as root
@@ -158,6 +160,14 @@ class MetricsNotWritten(VgpuDriverError):
 
 class MetricsNotServed(VgpuDriverError):
     msg_fmt = "Cannot serve the metrics on %(listen)s: %(reason)s."
+
+
+class NvmlUnavailable(VgpuDriverError):
+    msg_fmt = "NVIDIA's management library (NVML) cannot be used: %(reason)s."
+
+
+class MixedSizeModeRefused(VgpuDriverError):
+    msg_fmt = "Cannot %(action)s mixed-size mode on GPU %(gpu)s: %(reason)s."
 
 
 class FakeHostMountPointInUse(VgpuDriverError):

@@ -88,15 +88,15 @@ class TestMixedSize:
             self, make_host):
         host = make_host(l40s(), "a100-sriov")
         host.set_vendor_vgpu_type(vfs(host)[0], Q4)
-        with pytest.raises(nvml.NvmlError) as caught:
+        with pytest.raises(nvml.NVMLError) as caught:
             host.set_heterogeneous_mode(L40S, True)
         assert caught.value.value == nvml.NVML_ERROR_IN_USE
         assert not host.heterogeneous_mode(L40S)
         for board in ("0000:41:00.0", ):                   # an mdev SR-IOV board
-            with pytest.raises(nvml.NvmlError) as caught:
+            with pytest.raises(nvml.NVMLError) as caught:
                 host.set_heterogeneous_mode(board, True)
             assert caught.value.value == nvml.NVML_ERROR_NOT_SUPPORTED
-        with pytest.raises(nvml.NvmlError) as caught:
+        with pytest.raises(nvml.NVMLError) as caught:
             host.set_heterogeneous_mode("0000:c2:00.0", True)
         assert caught.value.value == nvml.NVML_ERROR_NOT_FOUND
 
@@ -105,7 +105,7 @@ class TestMixedSize:
     def test_a_board_without_the_capability_or_a_table_stays_equal_size(
             self, make_host, gpu):
         host = make_host(l40s(**gpu))
-        with pytest.raises(nvml.NvmlError) as caught:
+        with pytest.raises(nvml.NVMLError) as caught:
             host.set_heterogeneous_mode(L40S, True)
         assert caught.value.value == nvml.NVML_ERROR_NOT_SUPPORTED
 

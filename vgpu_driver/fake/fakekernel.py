@@ -181,7 +181,7 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
     def _vfio_gpu(self, pf_address):
         gpu = self._gpus.get(pf_address)
         if gpu is None:
-            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_FOUND)
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_FOUND)
         return gpu
 
     def heterogeneous_mode(self, pf_address):
@@ -201,10 +201,10 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
         """
         gpu = self._vfio_gpu(pf_address)
         if not vendor.can_mix_sizes(gpu):
-            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_SUPPORTED)
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         with self._locked():
             if self._gpu_mdev_types(gpu):
-                raise nvml.NvmlError(nvml.NVML_ERROR_IN_USE)
+                raise nvml.NVMLError(nvml.NVML_ERROR_IN_USE)
             path = self._state_path(f"mixed-size-{gpu['address']}")
             if enabled:
                 tree.write_file(path, "1\n", 0o600)
@@ -226,7 +226,7 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
         gpu = self._vfio_gpu(pf_address)
         spec = vendor.type_spec(gpu, names.vendor_type_id(type_number))
         if spec is None or not vendor.can_mix_sizes(gpu):
-            raise nvml.NvmlError(nvml.NVML_ERROR_NOT_SUPPORTED)
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         with self._locked():
             existing, placed = self._gpu_mdev_types(gpu), self._placed(gpu)
             creatable = (() if placed is None else

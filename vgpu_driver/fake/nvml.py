@@ -1,28 +1,90 @@
-"""What the fake vendor driver answers through NVML, NVIDIA's management library.
+"""NVML as the fake vendor driver answers it: the calls of NVIDIA's bindings.
 
 Switching a GPU between equal-size and mixed-size mode is not a sysfs
 write: ``nvidia-smi vgpu -shm`` calls NVML's
-``nvmlDeviceSetVgpuHeterogeneousMode``.  Its failures carry NVML's return
-codes (``nvml.h``), which nvidia-ml-py raises as ``NVMLError`` with the
-code in ``value``; :class:`NvmlError` does the same.
+``nvmlDeviceSetVgpuHeterogeneousMode``.  This module offers the functions
+of nvidia-ml-py's ``pynvml`` the driver calls, with the same names,
+arguments and errors (:class:`NVMLError` carries NVML's return code in
+``value``), answered by a fake host's kernel.  A test puts it where
+``pynvml`` is imported from; it replaces NVIDIA's library and bindings,
+never the driver's code that calls them.  The host is the one given to
+:func:`use_host`, else the fake kernel tree named by the
+``VGPU_FAKE_NVML_ROOT`` environment variable (for a process a test starts).
 """
 
+import os
+
+from vgpu_driver import names
+
+NVML_SUCCESS = 0
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_IN_USE = 19
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 
 _TEXTS = {
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_IN_USE: "In use by another client",
 }
+_host = {"root": None}
 
 
-class NvmlError(Exception):
-    """An NVML call failed with return code ``value``."""
+class NVMLError(Exception):
+    """An NVML call failed with return code ``value`` (as pynvml's)."""
 
     def __init__(self, value):
         self.value = value
         super().__init__(_TEXTS.get(value, f"NVML error {value}"))
+
+
+
+def use_host(root):
+    """Answer from the fake kernel tree at ``root`` (None: the environment's)."""
+    _host["root"] = root
+
+
+def _kernel():
+    from vgpu_driver.fake import fakekernel  # it imports this module: import when used
+
+    root = _host["root"] or os.environ.get("VGPU_FAKE_NVML_ROOT")
+    if not root or not fakekernel.FakeKernel.owns(root):
+        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+    return fakekernel.FakeKernel(root)
+
+
+def nvmlInit():  # noqa: N802 - pynvml's name
+    _kernel()
+
+
+def nvmlShutdown():  # noqa: N802 - pynvml's name
+    pass
+
+
+def nvmlDeviceGetHandleByPciBusId(pci_bus_id):  # noqa: N802 - pynvml's name
+    """The GPU's handle: here, its PCI address as sysfs names it."""
+    if isinstance(pci_bus_id, bytes):
+        pci_bus_id = pci_bus_id.decode()
+    if not names.is_pci_address(pci_bus_id):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    address = str(names.parse_pci_address(pci_bus_id))
+    if address not in _kernel()._gpus:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return address
+
+
+def nvmlDeviceGetVgpuHeterogeneousMode(handle):  # noqa: N802 - pynvml's name
+    enabled = _kernel().heterogeneous_mode(handle)
+    return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceSetVgpuHeterogeneousMode(handle, heterogeneous_mode):  # noqa: N802 - pynvml's name
+    if heterogeneous_mode not in (NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    _kernel().set_heterogeneous_mode(handle, heterogeneous_mode == NVML_FEATURE_ENABLED)
+    return NVML_SUCCESS

@@ -1,0 +1,77 @@
+"""A GPU's vGPU mode, read and set through NVML, NVIDIA's management library.
+
+Whether a board hosts vGPUs of one framebuffer size (equal-size mode, the
+default) or of several (mixed-size mode) is NVML state, not a sysfs file:
+``nvidia-smi vgpu -shm`` calls ``nvmlDeviceSetVgpuHeterogeneousMode``.
+NVIDIA's own bindings (``pynvml``, from nvidia-ml-py: the ``nvml`` extra)
+are imported only when a mode is read or set, so hosts without such
+boards need neither them nor NVIDIA's library.  Each call opens and closes
+its own NVML session.
+"""
+
+import contextlib
+import importlib
+
+from vgpu_driver import exception
+from vgpu_driver import names
+
+# nvml.h: the values of a feature's state, and the return codes told apart.
+FEATURE_DISABLED = 0
+FEATURE_ENABLED = 1
+ERROR_NOT_SUPPORTED = 3
+ERROR_NO_PERMISSION = 4
+ERROR_NOT_FOUND = 6
+ERROR_IN_USE = 19
+
+_REFUSALS = {
+    ERROR_IN_USE: "vGPUs exist on it, and the mode changes only on a GPU without any",
+    ERROR_NOT_SUPPORTED: "the GPU cannot mix vGPU sizes (MIG is on, or its driver does not "
+                         "report 'Heterogeneous Time-Slice Sizes')",
+    ERROR_NO_PERMISSION: "NVML needs root to change it",
+    ERROR_NOT_FOUND: "NVML knows no GPU at this address",
+}
+
+
+def _library():
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as exc:
+        raise exception.NvmlUnavailable(
+            reason="nvidia-ml-py is not installed (pip install 'vgpu-driver[nvml]')") from exc
+
+
+@contextlib.contextmanager
+def _gpu(pf_address, action):
+    """``(library, handle)`` of the GPU at ``pf_address`` in an NVML session;
+    NVML's refusals become :class:`MixedSizeModeRefused`."""
+    address = str(names.parse_pci_address(pf_address))
+    library = _library()
+    try:
+        library.nvmlInit()
+    except library.NVMLError as exc:
+        raise exception.NvmlUnavailable(reason=str(exc)) from exc
+    try:
+        yield library, library.nvmlDeviceGetHandleByPciBusId(address)
+    except library.NVMLError as exc:
+        reason = _REFUSALS.get(getattr(exc, "value", None), f"NVML said: {exc}")
+        raise exception.MixedSizeModeRefused(action=action, gpu=address,
+                                             reason=reason) from exc
+    finally:
+        with contextlib.suppress(library.NVMLError):
+            library.nvmlShutdown()
+
+
+def heterogeneous_mode(pf_address):
+    """Whether the GPU is in mixed-size mode."""
+    with _gpu(pf_address, "read") as (library, handle):
+        return library.nvmlDeviceGetVgpuHeterogeneousMode(handle) == FEATURE_ENABLED
+
+
+def set_heterogeneous_mode(pf_address, enabled):
+    """Put the GPU in mixed-size mode (``enabled``) or back in equal-size
+    mode.  NVML refuses while any vGPU exists on the GPU; on KVM the mode is
+    lost when the GPU's VFs are disabled or enabled, or the host reboots."""
+    action = "enable" if enabled else "disable"
+    with _gpu(pf_address, action) as (library, handle):
+        library.nvmlDeviceSetVgpuHeterogeneousMode(
+            handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)
