@@ -48,6 +48,29 @@ class ReplayedCasesTest(soak.SoakTestBase):
         self.assertEqual({("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 3)},
                          leaks, result.report())
 
+    def test_a_claim_on_a_compute_restarted_in_an_outage_is_nova_s_error(self):
+        """A compute started while Placement answers 503 has no provider tree
+        in nova's resource tracker until a periodic update succeeds; an
+        unshelve there fails in nova's own claim (AttributeError in
+        _claim_resources, no frame of ours), which the 10,000-operation run
+        of seed 20261124 met at op 7142.  Reported as nova's, not counted."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="dest"),
+            soak.Op("shelve", server="soak-1"),
+            soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="dest")),
+            soak.Op("unshelve", server="soak-1", host="dest"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual("nova error: resource-tracker-without-provider-tree",
+                         result.log[-1].split(" -> ")[1], result.log)
+        self.assertIn(("nova-error:resource-tracker-without-provider-tree", "unshelve"),
+                      {(v.category, v.subject) for v in result.nova_leaks.values()})
+        # The traceback is nova's alone.
+        log = self.stdlog.logger.output
+        at = log.find("in _claim_resources")
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+
     def test_what_a_revert_in_an_outage_leaves_goes_at_the_next_periodic(self):
         """A revert that Placement's 503s interrupt leaves the source's
         domain and claim (nothing reached the source); the next periodic
