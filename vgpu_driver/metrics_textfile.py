@@ -52,8 +52,8 @@ class TextfileWriter:
         self._failing = None      # the last failure's text, logged once
 
     def write(self, reading):
-        """True once ``reading`` is in the file; a failure is logged when it
-        first happens (and when it changes), and when it stops."""
+        """``reading`` into the file; a failure is logged when it first
+        happens (and when it changes), and when it stops."""
         try:
             metrics.write_textfile(self.path, metrics.registry_of(lambda: reading))
         except OSError as exc:
@@ -62,8 +62,7 @@ class TextfileWriter:
                 LOG.warning("Cannot write the metrics to %s: %s; the inventory update "
                             "goes on without them", self.path, failure)
             self._failing = failure
-            return False
+            return
         if self._failing is not None:
             LOG.info("The metrics are written to %s again", self.path)
             self._failing = None
-        return True
