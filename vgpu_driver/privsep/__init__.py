@@ -16,7 +16,6 @@ This module is the caller's side.
 """
 
 import os
-import traceback
 
 from oslo_privsep import daemon
 
@@ -74,10 +73,6 @@ def ensure_started():
     try:
         sysfs_writer.start()
     except (OSError, daemon.FailedToDropPrivileges) as exc:
-        # oslo.privsep leaves the socket it listened on in its failed
-        # frame: let it go now, not at a garbage collection much later
-        # (a service that retries would hold one per attempt meanwhile).
-        traceback.clear_frames(exc.__traceback__)
         raise exception.PrivilegedHelperUnavailable(reason=str(exc)) from exc
 
 
