@@ -113,6 +113,32 @@ def test_a_served_host_announces_writes_from_any_process(tmp_path):
 # -- cached discovery equals a full one ----------------------------------------
 
 
+def test_stops_at_once_close_each_pipe_end_once(monitor):
+    """A service's shutdown thread and its owner may stop the monitor at the
+    same moment; a file that took a freed number afterwards is never closed
+    by a later stop."""
+    barrier = threading.Barrier(4)
+
+    def stop():
+        barrier.wait()
+        monitor.stop()
+
+    stoppers = [threading.Thread(target=stop) for _ in range(4)]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join(10)
+    assert not monitor._thread.is_alive()
+    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(2)]
+    try:
+        monitor.stop()
+        for fd in reused:
+            os.fstat(fd)        # still open
+    finally:
+        for fd in reused:
+            os.close(fd)
+
+
 def _random_change(kernel, rng):
     """One thing that happens to a host: an mdev created or removed, VFs
     enabled or disabled, a vendor vGPU type set or cleared."""

@@ -172,6 +172,7 @@ class UdevMonitor:
         self._busy = threading.Lock()
         self.generation = 0
         self._wake_r, self._wake_w = os.pipe()
+        self._stopping = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="vgpu-udev", daemon=True)
 
     @classmethod
@@ -274,16 +275,23 @@ class UdevMonitor:
         return _Waiter(self)
 
     def stop(self):
-        """End the reader thread and close the socket."""
+        """End the reader thread and close its wake-up pipe, once.
+
+        Two callers may stop it at once (a service's shutdown thread and its
+        owner): only the first closes the pipe, so no number is
+        ever closed twice (the second close would hit whatever file took the
+        number since).  A reader that has not ended keeps its end open.  The
+        lock is taken for good: stopping happens once."""
+        if not self._stopping.acquire(blocking=False):
+            return          # stopped, or being stopped, by someone else
         if self._thread.is_alive():
             os.write(self._wake_w, b"x")
             self._thread.join(5)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
+        os.close(self._wake_w)
+        if self._thread.is_alive():
+            LOG.warning("The udev reader did not end within 5 s; its pipe is left open")
+            return
+        os.close(self._wake_r)
 
 
 def unusable_because(host, mode):
