@@ -330,14 +330,19 @@ class Transaction:
             raise exception.ClaimConflict(mdev=mdev_uuid,
                                           owner=owner[0] if owner else "?") from None
 
-    def set_state(self, instance_uuid, state, mdev_uuids=None):
-        if state not in STATES:
+    def set_state(self, instance_uuid, state, mdev_uuids=None, from_states=None):
+        """Move the instance's claims (those of ``mdev_uuids``, and only
+        those now in ``from_states``, if given) to ``state``; how many."""
+        if state not in STATES or not set(from_states or ()) <= set(STATES):
             raise ValueError(state)
         query = "UPDATE claims SET state = ?, updated_at = ? WHERE instance_uuid = ?"
         args = [state, time.time(), instance_uuid]
         if mdev_uuids is not None:
             query += f" AND mdev_uuid IN ({', '.join('?' * len(mdev_uuids))})"
             args += list(mdev_uuids)
+        if from_states is not None:
+            query += f" AND state IN ({', '.join('?' * len(from_states))})"
+            args += list(from_states)
         return self._db.execute(query, args).rowcount
 
     def move(self, mdev_uuid, parent):

@@ -204,6 +204,24 @@ class TestRelease:
         assert got[0] not in {m.uuid for m in life.host.list_mdevs()}
 
 
+    def test_a_guest_defined_again_leaves_its_blocked_removal_releasing(self, lifecycle):
+        """A guest that moved away while its old vGPU's removal is blocked,
+        and came back: its new domain is attached, the old vGPU stays going
+        (attached, it would be held for nobody, Placement counting it not)."""
+        life = lifecycle("t4x8", remove_on_release=True, remove_timeout=0.2)
+        instance, old = life.boot(T4A)
+        life.host.hold(old[0])
+        assert life.delete(instance) == []
+        new = life.allocate(instance, T4B)
+        life.domains.define(instance, new)
+        assert life.manager.mark_attached(instance) == 1
+        assert {c.mdev_uuid: c.state for c in life.journal.claims()} == {
+            old[0]: claims.RELEASING, new[0]: claims.ATTACHED}
+        life.host.release(old[0])
+        time.sleep(0.3)
+        assert life.reconciler.finish_releases() == old
+        assert [c.mdev_uuid for c in life.journal.claims()] == new
+
 class TestTypeChange:
     def test_one_gpu_draining_one_converting(self, lifecycle):
         in_use, unused = new_uuid(), new_uuid()

@@ -126,8 +126,14 @@ class MdevManager:
     # -- after the guest is defined, and when it goes ---------------------------------------
 
     def mark_attached(self, instance_uuid):
+        """The instance's domain now uses its claimed (or migrated-in)
+        vGPUs.  A ``releasing`` claim stays so: its vGPU is going (a removal
+        the kernel still blocks, from a move away from this host that the
+        guest has since come back from), and no domain refers to it."""
         with self.journal.transaction() as txn:
-            return txn.set_state(instance_uuid, claims_mod.ATTACHED)
+            return txn.set_state(instance_uuid, claims_mod.ATTACHED,
+                                 from_states=(claims_mod.CLAIMED, claims_mod.MIGRATING_IN,
+                                              claims_mod.ATTACHED))
 
     def release(self, instance_uuid):
         """Forget an instance's claims; remove its vGPUs if so configured.
