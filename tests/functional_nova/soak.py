@@ -80,17 +80,26 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 # A request nova's own code failed, told by its traceback in nova's log;
-# reported with the leaks, not counted.  The one known: a compute started
-# while Placement failed has no provider tree in its resource tracker until
-# a periodic update succeeds (the tree is read from Placement before the
-# virt driver is asked anything), so an instance claim there meanwhile
-# fails with AttributeError in _claim_resources (nova's resource tracker).
+# reported with the leaks, not counted.  Those known:
+# - a compute started while Placement failed has no provider tree in its
+#   resource tracker until a periodic update succeeds (the tree is read from
+#   Placement before the virt driver is asked anything), so an instance claim
+#   there meanwhile fails with AttributeError in _claim_resources;
+# - a shelve snapshots the guest's domain, and of a server nova itself left
+#   without one (see NOVA_LEAK) fails with InstanceNotRunning: counted as
+#   nova's only when the server is one of those.
 NOVA_ERROR = "nova-error:"
 NOVA_ERRORS = {
     "resource-tracker-without-provider-tree": re.compile(
         r'resource_tracker\.py", line \d+, in _claim_resources\n(?:.*\n){0,3}'
         r"AttributeError: 'NoneType' object has no attribute 'data'"),
+    "snapshot-of-a-domainless-server": re.compile(
+        r"in _shelve_instance\n\s+self\.driver\.snapshot\(.*\n"
+        r'.*libvirt/driver\.py", line \d+, in snapshot\n'
+        r"\s+raise exception\.InstanceNotRunning\("),
 }
+# nova's errors that are nova's only for a server it left without a domain.
+OF_DOMAINLESS = frozenset({"snapshot-of-a-domainless-server"})
 # What a guest leaves on a host it left, for the next periodic update.
 GUEST_LEFT = frozenset({"claim-without-guest", "domain-without-guest"})
 MIGRATION_FAILED = frozenset({"error", "failed"})
@@ -211,6 +220,9 @@ class SoakResult:
     seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     violations: dict = dataclasses.field(default_factory=dict)
     nova_leaks: dict = dataclasses.field(default_factory=dict)
+    # Servers nova deleted though no delete of theirs succeeded (one that
+    # failed was finished later, at a compute's start): name -> Violation.
+    gone: dict = dataclasses.field(default_factory=dict)
     log: list = dataclasses.field(default_factory=list)
 
     def record(self, index, findings):
@@ -244,6 +256,11 @@ class SoakResult:
         lines.append(f"nova's own leaks and errors, not counted: {len(self.nova_leaks)}")
         lines += [f"  [{v.category}] {v.subject}: {v.detail} (first after op {v.first_op}, "
                   f"last after op {v.last_op})" for v in self.nova_leaks.values()]
+        if self.gone:
+            lines.append(f"servers nova deleted after a failed delete: {len(self.gone)}")
+        for name, v in self.gone.items():
+            lines.append(f"  {name}: {v.detail}, seen after op {v.first_op}; the ops before:")
+            lines += [f"      {line}" for line in v.ops_before]
         lines.append(f"violations: {len(self.violations)} (seed {self.seed})")
         for v in sorted(self.violations.values(), key=lambda v: (v.first_op, v.category)):
             lines.append(f"  [{v.category}] {v.subject}: {v.detail}")
@@ -379,7 +396,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._result.seconds[op.kind] += time.monotonic() - began
         self._log(f"op {index}: {op} -> {outcome}")
         self._result.record(index, self._classified(self._settled_findings()))
+        self._note_gone(index)
         self._forget_records()
+
+    def _note_gone(self, index):
+        """Forget the servers nova deleted by itself; the report lists them."""
+        for name in [n for n in self._ids if n not in self._view]:
+            self._result.gone[name] = Violation(
+                "gone", name, f"{self._ids.pop(name)} deleted by nova", index, index,
+                ops_before=tuple(self._result.log[-8:]))
 
     def _finish(self, index):
         self._result.record(index, self._classified(self._end_findings()))
@@ -492,6 +517,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             counter[op.kind] += 1
             return f"refused: HTTP {status}"
         known = self._new_nova_error() if status == 500 else None
+        if known in OF_DOMAINLESS and self._ids.get(op.server) not in self._domainless:
+            known = None
         if known is not None:
             self._result.record(index, [Finding(NOVA_ERROR + known, op.kind, text[:300])])
             return f"nova error: {known}"
@@ -694,11 +721,16 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._result.faults[op.kind] += 1
 
     def _do_fault_hold_vgpu(self, op, index):
-        """A guest's QEMU keeps the device open: its removal blocks meanwhile."""
-        if op.vgpu is None:
+        """A guest's QEMU keeps the device open: its removal blocks meanwhile.
+        A script may name a server instead of a vGPU: its domain's on the host."""
+        vgpus = [op.vgpu] if op.vgpu else []
+        if op.server is not None:
+            vgpus = sorted(self._domains(op.host).get(self._server_id(op.server), ()))
+        if not vgpus:
             raise Refused(f"no vGPU on {op.host}")
-        self.kernels[op.host].hold(op.vgpu)
-        self._holds.append((index + op.hold_ops, op.host, op.vgpu))
+        for vgpu in vgpus:
+            self.kernels[op.host].hold(vgpu)
+            self._holds.append((index + op.hold_ops, op.host, vgpu))
         self._result.faults[op.kind] += 1
 
     def _release_due_holds(self, index):

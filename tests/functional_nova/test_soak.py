@@ -112,3 +112,46 @@ class ReplayedCasesTest(soak.SoakTestBase):
                  for v in result.nova_leaks.values()}
         self.assertEqual({("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 5)},
                          leaks, result.report())
+
+    def test_a_guest_back_where_its_old_vgpu_is_still_going_holds_only_its_new_one(self):
+        """A resize away whose confirmation finds the source's vGPU still
+        open (its removal blocks), then a live migration back to that host:
+        defining the guest there again attached every claim it had, the one
+        going away too, which was then held for nobody while Placement no
+        longer counted it (the 10,000-operation run of seed 20261124, ops
+        9684-9698).  Only the new vGPU is attached now; the old one goes
+        once the kernel lets it."""
+        result = self.run_script([
+            soak.Op("boot", flavor="a100x1", host="src"),
+            soak.Op("resize", server="soak-1", flavor="t4x1"),
+            soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=3),
+            soak.Op("confirm_resize", server="soak-1"),
+            soak.Op("live_migrate", server="soak-1"),
+            soak.Op("periodic_update"),
+            soak.Op("periodic_update"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
+                         result.log)
+        self.assertEqual({}, result.violations, result.report())
+
+
+    def test_a_shelve_of_a_server_nova_left_without_a_domain_is_nova_s_error(self):
+        """nova's shelve snapshots the guest's domain; of a server nova left
+        SHUTOFF with no domain (an interrupted delete, then a stop) it fails
+        in nova's own code (InstanceNotRunning from the snapshot), which the
+        10,000-operation run of seed 20261124 met at op 9293.  Reported as
+        nova's, not counted."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="dest"),
+            soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
+            soak.Op("stop", server="soak-1"),
+            soak.Op("shelve", server="soak-1"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual("nova error: snapshot-of-a-domainless-server",
+                         result.log[-1].split(" -> ")[1], result.log)
+        log = self.stdlog.logger.output
+        at = log.find("raise exception.InstanceNotRunning")
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
