@@ -6,7 +6,8 @@ default) or of several (mixed-size mode) is NVML state, not a sysfs file:
 NVIDIA's own bindings (``pynvml``, from nvidia-ml-py: the ``nvml`` extra)
 are imported only when a mode is read or set, so hosts without such
 boards need neither them nor NVIDIA's library.  Each call opens and closes
-its own NVML session.
+its own NVML session.  ``bindings`` stands for ``pynvml`` where a fake
+vendor driver answers (:mod:`vgpu_driver.fake.nvml`).
 """
 
 import contextlib
@@ -32,7 +33,9 @@ _REFUSALS = {
 }
 
 
-def _library():
+def _library(bindings):
+    if bindings is not None:
+        return bindings
     try:
         return importlib.import_module("pynvml")
     except ImportError as exc:
@@ -41,11 +44,11 @@ def _library():
 
 
 @contextlib.contextmanager
-def _gpu(pf_address, action):
+def _gpu(pf_address, action, bindings):
     """``(library, handle)`` of the GPU at ``pf_address`` in an NVML session;
     NVML's refusals become :class:`MixedSizeModeRefused`."""
     address = str(names.parse_pci_address(pf_address))
-    library = _library()
+    library = _library(bindings)
     try:
         library.nvmlInit()
     except library.NVMLError as exc:
@@ -61,17 +64,17 @@ def _gpu(pf_address, action):
             library.nvmlShutdown()
 
 
-def heterogeneous_mode(pf_address):
+def heterogeneous_mode(pf_address, bindings=None):
     """Whether the GPU is in mixed-size mode."""
-    with _gpu(pf_address, "read") as (library, handle):
+    with _gpu(pf_address, "read", bindings) as (library, handle):
         return library.nvmlDeviceGetVgpuHeterogeneousMode(handle) == FEATURE_ENABLED
 
 
-def set_heterogeneous_mode(pf_address, enabled):
+def set_heterogeneous_mode(pf_address, enabled, bindings=None):
     """Put the GPU in mixed-size mode (``enabled``) or back in equal-size
     mode.  NVML refuses while any vGPU exists on the GPU; on KVM the mode is
     lost when the GPU's VFs are disabled or enabled, or the host reboots."""
     action = "enable" if enabled else "disable"
-    with _gpu(pf_address, action) as (library, handle):
+    with _gpu(pf_address, action, bindings) as (library, handle):
         library.nvmlDeviceSetVgpuHeterogeneousMode(
             handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)

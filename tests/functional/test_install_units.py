@@ -88,10 +88,10 @@ def test_it_writes_the_four_files_with_this_hosts_paths(tmp_path, bin_dir, nova_
     assert f"ExecStart={bin_dir}/vgpu-manage --config-file {nova_conf} metrics serve\n" in \
         metrics_unit
     assert "\nUser=nova\n" in metrics_unit
-    rule = test_sudoers._rule_line(files[host_files.SUDOERS].read_text())
     escaped = str(nova_conf).replace(".", "\\.")
-    assert rule.startswith(f"nova ALL = (root) NOPASSWD: {bin_dir}/privsep-helper "
-                           f"^--config-file {escaped} --privsep_context "), rule
+    for rule in test_sudoers._rule_lines(files[host_files.SUDOERS].read_text()):
+        assert rule.startswith(f"nova ALL = (root) NOPASSWD: {bin_dir}/privsep-helper "
+                               f"^--config-file {escaped} --privsep_context "), rule
 
     # Again: nothing to do.  Changed by hand: refused unless --force.
     before = snapshot(root)
@@ -193,18 +193,18 @@ def test_the_rule_it_writes_allows_exactly_nova_computes_command(
             rule.write((root / host_files.SUDOERS).read_text())
         result = test_sudoers._run("visudo", "-c")
         assert result.returncode == 0, result.stdout + result.stderr
-        command = test_sudoers._documented_command(str(nova_conf), monkeypatch)
-        assert command[:2] == ["sudo", "privsep-helper"], command
-        argv = [str(bin_dir / "privsep-helper"), *command[2:]]
-
         def allowed(words):
             result = test_sudoers._run("sudo", "-n", "-l", "-U", system_user, *words)
             assert result.returncode in (0, 1), result.stderr
             return result.returncode == 0
 
-        assert allowed(argv), argv
-        assert not allowed(argv + ["--config-file", "/tmp/evil.conf"])
-        assert not allowed([argv[0], "--config-file", "/tmp/evil.conf", *argv[1:]])
-        assert not allowed(["/usr/bin/privsep-helper", *argv[1:]])
+        for context in test_sudoers.CONTEXTS.values():
+            command = test_sudoers._documented_command(str(nova_conf), monkeypatch, context)
+            assert command[:2] == ["sudo", "privsep-helper"], command
+            argv = [str(bin_dir / "privsep-helper"), *command[2:]]
+            assert allowed(argv), argv
+            assert not allowed(argv + ["--config-file", "/tmp/evil.conf"])
+            assert not allowed([argv[0], "--config-file", "/tmp/evil.conf", *argv[1:]])
+            assert not allowed(["/usr/bin/privsep-helper", *argv[1:]])
     finally:
         installed.unlink()

@@ -30,6 +30,7 @@ from vgpu_driver import exception
 from vgpu_driver import privsep
 from vgpu_driver import sriov
 from vgpu_driver.conf import privsep as privsep_conf
+from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import linux
 
 T4 = "0000:18:00.0"
@@ -46,9 +47,11 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 
 
-# What nova-compute's files say on this host, as the daemon reads them.
+# What nova-compute's files say on this host, as the daemons read them; the
+# NVML daemon asks the served host's fake vendor driver.
 DAEMON_CONF = textwrap.dedent(confs.MIXED_HOST) + served_host.FAKE_ROOT_CONF + \
-    "sysfs_root = {mount}\n"
+    "sysfs_root = {mount}\ntest_only_fake_nvml_host = {state}\n"
+GROUPS = (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP)
 
 
 def daemon_pids(marker):
@@ -67,8 +70,23 @@ def daemon_pids(marker):
 
 
 def use_helper(command):
-    cfg.CONF.set_override("helper_command", command, group=privsep_conf.GROUP)
+    for group in GROUPS:
+        cfg.CONF.set_override("helper_command", command, group=group)
     privsep.use_daemon()
+
+
+def stop_daemons():
+    """Stop each context's daemon; the test then kills what is left."""
+    for context in (privsep.sysfs_writer, privsep.gpu_admin):
+        channel = context.channel
+        context.stop()
+        if channel is not None:
+            # oslo.privsep's stop only shuts the socket down for writing
+            # and never closes it (nova-compute never stops its daemon);
+            # closed here, not by a garbage collection pytest may watch.
+            channel.writer.writesock.close()
+    for group in GROUPS:
+        cfg.CONF.clear_override("helper_command", group=group)
 
 
 @pytest.fixture
@@ -82,7 +100,7 @@ def served(tmp_path):
 def served_by_daemon(tmp_path, *profile_names, fake_root=True):
     with served_host.served(tmp_path, *profile_names) as host:
         daemon_conf = tmp_path / "privsep-daemon.conf"
-        text = DAEMON_CONF.format(mount=host.mount)
+        text = DAEMON_CONF.format(mount=host.mount, state=host.state)
         if not fake_root:
             text = text.replace(served_host.FAKE_ROOT_CONF, "[vgpu]\n")
         daemon_conf.write_text(text)
@@ -92,18 +110,11 @@ def served_by_daemon(tmp_path, *profile_names, fake_root=True):
             # Every write went through a daemon process, not this one.
             assert daemon_pids(str(daemon_conf))
         finally:
-            channel = privsep.sysfs_writer.channel
-            privsep.sysfs_writer.stop()
-            if channel is not None:
-                # oslo.privsep's stop only shuts the socket down for writing
-                # and never closes it (nova-compute never stops its daemon);
-                # closed here, not by a garbage collection pytest may watch.
-                channel.writer.writesock.close()
+            stop_daemons()
             for pid in daemon_pids(str(daemon_conf)):
                 os.kill(pid, signal.SIGTERM)
             served_host.wait_for(lambda: not daemon_pids(str(daemon_conf)),
-                                 what="the privsep daemon to stop")
-            cfg.CONF.clear_override("helper_command", group=privsep_conf.GROUP)
+                                 what="the privsep daemons to stop")
 
 
 def make_driver(make_conf, host, tmp_path, extra=""):
@@ -282,7 +293,8 @@ def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):
                            match="Cannot start the privileged helper.*sudoers"):
             linux.LinuxSysfs(str(tmp_path)).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
     finally:
-        cfg.CONF.clear_override("helper_command", group=privsep_conf.GROUP)
+        for group in GROUPS:
+            cfg.CONF.clear_override("helper_command", group=group)
 
 
 def test_writes_from_several_threads_share_one_daemon(served):
@@ -297,3 +309,85 @@ def test_writes_from_several_threads_share_one_daemon(served):
         t.join(30)
     assert time.monotonic() - started < 30
     assert {u for u, _ in host.parent_mdevs(T4)} == set(made)
+
+
+CAP_DAC_OVERRIDE, CAP_SYS_ADMIN = 1, 21
+
+
+def effective_capabilities(pid):
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith("CapEff:"))
+    return int(line.split()[1], 16)
+
+
+def daemons_by_context(daemon_conf):
+    """``{context name: its daemon's effective capabilities}``."""
+    found = {}
+    for pid in daemon_pids(str(daemon_conf)):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        found[argv[argv.index("--privsep_context") + 1]] = effective_capabilities(pid)
+    return found
+
+
+def test_the_mode_switch_has_its_own_daemon_holding_cap_sys_admin_alone(tmp_path):
+    """NVIDIA's driver wants CAP_SYS_ADMIN for NVML's mode switch: a second
+    daemon holds it, started at the first switch, and the sysfs writer
+    keeps CAP_DAC_OVERRIDE alone.  NVML's refusal comes back typed."""
+    with served_by_daemon(tmp_path, "l40s-vfio", "t4x8") as served:
+        kernel = fakekernel.FakeKernel(served.state)
+        privsep.call("set_heterogeneous_mode", "0000:C1:00.0", True)
+        assert kernel.heterogeneous_mode(L40S)
+        daemon_conf = tmp_path / "privsep-daemon.conf"
+        assert daemons_by_context(daemon_conf) == {
+            "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN}
+        linux.LinuxSysfs(served.mount).set_vendor_vgpu_type(L40S_VF, 1156)
+        assert daemons_by_context(daemon_conf) == {
+            "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN,
+            "vgpu_driver.privsep.sysfs_writer": 1 << CAP_DAC_OVERRIDE}
+        with pytest.raises(exception.MixedSizeModeRefused,
+                           match=f"Cannot disable mixed-size mode on GPU {L40S}: vGPUs exist"):
+            privsep.call("set_heterogeneous_mode", L40S, False)
+        assert kernel.heterogeneous_mode(L40S)
+
+
+def test_the_mode_switch_refuses_what_the_configuration_does_not_serve(tmp_path):
+    """Only a vendor-VFIO board the configuration serves, an NVIDIA SR-IOV
+    physical function with its VFs on, and only True or False."""
+    with served_by_daemon(tmp_path, "l40s-vfio", "a100-sriov", "t4x8") as served:
+        kernel = fakekernel.FakeKernel(served.state)
+        refused = [
+            (("set_heterogeneous_mode", L40S, 1), "1 is neither True nor False"),
+            (("set_heterogeneous_mode", T4, True), "not an SR-IOV physical function"),
+            (("set_heterogeneous_mode", L40S_VF, True), "not an SR-IOV physical function"),
+            (("set_heterogeneous_mode", A100, True),
+             f"GPU {A100} serves no vendor-VFIO vGPUs"),
+        ]
+        for call, text in refused:
+            with pytest.raises(exception.PrivilegedWriteRefused, match=text):
+                privsep.call(*call)
+        with pytest.raises(exception.InvalidSysfsName):
+            privsep.call("set_heterogeneous_mode", "../../c1:00.0", True)
+        linux.LinuxSysfs(served.mount).set_sriov_numvfs(L40S, 0)
+        with pytest.raises(exception.PrivilegedWriteRefused,
+                           match=f"GPU {L40S} serves no vendor-VFIO vGPUs"):
+            privsep.call("set_heterogeneous_mode", L40S, True)
+        assert not kernel.heterogeneous_mode(L40S)
+
+
+def test_the_mode_switch_refuses_a_gpu_given_no_type(tmp_path, make_conf):
+    with served_host.served(tmp_path, "l40s-vfio", "t4x8") as served:
+        conf = make_conf(textwrap.dedent(confs.FIRST_T4_ONLY) + textwrap.dedent(f"""
+            [vgpu]
+            sysfs_root = {served.mount}
+            test_only_fake_sysfs_root = true
+            test_only_fake_nvml_host = {served.state}
+            """))
+        privsep.run_in_process(conf)
+        try:
+            with pytest.raises(exception.PrivilegedWriteRefused,
+                               match=f"GPU {L40S} is given no vGPU type"):
+                privsep.call("set_heterogeneous_mode", L40S, True)
+        finally:
+            privsep.use_daemon()
+        assert not fakekernel.FakeKernel(served.state).heterogeneous_mode(L40S)

@@ -1,13 +1,13 @@
-"""The shipped sudoers rule allows exactly the command oslo.privsep runs for
-our helper, and nothing more.
+"""The shipped sudoers rule allows exactly the commands oslo.privsep runs for
+our two helpers (the sysfs writer and the NVML mode switch), and nothing more.
 
 The rule of ``etc/vgpu-driver/sudoers.d/vgpu-driver`` is installed into
 ``/etc/sudoers.d/`` for a throwaway system user, its helper path pointed at
-an executable of the test (the rest of the line byte for byte as shipped),
+an executable of the test (the rest of each line byte for byte as shipped),
 and the real sudo is asked about each command line with ``sudo -l -U user
 command...``: it prints the command and exits 0 when the rule allows it,
-exits 1 silently when no rule does.  The allowed command is the one
-``PrivContext.helper_command`` builds, with a socket path made as
+exits 1 silently when no rule does.  The allowed commands are those
+``PrivContext.helper_command`` builds for each context, with a socket path made as
 oslo.privsep's daemon makes it.  The user and the file are removed at the
 end, whatever happened.
 
@@ -36,6 +36,8 @@ SHIPPED = pathlib.Path(__file__).parents[2] / "etc" / "vgpu-driver" / "sudoers.d
 SHIPPED_USER = "nova"
 SHIPPED_HELPER = "/usr/bin/privsep-helper"
 NOVA_CONF = "/etc/nova/nova.conf"
+CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": privsep.sysfs_writer,
+            "vgpu_driver.privsep.gpu_admin": privsep.gpu_admin}
 CONTEXT = "vgpu_driver.privsep.sysfs_writer"
 SOCKET = "/tmp/tmpabcdefgh/privsep.sock"
 # What Python's tempfile.mkdtemp() names its directories with.
@@ -55,18 +57,21 @@ def _run(*argv):
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
-def _rule_line(text):
+def _rule_lines(text):
+    """The rule's lines: the sysfs writer's, then the NVML helper's."""
     rules = [line for line in text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
-    assert len(rules) == 1, rules
-    return rules[0]
+    assert [f"--privsep_context {c.replace('.', chr(92) + '.')} " in line
+            for line, c in zip(rules, CONTEXTS, strict=True)] == [True, True], rules
+    return rules
 
 
-def _documented_command(conf_file, monkeypatch):
-    """The argv oslo.privsep runs for our context when nova-compute read
+def _documented_command(conf_file, monkeypatch, context=privsep.sysfs_writer):
+    """The argv oslo.privsep runs for ``context`` when nova-compute read
     ``conf_file``, with a socket path made as its daemon makes it."""
     conf = cfg.ConfigOpts()
-    conf.register_opts(priv_context.OPTS, group=privsep_conf.GROUP)
+    for group in (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP):
+        conf.register_opts(priv_context.OPTS, group=group)
     # Only the file given: no --config-dir from a nova.conf.d of this machine.
     conf(["--config-file", conf_file], project="nova", default_config_dirs=[])
     # helper_command reads the files nova-compute was started with from the
@@ -79,7 +84,7 @@ def _documented_command(conf_file, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)
     sock_dir = tempfile.mkdtemp()
     try:
-        command = privsep.sysfs_writer.helper_command(os.path.join(sock_dir, "privsep.sock"))
+        command = context.helper_command(os.path.join(sock_dir, "privsep.sock"))
     finally:
         os.rmdir(sock_dir)
     return command
@@ -99,10 +104,11 @@ def rule():
         helper = workdir / "privsep-helper"
         helper.write_text("#!/bin/sh\nexit 1\n")
         helper.chmod(0o755)
-        shipped = _rule_line(SHIPPED.read_text())
         head = f"{SHIPPED_USER} ALL = (root) NOPASSWD: {SHIPPED_HELPER} "
-        assert shipped.startswith(head), shipped
-        line = f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head):]
+        lines = []
+        for shipped in _rule_lines(SHIPPED.read_text()):
+            assert shipped.startswith(head), shipped
+            lines.append(f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head):])
 
         result = _run("useradd", "--system", "--no-create-home",
                       "--shell", "/usr/sbin/nologin", user)
@@ -110,7 +116,7 @@ def rule():
         user_created = True
         fd = os.open(installed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
         with os.fdopen(fd, "w") as f:
-            f.write(line + "\n")
+            f.write("".join(line + "\n" for line in lines))
         result = _run("visudo", "-c")
         assert result.returncode == 0, result.stdout + result.stderr
 
@@ -132,14 +138,14 @@ def rule():
         shutil.rmtree(workdir)
 
 
-@pytest.fixture
-def documented(rule, monkeypatch, tmp_path):
-    """The command nova-compute runs with /etc/nova/nova.conf, helper
-    replaced by the test's, and sudo's verdict function."""
+@pytest.fixture(params=sorted(CONTEXTS))
+def documented(request, rule, monkeypatch, tmp_path):
+    """The command nova-compute runs for a context with /etc/nova/nova.conf,
+    helper replaced by the test's, and sudo's verdict function."""
     allowed, helper = rule
     conf_file = tmp_path / "nova.conf"
     conf_file.write_text("[DEFAULT]\n")
-    command = _documented_command(str(conf_file), monkeypatch)
+    command = _documented_command(str(conf_file), monkeypatch, CONTEXTS[request.param])
     assert command[:2] == ["sudo", "privsep-helper"], command
     argv = [helper] + [NOVA_CONF if word == str(conf_file) else word for word in command[2:]]
     return allowed, argv
@@ -153,8 +159,9 @@ def test_the_shipped_file_passes_visudo():
 
 def test_the_documented_command_is_allowed(documented):
     allowed, argv = documented
-    assert argv[1:-1] == ["--config-file", NOVA_CONF, "--privsep_context", CONTEXT,
+    assert argv[1:-1] == ["--config-file", NOVA_CONF, "--privsep_context", _context(argv),
                           "--privsep_sock_path"]
+    assert _context(argv) in CONTEXTS
     sock = pathlib.PurePath(argv[-1])
     assert (str(sock.parent.parent), sock.parent.name[:3], sock.name) == \
         ("/tmp", "tmp", "privsep.sock"), argv
@@ -167,6 +174,10 @@ def test_every_socket_directory_name_mkdtemp_can_make_is_allowed(documented):
         name = (NAME_CHARS[start:] + NAME_CHARS)[:8]
         sock = f"/tmp/tmp{name}/privsep.sock"
         assert allowed(argv[:-1] + [sock]), sock
+
+
+def _context(argv):
+    return argv[argv.index("--privsep_context") + 1]
 
 
 def _with_args(argv, *extra):
@@ -188,7 +199,10 @@ REFUSED = {
         a, a[-1], [SOCKET, "--config-file", "/tmp/e.conf"]),
     "socket path with more words in one argument": lambda a: _replaced(
         a, a[-1], [f"{SOCKET} --config-file /tmp/e.conf"]),
-    "another privsep context": lambda a: _replaced(a, CONTEXT, ["os_brick.privileged.default"]),
+    "another privsep context": lambda a: _replaced(
+        a, _context(a), ["os_brick.privileged.default"]),
+    "a context under another name": lambda a: _replaced(
+        a, _context(a), [_context(a).replace("vgpu_driver.", "vgpu_driverX")]),
     "config file path climbing out of /etc/nova": lambda a: _replaced(
         a, NOVA_CONF, ["/etc/nova/../../tmp/evil.conf"]),
     "another config file": lambda a: _replaced(a, NOVA_CONF, ["/tmp/evil.conf"]),

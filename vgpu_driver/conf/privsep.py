@@ -1,4 +1,6 @@
-"""``[vgpu_driver_sysfs_writer]``: the privileged helper that writes sysfs.
+"""``[vgpu_driver_sysfs_writer]`` and ``[vgpu_driver_gpu_admin]``: the
+privileged helpers, one that writes sysfs and one that switches a GPU's
+vGPU mode through NVML.
 
 oslo.privsep registers these options itself when the context is used; they
 are listed here so that the sample config shows where ``helper_command``
@@ -10,6 +12,7 @@ from oslo_config import cfg
 from oslo_privsep import priv_context
 
 GROUP = "vgpu_driver_sysfs_writer"
+GPU_ADMIN_GROUP = "vgpu_driver_gpu_admin"
 
 
 def list_opts():
@@ -23,4 +26,13 @@ def list_opts():
              "etc/vgpu-driver/sudoers.d/vgpu-driver allows exactly.  The helper "
              "reads the same files: it writes under [vgpu] sysfs_root only, and "
              "only what [devices] and [mdev_*] enable.")
-    return [(group, priv_context.OPTS)]
+    gpu_admin = cfg.OptGroup(
+        GPU_ADMIN_GROUP, title="vgpu-driver NVML helper",
+        help="The oslo.privsep daemon that switches a GPU between equal-size and "
+             "mixed-size vGPUs through NVIDIA's management library, with "
+             "CAP_SYS_ADMIN only (NVIDIA's driver asks for it); it writes no file.  "
+             "Started only when a mode is switched, with 'sudo privsep-helper "
+             "--config-file ... --privsep_context vgpu_driver.privsep.gpu_admin', "
+             "the second line of the sudoers rule.  It switches only a vendor-VFIO "
+             "board that [devices] and [mdev_*] serve.")
+    return [(group, priv_context.OPTS), (gpu_admin, priv_context.OPTS)]

@@ -40,6 +40,15 @@ receive its writes, and a fake host served by an unprivileged user would
 otherwise steer what root writes.
 """),
     cfg.StrOpt(
+        "test_only_fake_nvml_host",
+        help="""
+TEST ONLY: the directory of a fake host (``vgpu-manage fake-host create``)
+whose fake vendor driver the privileged NVML helper asks, instead of
+NVIDIA's management library, to switch a GPU's mixed-size vGPU mode: the
+host ``sysfs_root`` serves.  Honoured only together with
+``test_only_fake_sysfs_root``.  Never set it on a real host.
+"""),
+    cfg.StrOpt(
         "state_dir",
         default="/var/lib/vgpu-driver",
         help="""

@@ -3,7 +3,10 @@
 nova-compute does not run as root; creating or removing an mdev, enabling
 VFs or choosing a vendor vGPU type are writes to root-owned sysfs files,
 made by an oslo.privsep daemon holding only ``CAP_DAC_OVERRIDE``
-(:data:`sysfs_writer`).  The daemon is sent names, never paths; on its side
+(:data:`sysfs_writer`).  Switching a GPU's vGPU mode is an NVML call that
+NVIDIA's driver allows only with ``CAP_SYS_ADMIN``: a second daemon
+(:data:`gpu_admin`) holds that capability alone, for that one call, and
+is started only when a mode is switched.  The daemon is sent names, never paths; on its side
 (:mod:`.entrypoints`) it validates them, opens every path by directory fd
 beneath a sysfs root of its own configuration (:mod:`.beneath`) and writes
 only what that configuration enables (:mod:`.policy`).  A ``vgpu-manage``
@@ -23,19 +26,24 @@ from vgpu_driver import exception
 from vgpu_driver.privsep import context
 from vgpu_driver.privsep.entrypoints import create_mdev
 from vgpu_driver.privsep.entrypoints import remove_mdev
+from vgpu_driver.privsep.entrypoints import set_heterogeneous_mode
 from vgpu_driver.privsep.entrypoints import set_sriov_numvfs
 from vgpu_driver.privsep.entrypoints import set_vgpu_type
 
-__all__ = ["call", "create_mdev", "ensure_started", "refuse_writes", "remove_mdev",
-           "run_in_process", "run_in_process_when_root", "set_sriov_numvfs",
-           "set_vgpu_type", "sysfs_writer", "use_daemon"]
+__all__ = ["call", "create_mdev", "ensure_started", "gpu_admin", "refuse_writes",
+           "remove_mdev", "run_in_process", "run_in_process_when_root",
+           "set_heterogeneous_mode", "set_sriov_numvfs", "set_vgpu_type", "sysfs_writer",
+           "use_daemon"]
 
-# oslo.privsep finds the context by this name in the daemon it starts
-# ('--privsep_context vgpu_driver.privsep.sysfs_writer').
+# oslo.privsep finds the contexts by these names in the daemons it starts
+# ('--privsep_context vgpu_driver.privsep.sysfs_writer', '... .gpu_admin').
 sysfs_writer = context.sysfs_writer
+gpu_admin = context.gpu_admin
 
 _ENTRY_POINTS = {"create_mdev": create_mdev, "remove_mdev": remove_mdev,
-                 "set_sriov_numvfs": set_sriov_numvfs, "set_vgpu_type": set_vgpu_type}
+                 "set_sriov_numvfs": set_sriov_numvfs, "set_vgpu_type": set_vgpu_type,
+                 "set_heterogeneous_mode": set_heterogeneous_mode}
+_CONTEXT_OF = {"set_heterogeneous_mode": gpu_admin}
 
 
 def run_in_process_when_root(conf):
@@ -49,7 +57,8 @@ def run_in_process_when_root(conf):
 
 def run_in_process(conf):
     """Run the entry points here, ``conf`` fixing the root and the policy."""
-    sysfs_writer.set_client_mode(False)
+    for each in context.CONTEXTS:
+        each.set_client_mode(False)
     context.fix_configuration(conf)
 
 
@@ -60,18 +69,19 @@ def refuse_writes():
 
 
 def use_daemon():
-    """Back to the default: every call goes to the privsep daemon."""
-    sysfs_writer.set_client_mode(True)
+    """Back to the default: every call goes to a privsep daemon."""
+    for each in context.CONTEXTS:
+        each.set_client_mode(True)
     context.fix_configuration(None)
     context.state.pop("refuse_writes", None)
 
 
-def ensure_started():
+def ensure_started(privileged=sysfs_writer):
     """Start the daemon now, so that failing to start is not a device error."""
-    if not sysfs_writer.client_mode or sysfs_writer.channel is not None:
+    if not privileged.client_mode or privileged.channel is not None:
         return
     try:
-        sysfs_writer.start()
+        privileged.start()
     except (OSError, daemon.FailedToDropPrivileges) as exc:
         raise exception.PrivilegedHelperUnavailable(reason=str(exc)) from exc
 
@@ -80,5 +90,5 @@ def call(entry_point, *args):
     """Run one entry point by name, starting the daemon first."""
     if "refuse_writes" in context.state:
         raise exception.WritesNeedRoot(f"{entry_point}{args!r}", context.state["refuse_writes"])
-    ensure_started()
+    ensure_started(_CONTEXT_OF.get(entry_point, sysfs_writer))
     return _ENTRY_POINTS[entry_point](*args)

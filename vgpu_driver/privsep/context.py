@@ -20,6 +20,19 @@ sysfs_writer = priv_context.PrivContext(
     capabilities=[capabilities.CAP_DAC_OVERRIDE],
 )
 
+# NVIDIA's kernel driver lets only a caller with CAP_SYS_ADMIN change a GPU's
+# settings (its os_is_administrator() is capable(CAP_SYS_ADMIN)), and NVML's
+# vGPU mode switch is one: a second daemon holds that capability, runs the
+# one NVML entry point and writes no file.  It is started only on a host
+# that switches a GPU's mode.
+gpu_admin = priv_context.PrivContext(
+    "vgpu_driver",
+    cfg_section="vgpu_driver_gpu_admin",
+    pypath="vgpu_driver.privsep.gpu_admin",
+    capabilities=[capabilities.CAP_SYS_ADMIN],
+)
+CONTEXTS = (sysfs_writer, gpu_admin)
+
 # What this process's privileged side has fixed: "conf", and the things read
 # from it once ("policy"); "refuse_writes" on a caller that may not write.
 state = {}

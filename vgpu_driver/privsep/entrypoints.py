@@ -1,4 +1,5 @@
-"""The privileged entry points: one per sysfs write the driver ever makes.
+"""The privileged entry points: one per sysfs write the driver ever makes,
+and one for the only NVML setting it changes.
 
 Each runs on the privileged side (the daemon, or a root ``vgpu-manage``).
 It takes names and plain numbers only, validates them, opens the sysfs root
@@ -21,6 +22,7 @@ import posixpath
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import nvml
 from vgpu_driver.privsep import beneath
 from vgpu_driver.privsep import context
 from vgpu_driver.privsep import policy
@@ -144,15 +146,44 @@ def set_sriov_numvfs(pf_address, count):
         root.write(posixpath.join(device, "sriov_numvfs"), str(count))
 
 
+def _require_nvidia(root, device, address):
+    vendor = root.read(posixpath.join(device, "vendor"))
+    if vendor != policy.NVIDIA_VENDOR:
+        raise exception.PrivilegedWriteRefused(
+            address, f"not an NVIDIA function (vendor {vendor or 'unknown'})")
+
+
 @context.sysfs_writer.entrypoint
 def set_vgpu_type(vf_address, number):
     number = _plain_number(number, "vGPU type number")
     with _sysfs() as (root, host):
         address, device = _sriov_function(root, vf_address, "physfn", "virtual")
-        vendor = root.read(posixpath.join(device, "vendor"))
-        if vendor != policy.NVIDIA_VENDOR:
-            raise exception.PrivilegedWriteRefused(
-                address, f"not an NVIDIA function (vendor {vendor or 'unknown'})")
+        _require_nvidia(root, device, address)
         if number:     # 0 clears the type: it frees the VF, as a removal does
             _policy().check_vgpu_type(host, address, names.vendor_type_id(number))
         root.write(posixpath.join(device, "nvidia", "current_vgpu_type"), str(number))
+
+
+def _nvml_bindings(conf):
+    """NVIDIA's (None), or on a fake host in a test the fake vendor driver's."""
+    if not (conf.vgpu.test_only_fake_nvml_host and conf.vgpu.test_only_fake_sysfs_root):
+        return None
+    from vgpu_driver.fake import nvml as fake_nvml  # a test's stand-in for NVIDIA's
+
+    fake_nvml.use_host(conf.vgpu.test_only_fake_nvml_host)
+    return fake_nvml
+
+
+@context.gpu_admin.entrypoint
+def set_heterogeneous_mode(pf_address, enabled):
+    """Switch an NVIDIA board between equal-size and mixed-size vGPUs
+    (through NVML, not a file); the board is checked through sysfs first."""
+    if not isinstance(enabled, bool):
+        raise exception.PrivilegedWriteRefused(
+            f"the vGPU mode of {pf_address!r}", f"{enabled!r} is neither True nor False")
+    with _sysfs() as (root, host):
+        address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
+        _require_nvidia(root, device, address)
+        _policy().check_vgpu_mode(host, address)
+    nvml.set_heterogeneous_mode(address, enabled, _nvml_bindings(context.configuration()))
+

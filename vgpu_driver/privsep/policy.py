@@ -7,7 +7,8 @@ configuration gives that type (``device_addresses`` or ``device_ids`` and
 ``gpu_count`` resolved against this host, as the inventory resolves them);
 an SR-IOV change only on a GPU the configuration gives a type; a vendor
 vGPU type only on an NVIDIA virtual function, and other than "none" only
-the type configured for its GPU.  A removal, or clearing a vendor type,
+the type configured for its GPU; a GPU's vGPU mode (equal or mixed sizes)
+only on a vendor-VFIO board the configuration serves.  A removal, or clearing a vendor type,
 frees a device and is not limited by the types: a type change or an orphan
 leaves mdevs of types that are no longer configured.  Every refusal is a
 :class:`~vgpu_driver.exception.PrivilegedWriteRefused` naming its rule.
@@ -54,6 +55,19 @@ class WritePolicy:
             f"sriov_numvfs of {pf_address}", snapshot.gpu(pf_address), served,
             f"GPU {pf_address} is given no mdev type by the configuration "
             "([mdev_<type>] device_addresses or device_ids)")
+
+    def check_vgpu_mode(self, host, pf_address):
+        """A GPU's vGPU mode switches only on a vendor-VFIO board the
+        configuration serves (whose VFs are on: the mode is theirs)."""
+        snapshot, served = self._served(host)
+        gpu = snapshot.gpu(pf_address)
+        target = f"the vGPU mode of {pf_address}"
+        self._require_served(target, gpu, served,
+                             f"GPU {pf_address} is given no vGPU type by the configuration")
+        if gpu.mode != discovery.MODE_VENDOR_VFIO:
+            raise exception.PrivilegedWriteRefused(
+                target, f"GPU {pf_address} serves no vendor-VFIO vGPUs (its VFs are off, or "
+                        "it serves mdevs), and only those mix sizes")
 
     def check_vgpu_type(self, host, vf_address, type_id):
         snapshot, served = self._served(host)
