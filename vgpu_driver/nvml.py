@@ -10,6 +10,7 @@ its own NVML session.  ``bindings`` stands for ``pynvml`` where a fake
 vendor driver answers (:mod:`vgpu_driver.fake.nvml`).
 """
 
+import collections
 import contextlib
 import importlib
 
@@ -19,6 +20,7 @@ from vgpu_driver import names
 # nvml.h: the values of a feature's state, and the return codes told apart.
 FEATURE_DISABLED = 0
 FEATURE_ENABLED = 1
+HETEROGENEOUS_MODE = 0      # NVML_VGPU_PGPU_HETEROGENEOUS_MODE: a list's mode
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
@@ -78,3 +80,28 @@ def set_heterogeneous_mode(pf_address, enabled, bindings=None):
     with _gpu(pf_address, action, bindings) as (library, handle):
         library.nvmlDeviceSetVgpuHeterogeneousMode(
             handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)
+
+
+Placements = collections.namedtuple("Placements", "size supported creatable")
+Placements.__doc__ = """A vGPU type's placements on a mixed-size GPU: its size
+in slots, the placement IDs it may take, and those it could take now."""
+
+
+def _ids(placement_list):
+    return tuple(int(i) for i in placement_list.placementIds[:placement_list.count])
+
+
+def placements(pf_address, type_numbers, bindings=None):
+    """``{type number: Placements}`` of a mixed-size GPU, in one NVML session
+    (the lists of one moment).  NVML answers for the GPU (the PF), whose
+    vGPUs its VFs serve."""
+    found = {}
+    with _gpu(pf_address, "read the placements in", bindings) as (library, handle):
+        for number in type_numbers:
+            supported = library.nvmlDeviceGetVgpuTypeSupportedPlacements(
+                handle, number, HETEROGENEOUS_MODE)
+            creatable = library.nvmlDeviceGetVgpuTypeCreatablePlacements(handle, number)
+            found[number] = Placements(int(supported.placementSize), _ids(supported),
+                                       _ids(creatable))
+    return found
+

@@ -88,3 +88,32 @@ def nvmlDeviceSetVgpuHeterogeneousMode(handle, heterogeneous_mode):  # noqa: N80
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     _kernel().set_heterogeneous_mode(handle, heterogeneous_mode == NVML_FEATURE_ENABLED)
     return NVML_SUCCESS
+
+
+class PlacementList:
+    """pynvml's ``c_nvmlVgpuPlacementList_v1_t``, as its callers read it."""
+
+    def __init__(self, size, ids):
+        self.placementSize = size       # noqa: N815 - pynvml's field names
+        self.count = len(ids)
+        self.placementIds = list(ids)   # noqa: N815
+
+
+def _placements(handle, vgpu_type_id):
+    return _kernel().placements(handle, vgpu_type_id)
+
+
+def nvmlDeviceGetVgpuTypeSupportedPlacements(handle, vgpuTypeId, mode=0, version=1):  # noqa: N802,N803
+    """The IDs a type may take in mixed-size mode (``mode`` 0, NVML's
+    ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``)."""
+    if mode != 0:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    size, supported, _creatable = _placements(handle, vgpuTypeId)
+    return PlacementList(size, supported)
+
+
+def nvmlDeviceGetVgpuTypeCreatablePlacements(handle, vgpuTypeId, version=1):  # noqa: N802,N803
+    """The IDs a vGPU of the type could take now (none in equal-size mode)."""
+    size, _supported, creatable = _placements(handle, vgpuTypeId)
+    return PlacementList(size, creatable)
+
