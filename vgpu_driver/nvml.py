@@ -35,6 +35,16 @@ _REFUSALS = {
 }
 
 
+def bindings_for(conf):
+    """NVIDIA's bindings (None), or on a fake host in a test the fake vendor
+    driver's: only when ``conf`` names one with both test-only options."""
+    if not (conf.vgpu.test_only_fake_nvml_host and conf.vgpu.test_only_fake_sysfs_root):
+        return None
+    from vgpu_driver.fake import nvml as fake_nvml  # a test's stand-in for NVIDIA's
+
+    return fake_nvml.Bindings(conf.vgpu.test_only_fake_nvml_host)
+
+
 def _library(bindings):
     if bindings is not None:
         return bindings

@@ -49,7 +49,7 @@ def test_enable_then_status_and_inventory(make_host, run):  # noqa: F811
     code, out, _ = run(*root, "sriov", "status", "-f", "json", conf=CONF)
     assert json.loads(out) == [{
         "physical_function": A100, "vendor": "0x10de", "device": "0x20f1", "totalvfs": 16,
-        "numvfs": 0, "vfs": [], "mdev_types": [], "state": "off"}]
+        "numvfs": 0, "vfs": [], "mdev_types": [], "state": "off", "vgpu_sizes": None}]
     code, out, _ = run(*root, "sriov", "enable", "--configured", "--dry-run", conf=CONF)
     assert (code, out) == (0, f"{A100}: would enable VFs: sriov_numvfs 0 -> 16\n")
     assert host.pci_device(A100).sriov_numvfs == 0
@@ -185,3 +185,63 @@ def test_vf_lists_read_as_ranges_in_tables_and_whole_in_json():
     assert column.machine_readable() == vfs
     assert columns.PciRangesColumn(["0000:41:00.4"]).human_readable() == "0000:41:00.4"
     assert columns.PciRangesColumn([]).human_readable() == ""
+
+
+L40S = "0000:c1:00.0"
+L40S_CONF = ("[devices]\nenabled_mdev_types = nvidia-1156\n[mdev_nvidia-1156]\n"
+             f"device_addresses = {L40S}\n")
+
+
+def sizes_of(run, root):  # noqa: F811 - the fixture, passed on
+    code, out, err = run(*root, "sriov", "status", "-f", "json", conf=L40S_CONF)
+    assert code == 0, err
+    return {row["physical_function"]: row["vgpu_sizes"] for row in json.loads(out)}
+
+
+def test_a_vendor_vfio_board_switches_sizes_and_status_shows_it(make_host, run):  # noqa: F811
+    host = make_host("l40s-vfio", "a100-sriov")
+    root = ("--sysfs-root", host.paths.root)
+    assert sizes_of(run, root) == {A100: None, L40S: "equal"}
+    code, out, _ = run(*root, "sriov", "sizes", L40S, "mixed", "--dry-run", conf=L40S_CONF)
+    assert (code, out) == (0, f"{L40S}: would switch to mixed sizes\n")
+    assert not host.heterogeneous_mode(L40S)
+    code, out, _ = run(*root, "sriov", "sizes", L40S, "mixed", conf=L40S_CONF)
+    assert (code, out) == (0, f"{L40S}: switched to mixed sizes (until its VFs are disabled "
+                              "or enabled again, or the host reboots)\n")
+    assert host.heterogeneous_mode(L40S) and sizes_of(run, root)[L40S] == "mixed"
+    code, out, _ = run(*root, "sriov", "sizes", L40S, "mixed", conf=L40S_CONF)
+    assert (code, out) == (0, f"{L40S}: already mixed sizes, left alone\n")
+    # NVIDIA forgets the mode when the VFs go and come back.
+    host.set_sriov_numvfs(L40S, 0)
+    assert sizes_of(run, root)[L40S] is None
+    host.set_sriov_numvfs(L40S, 16)
+    assert sizes_of(run, root)[L40S] == "equal"
+
+
+@pytest.mark.parametrize("address, why", [
+    (A100, "its VFs serve no vendor-VFIO vGPUs"),
+    ("0000:c1:00.4", "it is not an SR-IOV physical function"),
+    ("c1:00.0", "not a PCI address"),
+    (L40S, "VFs 0000:c1:00.4 hold vGPUs; the mode changes only on a board without any"),
+])
+def test_sizes_refusals_change_nothing(make_host, run, address, why):  # noqa: F811
+    host = make_host("l40s-vfio", "a100-sriov")
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1156)
+    code, out, err = run("--sysfs-root", host.paths.root, "sriov", "sizes", address, "mixed",
+                         conf=L40S_CONF)
+    assert (code, out) == (base.EXIT_ERROR, ""), err
+    assert why in err and err.startswith("error: Refusing to switch the vGPU sizes of "), err
+    assert not host.heterogeneous_mode(L40S)
+
+
+def test_status_says_when_nvml_cannot_tell(make_host, run, monkeypatch):  # noqa: F811
+    """A host without NVIDIA's library: the mode is unknown, and why."""
+    host = make_host("l40s-vfio")
+    monkeypatch.setattr(type(host), "nvml_bindings", None)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    code, out, err = run("--sysfs-root", host.paths.root, "sriov", "status", "-f", "json",
+                         conf=L40S_CONF)
+    assert code == 0 and json.loads(out)[0]["vgpu_sizes"] == "unknown"
+    assert err == (f"warning: cannot read the vGPU size mode of {L40S}: NVIDIA's management "
+                   "library (NVML) cannot be used: nvidia-ml-py is not installed (pip install "
+                   "'vgpu-driver[nvml]').\n")

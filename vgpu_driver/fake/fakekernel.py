@@ -39,6 +39,7 @@ import uuid as uuid_mod
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import nvml as driver_nvml
 from vgpu_driver.fake import mdev_parents
 from vgpu_driver.fake import nvml
 from vgpu_driver.fake import pci_functions
@@ -129,8 +130,14 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
 
     # -- writes, each dispatched to its side's store handler ------------------------
 
+    @property
+    def nvml_bindings(self):
+        return nvml.Bindings(self.paths.root)
+
     def _privileged(self, entry_point, *args):
         """The write the privileged entry point would make, answered here."""
+        if entry_point == "set_heterogeneous_mode":     # NVML's, no file
+            return driver_nvml.set_heterogeneous_mode(*args, self.nvml_bindings)
         path, value = self._entry_point_write(entry_point, *args)
         return self.write_attr(path, value)
 

@@ -6,10 +6,12 @@ write: ``nvidia-smi vgpu -shm`` calls NVML's
 of nvidia-ml-py's ``pynvml`` the driver calls, with the same names,
 arguments and errors (:class:`NVMLError` carries NVML's return code in
 ``value``), answered by a fake host's kernel.  A test puts it where
-``pynvml`` is imported from; it replaces NVIDIA's library and bindings,
-never the driver's code that calls them.  The host is the one given to
-:func:`use_host`, else the fake kernel tree named by the
-``VGPU_FAKE_NVML_ROOT`` environment variable (for a process a test starts).
+``pynvml`` is imported from, or passes :class:`Bindings` of one fake host
+where the driver takes ``bindings``; it replaces NVIDIA's library and
+bindings, never the driver's code that calls them.  The module's own host
+is the one given to :func:`use_host`, else the fake kernel tree named by
+the ``VGPU_FAKE_NVML_ROOT`` environment variable (for a process a test
+starts).
 """
 
 import os
@@ -49,47 +51,6 @@ def use_host(root):
     _host["root"] = root
 
 
-def _kernel():
-    from vgpu_driver.fake import fakekernel  # it imports this module: import when used
-
-    root = _host["root"] or os.environ.get("VGPU_FAKE_NVML_ROOT")
-    if not root or not fakekernel.FakeKernel.owns(root):
-        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
-    return fakekernel.FakeKernel(root)
-
-
-def nvmlInit():  # noqa: N802 - pynvml's name
-    _kernel()
-
-
-def nvmlShutdown():  # noqa: N802 - pynvml's name
-    pass
-
-
-def nvmlDeviceGetHandleByPciBusId(pci_bus_id):  # noqa: N802 - pynvml's name
-    """The GPU's handle: here, its PCI address as sysfs names it."""
-    if isinstance(pci_bus_id, bytes):
-        pci_bus_id = pci_bus_id.decode()
-    if not names.is_pci_address(pci_bus_id):
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    address = str(names.parse_pci_address(pci_bus_id))
-    if address not in _kernel()._gpus:
-        raise NVMLError(NVML_ERROR_NOT_FOUND)
-    return address
-
-
-def nvmlDeviceGetVgpuHeterogeneousMode(handle):  # noqa: N802 - pynvml's name
-    enabled = _kernel().heterogeneous_mode(handle)
-    return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
-
-
-def nvmlDeviceSetVgpuHeterogeneousMode(handle, heterogeneous_mode):  # noqa: N802 - pynvml's name
-    if heterogeneous_mode not in (NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED):
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    _kernel().set_heterogeneous_mode(handle, heterogeneous_mode == NVML_FEATURE_ENABLED)
-    return NVML_SUCCESS
-
-
 class PlacementList:
     """pynvml's ``c_nvmlVgpuPlacementList_v1_t``, as its callers read it."""
 
@@ -99,21 +60,73 @@ class PlacementList:
         self.placementIds = list(ids)   # noqa: N815
 
 
-def _placements(handle, vgpu_type_id):
-    return _kernel().placements(handle, vgpu_type_id)
+class Bindings:
+    """pynvml's calls the driver makes, answered by the fake host at
+    ``root`` (None: the module's host, see :func:`use_host`)."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, root=None):
+        self.root = root
+
+    def _kernel(self):
+        from vgpu_driver.fake import fakekernel  # it imports this module: import when used
+
+        root = self.root or _host["root"] or os.environ.get("VGPU_FAKE_NVML_ROOT")
+        if not root or not fakekernel.FakeKernel.owns(root):
+            raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+        return fakekernel.FakeKernel(root)
+
+    def nvmlInit(self):  # noqa: N802 - pynvml's name
+        self._kernel()
+
+    def nvmlShutdown(self):  # noqa: N802 - pynvml's name
+        pass
+
+    def nvmlDeviceGetHandleByPciBusId(self, pci_bus_id):  # noqa: N802 - pynvml's name
+        """The GPU's handle: here, its PCI address as sysfs names it."""
+        if isinstance(pci_bus_id, bytes):
+            pci_bus_id = pci_bus_id.decode()
+        if not names.is_pci_address(pci_bus_id):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        address = str(names.parse_pci_address(pci_bus_id))
+        if address not in self._kernel()._gpus:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return address
+
+    def nvmlDeviceGetVgpuHeterogeneousMode(self, handle):  # noqa: N802 - pynvml's name
+        enabled = self._kernel().heterogeneous_mode(handle)
+        return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceSetVgpuHeterogeneousMode(self, handle, heterogeneous_mode):  # noqa: N802
+        if heterogeneous_mode not in (NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._kernel().set_heterogeneous_mode(handle,
+                                              heterogeneous_mode == NVML_FEATURE_ENABLED)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, vgpuTypeId, mode=0,  # noqa: N802,N803
+                                                 version=1):
+        """The IDs a type may take in mixed-size mode (``mode`` 0, NVML's
+        ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``)."""
+        if mode != 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        size, supported, _creatable = self._kernel().placements(handle, vgpuTypeId)
+        return PlacementList(size, supported)
+
+    def nvmlDeviceGetVgpuTypeCreatablePlacements(self, handle, vgpuTypeId, version=1):  # noqa: N802,N803
+        """The IDs a vGPU of the type could take now (none in equal-size mode)."""
+        size, _supported, creatable = self._kernel().placements(handle, vgpuTypeId)
+        return PlacementList(size, creatable)
 
 
-def nvmlDeviceGetVgpuTypeSupportedPlacements(handle, vgpuTypeId, mode=0, version=1):  # noqa: N802,N803
-    """The IDs a type may take in mixed-size mode (``mode`` 0, NVML's
-    ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``)."""
-    if mode != 0:
-        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-    size, supported, _creatable = _placements(handle, vgpuTypeId)
-    return PlacementList(size, supported)
-
-
-def nvmlDeviceGetVgpuTypeCreatablePlacements(handle, vgpuTypeId, version=1):  # noqa: N802,N803
-    """The IDs a vGPU of the type could take now (none in equal-size mode)."""
-    size, _supported, creatable = _placements(handle, vgpuTypeId)
-    return PlacementList(size, creatable)
-
+_MODULE_HOST = Bindings()
+nvmlInit = _MODULE_HOST.nvmlInit  # noqa: N816 - pynvml's names, from here down
+nvmlShutdown = _MODULE_HOST.nvmlShutdown  # noqa: N816
+nvmlDeviceGetHandleByPciBusId = _MODULE_HOST.nvmlDeviceGetHandleByPciBusId  # noqa: N816
+nvmlDeviceGetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceGetVgpuHeterogeneousMode  # noqa: N816
+nvmlDeviceSetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceSetVgpuHeterogeneousMode  # noqa: N816
+nvmlDeviceGetVgpuTypeSupportedPlacements = (  # noqa: N816
+    _MODULE_HOST.nvmlDeviceGetVgpuTypeSupportedPlacements)
+nvmlDeviceGetVgpuTypeCreatablePlacements = (  # noqa: N816
+    _MODULE_HOST.nvmlDeviceGetVgpuTypeCreatablePlacements)

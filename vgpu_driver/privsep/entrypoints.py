@@ -164,16 +164,6 @@ def set_vgpu_type(vf_address, number):
         root.write(posixpath.join(device, "nvidia", "current_vgpu_type"), str(number))
 
 
-def _nvml_bindings(conf):
-    """NVIDIA's (None), or on a fake host in a test the fake vendor driver's."""
-    if not (conf.vgpu.test_only_fake_nvml_host and conf.vgpu.test_only_fake_sysfs_root):
-        return None
-    from vgpu_driver.fake import nvml as fake_nvml  # a test's stand-in for NVIDIA's
-
-    fake_nvml.use_host(conf.vgpu.test_only_fake_nvml_host)
-    return fake_nvml
-
-
 @context.gpu_admin.entrypoint
 def set_heterogeneous_mode(pf_address, enabled):
     """Switch an NVIDIA board between equal-size and mixed-size vGPUs
@@ -185,5 +175,5 @@ def set_heterogeneous_mode(pf_address, enabled):
         address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
         _require_nvidia(root, device, address)
         _policy().check_vgpu_mode(host, address)
-    nvml.set_heterogeneous_mode(address, enabled, _nvml_bindings(context.configuration()))
+    nvml.set_heterogeneous_mode(address, enabled, nvml.bindings_for(context.configuration()))
 

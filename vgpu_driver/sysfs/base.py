@@ -196,3 +196,13 @@ class SysfsHost(abc.ABC):
         Raises MdevWriteError; clearing a VF a guest still holds may be
         refused or block, hence ``timeout`` (seconds, as for a remove).
         """
+
+    @abc.abstractmethod
+    def mixed_sizes(self, pf_address):
+        """Whether a vendor-VFIO board is in mixed-size mode (NVML's, not a
+        file); raises NvmlUnavailable or MixedSizeModeRefused."""
+
+    @abc.abstractmethod
+    def set_mixed_sizes(self, pf_address, enabled):
+        """Switch a vendor-VFIO board to mixed-size mode, or back to
+        equal-size; NVML refuses while any vGPU exists on the board."""

@@ -15,6 +15,7 @@ import threading
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import nvml
 from vgpu_driver import privsep
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
@@ -93,6 +94,19 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsHost):
     def set_sriov_numvfs(self, address, count):
         address = names.parse_pci_address(str(address))
         self._write("sriov_numvfs", str(address), "set_sriov_numvfs", str(address), int(count))
+
+    # NVML's bindings: NVIDIA's (a fake host answers with its own).
+    nvml_bindings = None
+
+    def mixed_sizes(self, pf_address):
+        return nvml.heterogeneous_mode(str(names.parse_pci_address(str(pf_address))),
+                                       self.nvml_bindings)
+
+    def set_mixed_sizes(self, pf_address, enabled):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be True or False, not {enabled!r}")
+        self._privileged("set_heterogeneous_mode",
+                         str(names.parse_pci_address(str(pf_address))), enabled)
 
     def set_vendor_vgpu_type(self, address, type_number, timeout=None):
         address = names.parse_pci_address(str(address))
