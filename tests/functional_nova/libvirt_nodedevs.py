@@ -106,24 +106,14 @@ class MdevNodeDevice:
         return 0
 
 
-class MdevNodeDevices(fixtures.Fixture):
-    """The node-device API for mdevs on every fake connection of the test.
-
-    ``kernel()`` gives the host's fake kernel; ``definitions`` is
-    ``{uuid: {"parent": address, "type": type id, "autostart": bool}}``.
-    """
+class HostMdevs:
+    """One host's mdevs as libvirt knows them: the fake kernel's (active)
+    and the persistent definitions, ``{uuid: {"parent": address, "type":
+    type id, "autostart": bool}}``."""
 
     def __init__(self, kernel):
-        super().__init__()
         self.kernel = kernel
         self.definitions = {}
-
-    def _setUp(self):
-        for name in ("nodeDeviceCreateXML", "nodeDeviceDefineXML", "listAllDevices",
-                     "listDevices", "nodeDeviceLookupByName"):
-            self.useFixture(fixtures.MonkeyPatch(
-                f"{Connection.__module__}.Connection.{name}",
-                getattr(self, f"_{name}")(getattr(Connection, name))))
 
     def active(self):
         """``{uuid: (parent address, type id)}`` of the kernel's mdevs."""
@@ -144,6 +134,39 @@ class MdevNodeDevices(fixtures.Fixture):
     def mdev_uuids(self):
         return sorted(set(self.active()) | set(self.definitions))
 
+
+class MdevNodeDevices(fixtures.Fixture):
+    """The node-device API for mdevs on every fake connection of the test.
+
+    ``kernel_of(hostname)`` gives a host's fake kernel (None: a host without
+    one, left to nova's fake); each host has its own :class:`HostMdevs`,
+    found by the connection's hostname.
+    """
+
+    def __init__(self, kernel_of):
+        super().__init__()
+        self.kernel_of = kernel_of
+        self.hosts = {}
+
+    def _setUp(self):
+        for name in ("nodeDeviceCreateXML", "nodeDeviceDefineXML", "listAllDevices",
+                     "listDevices", "nodeDeviceLookupByName"):
+            self.useFixture(fixtures.MonkeyPatch(
+                f"{Connection.__module__}.Connection.{name}",
+                getattr(self, f"_{name}")(getattr(Connection, name))))
+
+    def host(self, hostname):
+        """The host's :class:`HostMdevs`, or None if it has no fake kernel."""
+        if self.kernel_of(hostname) is None:
+            return None
+        if hostname not in self.hosts:
+            self.hosts[hostname] = HostMdevs(lambda: self.kernel_of(hostname))
+        return self.hosts[hostname]
+
+    def defined(self, hostname):
+        """``{uuid: autostart}`` of the host's mdevs with a definition."""
+        return self.host(hostname).defined()
+
     @staticmethod
     def _parse(xml):
         root = etree.fromstring(xml.encode() if isinstance(xml, str) else xml)
@@ -153,45 +176,54 @@ class MdevNodeDevices(fixtures.Fixture):
 
     def _nodeDeviceCreateXML(self, real):
         def create(conn, xml, flags):
+            mdevs = self.host(conn.getHostname())
+            if mdevs is None:
+                return real(conn, xml, flags)
             parent, type_id, uuid = self._parse(xml)
-            if uuid in self.active():
+            if uuid in mdevs.active():
                 raise _error(f"mediated device {uuid} is already active")
-            self.create_in_kernel(parent, type_id, uuid)
-            return MdevNodeDevice(self, uuid)
+            mdevs.create_in_kernel(parent, type_id, uuid)
+            return MdevNodeDevice(mdevs, uuid)
         return create
 
     def _nodeDeviceDefineXML(self, real):
         def define(conn, xml, flags):
+            mdevs = self.host(conn.getHostname())
+            if mdevs is None:
+                return real(conn, xml, flags)
             parent, type_id, uuid = self._parse(xml)
-            self.definitions[uuid] = {"parent": parent, "type": type_id,
-                                      "autostart": False}
-            return MdevNodeDevice(self, uuid)
+            mdevs.definitions[uuid] = {"parent": parent, "type": type_id,
+                                       "autostart": False}
+            return MdevNodeDevice(mdevs, uuid)
         return define
 
     def _listAllDevices(self, real):
         def list_all(conn, flags):
             devices = real(conn, flags)
-            if flags & fakelibvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV:
-                mdevs = [MdevNodeDevice(self, u) for u in self.mdev_uuids()]
+            mdevs = self.host(conn.getHostname())
+            if mdevs is not None and flags & fakelibvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV:
+                found = [MdevNodeDevice(mdevs, u) for u in mdevs.mdev_uuids()]
                 if flags & fakelibvirt.VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE:
-                    mdevs = [d for d in mdevs if not d.isActive()]
-                devices.extend(mdevs)
+                    found = [d for d in found if not d.isActive()]
+                devices.extend(found)
             return devices
         return list_all
 
     def _listDevices(self, real):
         def list_devices(conn, cap, flags):
-            if cap == "mdev":
-                return [MdevNodeDevice(self, u).name() for u in sorted(self.active())]
+            mdevs = self.host(conn.getHostname())
+            if mdevs is not None and cap == "mdev":
+                return [MdevNodeDevice(mdevs, u).name() for u in sorted(mdevs.active())]
             return real(conn, cap, flags)
         return list_devices
 
     def _nodeDeviceLookupByName(self, real):
         def lookup(conn, name):
-            if isinstance(name, str) and name.startswith("mdev_"):
+            mdevs = self.host(conn.getHostname())
+            if mdevs is not None and isinstance(name, str) and name.startswith("mdev_"):
                 uuid = name[len("mdev_"):][:36].replace("_", "-")
-                if uuid in self.mdev_uuids():
-                    return MdevNodeDevice(self, uuid)
+                if uuid in mdevs.mdev_uuids():
+                    return MdevNodeDevice(mdevs, uuid)
                 raise _error(f"no node device with name {name}",
                              fakelibvirt.VIR_ERR_NO_NODE_DEVICE)
             return real(conn, name)

@@ -9,9 +9,11 @@ two computes running ``LibvirtVGPUDriver`` on fake hosts with mixed boards
 type, and a seeded random mix of what users, operators and hosts do,
 faults included.  After every operation it compares nova's servers, the
 guests' domain XML, each host's fake sysfs, the claims journals and
-Placement; at checkpoints it also runs the audit (``vgpu-manage audit``'s
-comparison) after a periodic update; at the end it deletes everything and
-expects nothing left behind.
+Placement, and expects no step of a host reconciler's passes to have
+failed (each logs its traceback and the worker goes on); at checkpoints
+it also runs the audit (``vgpu-manage audit``'s comparison) after a
+periodic update; at the end it deletes everything and expects nothing
+left behind.
 
 A violation names the seed and the operation after which it was first
 seen; the run goes on, so one run lists every class it finds.  Rerun a
@@ -30,6 +32,7 @@ import random
 import re
 import sys
 import time
+import weakref
 
 from nova.tests.functional.api import client as api_client
 from oslo_config import cfg
@@ -383,6 +386,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._explained = set()     # findings nova's leaks explained
         self._migrations_of_deleted = {}    # migration uuid -> its server, deleted since
         self._names = (f"soak-{n}" for n in range(1, 10**9))
+        self._worker_errors = weakref.WeakKeyDictionary()  # host reconciler -> failed steps seen
         self._began = time.monotonic()
         if not _udev_usable():
             result.skipped_faults["fault_lost_udev_event"] = (
@@ -396,8 +400,21 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._result.seconds[op.kind] += time.monotonic() - began
         self._log(f"op {index}: {op} -> {outcome}")
         self._result.record(index, self._classified(self._settled_findings()))
+        self._result.record(index, self._reconciler_findings())
         self._note_gone(index)
         self._forget_records()
+
+    def _reconciler_findings(self):
+        """A step of a host reconciler's pass that failed since the last look
+        (it logged its traceback and the next step ran): each is a bug."""
+        findings = []
+        for host, compute in sorted(self.computes.items()):
+            worker = compute.driver.vgpu.worker
+            if worker.errors > self._worker_errors.get(worker, 0):
+                _at, step, message = worker.last_error
+                findings.append(Finding("reconciler-error", f"{host} {step}", message[:300]))
+            self._worker_errors[worker] = worker.errors
+        return findings
 
     def _note_gone(self, index):
         """Forget the servers nova deleted by itself; the report lists them."""

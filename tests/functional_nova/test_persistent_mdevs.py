@@ -35,7 +35,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
                                        host="host1") for _ in range(3)]
         mdevs = [self.mdev_of(s) for s in servers]
         # nova's own _create_mdev made them: created, defined, autostarted.
-        self.assertEqual({m: True for m in mdevs}, self.nodedevs.defined())
+        self.assertEqual({m: True for m in mdevs}, self.nodedevs.defined("host1"))
         self._delete_server(servers[2])
         self.assertEqual(sorted(mdevs), sorted(self.kernel_mdevs("host1")))
         return servers[:2], mdevs
@@ -47,7 +47,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
 
         # The guests' definitions are kept; the one of nova's deleted guest is
         # not (its mdev stays in sysfs, an orphan).
-        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined("host1"))
         self.assertIn(foreign_mdev, self.kernel_mdevs("host1"))
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         # Through sysfs: a guest deleted, its mdev removed; the orphan removed.
@@ -60,12 +60,12 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         # The next inventory update undefines the removed guest's mdev, so
         # autostart at a host boot cannot bring it back either.
         self._run_periodics(raise_on_error=True)
-        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined("host1"))
 
         self.restart_compute_service("host1")
 
         self.assertEqual([keep_mdev], list(self.kernel_mdevs("host1")))
-        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined("host1"))
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertEqual(keep_mdev, self.mdev_of(keep))
         self.assertEqual("ACTIVE", self.api.get_server(keep["id"])["status"])
@@ -82,7 +82,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         # Back with its UUID; the undefined orphan stays only in sysfs.
         self.assertEqual(sorted([keep_mdev, other_mdev, foreign_mdev]),
                          sorted(self.kernel_mdevs("host1")))
-        self.assertEqual({keep_mdev: True, other_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True, other_mdev: True}, self.nodedevs.defined("host1"))
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertIn(f"Started defined mdev {keep_mdev}", self.stdlog.logger.output)
 
@@ -97,7 +97,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         self.assertIn(f"Defined mdev {keep_mdev} does not start yet",
                       self.stdlog.logger.output)
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
-        self.assertIn(keep_mdev, self.nodedevs.defined())
+        self.assertIn(keep_mdev, self.nodedevs.defined("host1"))
 
 
 @unittest.skipIf(os.geteuid() != 0, "only root may send on udev's netlink group")
@@ -139,14 +139,14 @@ class EventDrivenSettleTests(test_takeover.NovaHostTestBase):
         # Nothing changed since the start-up's settle: nothing is listed.
         self._run_periodics(raise_on_error=True)
         self.assertEqual([], listings)
-        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True, gone_mdev: True}, self.nodedevs.defined("host1"))
 
         # The guest goes, its mdev removed through sysfs (udev tells): the
         # next update lists the definitions and undefines that one.
         self._delete_server(gone)
         self.assertEqual(sorted([keep_mdev, foreign_mdev]), sorted(self.kernel_mdevs("host1")))
         self._run_periodics(raise_on_error=True)
-        self.assertEqual({keep_mdev: True}, self.nodedevs.defined())
+        self.assertEqual({keep_mdev: True}, self.nodedevs.defined("host1"))
         self.assertTrue(listings)
 
         # And quiet again after that.

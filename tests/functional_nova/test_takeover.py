@@ -18,7 +18,6 @@ import re
 
 from nova.tests.fixtures import libvirt as fakelibvirt
 
-from tests.functional_nova import libvirt_nodedevs
 from tests.functional_nova import test_vgpu
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import names
@@ -64,8 +63,6 @@ class NovaHostTestBase(test_vgpu.VGPUDriverTestBase):
     def setUp(self):
         super().setUp()
         self.kernel = None
-        self.nodedevs = self.useFixture(
-            libvirt_nodedevs.MdevNodeDevices(lambda: self.kernel))
         self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
                                           extra_spec={"resources:VGPU": "1"})
         # Two vGPUs: on nova's per-VF providers (total 1 each) two groups.

@@ -22,6 +22,7 @@ from nova.tests.functional.libvirt import base
 from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
+from tests.functional_nova import libvirt_nodedevs
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import driver as core
@@ -72,6 +73,9 @@ class VGPUDriverTestBase(base.ServersTestBase):
         self.tmp = tempfile.mkdtemp(prefix="vgpu-nova-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.kernels = {}
+        # libvirt's node-device API over each host's fake kernel (nova's fake
+        # knows no mdev by name), as the driver's definitions step reads it.
+        self.nodedevs = self.useFixture(libvirt_nodedevs.MdevNodeDevices(self.kernels.get))
 
     def build_vgpu_host(self, hostname, *profile_names, mdevs=()):
         """The host's fake kernel, with ``mdevs`` (``{parent, type, uuid}``)
