@@ -221,4 +221,3 @@ class Sizes(base.Command):
         self.app.stdout.write(f"{pf.address}: switched to {parsed_args.sizes} sizes (until "
                               "its VFs are disabled or enabled again, or the host reboots)\n")
         return base.EXIT_OK
-
