@@ -71,4 +71,3 @@ def inventory(board_slots, placements, used_slots, free_vfs):
         total=board_slots * SLOT_MIB, reserved=reserved * SLOT_MIB,
         min_unit=sizes[0] * SLOT_MIB, max_unit=largest * SLOT_MIB,
         step_size=math.gcd(*sizes) * SLOT_MIB)
-

@@ -114,4 +114,3 @@ def placements(pf_address, type_numbers, bindings=None):
             found[number] = Placements(int(supported.placementSize), _ids(supported),
                                        _ids(creatable))
     return found
-

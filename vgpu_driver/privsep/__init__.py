@@ -6,10 +6,11 @@ made by an oslo.privsep daemon holding only ``CAP_DAC_OVERRIDE``
 (:data:`sysfs_writer`).  Switching a GPU's vGPU mode is an NVML call that
 NVIDIA's driver allows only with ``CAP_SYS_ADMIN``: a second daemon
 (:data:`gpu_admin`) holds that capability alone, for that one call, and
-is started only when a mode is switched.  The daemon is sent names, never paths; on its side
-(:mod:`.entrypoints`) it validates them, opens every path by directory fd
-beneath a sysfs root of its own configuration (:mod:`.beneath`) and writes
-only what that configuration enables (:mod:`.policy`).  A ``vgpu-manage``
+is started only when a mode is switched.  A daemon is sent names, never
+paths; on its side (:mod:`.entrypoints`) it validates them, opens every
+path by directory fd beneath a sysfs root of its own configuration
+(:mod:`.beneath`) and writes only what that configuration enables
+(:mod:`.policy`).  A ``vgpu-manage``
 that runs as root runs the entry points in-process under its own
 configuration; one that does not is refused every write
 (:class:`~vgpu_driver.exception.WritesNeedRoot`), since a daemon it started

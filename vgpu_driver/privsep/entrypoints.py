@@ -176,4 +176,3 @@ def set_heterogeneous_mode(pf_address, enabled):
         _require_nvidia(root, device, address)
         _policy().check_vgpu_mode(host, address)
     nvml.set_heterogeneous_mode(address, enabled, nvml.bindings_for(context.configuration()))
-
