@@ -176,6 +176,23 @@ def remove_pci_vf(root, address):
     return found
 
 
+def rewrite_pci_vfs(root, mapping):
+    """Point each PCI hostdev whose address ``mapping`` names at its mapped
+    address, all at once; other PCI hostdevs (not vGPUs) stay as they are."""
+    mapping = {str(names.parse_pci_address(k)): str(names.parse_pci_address(v))
+               for k, v in mapping.items()}
+    targets = []
+    for hostdev in root.findall(_PCI_XPATH):
+        address = hostdev.find("source/address")
+        current = _pci_address(address) if address is not None else None
+        if current in mapping:
+            targets.append((address, mapping[current]))
+    for address, new in targets:
+        for key, value in _pci_address_attrs(new).items():
+            address.set(key, value)
+    return root
+
+
 def rewrite_mdevs(root, mapping):
     """Point every mdev hostdev at ``mapping[uuid]`` (migration to another host).
 

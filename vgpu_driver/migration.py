@@ -1,12 +1,16 @@
-"""Live migration of guests with mdevs: the kernel gate, claims, XML mapping.
+"""Live migration of guests with vGPUs: the gates, claims, XML mapping.
 
-Destination: check that the source's mdev types are served here, claim
-mdevs for them (journal state ``migrating_in``, so a restart during the
-migration keeps them), and return the mapping source UUID -> destination
-UUID.  Source: rewrite the domain XML with that mapping, refusing any mdev
-it does not name.  Rollback drops the destination claims and removes the
-mdevs that were created for this attempt only; success turns the claims into
-ordinary ``attached`` ones.
+A vGPU is an mdev, or on NVIDIA's vendor-specific VFIO a VF set to a type,
+which QEMU migrates as any VFIO device (migration protocol v2, no
+post-copy).  Destination: check that the source's vGPU types are served
+here, claim vGPUs for them (journal state ``migrating_in``, so a restart
+during the migration keeps them; a VF gets its type when claimed), and
+return the mapping source id -> destination id, an mdev for an mdev and a
+VF for a VF.  Source: rewrite the domain XML with that mapping (mdev UUIDs,
+and the addresses of the VFs' PCI hostdevs), refusing any mdev it does not
+name.  Rollback drops the destination claims and removes the vGPUs that
+were created for this attempt only; success turns the claims into ordinary
+``attached`` ones.
 """
 
 import collections
@@ -48,6 +52,18 @@ def check_kernel(instance, side, release=None):
                                       f"{_dotted(MIN_KERNEL)} or later is needed")
 
 
+def check_post_copy(instance, vfs, permit_post_copy):
+    """Refuse a guest with vendor-VFIO VFs while nova may switch to
+    post-copy: QEMU migrates no VFIO device in post-copy, and NVIDIA
+    supports none for these vGPUs."""
+    if vfs and permit_post_copy:
+        raise MigrationPreCheckFailed(
+            instance=instance,
+            reason=f"its vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) cannot "
+                   "be migrated in post-copy mode, and [libvirt] "
+                   "live_migration_permit_post_copy is on: set it to false on vGPU hosts")
+
+
 def post_copy_warning(permit_post_copy):
     """QEMU refuses VFIO migration with post-copy; say so before it fails."""
     if not permit_post_copy:
@@ -59,6 +75,45 @@ def post_copy_warning(permit_post_copy):
     return message
 
 
+def _map_by_type(instance, source_types, claimed_by_type):
+    """``{source id: destination id}`` pairing each source vGPU with a claimed
+    one of its type and kind (mdev or VF), a VF with its own address first."""
+    pending = sorted(source_types.items())
+    mapping = {s: s for s, t in pending if s in claimed_by_type.get(t, ())}
+    for source_id, type_id in pending:
+        if source_id in mapping:
+            claimed_by_type[type_id].remove(source_id)
+    for source_id, type_id in pending:
+        if source_id in mapping:
+            continue
+        candidates = claimed_by_type.get(type_id, [])
+        same_kind = [c for c in candidates
+                     if names.is_vf_vgpu_id(c) == names.is_vf_vgpu_id(source_id)]
+        if not same_kind:
+            kind = "VF" if names.is_vf_vgpu_id(source_id) else "mdev"
+            raise MigrationPreCheckFailed(
+                instance=instance,
+                reason=f"the destination's allocation has no {type_id} {kind} for source "
+                       f"vGPU {source_id}")
+        candidates.remove(same_kind[0])
+        mapping[source_id] = same_kind[0]
+    extra = [u for ids in claimed_by_type.values() for u in ids]
+    if extra:
+        raise MigrationPreCheckFailed(
+            instance=instance,
+            reason=f"the destination's allocation has {len(extra)} more vGPU(s) than "
+                   "the guest")
+    crossed = sorted(s for s, d in mapping.items() if s != d and d in mapping
+                     and source_types[d] != source_types[s])
+    if crossed:
+        raise MigrationPreCheckFailed(
+            instance=instance,
+            reason=f"the destination's VFs for {', '.join(crossed)} are the source's "
+                   "addresses of vGPUs of another type; rewritten one hostdev at a time "
+                   "they would swap types (try again: the destination's free VFs change)")
+    return mapping
+
+
 class Migrations:
     """Both ends of a live migration, on top of an MdevManager."""
 
@@ -68,32 +123,35 @@ class Migrations:
     # -- source ------------------------------------------------------------------------
 
     def source_mdev_types(self, mdev_uuids):
-        """``{uuid: type id}`` of a guest's mdevs, as this host's sysfs has them.
-
-        A guest holding a vendor-VFIO vGPU is refused: its VF is a PCI
-        hostdev, which the mapping and the XML rewrite do not carry.
-        """
-        vfs = [u for u in mdev_uuids if names.is_vf_vgpu_id(u)]
-        if vfs:
-            raise SourceNotMigratable(
-                reason=f"its vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) "
-                       "cannot be live-migrated by vgpu-driver")
-        types = {m.uuid: m.type_id for m in self.manager.snapshot(refresh=True).mdevs}
+        """``{vGPU id: type id}`` of a guest's vGPUs (mdev UUIDs, VF
+        addresses), as this host's sysfs has them."""
+        types = {v.id: v.type_id for v in self.manager.snapshot(refresh=True).vgpus}
         missing = [u for u in mdev_uuids if u not in types]
         if missing:
             raise SourceNotMigratable(
-                reason=f"mdevs {', '.join(missing)} of the guest are not on this host")
+                reason=f"vGPUs {', '.join(missing)} of the guest are not on this host")
         return {u: types[u] for u in mdev_uuids}
 
     @staticmethod
     def rewrite_xml(domain_xml, mapping):
-        """The domain XML to send, with every mdev mapped to the destination's."""
-        return guest.to_string(guest.rewrite_mdevs(guest.parse(domain_xml), mapping))
+        """The domain XML to send, every vGPU mapped to the destination's:
+        mdev hostdevs by UUID, vendor-VFIO VFs by their PCI address."""
+        vfs = {k: v for k, v in mapping.items() if names.is_vf_vgpu_id(k)}
+        mdevs = {k: v for k, v in mapping.items() if k not in vfs}
+        root = guest.rewrite_mdevs(guest.parse(domain_xml), mdevs)
+        return guest.to_string(guest.rewrite_pci_vfs(root, vfs))
 
     # -- destination ---------------------------------------------------------------------
 
     def claim_incoming(self, instance, source_mdev_types, allocations, providers):
-        """Claim this host's mdevs for an incoming guest; ``{source: destination}``."""
+        """Claim this host's vGPUs for an incoming guest; ``{source: destination}``.
+
+        Of each type, a source VF keeps its address here when this host
+        claimed the same one, so the mapping moves as few hostdevs as it
+        can; a mapping whose destinations are other sources' addresses of
+        another type is refused (applied one hostdev at a time, as nova's
+        PCI rewrite applies it, it would swap their types).
+        """
         wanted = collections.Counter(source_mdev_types.values())
         served = {p.type_id for p in providers.values()}
         unsupported = sorted(t for t in wanted if t not in served
@@ -103,30 +161,20 @@ class Migrations:
                 instance=instance,
                 reason=f"source mdev types {unsupported} are not served by this host "
                        f"(it serves {sorted(served)})")
-        self._refuse_vf_destinations(instance, allocations, providers)
+        if any(not names.is_vf_vgpu_id(u) for u in source_mdev_types):
+            self._refuse_vf_destinations(instance, allocations, providers)
         mdevs = self.manager.allocate(instance, allocations, providers,
                                       state=claims.MIGRATING_IN)
         by_type = collections.defaultdict(list)
         for claim in self.manager.journal.claims(instance):
             if claim.mdev_uuid in mdevs:
                 by_type[claim.type_id].append(claim.mdev_uuid)
-        mapping = {}
-        for source_uuid, type_id in sorted(source_mdev_types.items()):
-            if not by_type.get(type_id):
-                self.rollback_incoming(instance)
-                raise MigrationPreCheckFailed(
-                    instance=instance,
-                    reason=f"the destination's allocation has no {type_id} for source "
-                           f"mdev {source_uuid}")
-            mapping[source_uuid] = by_type[type_id].pop(0)
-        extra = [u for uuids in by_type.values() for u in uuids]
-        if extra:
+        try:
+            mapping = _map_by_type(instance, source_mdev_types, by_type)
+        except MigrationPreCheckFailed:
             self.rollback_incoming(instance)
-            raise MigrationPreCheckFailed(
-                instance=instance,
-                reason=f"the destination's allocation has {len(extra)} more vGPU(s) than "
-                       "the guest")
-        LOG.info("Incoming migration of %s: mdevs %s", instance, mapping)
+            raise
+        LOG.info("Incoming migration of %s: vGPUs %s", instance, mapping)
         return mapping
 
     def _refuse_vf_destinations(self, instance, allocations, providers):

@@ -282,6 +282,22 @@ def ops_from_env():
     return int(os.environ.get(OPS_ENV) or DEFAULT_OPS)
 
 
+def audit_of(test, host):
+    """What ``vgpu-manage audit`` compares, on the host of ``test``'s compute."""
+    driver = test.computes[host].driver
+    sync = placement.ProviderSync(_PlacementReader(test.placement))
+    snapshot = discovery.discover(test.kernels[host])
+    claim_list = driver.vgpu.journal.claims()
+    users = driver.vgpu.domains.mdev_users()
+    sync.observe(inventory.ProviderTree(root_name=host, providers=()))
+    unallocated = inventory.claims_placement_lacks(
+        claim_list, host, lambda name: sync.allocations(name) if name in sync.known else {})
+    in_use = {c.mdev_uuid for c in claim_list} | set(users)
+    tree = inventory.compute(snapshot, driver.vgpu.mdev_config, host, in_use, unallocated)
+    return audit.audit(sync, tree, snapshot, claim_list, users, moves=lambda: (
+        compute_api.moves_from(test.api.api_get("/os-migrations").body["migrations"], host)))
+
+
 class _PlacementReader:
     """The audit's Placement client, over the test's own Placement API: the
     audit only reads, and a write would be a bug in it."""
@@ -1014,22 +1030,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         return f"audit:{drift.kind}"
 
     def _audit(self, host):
-        """What ``vgpu-manage audit`` compares, on this compute's host."""
-        driver = self.computes[host].driver
-        sync = placement.ProviderSync(_PlacementReader(self.placement))
-        snapshot = discovery.discover(self.kernels[host])
-        claim_list = driver.vgpu.journal.claims()
-        users = driver.vgpu.domains.mdev_users()
-        sync.observe(inventory.ProviderTree(root_name=host, providers=()))
-        unallocated = inventory.claims_placement_lacks(
-            claim_list, host,
-            lambda name: sync.allocations(name) if name in sync.known else {})
-        in_use = {c.mdev_uuid for c in claim_list} | set(users)
-        tree = inventory.compute(snapshot, driver.vgpu.mdev_config, host, in_use,
-                                 unallocated)
-        return audit.audit(sync, tree, snapshot, claim_list, users, moves=lambda: (
-            compute_api.moves_from(self.api.api_get("/os-migrations").body["migrations"],
-                                   host)))
+        return audit_of(self, host)
 
     def _end_findings(self):
         """Everything deleted and each compute updated: nothing may be left."""

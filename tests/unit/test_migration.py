@@ -15,6 +15,7 @@ from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import mdevs
 from vgpu_driver import migration
+from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver.conf import mdev_types
 
@@ -49,7 +50,9 @@ class Compute:
     def boot(self, name, gpu, units=1):
         instance = str(uuid.uuid4())
         got = self.manager.allocate(instance, self.allocation(gpu, units), self.providers)
-        self.libvirt.conn.defineXML(libvirt_domains.domain_xml(name, got, instance))
+        vfs = [g for g in got if names.is_vf_vgpu_id(g)]
+        self.libvirt.conn.defineXML(libvirt_domains.domain_xml(
+            name, [g for g in got if g not in vfs], instance, vfs=vfs))
         self.manager.mark_attached(instance)
         return instance, got
 
@@ -168,3 +171,123 @@ def test_post_copy_warning(caplog):
     assert migration.post_copy_warning(False) is None
     assert "post-copy" in migration.post_copy_warning(True)
     assert "live_migration_permit_post_copy is on" in caplog.text
+
+
+L40S = "0000:c1:00.0"
+L40S_8Q = "nvidia-1156"
+
+
+@pytest.fixture
+def vf_pair(make_host, tmp_path):
+    """Two hosts with an L40S each, under NVIDIA's vendor-specific VFIO."""
+    source = Compute(tmp_path, make_host("l40s-vfio"), [L40S_8Q], "src")
+    destination = Compute(tmp_path, make_host("l40s-vfio"), [L40S_8Q], "dst")
+    return source, destination
+
+
+def typed_vfs(compute):
+    return {v.id: v.type_id for v in discovery.discover(compute.kernel).vgpus}
+
+
+def test_vendor_vfio_vfs_move_to_vfs_typed_on_the_destination(vf_pair):
+    source, destination = vf_pair
+    _other, taken = destination.boot("other", L40S)     # another guest's VF there
+    assert taken == ["0000:c1:00.4"]
+    instance, on_source = source.boot("vdi-1", L40S, units=2)
+    assert on_source == ["0000:c1:00.4", "0000:c1:00.5"]
+    types = source.migrations.source_mdev_types(on_source)
+    assert types == {vf: L40S_8Q for vf in on_source}
+    mapping = destination.migrations.claim_incoming(
+        instance, types, destination.allocation(L40S, 2), destination.providers)
+    # The free VF of the same address keeps it; the taken one maps elsewhere.
+    assert mapping == {"0000:c1:00.4": "0000:c1:00.6", "0000:c1:00.5": "0000:c1:00.5"}
+    assert destination.states(_other) == [claims.ATTACHED]
+    assert destination.states(instance) == [claims.MIGRATING_IN] * 2
+    assert typed_vfs(destination) == {vf: L40S_8Q for vf in
+                                      ("0000:c1:00.4", "0000:c1:00.5", "0000:c1:00.6")}
+    dom = source.libvirt.conn.lookupByUUIDString(instance)
+    xml = source.migrations.rewrite_xml(dom.XMLDesc(0), mapping)
+    assert sorted(guest.pci_vfs(guest.parse(xml))) == sorted(mapping.values())
+    destination.libvirt.conn.defineXML(xml)
+    dom.undefine()
+    destination.migrations.finish_incoming(instance)
+    source.migrations.finish_outgoing(instance)
+    assert destination.states(instance) == [claims.ATTACHED] * 2
+    assert source.manager.journal.claims(instance) == []
+    # The source's VFs are free for the next guest (kept typed for reuse).
+    assert sorted(source.manager.allocate("next", source.allocation(L40S, 2),
+                                          source.providers)) == on_source
+
+
+def test_a_failed_vf_migration_leaves_nothing_on_the_destination(vf_pair):
+    source, destination = vf_pair
+    instance, on_source = source.boot("vdi-1", L40S)
+    mapping = destination.migrations.claim_incoming(
+        instance, source.migrations.source_mdev_types(on_source),
+        destination.allocation(L40S), destination.providers)
+    assert typed_vfs(destination) == {mapping[on_source[0]]: L40S_8Q}
+    assert destination.migrations.rollback_incoming(instance) == [mapping[on_source[0]]]
+    assert destination.manager.journal.claims() == [] and typed_vfs(destination) == {}
+    assert source.states(instance) == [claims.ATTACHED]
+
+
+def test_only_the_mapped_pci_hostdevs_are_rewritten_and_all_at_once():
+    """A swap ({A: B, B: A}) is applied at once, and a PCI hostdev that is
+    no vGPU (a NIC's VF nova passes through) keeps its address."""
+    xml = libvirt_domains.domain_xml(
+        "g", vfs=["0000:c1:00.4", "0000:c1:00.5", "0000:3b:02.1"])
+    root = guest.rewrite_pci_vfs(guest.parse(xml), {"0000:c1:00.4": "0000:c1:00.5",
+                                                    "0000:c1:00.5": "0000:c1:00.4"})
+    assert guest.pci_vfs(root) == ["0000:c1:00.5", "0000:c1:00.4", "0000:3b:02.1"]
+
+
+@pytest.mark.parametrize("claimed, reason", [
+    ({L40S_8Q: [str(uuid.uuid4())]}, f"has no {L40S_8Q} VF for source vGPU 0000:c1:00.4"),
+    ({L40S_8Q: ["0000:c1:00.5", "0000:c1:00.6"]}, r"has 1 more vGPU\(s\) than the guest"),
+])
+def test_the_mapping_refuses_what_the_guest_cannot_use(claimed, reason):
+    with pytest.raises(migration.MigrationPreCheckFailed, match=reason):
+        migration._map_by_type("i-1", {"0000:c1:00.4": L40S_8Q}, claimed)
+
+
+def test_a_mapping_nova_would_apply_as_a_type_swap_is_refused():
+    """nova rewrites PCI hostdevs one at a time, the first match each: a
+    destination address that is another source's, of another type, would
+    swap the two guest devices' types."""
+    types = {"0000:c1:00.4": "nvidia-1155", "0000:c1:00.5": L40S_8Q}
+    with pytest.raises(migration.MigrationPreCheckFailed, match="would swap types"):
+        migration._map_by_type("i-1", types, {"nvidia-1155": ["0000:c1:00.5"],
+                                              L40S_8Q: ["0000:c1:00.4"]})
+    assert migration._map_by_type("i-1", types, {"nvidia-1155": ["0000:c1:00.4"],
+                                                 L40S_8Q: ["0000:c1:00.6"]}) == {
+        "0000:c1:00.4": "0000:c1:00.4", "0000:c1:00.5": "0000:c1:00.6"}
+
+
+def test_post_copy_is_refused_for_vendor_vfio_vfs_only():
+    migration.check_post_copy("i-1", [], True)
+    migration.check_post_copy("i-1", ["0000:c1:00.4"], False)
+    with pytest.raises(migration.MigrationPreCheckFailed, match="cannot be migrated in "
+                       "post-copy mode, and \\[libvirt\\] live_migration_permit_post_copy"):
+        migration.check_post_copy("i-1", ["0000:c1:00.4"], True)
+
+
+def test_a_destination_restarted_or_rebooted_mid_migration_keeps_its_vfs(vf_pair):
+    source, destination = vf_pair
+    instance, on_source = source.boot("vdi-1", L40S)
+    mapping = destination.migrations.claim_incoming(
+        instance, source.migrations.source_mdev_types(on_source),
+        destination.allocation(L40S), destination.providers)
+    (claimed,) = mapping.values()
+    destination.restart()
+    destination.reconciler.clean_stale_claims(grace=0)   # what init_host does
+    assert destination.states(instance) == [claims.MIGRATING_IN]
+    destination.kernel.reboot()                          # the VFs and their types go
+    destination.kernel.set_sriov_numvfs(L40S, 16)
+    assert typed_vfs(destination) == {}
+    outcomes = destination.reconciler.restore()
+    assert [(o.mdev_uuid, o.result) for o in outcomes] == [(claimed, "restored")]
+    assert typed_vfs(destination) == {claimed: L40S_8Q}
+    dom = source.libvirt.conn.lookupByUUIDString(instance)
+    destination.libvirt.conn.defineXML(source.migrations.rewrite_xml(dom.XMLDesc(0), mapping))
+    destination.migrations.finish_incoming(instance)
+    assert destination.states(instance) == [claims.ATTACHED]

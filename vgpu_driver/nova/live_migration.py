@@ -3,9 +3,12 @@
 The source checks that its kernel migrates VFIO devices; the destination
 claims its vGPUs for the incoming guest (journalled ``migrating_in``, so a
 restart of nova-compute during the migration keeps them) and maps the
-source's mdevs to them; the claims then become the guest's, or go again on a
-rollback.  The work itself is :mod:`vgpu_driver.migration`'s; this layer only
-hooks it into nova's calls.
+source's vGPUs to them; the claims then become the guest's, or go again on
+a rollback.  The mapping travels in nova's own migrate data: mdevs in
+``target_mdevs`` (nova rewrites the mdev hostdevs), vendor-VFIO VFs in
+``pci_dev_map_src_dst`` (nova rewrites the PCI hostdevs' addresses, as
+for its own live-migratable PCI devices).  The work itself is
+:mod:`vgpu_driver.migration`'s; this layer only hooks it into nova's calls.
 
 :class:`LiveMigration` sits between nova's ``LibvirtDriver`` and
 :class:`~vgpu_driver.nova.driver.LibvirtVGPUDriver`, so its ``super()`` is
@@ -26,6 +29,7 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import exception
 from vgpu_driver import host_reconciler
 from vgpu_driver import migration as vgpu_migration
+from vgpu_driver import names
 
 CONF = nova.conf.CONF
 LOG = logging.getLogger(__name__)
@@ -53,16 +57,29 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
                 instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
         except exception.VgpuDriverError as exc:
             raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
-        migrate_data.target_mdevs = mapping
+        vfs = {s: d for s, d in mapping.items() if names.is_vf_vgpu_id(s)}
+        # Set even when empty: it is what makes nova send the rollback here.
+        migrate_data.target_mdevs = {s: d for s, d in mapping.items() if s not in vfs}
+        if vfs:
+            # nova's flavor-based PCI claims are in it already: added to, not replaced.
+            pci_map = dict(migrate_data.pci_dev_map_src_dst
+                           if "pci_dev_map_src_dst" in migrate_data else {})
+            pci_map.update(vfs)
+            migrate_data.pci_dev_map_src_dst = pci_map
         return migrate_data
 
     def check_can_live_migrate_source(self, context, instance, dest_check_data,
                                       *args, **kwargs):
         """A guest with vGPUs needs a kernel that migrates VFIO devices here
-        too; QEMU refuses their post-copy, so that setting is warned about."""
-        if self._instance_mdevs(instance):
+        too; QEMU refuses their post-copy, so that setting is warned about,
+        and refused for a guest with vendor-VFIO VFs."""
+        vgpus = self._instance_mdevs(instance)
+        if vgpus:
             try:
                 vgpu_migration.check_kernel(instance.uuid, "source")
+                vgpu_migration.check_post_copy(
+                    instance.uuid, [v for v in vgpus if names.is_vf_vgpu_id(v)],
+                    CONF.libvirt.live_migration_permit_post_copy)
             except exception.VgpuDriverError as exc:
                 raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
             vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)

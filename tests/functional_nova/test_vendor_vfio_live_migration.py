@@ -1,0 +1,150 @@
+"""Live migration of guests whose vGPUs are NVIDIA vendor-specific VFIO VFs.
+
+Two computes with an L40S each.  The destination claims VFs and sets their
+type before the guest moves; the mapping goes to the source in nova's own
+``pci_dev_map_src_dst``, from which nova rewrites the guest's PCI hostdevs;
+fake libvirt plays the migration (nova's ``LibvirtMigrationMixin``).
+"""
+
+from nova.tests.functional.api import client
+
+from tests.functional_nova import soak
+from tests.functional_nova import test_live_migration
+from tests.functional_nova import test_vgpu
+
+TYPE = "nvidia-1156"   # L40S-8Q
+PROVIDER = "pci_0000_c1_00_0"
+
+
+class VendorVfioLiveMigrationTestBase(test_live_migration.LiveMigrationTestBase):
+    ENABLED_TYPES = SOURCE_TYPES = DEST_TYPES = TYPE
+    UNITS = 1
+
+    def setUp(self):
+        super().setUp()
+        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
+                                          extra_spec={"resources:VGPU": str(self.UNITS)})
+
+    def start_host(self, hostname, enabled_types):
+        self.flags(enabled_mdev_types=enabled_types, group="devices")
+        # sysfs does not say how many fit on the GPU: the operator does.
+        self.flags(max_instances=6, group=f"mdev_{TYPE}")
+        self.start_vgpu_compute(hostname, "l40s-vfio")
+        return self.computes[hostname]
+
+    def usage(self, hostname):
+        return self.gpu_providers(hostname)[f"{hostname}_{PROVIDER}"][2]
+
+    def domain_vfs(self, hostname):
+        vfs = []
+        for guest in self.computes[hostname].driver._host.list_guests(only_running=False):
+            vfs += test_vgpu.guest_xml.pci_vfs(test_vgpu.guest_xml.parse(guest.get_xml_desc()))
+        return sorted(vfs)
+
+    def typed_vfs(self, hostname):
+        """``{VF: type}`` of the host's VFs that have a vGPU type set."""
+        return {v.id: v.type_id for v in test_vgpu.discovery.discover(
+            self.kernels[hostname]).vgpus}
+
+    def boot(self):
+        self.server = self._create_server(flavor_id=self.flavor, networks="none",
+                                          host="src")
+        vfs = self.domain_vfs("src")
+        self.assertEqual(self.UNITS, len(vfs))
+        return vfs
+
+    def assert_audit_clean(self):
+        for host in ("src", "dest"):
+            self.assertEqual([], soak.audit_of(self, host), host)
+
+
+class OneVfTests(VendorVfioLiveMigrationTestBase):
+    def test_the_guest_moves_to_vfs_typed_on_the_destination(self):
+        # A guest on the destination holds the VFs of the source's addresses,
+        # so the guest's hostdevs must be rewritten to others.
+        occupant = self._create_server(flavor_id=self.flavor, networks="none", host="dest")
+        taken = self.domain_vfs("dest")
+        on_source = self.boot()
+        self.assertEqual(taken, on_source)
+        self._live_migrate(self.server, "completed")
+        self.assertEqual("dest", self.api.get_server(self.server["id"])[
+            "OS-EXT-SRV-ATTR:host"])
+        arrived = sorted(set(self.domain_vfs("dest")) - set(taken))
+        self.assertEqual(self.UNITS, len(arrived))
+        self.assertEqual({vf: TYPE for vf in taken + arrived}, self.typed_vfs("dest"))
+        self.assertEqual(sorted((vf, "attached") for vf in arrived),
+                         sorted(self.claims("dest", self.server["id"])))
+        # The source's VFs are free: no claim, no domain, kept typed for the
+        # next guest ([vgpu] remove_mdevs_on_release is off).
+        self.assertEqual(([], []), (self.claims("src"), self.domain_vfs("src")))
+        self.assertEqual({vf: TYPE for vf in on_source}, self.typed_vfs("src"))
+        self.assertEqual((0, 2 * self.UNITS), (self.usage("src"), self.usage("dest")))
+        self.assertEqual(sorted((vf, "attached") for vf in taken),
+                         sorted(self.claims("dest", occupant["id"])))
+        self._run_periodics()
+        self.assert_audit_clean()
+        other = self._create_server(flavor_id=self.flavor, networks="none", host="src")
+        self.assertEqual(sorted((vf, "attached") for vf in on_source),
+                         sorted(self.claims("src", other["id"])))
+
+
+class TwoVfsTests(OneVfTests):
+    UNITS = 2
+
+
+class ClaimBeforeTheGuestMovesTests(VendorVfioLiveMigrationTestBase):
+    """While the migration runs the destination's VFs are claimed, typed and
+    counted, and the XML sent over names them."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        sent = test_vgpu.guest_xml.pci_vfs(test_vgpu.guest_xml.parse(
+            params["destination_xml"]))
+        self.seen = (self.claims("dest", self.server["id"]), self.typed_vfs("dest"),
+                     (self.usage("src"), self.usage("dest")), sent)
+        super()._migrate_stub(domain, destination, params, flags)
+
+    def test_the_destination_claims_and_types_its_vf_first(self):
+        self.boot()
+        self._live_migrate(self.server, "completed")
+        claims, typed, usage, sent = self.seen
+        ((claimed, state),) = claims
+        self.assertEqual(("migrating_in", {claimed: TYPE}, (1, 1), [claimed]),
+                         (state, typed, usage, sent))
+        self.assertEqual([claimed], self.domain_vfs("dest"))
+
+
+class FailedVfMigrationTests(VendorVfioLiveMigrationTestBase):
+    """The migration fails after the destination claimed and typed its VF:
+    nothing is left there, and the guest keeps its VF on the source."""
+
+    def _migrate_stub(self, domain, destination, params, flags):
+        self.during = (self.claims("dest", self.server["id"]), self.typed_vfs("dest"))
+        conn = self.src.driver._host.get_connection()
+        conn.lookupByUUIDString(self.server["id"]).fail_job()
+        self.migrate_stub_ran = True
+
+    def test_a_failed_migration_leaves_nothing_on_the_destination(self):
+        on_source = self.boot()
+        self._live_migrate(self.server, "failed")
+        ((claimed, state),) = self.during[0]
+        self.assertEqual(("migrating_in", {claimed: TYPE}), (state, self.during[1]))
+        self.assertEqual(([], {}, []), (self.claims("dest"), self.typed_vfs("dest"),
+                                        self.domain_vfs("dest")))
+        self.assertEqual(on_source, self.domain_vfs("src"))
+        self.assertEqual([(on_source[0], "attached")], self.claims("src"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+        self._run_periodics()
+        self.assert_audit_clean()
+
+
+class PostCopyTests(VendorVfioLiveMigrationTestBase):
+    def test_post_copy_permitted_refuses_before_anything_is_claimed(self):
+        self.flags(live_migration_permit_post_copy=True, group="libvirt")
+        on_source = self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        self.assertIn(f"its vGPUs on VFs {on_source[0]} (NVIDIA vendor-specific VFIO) cannot "
+                      "be migrated in post-copy mode", self.stdlog.logger.output)
+        self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
