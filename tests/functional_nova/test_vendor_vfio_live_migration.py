@@ -148,3 +148,45 @@ class PostCopyTests(VendorVfioLiveMigrationTestBase):
                       "be migrated in post-copy mode", self.stdlog.logger.output)
         self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
         self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+
+class RefusedBeforeAnythingIsClaimedTests(VendorVfioLiveMigrationTestBase):
+    """The gates of mdev guests hold for VF guests, each before the
+    destination claims or types anything."""
+
+    def assert_refused(self, *logged):
+        on_source = self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        for text in logged:
+            self.assertIn(text, self.stdlog.logger.output)
+        self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
+        self.assertEqual(on_source, self.domain_vfs("src"))
+        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+
+    def test_a_kernel_without_vfio_migration(self):
+        self.set_kernel("5.15.0-91-generic")
+        self.assert_refused("the source host's Linux kernel is 5.15.0, 5.18.0 or later is "
+                            "needed")
+
+    def test_an_old_source_hypervisor(self):
+        self.restart_host("src", libvirt_version=8005000, qemu_version=8000000)
+        self.assert_refused("for compute service source are too old")
+
+
+class AnotherTypeOnTheDestinationTests(VendorVfioLiveMigrationTestBase):
+    """The destination's L40S serves L40S-4Q only: an 8Q guest cannot move."""
+
+    DEST_TYPES = "nvidia-1155"
+    ENABLED_TYPES = "nvidia-1155,nvidia-1156"
+
+    def test_the_destination_refuses_a_type_it_does_not_serve(self):
+        on_source = self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        self.assertIn(f"source mdev types ['{TYPE}'] are not served by this host",
+                      self.stdlog.logger.output)
+        self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
+        self.assertEqual(on_source, self.domain_vfs("src"))
