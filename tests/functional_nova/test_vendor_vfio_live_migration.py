@@ -8,7 +8,7 @@ fake libvirt plays the migration (nova's ``LibvirtMigrationMixin``).
 
 from nova.tests.functional.api import client
 
-from tests.functional_nova import soak
+from tests.functional_nova import host_audit
 from tests.functional_nova import test_live_migration
 from tests.functional_nova import test_vgpu
 
@@ -55,7 +55,7 @@ class VendorVfioLiveMigrationTestBase(test_live_migration.LiveMigrationTestBase)
 
     def assert_audit_clean(self):
         for host in ("src", "dest"):
-            self.assertEqual([], soak.audit_of(self, host), host)
+            self.assertEqual([], host_audit.audit_of(self, host), host)
 
 
 class OneVfTests(VendorVfioLiveMigrationTestBase):
