@@ -85,7 +85,8 @@ NOVA_LEAK = "nova-leak:"
 # - a compute started while Placement failed has no provider tree in its
 #   resource tracker until a periodic update succeeds (the tree is read from
 #   Placement before the virt driver is asked anything), so an instance claim
-#   there meanwhile fails with AttributeError in _claim_resources;
+#   there meanwhile fails with AttributeError in _claim_resources (an
+#   unshelve's 500, or a build rescheduled until it ends in ERROR);
 # - a shelve snapshots the guest's domain, and of a server nova itself left
 #   without one (see NOVA_LEAK) fails with InstanceNotRunning: counted as
 #   nova's only when the server is one of those.
@@ -496,8 +497,12 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         except ServerError as exc:
             if in_fault:
                 result.failed_in_fault[op.kind] += 1
-            else:
-                result.record(index, [Finding("server-error", op.kind, str(exc))])
+                return f"error: {exc}"
+            known = self._new_nova_error()
+            if known is not None and known not in OF_DOMAINLESS:
+                result.record(index, [Finding(NOVA_ERROR + known, op.kind, str(exc)[:300])])
+                return f"nova error: {known}"
+            result.record(index, [Finding("server-error", op.kind, str(exc))])
             return f"error: {exc}"
         except api_client.OpenStackApiException as exc:
             return self._api_refusal(op, index, exc, in_fault)

@@ -71,6 +71,28 @@ class ReplayedCasesTest(soak.SoakTestBase):
         at = log.find("in _claim_resources")
         self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
 
+    def test_a_build_on_a_compute_restarted_in_an_outage_is_nova_s_error(self):
+        """The same missing provider tree fails a build there: nova's
+        instance claim raises, nova reschedules, and a boot pinned to that
+        host ends in ERROR ("Exhausted all hosts"), which the
+        10,000-operation run of seed 20261124 met at op 6918.  Reported as
+        nova's, not counted; once a periodic update has run, a boot there
+        works."""
+        result = self.run_script([
+            soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="src")),
+            soak.Op("boot", flavor="t4x1", host="src"),
+            soak.Op("periodic_update"),
+            soak.Op("boot", flavor="t4x1", host="src"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done", "done", "nova error: resource-tracker-without-provider-tree",
+                          "done", "done"],
+                         [line.split(" -> ")[1] for line in result.log], result.log)
+        log = self.stdlog.logger.output
+        at = log.find("in _claim_resources")
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+
     def test_what_a_revert_in_an_outage_leaves_goes_at_the_next_periodic(self):
         """A revert that Placement's 503s interrupt leaves the source's
         domain and claim (nothing reached the source); the next periodic
