@@ -93,6 +93,26 @@ class ReplayedCasesTest(soak.SoakTestBase):
         at = log.find("in _claim_resources")
         self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
 
+    def test_a_guest_back_before_its_old_vgpu_is_gone_gets_another(self):
+        """A guest live-migrated away while its vGPU was held open (its
+        removal blocked, its claim releasing), then cold-migrated back: the
+        allocation there reused its own releasing claim, and once the
+        kernel let go the guest's domain named a vGPU that was gone (the
+        10,000-operation run of seed 20261124 on 42c6e2d, op 9418)."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="src"),
+            soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=4),
+            soak.Op("live_migrate", server="soak-1"),
+            soak.Op("cold_migrate", server="soak-1"),
+            soak.Op("periodic_update"),
+            soak.Op("periodic_update"),
+            soak.Op("confirm_resize", server="soak-1"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
+                         result.log)
+        self.assertEqual({}, result.violations, result.report())
+
     def test_what_a_revert_in_an_outage_leaves_goes_at_the_next_periodic(self):
         """A revert that Placement's 503s interrupt leaves the source's
         domain and claim (nothing reached the source); the next periodic

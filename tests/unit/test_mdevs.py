@@ -204,6 +204,22 @@ class TestRelease:
         assert got[0] not in {m.uuid for m in life.host.list_mdevs()}
 
 
+    def test_a_guest_back_gets_a_new_vgpu_not_the_one_going_away(self, lifecycle):
+        """Its own claim on a vGPU whose removal the kernel still blocks is
+        not reused: once the kernel lets go, that vGPU is gone."""
+        life = lifecycle("t4x8", remove_on_release=True, remove_timeout=0.2)
+        instance, old = life.boot(T4A)
+        life.host.hold(old[0])
+        assert life.delete(instance) == []
+        again = life.allocate(instance, T4A)
+        assert again != old
+        life.host.release(old[0])
+        time.sleep(0.3)
+        assert life.reconciler.finish_releases() == old
+        assert {m.uuid for m in life.host.list_mdevs()} == set(again)
+        assert [(c.mdev_uuid, c.state) for c in life.journal.claims()] == [
+            (again[0], claims.CLAIMED)]
+
     def test_a_guest_defined_again_leaves_its_blocked_removal_releasing(self, lifecycle):
         """A guest that moved away while its old vGPU's removal is blocked,
         and came back: its new domain is attached, the old vGPU stays going

@@ -16,6 +16,7 @@ lists them (name order), the plan sorted by vGPU id.
 import collections.abc
 import dataclasses
 
+from vgpu_driver import claims
 from vgpu_driver import exception
 
 
@@ -112,8 +113,12 @@ def plan_gpu(instance, request, state, claimed, users):
     type_id, units = request.type_id, request.units
     used = _Referenced(users, claimed)
     existing = {uuid for s in state.parents for uuid, _ in s.vgpus}
+    # The instance's own claims, but not those going away: a vGPU whose
+    # removal is in flight (the guest left this host and came back) is gone
+    # as soon as the kernel lets go of it.
     mine = [c for c in claimed.values()
-            if c.instance_uuid == instance and c.gpu == state.address]
+            if c.instance_uuid == instance and c.gpu == state.address
+            and c.state != claims.RELEASING]
     plan = [Planned(c.mdev_uuid, state.address, c.parent, c.type_id,
                     create=c.mdev_uuid not in existing) for c in mine[:units]]
     wanted = units - len(plan)
