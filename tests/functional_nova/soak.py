@@ -34,6 +34,8 @@ import sys
 import time
 import weakref
 
+from nova import context as nova_context
+from nova import objects
 from nova.tests.functional.api import client as api_client
 from oslo_config import cfg
 
@@ -89,7 +91,12 @@ NOVA_LEAK = "nova-leak:"
 #   unshelve's 500, or a build rescheduled until it ends in ERROR);
 # - a shelve snapshots the guest's domain, and of a server nova itself left
 #   without one (see NOVA_LEAK) fails with InstanceNotRunning: counted as
-#   nova's only when the server is one of those.
+#   nova's only when the server is one of those;
+# - a revert that fails after nova's API has put the old flavor back in the
+#   server's request spec leaves the server on the new flavor; an unshelve
+#   is then scheduled for the old one, and the driver refuses to define a
+#   guest with vGPUs its flavor does not ask for: counted as nova's only
+#   when the server's request spec names another flavor than the server.
 NOVA_ERROR = "nova-error:"
 NOVA_ERRORS = {
     "resource-tracker-without-provider-tree": re.compile(
@@ -99,9 +106,13 @@ NOVA_ERRORS = {
         r"in _shelve_instance\n\s+self\.driver\.snapshot\(.*\n"
         r'.*libvirt/driver\.py", line \d+, in snapshot\n'
         r"\s+raise exception\.InstanceNotRunning\("),
+    "request-spec-of-another-flavor": re.compile(
+        r"ComputeResourcesUnavailable: .* gets no vGPU here: the (flavor asks|allocation holds)"),
 }
 # nova's errors that are nova's only for a server it left without a domain.
 OF_DOMAINLESS = frozenset({"snapshot-of-a-domainless-server"})
+# ... only for a server whose request spec names another flavor.
+OF_ANOTHER_SPEC = frozenset({"request-spec-of-another-flavor"})
 # What a guest leaves on a host it left, for the next periodic update.
 GUEST_LEFT = frozenset({"claim-without-guest", "domain-without-guest"})
 MIGRATION_FAILED = frozenset({"error", "failed"})
@@ -499,7 +510,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
                 result.failed_in_fault[op.kind] += 1
                 return f"error: {exc}"
             known = self._new_nova_error()
-            if known is not None and known not in OF_DOMAINLESS:
+            if known is not None and self._is_nova_s(known, op.server):
                 result.record(index, [Finding(NOVA_ERROR + known, op.kind, str(exc)[:300])])
                 return f"nova error: {known}"
             result.record(index, [Finding("server-error", op.kind, str(exc))])
@@ -517,13 +528,30 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             counter[op.kind] += 1
             return f"refused: HTTP {status}"
         known = self._new_nova_error() if status == 500 else None
-        if known in OF_DOMAINLESS and self._ids.get(op.server) not in self._domainless:
-            known = None
-        if known is not None:
+        if known is not None and self._is_nova_s(known, op.server):
             self._result.record(index, [Finding(NOVA_ERROR + known, op.kind, text[:300])])
             return f"nova error: {known}"
         self._result.record(index, [Finding("api-error", op.kind, text[:300])])
         return f"api error: HTTP {status}"
+
+    def _is_nova_s(self, known, name):
+        """Whether the known nova error just logged is nova's for this
+        server: some are only under a condition the server must meet."""
+        server_id = self._ids.get(name)
+        if known in OF_DOMAINLESS:
+            return server_id in self._domainless
+        if known in OF_ANOTHER_SPEC:
+            return server_id is not None and self._spec_flavor(server_id) != (
+                self._get(server_id) or {}).get("flavor", {}).get("original_name")
+        return True
+
+    @staticmethod
+    def _spec_flavor(server_id):
+        """The flavor nova's request spec for the server names (what nova
+        schedules its moves and unshelves for)."""
+        spec = objects.RequestSpec.get_by_instance_uuid(
+            nova_context.get_admin_context(), server_id)
+        return spec.flavor.name
 
     def _new_nova_error(self):
         """The known nova error whose traceback nova logged since the last

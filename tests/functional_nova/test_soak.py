@@ -197,3 +197,24 @@ class ReplayedCasesTest(soak.SoakTestBase):
         log = self.stdlog.logger.output
         at = log.find("raise exception.InstanceNotRunning")
         self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+
+    def test_an_unshelve_after_a_revert_in_an_outage_gets_no_vgpu_of_another_flavor(self):
+        """A revert that Placement's 503s interrupt leaves the server on its
+        new flavor, but nova's API has already put the old one back in the
+        server's request spec; an unshelve then schedules for the old flavor
+        (the 10,000-operation prelude of seed 20261125 on 05fb86f, op 1370).
+        The driver defines no guest with vGPUs its flavor does not ask for."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="src"),
+            soak.Op("resize", server="soak-1", flavor="a100x2"),
+            soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
+            soak.Op("stop", server="soak-1"),
+            soak.Op("start", server="soak-1"),
+            soak.Op("shelve", server="soak-1"),
+            soak.Op("unshelve", server="soak-1", host="dest"),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done", "done", "refused: HTTP 500"] + ["done"] * 4
+                         + ["nova error: request-spec-of-another-flavor"],
+                         [line.split(" -> ")[1] for line in result.log], result.log)

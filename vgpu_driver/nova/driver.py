@@ -169,7 +169,27 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 version=compat.nova_version(), supported=compat.supported_range())
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
+        self._refuse_other_flavor(instance, allocations or {})
         return self._claim(instance.uuid, allocations)
+
+    def _refuse_other_flavor(self, instance, allocations):
+        """No guest is defined with vGPUs its flavor does not ask for.
+
+        nova schedules from the instance's request spec; a revert that
+        failed after nova's API had put the old flavor back in it leaves
+        the instance on the new flavor, and an unshelve then allocates for
+        the old one.  Refused (nova then keeps the server shelved) rather
+        than a guest running the other flavor's vGPUs.
+        """
+        providers = self._providers_by_uuid()
+        classes = self.vgpu.mdev_config.mdev_classes
+        if any(rp not in providers for rp, allocation in allocations.items()
+               if classes & set(allocation.get("resources", {}))):
+            return      # not this host's GPUs: the claim itself refuses them
+        why = flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
+        if why is not None:
+            raise nova_exception.ComputeResourcesUnavailable(
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
 
     def _claim(self, instance_uuid, allocations):
         try:

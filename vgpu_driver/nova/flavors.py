@@ -1,11 +1,14 @@
 """Whether the vGPUs of an allocation are those the instance's flavor asks for.
 
 nova keeps an instance's flavor and its Placement allocation in step, but
-for one case: a resize whose finish fails on the destination gives the
+for two cases.  A resize whose finish fails on the destination gives the
 instance its old flavor back and leaves it there, holding the *new* flavor's
-allocation (so that a hard reboot can recover it there).  A hard reboot, a
-start or a revert that defined the guest from that allocation would give it
-vGPUs of a type its flavor does not ask for; the driver refuses instead.
+allocation (so that a hard reboot can recover it there).  A revert that
+fails after nova's API has put the old flavor back in the instance's request
+spec leaves the instance on the new flavor, and its next unshelve is
+scheduled, and allocated, for the old one.  Defining the guest from such an
+allocation would give it vGPUs its flavor does not ask for; the driver
+refuses instead, whichever operation defines it.
 
 Only what names a vGPU is compared: the units of each mdev resource class,
 and the traits that name a vGPU type, the automatic ones every GPU provider
