@@ -112,6 +112,8 @@ class Vgpu:
 class HostSnapshot:
     gpus: tuple[PhysicalGPU, ...]
     mdevs: tuple[base.MdevInfo, ...]
+    # The NVIDIA vGPU manager's version, one per host (None: not loaded).
+    vgpu_manager_version: str | None = None
 
     @property
     def vgpus(self):
@@ -179,10 +181,11 @@ def discover(host):
     """Read the host once and return a :class:`HostSnapshot`."""
     mdevs = tuple(host.list_mdevs())
     return assemble(host, mdevs, host.list_parents(), host.list_vendor_vfio(),
-                    host.pci_device, host.list_sriov_pfs())
+                    host.pci_device, host.list_sriov_pfs(), host.vgpu_manager_version())
 
 
-def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs):
+def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs,
+             manager_version=None):
     """The snapshot made of what was read: ``parent_infos`` sorted by name,
     ``pci_device(address)`` the PCI facts of a GPU (read now or kept),
     ``sriov_pfs`` the host's SR-IOV physical functions (the same)."""
@@ -208,4 +211,5 @@ def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs):
         gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
                                 parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
     gpus += _pending_gpus(sriov_pfs, grouped)
-    return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs)
+    return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs,
+                        vgpu_manager_version=manager_version)

@@ -80,7 +80,7 @@ class CachedDiscovery:
         self._pci = {}
         self._sriov_pfs = host.list_sriov_pfs()
         self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
-                                            self._sriov_pfs)
+                                            self._sriov_pfs, host.vgpu_manager_version())
         self._full_at = now
         self.last = "full"
         return self._snapshot
@@ -121,7 +121,7 @@ class CachedDiscovery:
         self._sriov_pfs = self._sriov_functions(known, present, changes)
         infos = [self._parents[name] for name in listed if name in self._parents]
         self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
-                                            self._sriov_pfs)
+                                            self._sriov_pfs, host.vgpu_manager_version())
         self.last = "partial"
         if dirty:
             LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))

@@ -104,9 +104,30 @@ def type_traits(type_id, type_name):
     return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
 
 
-def provider_traits(type_id, type_name):
-    """A GPU provider's traits: its type's, and the one saying it is ours."""
-    return tuple(sorted({*type_traits(type_id, type_name), ownership.OWNER_TRAIT}))
+def manager_trait(version):
+    """The trait naming an NVIDIA vGPU manager version (``550.127.06`` ->
+    ``CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06``): a live migration of
+    vendor-VFIO vGPUs reads the source's from Placement."""
+    return f"{ownership.MANAGER_TRAIT_PREFIX}{names.trait_fragment(version)}"
+
+
+def manager_version_of(trait):
+    """The version a :func:`manager_trait` names, dotted again."""
+    return trait[len(ownership.MANAGER_TRAIT_PREFIX):].replace("_", ".")
+
+
+def provider_traits(type_id, type_name, manager_version=None):
+    """A GPU provider's traits: its type's, the one saying it is ours, and
+    on an NVIDIA GPU the one naming the host's vGPU manager version."""
+    traits = {*type_traits(type_id, type_name), ownership.OWNER_TRAIT}
+    if manager_version:
+        traits.add(manager_trait(manager_version))
+    return tuple(sorted(traits))
+
+
+def _manager_version(snapshot, gpu):
+    nvidia = gpu.pci is not None and gpu.pci.vendor == discovery.NVIDIA_VENDOR
+    return snapshot.vgpu_manager_version if nvidia else None
 
 
 def configured_types(snapshot, mdev_config):
@@ -330,7 +351,9 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
             gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
             resource_class=type_config.mdev_class, total=row["total"],
             reserved=_units(row["reserved_for"]), max_unit=row["total"],
-            traits=provider_traits(row["type_id"], row["type_name"]), reason=row["reason"],
+            traits=provider_traits(row["type_id"], row["type_name"],
+                                   _manager_version(snapshot, row["gpu"])),
+            reason=row["reason"],
             reserved_for=row["reserved_for"]))
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),

@@ -21,12 +21,18 @@ from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import guest
+from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
+from vgpu_driver.placement import ownership
 
 LOG = logging.getLogger(__name__)
 
 MIN_KERNEL = (5, 18, 0)   # VFIO migration's v2 protocol
+# QEMU 8.2 migrates several VFIO devices of one guest, and only when each
+# supports the P2P quiescent state (QEMU reads that from the device when the
+# guest starts; one without it blocks the migration as it begins).
+MIN_QEMU_SEVERAL_VFIO = (8, 2, 0)
 
 
 class MigrationPreCheckFailed(exception.VgpuDriverError):
@@ -52,6 +58,18 @@ def check_kernel(instance, side, release=None):
                                       f"{_dotted(MIN_KERNEL)} or later is needed")
 
 
+def check_several_vfio(instance, side, devices, qemu_version):
+    """Refuse a guest with several VFIO devices (its vGPUs, mdevs or VFs,
+    and other PCI hostdevs) where this host's QEMU migrates one at most.
+    Each side checks itself; the devices' P2P support is QEMU's to check."""
+    if len(devices) > 1 and tuple(qemu_version) < MIN_QEMU_SEVERAL_VFIO:
+        raise MigrationPreCheckFailed(
+            instance=instance,
+            reason=f"it has {len(devices)} VFIO devices ({', '.join(sorted(devices))}); "
+                   f"QEMU migrates several from {_dotted(MIN_QEMU_SEVERAL_VFIO)} on, each "
+                   f"supporting P2P, and the {side} host's QEMU is {_dotted(qemu_version)}")
+
+
 def check_post_copy(instance, vfs, permit_post_copy):
     """Refuse a guest with vendor-VFIO VFs while nova may switch to
     post-copy: QEMU migrates no VFIO device in post-copy, and NVIDIA
@@ -62,6 +80,38 @@ def check_post_copy(instance, vfs, permit_post_copy):
             reason=f"its vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) cannot "
                    "be migrated in post-copy mode, and [libvirt] "
                    "live_migration_permit_post_copy is on: set it to false on vGPU hosts")
+
+
+def check_vgpu_manager(instance, vfs, source_traits, own_version):
+    """Refuse moving vendor-VFIO vGPUs between hosts whose NVIDIA vGPU
+    managers differ, or where either cannot be told: NVIDIA migrates them
+    only between hosts running one manager version.
+
+    ``source_traits`` are the traits of the GPU providers the guest holds on
+    the source (Placement's: the destination reads no other host), which
+    carry the source's version (:func:`vgpu_driver.inventory.manager_trait`);
+    ``own_version`` is this host's.  mdevs are not judged: NVIDIA's rules for
+    them allow some version pairs.
+    """
+    if not vfs:
+        return
+    source = sorted({inventory.manager_version_of(t) for t in source_traits
+                     if t.startswith(ownership.MANAGER_TRAIT_PREFIX)})
+    if not source:
+        reason = ("the source host's NVIDIA vGPU manager version is unknown: its GPU "
+                  f"providers carry no {ownership.MANAGER_TRAIT_PREFIX}* trait (no NVIDIA "
+                  "module loaded there, or a vgpu-driver too old to report it)")
+    elif own_version is None:
+        reason = ("this host's NVIDIA vGPU manager version is unknown (no readable "
+                  "/sys/module/nvidia/version)")
+    elif {inventory.manager_trait(own_version)} != {
+            t for t in source_traits if t.startswith(ownership.MANAGER_TRAIT_PREFIX)}:
+        reason = (f"the source host runs NVIDIA vGPU manager {', '.join(source)} and this "
+                  f"host {own_version}; vGPUs on VFs {', '.join(vfs)} (vendor-specific "
+                  "VFIO) migrate only between hosts of one manager version")
+    else:
+        return
+    raise MigrationPreCheckFailed(instance=instance, reason=reason)
 
 
 def post_copy_warning(permit_post_copy):
@@ -142,6 +192,12 @@ class Migrations:
         return guest.to_string(guest.rewrite_pci_vfs(root, vfs))
 
     # -- destination ---------------------------------------------------------------------
+
+    def check_vgpu_manager(self, instance, source_mdev_types, source_traits):
+        """:func:`check_vgpu_manager` against this host's manager, now."""
+        vfs = sorted(u for u in source_mdev_types if names.is_vf_vgpu_id(u))
+        own = self.manager.snapshot(refresh=True).vgpu_manager_version
+        check_vgpu_manager(instance, vfs, source_traits, own)
 
     def claim_incoming(self, instance, source_mdev_types, allocations, providers):
         """Claim this host's vGPUs for an incoming guest; ``{source: destination}``.

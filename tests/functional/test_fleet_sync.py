@@ -23,10 +23,13 @@ def test_sync_and_audit_follow_the_resolution(make_host, service, api, tmp_path,
     code, _, err = run_cli(*args, "sync", "-f", "json", conf=confs.FLEET)
     assert code == 0 and "10 created" in err
     view = placement_view(api, "cn1")
-    t4_4c = ["CUSTOM_MDEV_NVIDIA_319", "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_GRID_T4_4C"]
-    t4_8c = ["CUSTOM_MDEV_NVIDIA_320", "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_GRID_T4_8C"]
+    manager = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"
+    t4_4c = ["CUSTOM_MDEV_NVIDIA_319", manager, "CUSTOM_OWNER_VGPU_DRIVER",
+             "CUSTOM_VGPU_GRID_T4_4C"]
+    t4_8c = ["CUSTOM_MDEV_NVIDIA_320", manager, "CUSTOM_OWNER_VGPU_DRIVER",
+             "CUSTOM_VGPU_GRID_T4_8C"]
     expected = {provider("0000:41:00.0"): ({"CUSTOM_A100_4C": (10, 0)},
-                                           ["CUSTOM_MDEV_NVIDIA_468",
+                                           ["CUSTOM_MDEV_NVIDIA_468", manager,
                                             "CUSTOM_OWNER_VGPU_DRIVER",
                                             "CUSTOM_VGPU_NVIDIA_A100_4C"])}
     expected.update({provider(a): ({"VGPU": (4, 0)}, t4_4c) for a in T4[:4]})

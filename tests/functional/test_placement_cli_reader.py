@@ -45,12 +45,15 @@ M60 = "compute1"
 A100 = "compute2"
 A100_TRAIT = "CUSTOM_VGPU_NVIDIA_A100_4C"
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped NVIDIA profiles'
+M60_0B = {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER, MANAGER}
 # What the guide's inventory list shows for each GPU, our capacities plugged in.
 EXPECTED = {
-    f"{M60}_pci_0000_84_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER}),
-    f"{M60}_pci_0000_85_00_0": (16, {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER}),
-    f"{M60}_pci_0000_86_00_0": (8, {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B", OWNER}),
-    f"{A100}_pci_0000_41_00_0": (10, {"CUSTOM_MDEV_NVIDIA_468", A100_TRAIT, OWNER}),
+    f"{M60}_pci_0000_84_00_0": (16, M60_0B),
+    f"{M60}_pci_0000_85_00_0": (16, M60_0B),
+    f"{M60}_pci_0000_86_00_0": (8, {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B", OWNER,
+                                     MANAGER}),
+    f"{A100}_pci_0000_41_00_0": (10, {"CUSTOM_MDEV_NVIDIA_468", A100_TRAIT, OWNER, MANAGER}),
 }
 
 

@@ -37,6 +37,7 @@ from vgpu_driver.placement_service import EmbeddedPlacement
 MICROVERSION = "1.39"
 OPERATOR_TRAIT = "CUSTOM_OPERATOR_TAG"
 OWNER_TRAIT = "CUSTOM_OWNER_VGPU_DRIVER"
+MANAGER_TRAIT = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped M60 profile's
 UUID = "[0-9a-f-]{36}"
 INVENTORIES = f"/resource_providers/{UUID}/inventories"
 PROVIDER_TRAITS = f"/resource_providers/{UUID}/traits"
@@ -286,7 +287,8 @@ def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tr
     sync.sync(m60_tree(nodename))
     gpu = f"{nodename}_pci_0000_84_00_0"
     (rp,) = served.operator.tree(nodename)[gpu]
-    assert rp["traits"] == {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER_TRAIT}
+    assert rp["traits"] == {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER_TRAIT,
+                            MANAGER_TRAIT}
     served.operator.add_trait(rp["uuid"], OPERATOR_TRAIT)
 
     retyped = m60_tree(nodename, M60_84_RETYPED)
@@ -297,7 +299,7 @@ def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tr
     found = assert_converged(served.operator, retyped, {gpu: {OPERATOR_TRAIT}})
     (rp,) = found[gpu]
     assert rp["traits"] == {OPERATOR_TRAIT, "CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B",
-                           OWNER_TRAIT}
+                           OWNER_TRAIT, MANAGER_TRAIT}
     assert rp["inventories"]["VGPU"]["total"] == 8
     assert served.injector.count(status=409) == 0
     assert_steady(served, sync, retyped)

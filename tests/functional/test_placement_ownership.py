@@ -23,6 +23,7 @@ from vgpu_driver.cmd import manage
 GPU = "cn1_pci_0000_41_00_0"
 CONF = "[devices]\nenabled_mdev_types = nvidia-468\n"
 TYPE_TRAITS = ["CUSTOM_MDEV_NVIDIA_468", "CUSTOM_VGPU_NVIDIA_A100_4C"]
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped A100 profile's
 REFUSING = f"Refusing to write provider {GPU}: "
 
 
@@ -123,7 +124,8 @@ def test_a_gpu_providers_name_as_nodename_is_refused(api, cli, argv):
     before = snapshot(api)
     error = assert_refused(api, cli, before, REFUSING + "it would be this host's root provider "
                            "but is another provider's child (parent cn1, traits "
-                           "CUSTOM_MDEV_NVIDIA_468, CUSTOM_OWNER_VGPU_DRIVER, "
+                           "CUSTOM_MDEV_NVIDIA_468, CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06, "
+                           "CUSTOM_OWNER_VGPU_DRIVER, "
                            "CUSTOM_VGPU_NVIDIA_A100_4C)", argv, nodename=GPU)
     assert f"{GPU}_pci" not in error
     code, rows, err = audit_rows(cli, nodename=GPU)
@@ -206,7 +208,8 @@ def test_an_unmarked_provider_of_an_older_vgpu_driver_is_adopted(api, cli):
     assert all(method == "PUT" and url.startswith("/traits/") for method, url in planned[:-1])
     adopted = {rp[0]: rp for rp in snapshot(api)}[GPU]
     assert adopted[1] == uuid
-    assert adopted[6] == sorted([*TYPE_TRAITS, "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_RACK_A"])
+    assert adopted[6] == sorted([*TYPE_TRAITS, MANAGER, "CUSTOM_OWNER_VGPU_DRIVER",
+                                        "CUSTOM_RACK_A"])
     before = snapshot(api)
     code, out, err = cli("sync", "-f", "json")
     assert (code, json.loads(out)) == (0, []), err
@@ -218,7 +221,8 @@ def test_an_unmarked_provider_of_an_older_vgpu_driver_is_adopted(api, cli):
 def test_every_gpu_provider_sync_creates_carries_the_owner_trait(api, cli):
     assert cli("sync")[0] == 0
     traits = {rp[0]: rp[6] for rp in snapshot(api)}
-    assert traits == {"cn1": [], GPU: sorted([*TYPE_TRAITS, "CUSTOM_OWNER_VGPU_DRIVER"])}
+    assert traits == {"cn1": [], GPU: sorted([*TYPE_TRAITS, MANAGER,
+                                                        "CUSTOM_OWNER_VGPU_DRIVER"])}
     # An operator cannot take the trait away: it is vgpu-driver's to keep.
     gpu = api("GET", f"/resource_providers?name={GPU}")["resource_providers"][0]
     api("PUT", f"/resource_providers/{gpu['uuid']}/traits",

@@ -36,14 +36,17 @@ T4_1B_GPUS = ("0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0")
 A100_GPU = "0000:41:00.0"
 
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped NVIDIA profiles'
 # What each GPU's provider must hold, from the profiles' vendor limits:
 # T4-1B max_instance=16, T4-2Q 8, A100-4C 10 (and 16 VFs >= 10).
 EXPECTED = {
-    **{("compute-t4", gpu): (T4_1B, 16, ("CUSTOM_MDEV_NVIDIA_222", OWNER, "CUSTOM_VGPU_GRID_T4_1B"))
+    **{("compute-t4", gpu): (T4_1B, 16, ("CUSTOM_MDEV_NVIDIA_222", MANAGER, OWNER,
+                                                 "CUSTOM_VGPU_GRID_T4_1B"))
        for gpu in T4_1B_GPUS},
-    **{("compute-t4", gpu): (T4_2Q, 8, ("CUSTOM_MDEV_NVIDIA_231", OWNER, "CUSTOM_VGPU_GRID_T4_2Q"))
+    **{("compute-t4", gpu): (T4_2Q, 8, ("CUSTOM_MDEV_NVIDIA_231", MANAGER, OWNER,
+                                                "CUSTOM_VGPU_GRID_T4_2Q"))
        for gpu in T4_2Q_GPUS},
-    ("compute-a100", A100_GPU): (A100_4C, 10, ("CUSTOM_MDEV_NVIDIA_468", OWNER,
+    ("compute-a100", A100_GPU): (A100_4C, 10, ("CUSTOM_MDEV_NVIDIA_468", MANAGER, OWNER,
                                                "CUSTOM_VGPU_NVIDIA_A100_4C")),
 }
 HOSTS = ("compute-t4", "compute-a100")

@@ -25,6 +25,7 @@ from vgpu_driver.conf import placement as placement_conf
 
 A100 = "0000:41:00.0"
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped NVIDIA profiles'
 T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
       "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"]
 
@@ -73,10 +74,10 @@ def placement_view(api, root_name):
 PROFILES = {
     "t4x8": ("[devices]\nenabled_mdev_types = nvidia-231\n",
              {f"cn1_pci_{a.replace(':', '_').replace('.', '_')}": ("VGPU", 8) for a in T4},
-             ["CUSTOM_MDEV_NVIDIA_231", OWNER, "CUSTOM_VGPU_GRID_T4_2Q"]),
+             ["CUSTOM_MDEV_NVIDIA_231", MANAGER, OWNER, "CUSTOM_VGPU_GRID_T4_2Q"]),
     "a100-sriov": ("[devices]\nenabled_mdev_types = nvidia-468\n",
                    {"cn1_pci_0000_41_00_0": ("VGPU", 10)},
-                   ["CUSTOM_MDEV_NVIDIA_468", OWNER, "CUSTOM_VGPU_NVIDIA_A100_4C"]),
+                   ["CUSTOM_MDEV_NVIDIA_468", MANAGER, OWNER, "CUSTOM_VGPU_NVIDIA_A100_4C"]),
     "m60-multi": (confs.NOVA_GUIDE_M60,
                   {"cn1_pci_0000_84_00_0": ("VGPU", 16), "cn1_pci_0000_85_00_0": ("VGPU", 16),
                    "cn1_pci_0000_86_00_0": ("VGPU", 8)}, None),
@@ -87,7 +88,7 @@ PROFILES = {
     "l40s-vfio": ("[devices]\nenabled_mdev_types = nvidia-1156\n[mdev_nvidia-1156]\n"
                   "max_instances = 6\n",
                   {"cn1_pci_0000_c1_00_0": ("VGPU", 6)},
-                  ["CUSTOM_MDEV_NVIDIA_1156", OWNER, "CUSTOM_VGPU_NVIDIA_L40S_8Q"]),
+                  ["CUSTOM_MDEV_NVIDIA_1156", MANAGER, OWNER, "CUSTOM_VGPU_NVIDIA_L40S_8Q"]),
 }
 
 
@@ -200,7 +201,8 @@ def test_type_change_reserves_the_draining_gpu_and_keeps_operator_traits(
     sync.sync(tree)
     name, inv, traits = placement_view(api, "cn1")["cn1_pci_0000_18_00_0"]
     assert inv == {"VGPU": (8, 8)}
-    assert traits == ["CUSTOM_MDEV_NVIDIA_231", OWNER, "CUSTOM_RACK_A", "CUSTOM_VGPU_GRID_T4_2Q"]
+    assert traits == ["CUSTOM_MDEV_NVIDIA_231", MANAGER, OWNER, "CUSTOM_RACK_A",
+                      "CUSTOM_VGPU_GRID_T4_2Q"]
     assert tree.by_gpu(T4[0]).reason.startswith("draining:")
     assert placement_view(api, "cn1")["cn1_pci_0000_19_00_0"][1] == {"VGPU": (8, 0)}
 

@@ -97,7 +97,7 @@ def test_writes_get_the_kernels_errnos(tmp_path):
         assert errno_of(create, str(uuid.uuid4())) == errno.EUSERS
         available = create.replace("create", "available_instances")
         assert errno_of(available, "99") == errno.EACCES
-        assert sorted(os.listdir(host.mount)) == ["bus", "class", "devices", "kernel"]
+        assert sorted(os.listdir(host.mount)) == ["bus", "class", "devices", "kernel", "module"]
 
 
 def test_remove_blocks_while_a_guest_holds_the_mdev(tmp_path):

@@ -17,9 +17,10 @@ from nova.tests.functional.libvirt import base
 from tests.functional_nova import test_vgpu
 
 GPU_NAME = "0000_41_00_0"    # the A100's provider is <host>_pci_<this>
-# libvirt 8.6 and QEMU 8.1: the first versions that migrate mdevs.
+# libvirt 8.6: the first that migrates mdevs; QEMU 8.2: the first that
+# migrates a guest with several VFIO devices (8.1 migrates one).
 MDEV_MIGRATION_LIBVIRT = 8006000
-MDEV_MIGRATION_QEMU = 8001000
+MDEV_MIGRATION_QEMU = 8002000
 MDEV_MIGRATION_KERNEL = "5.18.0-1-generic"   # VFIO migration's v2 protocol
 
 

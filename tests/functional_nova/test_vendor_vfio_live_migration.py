@@ -53,6 +53,18 @@ class VendorVfioLiveMigrationTestBase(test_live_migration.LiveMigrationTestBase)
         self.assertEqual(self.UNITS, len(vfs))
         return vfs
 
+    def assert_refused(self, *logged):
+        """The guest's migration refused, with ``logged``; nothing changed."""
+        on_source = self.boot()
+        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
+                               self.server, "completed")
+        self.assertIn("NoValidHost", str(ex))
+        for text in logged:
+            self.assertIn(text, self.stdlog.logger.output)
+        self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
+        self.assertEqual(on_source, self.domain_vfs("src"))
+        self.assertEqual((self.UNITS, 0), (self.usage("src"), self.usage("dest")))
+
     def assert_audit_clean(self):
         for host in ("src", "dest"):
             self.assertEqual([], host_audit.audit_of(self, host), host)
@@ -151,19 +163,8 @@ class PostCopyTests(VendorVfioLiveMigrationTestBase):
 
 
 class RefusedBeforeAnythingIsClaimedTests(VendorVfioLiveMigrationTestBase):
-    """The gates of mdev guests hold for VF guests, each before the
-    destination claims or types anything."""
-
-    def assert_refused(self, *logged):
-        on_source = self.boot()
-        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
-                               self.server, "completed")
-        self.assertIn("NoValidHost", str(ex))
-        for text in logged:
-            self.assertIn(text, self.stdlog.logger.output)
-        self.assertEqual(([], {}), (self.claims("dest"), self.typed_vfs("dest")))
-        self.assertEqual(on_source, self.domain_vfs("src"))
-        self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
+    """The gates of mdev guests hold for VF guests, and those of VF guests,
+    each before the destination claims or types anything."""
 
     def test_a_kernel_without_vfio_migration(self):
         self.set_kernel("5.15.0-91-generic")
@@ -173,6 +174,36 @@ class RefusedBeforeAnythingIsClaimedTests(VendorVfioLiveMigrationTestBase):
     def test_an_old_source_hypervisor(self):
         self.restart_host("src", libvirt_version=8005000, qemu_version=8000000)
         self.assert_refused("for compute service source are too old")
+
+    def test_another_vgpu_manager_on_the_destination(self):
+        """The destination reads the source's version from the traits of
+        the GPU providers the guest holds there, its own from sysfs."""
+        self.kernels["dest"].load_vgpu_manager("570.133.10")
+        self.assert_refused("the source host runs NVIDIA vGPU manager 550.127.06 and this "
+                            "host 570.133.10")
+
+    def test_a_source_whose_vgpu_manager_cannot_be_told(self):
+        self.kernels["src"].load_vgpu_manager(None)
+        self._run_periodics()
+        self.assert_refused("the source host's NVIDIA vGPU manager version is unknown")
+
+
+class TwoVfsOnAnOlderQemuTests(VendorVfioLiveMigrationTestBase):
+    """QEMU 8.1 migrates one VFIO device of a guest; each side checks its own."""
+
+    UNITS = 2
+
+    def run_qemu(self, hostname, version):
+        self.computes[hostname].driver._host.get_connection().fakeVersion = version
+
+    def test_on_the_source(self):
+        self.run_qemu("src", 8001000)
+        self.assert_refused("it has 2 VFIO devices (", "QEMU migrates several from 8.2.0 "
+                            "on, each supporting P2P, and the source host's QEMU is 8.1.0")
+
+    def test_on_the_destination(self):
+        self.run_qemu("dest", 8001000)
+        self.assert_refused("and the destination host's QEMU is 8.1.0")
 
 
 class AnotherTypeOnTheDestinationTests(VendorVfioLiveMigrationTestBase):

@@ -73,7 +73,8 @@ def test_inventory_json_of_nova_guide_host(make_host, run):
         "provider": "cn1_pci_0000_86_00_0", "parent_provider": "cn1", "gpu": "0000:86:00.0",
         "type": "nvidia-36", "resource_class": "VGPU", "total": 8, "reserved": 0,
         "max_unit": 8,
-        "traits": ["CUSTOM_MDEV_NVIDIA_36", "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_GRID_M60_1B"],
+        "traits": ["CUSTOM_MDEV_NVIDIA_36", "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06",
+                   "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_GRID_M60_1B"],
         "reason": None}
 
 

@@ -11,6 +11,7 @@ from vgpu_driver import inventory
 from vgpu_driver.conf import mdev_types
 
 A100_VFS = [f"0000:41:{d:02x}.{f}" for d in range(3) for f in range(8)][4:20]
+MANAGER_550 = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped profiles' manager
 T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
       "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"]
 
@@ -36,8 +37,8 @@ def test_a100_is_one_provider_of_ten_not_sixteen(make_host, tree_of):
     assert provider.name == "cn1_pci_0000_41_00_0"
     assert (provider.total, provider.reserved, provider.max_unit) == (10, 0, 10)
     assert provider.parent_provider == "cn1"
-    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_468", "CUSTOM_OWNER_VGPU_DRIVER",
-                               "CUSTOM_VGPU_NVIDIA_A100_4C")
+    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_468", MANAGER_550,
+                               "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_NVIDIA_A100_4C")
     assert provider.inventory() == {"VGPU": {
         "total": 10, "reserved": 0, "min_unit": 1, "max_unit": 10, "step_size": 1,
         "allocation_ratio": 1.0}}
@@ -104,8 +105,8 @@ def test_t4x8_default_type_and_custom_class(make_host, tree_of):
         """)
     assert totals(tree) == {gpu: (4, 0) for gpu in T4}
     assert {p.resource_class for p in tree.providers} == {"CUSTOM_T4_4Q"}
-    assert tree.providers[0].traits == ("CUSTOM_MDEV_NVIDIA_232", "CUSTOM_OWNER_VGPU_DRIVER",
-                                        "CUSTOM_VGPU_GRID_T4_4Q")
+    assert tree.providers[0].traits == ("CUSTOM_MDEV_NVIDIA_232", MANAGER_550,
+                                        "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_GRID_T4_4Q")
 
 
 def test_mtty_sample(make_host, tree_of):
@@ -208,8 +209,8 @@ def test_vendor_vfio_gpu(make_host, tree_of):
         """)
     (provider,) = tree.providers
     assert (provider.total, provider.reserved) == (6, 0)
-    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_1156", "CUSTOM_OWNER_VGPU_DRIVER",
-                               "CUSTOM_VGPU_NVIDIA_L40S_8Q")
+    assert provider.traits == ("CUSTOM_MDEV_NVIDIA_1156", MANAGER_550,
+                               "CUSTOM_OWNER_VGPU_DRIVER", "CUSTOM_VGPU_NVIDIA_L40S_8Q")
 
 
 def _claim(gpu, instance, state="attached"):
@@ -259,3 +260,30 @@ def test_reserved_units_add_up_to_what_they_are_held_for(make_host, make_conf):
     for provider in tree.providers:
         assert sum(units for _kind, units in provider.reserved_for) == provider.reserved
         assert {kind for kind, _units in provider.reserved_for} <= set(inventory.RESERVED_FOR)
+
+
+def test_the_vgpu_manager_s_version_is_a_trait_of_nvidia_gpus_only(make_host, tree_of):
+    """A live migration of vendor-VFIO vGPUs reads the source's version from
+    its providers; a driver upgrade changes it, an unloaded module drops it,
+    and a GPU that is not NVIDIA's never carries it."""
+    host = make_host("l40s-vfio")
+    conf = """
+        [devices]
+        enabled_mdev_types = nvidia-1156
+        """
+    assert MANAGER_550 in tree_of(host, conf).providers[0].traits
+    host.load_vgpu_manager("570.133.10")
+    (provider,) = tree_of(host, conf).providers
+    assert MANAGER_550 not in provider.traits
+    assert "CUSTOM_NVIDIA_VGPU_MANAGER_570_133_10" in provider.traits
+    assert inventory.manager_version_of("CUSTOM_NVIDIA_VGPU_MANAGER_570_133_10") == "570.133.10"
+    host.load_vgpu_manager(None)
+    assert not [t for t in tree_of(host, conf).providers[0].traits
+                if t.startswith("CUSTOM_NVIDIA_VGPU_MANAGER_")]
+    mtty = make_host("mtty")
+    mtty.load_vgpu_manager("550.127.06")
+    (virtual,) = tree_of(mtty, """
+        [devices]
+        enabled_mdev_types = mtty-2
+        """).providers
+    assert MANAGER_550 not in virtual.traits

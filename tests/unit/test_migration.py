@@ -2,6 +2,7 @@
 driver), journal and fake kernel: version gates, the mdev mapping, rollback,
 and a destination restarting in the middle."""
 
+import re
 import uuid
 from types import MappingProxyType
 
@@ -10,6 +11,7 @@ import pytest
 from tests import libvirt_domains
 from vgpu_driver import claims
 from vgpu_driver import discovery
+from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
@@ -231,6 +233,28 @@ def test_a_failed_vf_migration_leaves_nothing_on_the_destination(vf_pair):
     assert source.states(instance) == [claims.ATTACHED]
 
 
+def test_a_mixed_size_destination_without_a_placement_left_refuses_and_keeps_nothing(
+        vf_pair):
+    """On a board in mixed-size mode an 8Q vGPU needs one of NVIDIA's four
+    8 GB placements (0, 16, 24, 40 on 48 GB): with four taken, no free VF
+    lists the type as creatable.  The destination refuses before it claims
+    anything or the guest moves (nova then tries another host)."""
+    source, destination = vf_pair
+    destination.kernel.set_heterogeneous_mode(L40S, True)
+    residents = [destination.boot(f"resident-{n}", L40S)[0] for n in range(4)]
+    before = typed_vfs(destination)
+    assert len(before) == 4
+    instance, on_source = source.boot("vdi-1", L40S)
+    with pytest.raises(exception.NoGpuCapacity, match="0 free and 0 creatable"):
+        destination.migrations.claim_incoming(
+            instance, source.migrations.source_mdev_types(on_source),
+            destination.allocation(L40S), destination.providers)
+    assert destination.manager.journal.claims(instance) == []
+    assert typed_vfs(destination) == before
+    assert all(destination.states(r) == [claims.ATTACHED] for r in residents)
+    assert source.states(instance) == [claims.ATTACHED]
+
+
 def test_only_the_mapped_pci_hostdevs_are_rewritten_and_all_at_once():
     """A swap ({A: B, B: A}) is applied at once, and a PCI hostdev that is
     no vGPU (a NIC's VF nova passes through) keeps its address."""
@@ -291,3 +315,45 @@ def test_a_destination_restarted_or_rebooted_mid_migration_keeps_its_vfs(vf_pair
     destination.libvirt.conn.defineXML(source.migrations.rewrite_xml(dom.XMLDesc(0), mapping))
     destination.migrations.finish_incoming(instance)
     assert destination.states(instance) == [claims.ATTACHED]
+
+
+@pytest.mark.parametrize("source_traits, own, refused", [
+    ({"CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06", "CUSTOM_MDEV_NVIDIA_1156"}, "550.127.06", None),
+    ({"CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"}, "570.133.10",
+     "the source host runs NVIDIA vGPU manager 550.127.06 and this host 570.133.10"),
+    ({"CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06", "CUSTOM_NVIDIA_VGPU_MANAGER_570_133_10"},
+     "570.133.10", "runs NVIDIA vGPU manager 550.127.06, 570.133.10 and this host"),
+    ({"CUSTOM_MDEV_NVIDIA_1156"}, "550.127.06",
+     "the source host's NVIDIA vGPU manager version is unknown"),
+    ({"CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"}, None,
+     "this host's NVIDIA vGPU manager version is unknown"),
+])
+def test_vfs_move_only_between_hosts_of_one_vgpu_manager(source_traits, own, refused):
+    vfs = ["0000:c1:00.4"]
+    if refused is None:
+        migration.check_vgpu_manager("i-1", vfs, source_traits, own)
+        return
+    with pytest.raises(migration.MigrationPreCheckFailed, match=re.escape(refused)):
+        migration.check_vgpu_manager("i-1", vfs, source_traits, own)
+
+
+def test_mdevs_are_not_judged_by_the_vgpu_manager_version():
+    migration.check_vgpu_manager("i-1", [], {"CUSTOM_NVIDIA_VGPU_MANAGER_535_54_03"},
+                                 "550.127.06")
+    migration.check_vgpu_manager("i-1", [], set(), None)
+
+
+@pytest.mark.parametrize("devices, qemu, refused", [
+    (["0000:c1:00.4"], (8, 1, 0), False),
+    (["0000:c1:00.4", "0000:c1:00.5"], (8, 2, 0), False),
+    (["0000:c1:00.4", "0000:c1:00.5"], (8, 1, 2), True),
+    ([str(uuid.UUID(int=1)), "0000:3b:00.1"], (7, 2, 0), True),   # an mdev and a NIC's VF
+])
+def test_several_vfio_devices_need_a_qemu_that_migrates_them(devices, qemu, refused):
+    if not refused:
+        migration.check_several_vfio("i-1", "source", devices, qemu)
+        return
+    with pytest.raises(migration.MigrationPreCheckFailed,
+                       match=f"it has 2 VFIO devices .*the source host's QEMU is "
+                             f"{'.'.join(map(str, qemu))}"):
+        migration.check_several_vfio("i-1", "source", devices, qemu)

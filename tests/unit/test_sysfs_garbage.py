@@ -48,7 +48,8 @@ def test_a_binary_name_gives_no_mojibake_trait(make_host, make_conf):
     host = make_host("t4x8")
     corrupt(host, T4, "nvidia-231", "name", b"GRID \xff\xfe T4\n")
     t4 = tree(host, make_conf).by_gpu(T4)
-    assert t4.traits == ("CUSTOM_MDEV_NVIDIA_231", "CUSTOM_OWNER_VGPU_DRIVER")
+    assert t4.traits == ("CUSTOM_MDEV_NVIDIA_231", "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06",
+                         "CUSTOM_OWNER_VGPU_DRIVER")
     assert t4.reserved == t4.total and "(not UTF-8 text)" in t4.reason
 
 
@@ -84,3 +85,19 @@ def test_a_garbage_current_vgpu_type_leaves_the_vf_out(make_host, caplog):
         vfs = {str(vf.address) for vf in host.list_vendor_vfio()}
         assert L40S_VF not in vfs and len(vfs) == 15
     assert f"Unreadable sysfs value: {path}: '-5' is not a vGPU type number" in caplog.text
+
+
+def test_a_vgpu_manager_version_that_is_no_version_is_unknown(make_host, caplog):
+    """No trait is made of it (nor a migration judged by it): logged, None."""
+    host = make_host("t4x8")
+    assert host.vgpu_manager_version() == "550.127.06"
+    path = host.paths.module_version("nvidia")
+    for garbage in (b"550.127.06 beta\n", b"\xff\xfe\n", b"../../x\n", b"550\n"):
+        with open(path, "wb") as f:
+            f.write(garbage)
+        caplog.clear()
+        caplog.set_level(logging.WARNING)
+        assert host.vgpu_manager_version() is None
+        assert f"Unreadable sysfs value: {path}" in caplog.text
+    os.remove(path)
+    assert host.vgpu_manager_version() is None

@@ -35,6 +35,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import uuid as uuid_mod
 
 from vgpu_driver import exception
@@ -83,6 +84,8 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         kernel = cls(root)
         with kernel._locked():
+            if profile.get("nvidia_vgpu_manager"):
+                kernel._load_vgpu_manager(profile["nvidia_vgpu_manager"])
             for gpu in model["gpus"]:
                 kernel._plug_gpu(gpu)
             for mdev in profile.get("mdevs", ()):
@@ -95,6 +98,22 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
         with open(os.path.join(self.paths.root, MARKER_DIR, "host.json")) as f:
             self.model = json.load(f)
         self._gpus = {gpu["address"]: gpu for gpu in self.model["gpus"]}
+
+    # -- the vGPU manager's module ----------------------------------------------
+
+    def load_vgpu_manager(self, version):
+        """NVIDIA's kernel module reloaded at ``version`` (an upgrade), or
+        unloaded (None): ``module/nvidia/version`` as the kernel shows it."""
+        with self._locked():
+            self._load_vgpu_manager(version)
+
+    def _load_vgpu_manager(self, version):
+        path = self.paths.module_version("nvidia")
+        if version is None:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tree.write_file(path, f"{version}\n", 0o444)
 
     # -- uevents ----------------------------------------------------------------
 

@@ -91,6 +91,8 @@ HOOKS = (
     Hook("nova.objects.service", "SERVICE_VERSION", callable=False),
     Hook("nova.scheduler.client.report:SchedulerReportClient", "get_allocs_for_consumer",
          ("self", "context", "consumer")),
+    Hook("nova.scheduler.client.report:SchedulerReportClient", "get_provider_traits",
+         ("self", "context", "rp_uuid")),
     Hook("nova.scheduler.client.report:SchedulerReportClient", "get", ("self", "url")),
     Hook("nova.compute.provider_tree:ProviderTree", "new_child",
          ("self", "name", "parent")),

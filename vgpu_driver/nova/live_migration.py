@@ -19,6 +19,7 @@ nova's.  It uses what the driver class provides: ``vgpu`` (the core driver),
 import time
 
 import nova.conf
+from keystoneauth1 import exceptions as ks_exceptions
 from nova import context as nova_context
 from nova import exception as nova_exception
 from nova import objects
@@ -28,6 +29,7 @@ from oslo_log import log as logging
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import exception
 from vgpu_driver import host_reconciler
+from vgpu_driver import libvirt_host
 from vgpu_driver import migration as vgpu_migration
 from vgpu_driver import names
 
@@ -51,8 +53,15 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
         if not source_types:
             return super().check_source_migrate_data_at_dest(
                 ctxt, instance, migrate_data, migration, limits, allocs)
+        nova_pci = dict(migrate_data.pci_dev_map_src_dst
+                        if "pci_dev_map_src_dst" in migrate_data else {})
         try:
             vgpu_migration.check_kernel(instance.uuid, "destination")
+            vgpu_migration.check_several_vfio(
+                instance.uuid, "destination", [*source_types, *nova_pci], self._qemu_version())
+            if any(names.is_vf_vgpu_id(u) for u in source_types):
+                self.vgpu.migrations.check_vgpu_manager(
+                    instance.uuid, source_types, self._source_gpu_traits(ctxt, migration))
             mapping = self.vgpu.migrations.claim_incoming(
                 instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
         except exception.VgpuDriverError as exc:
@@ -62,11 +71,29 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
         migrate_data.target_mdevs = {s: d for s, d in mapping.items() if s not in vfs}
         if vfs:
             # nova's flavor-based PCI claims are in it already: added to, not replaced.
-            pci_map = dict(migrate_data.pci_dev_map_src_dst
-                           if "pci_dev_map_src_dst" in migrate_data else {})
-            pci_map.update(vfs)
-            migrate_data.pci_dev_map_src_dst = pci_map
+            migrate_data.pci_dev_map_src_dst = {**nova_pci, **vfs}
         return migrate_data
+
+    def _qemu_version(self):
+        return libvirt_host.version_tuple(self._host.get_connection().getVersion())
+
+    def _source_gpu_traits(self, context, migration):
+        """The traits of the source GPU providers the guest holds: nova moved
+        the source's allocation to the migration's consumer."""
+        reportclient = self.virtapi.reportclient
+        classes = self.vgpu.mdev_config.mdev_classes
+        try:
+            allocations = reportclient.get_allocs_for_consumer(
+                context, migration.uuid)["allocations"]
+            return {trait for rp, allocation in sorted(allocations.items())
+                    if classes & set(allocation.get("resources", {}))
+                    for trait in reportclient.get_provider_traits(context, rp).traits}
+        except (nova_exception.ConsumerAllocationRetrievalFailed,
+                nova_exception.TraitRetrievalFailed, ks_exceptions.ClientException) as exc:
+            raise nova_exception.MigrationPreCheckError(
+                reason=f"Placement did not say which NVIDIA vGPU manager the source runs "
+                       f"({exc}); vendor-VFIO vGPUs migrate only between hosts of one "
+                       "version") from exc
 
     def check_can_live_migrate_source(self, context, instance, dest_check_data,
                                       *args, **kwargs):
@@ -77,6 +104,8 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
         if vgpus:
             try:
                 vgpu_migration.check_kernel(instance.uuid, "source")
+                vgpu_migration.check_several_vfio(instance.uuid, "source", vgpus,
+                                                  self._qemu_version())
                 vgpu_migration.check_post_copy(
                     instance.uuid, [v for v in vgpus if names.is_vf_vgpu_id(v)],
                     CONF.libvirt.live_migration_permit_post_copy)

@@ -8,8 +8,9 @@ connections are retried, then reported as PlacementUnavailable; the first
 request of a sync is a read, so an unreachable Placement is found before
 anything is written, and so is a provider the sync would write that is not
 vgpu-driver's: then nothing is written.  Traits vgpu-driver manages (its
-``CUSTOM_OWNER_VGPU_DRIVER``, ``CUSTOM_MDEV_*``, ``CUSTOM_VGPU_*``) are set
-and removed as the GPU's type changes; any other trait on a provider (an
+``CUSTOM_OWNER_VGPU_DRIVER``, ``CUSTOM_MDEV_*``, ``CUSTOM_VGPU_*``,
+``CUSTOM_NVIDIA_VGPU_MANAGER_*``) are set and removed as the GPU's type or
+the host's vGPU manager changes; any other trait on a provider (an
 operator's) is kept.
 
 The package's parts: :mod:`~vgpu_driver.placement.client` (requests,

@@ -5,7 +5,8 @@ Every GPU provider vgpu-driver creates or manages carries
 :data:`OWNER_TRAIT`; one with a GPU provider's name that lacks it is written
 only when it is one an older vgpu-driver created (:func:`is_ours`).  Traits
 vgpu-driver manages (:data:`OWNER_TRAIT`, ``CUSTOM_MDEV_*``,
-``CUSTOM_VGPU_*``) are set and removed as the GPU's type changes; any other
+``CUSTOM_VGPU_*``, ``CUSTOM_NVIDIA_VGPU_MANAGER_*``) are set and removed as
+the GPU's type or the host's vGPU manager changes; any other
 trait on a provider (an operator's) is kept.  A provider under the compute
 node that looks like one of ours but has no GPU any more is pruned, unless
 another service's trait says it is theirs.
@@ -15,7 +16,9 @@ import dataclasses
 
 from vgpu_driver import names
 
-MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_")
+# On NVIDIA GPUs' providers: the host's vGPU manager version.
+MANAGER_TRAIT_PREFIX = "CUSTOM_NVIDIA_VGPU_MANAGER_"
+MANAGED_TRAIT_PREFIXES = ("CUSTOM_MDEV_", "CUSTOM_VGPU_", MANAGER_TRAIT_PREFIX)
 # Standard traits that mark a provider as another service's: nova's PCI
 # devices in Placement, and Cyborg's accelerators.
 FOREIGN_OWNER_TRAITS = frozenset({"COMPUTE_MANAGED_PCI_DEVICE", "OWNER_CYBORG"})
@@ -26,8 +29,8 @@ OWNER_TRAIT = "CUSTOM_OWNER_VGPU_DRIVER"
 
 
 def is_managed_trait(trait):
-    """A trait vgpu-driver sets (an operator's is not): its owner trait and
-    the GPU type's traits."""
+    """A trait vgpu-driver sets (an operator's is not): its owner trait, the
+    GPU type's traits and the vGPU manager's."""
     return trait == OWNER_TRAIT or trait.startswith(MANAGED_TRAIT_PREFIXES)
 
 

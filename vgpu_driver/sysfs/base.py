@@ -174,6 +174,11 @@ class SysfsHost(abc.ABC):
         tells (a lower bound of the vGPU's age), or None if it is gone."""
 
     @abc.abstractmethod
+    def vgpu_manager_version(self):
+        """The loaded NVIDIA vGPU manager's version (its kernel module's,
+        ``550.127.06``), or None when no NVIDIA driver is loaded."""
+
+    @abc.abstractmethod
     def create_mdev(self, parent, type_id, uuid):
         """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
 

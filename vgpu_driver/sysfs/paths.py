@@ -70,6 +70,10 @@ class SysfsPaths:
         """NVIDIA's vendor-specific VFIO directory of a VF."""
         return os.path.join(self.pci_device(address), "nvidia")
 
+    def module_version(self, module):
+        """``module/<module>/version``: a loaded kernel module's version."""
+        return self.join("module", module, "version")
+
     def contains(self, path):
         """True when ``path`` resolves to a place inside the root."""
         real = os.path.realpath(path)

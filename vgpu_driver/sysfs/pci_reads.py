@@ -48,6 +48,16 @@ def _current_type(text, path):
     return None
 
 
+_VERSION_RE = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){1,3}")
+NVIDIA_MODULE = "nvidia"
+
+
+def _module_version(text):
+    if not _VERSION_RE.fullmatch(text):
+        raise ValueError("not a dotted version")
+    return text
+
+
 class PciReads:
     """Reads of ``bus/pci/devices``: a function, SR-IOV PFs and vendor-VFIO VFs."""
 
@@ -73,6 +83,13 @@ class PciReads:
             pci_class=attrs.read_attr(os.path.join(dev, "class")),
             sriov_offset=_read_int(dev, "sriov_offset"),
             sriov_stride=_read_int(dev, "sriov_stride"))
+
+    def vgpu_manager_version(self):
+        """``module/nvidia/version``: the vGPU manager is NVIDIA's kernel
+        module (the one driving the physical functions); a value that is no
+        version is logged and read as unknown."""
+        return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version,
+                                 [])
 
     def list_sriov_pfs(self):
         found = []

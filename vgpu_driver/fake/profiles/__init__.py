@@ -1,7 +1,8 @@
 """Host profiles for the fake kernel, shipped as data (one JSON file each).
 
-A profile names its GPUs (PCI address, vendor model, SR-IOV layout) and the
-mdev types each offers with the vendor's descriptions; see
+A profile names its GPUs (PCI address, vendor model, SR-IOV layout), the
+mdev types each offers with the vendor's descriptions, and the NVIDIA vGPU
+manager version the host loads (``nvidia_vgpu_manager``); see
 :meth:`vgpu_driver.fake.fakekernel.FakeKernel.build`.
 """
 
@@ -34,4 +35,11 @@ def combine(name, *profiles, description=None):
         combined["type_sets"].update(profile.get("type_sets", {}))
         combined["gpus"].extend(profile["gpus"])
         combined["mdevs"].extend(profile.get("mdevs", ()))
+    # One kernel loads one NVIDIA module.
+    managers = {p["nvidia_vgpu_manager"] for p in profiles if p.get("nvidia_vgpu_manager")}
+    if len(managers) > 1:
+        raise ValueError(f"profiles of {name} load NVIDIA vGPU managers "
+                         f"{', '.join(sorted(managers))}; one host runs one")
+    if managers:
+        combined["nvidia_vgpu_manager"] = managers.pop()
     return combined
