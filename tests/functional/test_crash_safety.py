@@ -122,19 +122,24 @@ def stop_here(marker, step, mdev_uuids):
         time.sleep(60)
 
 
+def stop_before_commit(manager, instance, step, marker):
+    """Stop in the journal's next transaction, its claims written, not committed."""
+    journal = manager.journal
+    original = journal.transaction
+
+    @contextlib.contextmanager
+    def transaction():
+        with original() as txn:
+            yield txn
+            stop_here(marker, step, [c.mdev_uuid for c in txn.claims(instance)])
+
+    journal.transaction = transaction
+
+
 def inject_faults(manager, instance, step, marker):
     """Stop inside allocate: before COMMIT, or around the mdev's creation."""
     if step == IN_CLAIM_TRANSACTION:
-        journal = manager.journal
-        original = journal.transaction
-
-        @contextlib.contextmanager
-        def transaction():
-            with original() as txn:
-                yield txn
-                stop_here(marker, step, [c.mdev_uuid for c in txn.claims(instance)])
-
-        journal.transaction = transaction
+        stop_before_commit(manager, instance, step, marker)
     elif step in (CLAIM_COMMITTED, MDEV_CREATED):
         host = manager.host
         original_create = host.create_mdev
@@ -171,10 +176,15 @@ def wait_for(marker, proc):
     return read_json(marker)
 
 
-@contextlib.contextmanager
 def crash_at(host, step, instance):
     """Run a boot in a child; yield once it stopped at ``step``, then SIGKILL it."""
-    proc = CONTEXT.Process(target=boot, args=(
+    return killed_at(boot, host, step, instance)
+
+
+@contextlib.contextmanager
+def killed_at(target, host, step, instance):
+    """Run ``target`` in a child; yield what it reached ``step`` with, then SIGKILL it."""
+    proc = CONTEXT.Process(target=target, args=(
         host.root, host.state_dir, host.domain_file, host.marker, step, instance,
         host.allocations, host.providers))
     proc.start()

@@ -19,10 +19,6 @@ a child process runs the destination's steps and stops at the chosen one;
 the parent SIGKILLs it and plays the restarted service.
 """
 
-import contextlib
-import multiprocessing
-import os
-import signal
 import uuid
 from types import MappingProxyType
 
@@ -45,7 +41,6 @@ TYPE = "nvidia-1156"                        # L40S-8Q
 SOURCE_VF = "0000:c1:00.4"                  # the guest's VF on the source
 CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE,
                     by_address=MappingProxyType({}))
-CONTEXT = multiprocessing.get_context("spawn")
 
 # Where the child is killed, in the order the destination passes them.
 IN_CLAIM_TRANSACTION = "in-claim-transaction"    # claims written, not committed
@@ -76,16 +71,7 @@ def allocation(host):
 
 def inject_faults(manager, instance, step, marker):
     if step == IN_CLAIM_TRANSACTION:
-        journal = manager.journal
-        original = journal.transaction
-
-        @contextlib.contextmanager
-        def transaction():
-            with original() as txn:
-                yield txn
-                crash.stop_here(marker, step, [c.mdev_uuid for c in txn.claims(instance)])
-
-        journal.transaction = transaction
+        crash.stop_before_commit(manager, instance, step, marker)
     elif step in (CLAIM_COMMITTED, VF_TYPED):
         host = manager.host
         original_set = host.set_vendor_vgpu_type
@@ -115,25 +101,9 @@ def receive(root, state_dir, domain_file, marker, step, instance, allocations, p
     crash.stop_here(marker, step, vfs)
 
 
-@contextlib.contextmanager
 def killed_at(host, step, instance):
     """Run the destination in a child; yield once it stopped at ``step``, then SIGKILL it."""
-    proc = CONTEXT.Process(target=receive, args=(
-        host.root, host.state_dir, host.domain_file, host.marker, step, instance,
-        host.allocations, host.providers))
-    proc.start()
-    try:
-        reached = crash.wait_for(host.marker, proc)
-        assert reached["step"] == step
-        yield reached["mdevs"]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(crash.TIMEOUT)
-        assert proc.exitcode == -signal.SIGKILL
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        proc.close()
+    return crash.killed_at(receive, host, step, instance)
 
 
 # -- the test --------------------------------------------------------------------------------
