@@ -95,8 +95,9 @@ def check_vgpu_manager(instance, vfs, source_traits, own_version):
     """
     if not vfs:
         return
-    source = sorted({inventory.manager_version_of(t) for t in source_traits
-                     if t.startswith(ownership.MANAGER_TRAIT_PREFIX)})
+    source_managers = {t for t in source_traits
+                       if t.startswith(ownership.MANAGER_TRAIT_PREFIX)}
+    source = sorted(inventory.manager_version_of(t) for t in source_managers)
     if not source:
         reason = ("the source host's NVIDIA vGPU manager version is unknown: its GPU "
                   f"providers carry no {ownership.MANAGER_TRAIT_PREFIX}* trait (no NVIDIA "
@@ -104,8 +105,7 @@ def check_vgpu_manager(instance, vfs, source_traits, own_version):
     elif own_version is None:
         reason = ("this host's NVIDIA vGPU manager version is unknown (no readable "
                   "/sys/module/nvidia/version)")
-    elif {inventory.manager_trait(own_version)} != {
-            t for t in source_traits if t.startswith(ownership.MANAGER_TRAIT_PREFIX)}:
+    elif source_managers != {inventory.manager_trait(own_version)}:
         reason = (f"the source host runs NVIDIA vGPU manager {', '.join(source)} and this "
                   f"host {own_version}; vGPUs on VFs {', '.join(vfs)} (vendor-specific "
                   "VFIO) migrate only between hosts of one manager version")
@@ -196,7 +196,7 @@ class Migrations:
     def check_vgpu_manager(self, instance, source_mdev_types, source_traits):
         """:func:`check_vgpu_manager` against this host's manager, now."""
         vfs = sorted(u for u in source_mdev_types if names.is_vf_vgpu_id(u))
-        own = self.manager.snapshot(refresh=True).vgpu_manager_version
+        own = self.manager.host.vgpu_manager_version()   # one file, not a whole read
         check_vgpu_manager(instance, vfs, source_traits, own)
 
     def claim_incoming(self, instance, source_mdev_types, allocations, providers):

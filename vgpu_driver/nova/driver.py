@@ -169,32 +169,31 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 version=compat.nova_version(), supported=compat.supported_range())
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
-        self._refuse_other_flavor(instance, allocations or {})
-        return self._claim(instance.uuid, allocations)
-
-    def _refuse_other_flavor(self, instance, allocations):
-        """No guest is defined with vGPUs its flavor does not ask for.
-
-        nova schedules from the instance's request spec; a revert that
-        failed after nova's API had put the old flavor back in it leaves
-        the instance on the new flavor, and an unshelve then allocates for
-        the old one.  Refused (nova then keeps the server shelved) rather
-        than a guest running the other flavor's vGPUs.
-        """
         providers = self._providers_by_uuid()
-        classes = self.vgpu.mdev_config.mdev_classes
-        if any(rp not in providers for rp, allocation in allocations.items()
-               if classes & set(allocation.get("resources", {}))):
-            return      # not this host's GPUs: the claim itself refuses them
-        why = flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
+        why = self._flavor_mismatch(instance, allocations or {}, providers)
         if why is not None:
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+        return self._claim(instance.uuid, allocations, providers)
 
-    def _claim(self, instance_uuid, allocations):
+    def _flavor_mismatch(self, instance, allocations, providers):
+        """Why the allocation's vGPUs are not those the instance's flavor
+        asks for (:mod:`vgpu_driver.nova.flavors`), or None.  No guest is
+        defined with another flavor's vGPUs, whichever operation defines it.
+
+        None too for an allocation on providers that are not this host's
+        GPUs: the claim itself refuses those.
+        """
+        classes = self.vgpu.mdev_config.mdev_classes
+        if any(rp not in providers for rp, allocation in allocations.items()
+               if classes & set(allocation.get("resources", {}))):
+            return None
+        return flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
+
+    def _claim(self, instance_uuid, allocations, providers=None):
         try:
             return self.vgpu.allocate(instance_uuid, allocations or {},
-                                      self._providers_by_uuid())
+                                      providers or self._providers_by_uuid())
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
 
@@ -340,7 +339,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             self.vgpu.release_unused(instance.uuid, domain)
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        mdevs = self._claim(instance.uuid, allocations)
+        mdevs = self._claim(instance.uuid, allocations, providers)
         self.vgpu.release_unused(instance.uuid, mdevs)
         return mdevs
 
