@@ -81,8 +81,7 @@ class LongSoak(soak.SoakTestBase):
                       f"{' / '.join(violation.ops_before)})", file=sys.stderr, flush=True)
         self._shown = shown | set(result.violations)
         # nova's log capture would otherwise hold every line of the run.
-        self.stdlog.logger._output.seek(0)
-        self.stdlog.logger._output.truncate()
+        self.forget_nova_log()
 
 
 def _keep_in_memory_databases():

@@ -93,6 +93,26 @@ class ReplayedCasesTest(soak.SoakTestBase):
         at = log.find("in _claim_resources")
         self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
 
+    def test_a_nova_error_after_the_log_capture_was_emptied_is_still_nova_s(self):
+        """A long run empties nova's log capture every 100 operations.  The
+        10,000-operation run of seed 20261124 met the case above again at op
+        9734, after such an emptying, and counted it as a violation: the look
+        for known errors compared counts of tracebacks across it.  The case
+        twice, the capture emptied in between: nova's both times."""
+        script = [
+            soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="src")),
+            soak.Op("boot", flavor="t4x1", host="src"),
+        ]
+        first = self.run_script(script)
+        self.forget_nova_log()
+        self.assertEqual("", self.stdlog.logger.output)
+        second = self.run_script(script)
+        for result in first, second:
+            print(result.report(), file=sys.stderr)
+            self.assertEqual({}, result.violations, result.report())
+            self.assertEqual("nova error: resource-tracker-without-provider-tree",
+                             result.log[-1].split(" -> ")[1], result.log)
+
     def test_a_guest_back_before_its_old_vgpu_is_gone_gets_another(self):
         """A guest live-migrated away while its vGPU was held open (its
         removal blocked, its claim releasing), then cold-migrated back: the
