@@ -1,0 +1,482 @@
+"""Mixed-size boards against the best static equal-size split, on one seeded trace.
+
+A fleet of L40S boards (48 GB, Ada, 16 VFs each, vendor-specific VFIO) on
+one fake host serves a seeded trace of vGPU requests of several sizes that
+arrive and leave.  The same trace is served twice, each time through a real
+Placement (:class:`vgpu_driver.placement_service.EmbeddedPlacement` on
+127.0.0.1), the real provider sync, the real planner and vendor-VFIO
+strategy writing each VF's type on the fake board:
+
+(a) **static**: each board serves one type in equal-size mode (the product
+    as it ships: ``inventory.compute`` makes one VGPU inventory per board).
+    The split of boards among the sizes is the best there is for this trace:
+    every split is tried on a count model (an equal-size board holds the
+    type's maximum), and the real run must reject what the model said;
+(b) **mixed**: every board in mixed-size mode (switched through NVML), one
+    ``CUSTOM_VGPU_FRAMEBUFFER_MIB`` inventory per board from
+    :func:`vgpu_driver.framebuffer.inventory`, each request asking for its
+    size in MiB beside its type's trait.
+
+After every change the changed board's inventory is computed again and
+synced, so requests come one at a time: Placement granting what the board
+then refuses is counted (it must not happen outside a concurrent window).
+
+Reported per side: requests rejected, framebuffer in use at the first
+rejection, grants the board refused.  Goal: mixed-size rejects at most half
+as many requests as the best static split.  Run ``python
+benchmarks/bench_mixed_size.py [--seed N] [--boards N] [--arrivals N]
+[--load F] [--mix GB:SHARE,...] [--json FILE]``; it exits 1 only on a wrong result (the real
+static run disagreeing with its model, a grant the board refused).
+"""
+
+import argparse
+import collections
+import copy
+import dataclasses
+import heapq
+import itertools
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+import uuid
+from types import MappingProxyType
+
+from vgpu_driver import discovery
+from vgpu_driver import exception
+from vgpu_driver import framebuffer
+from vgpu_driver import inventory
+from vgpu_driver import names
+from vgpu_driver import nvml
+from vgpu_driver import placement
+from vgpu_driver.conf.mdev_types import MdevConfig
+from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.domains import InProcessDomains
+from vgpu_driver.fake import fakekernel
+from vgpu_driver.fake import nvml as fake_nvml
+from vgpu_driver.fake import profiles
+from vgpu_driver.mdevs import planner
+from vgpu_driver.mdevs import strategies
+from vgpu_driver.placement import ownership
+from vgpu_driver.placement_service import EmbeddedPlacement
+
+NODENAME = "mixed-bench"
+BOARD_SLOTS = 48
+# The request mix: {vGPU size in GB: (L40S type, share of requests)}.
+MIX = {4: ("nvidia-1155", 0.4), 8: ("nvidia-1156", 0.3), 12: ("nvidia-1157", 0.2),
+       24: ("nvidia-1159", 0.1)}
+SEED, BOARDS, ARRIVALS, LOAD = 20261125, 8, 600, 0.9
+PROGRESS_EVERY = 200
+PROJECT = USER = "0" * 32
+GOAL = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    id: int
+    size: int           # GB
+    arrives: int        # tick
+    leaves: int         # tick
+
+
+def parse_mix(text):
+    """``4:0.4,8:0.6`` -> :data:`MIX`'s shape, over the sizes an L40S offers."""
+    offered = {t["framebuffer_mb"] // 1024: t["id"]
+               for t in profiles.load("l40s-vfio")["gpus"][0]["types"]}
+    mix = {}
+    for part in text.split(","):
+        size, _colon, share = part.partition(":")
+        try:
+            size, share = int(size), float(share)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not SIZE_GB:SHARE") from None
+        if size not in offered or share <= 0 or size in mix:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: each size once, among {sorted(offered)} GB, with a share above 0")
+        mix[size] = (offered[size], share)
+    total = sum(share for _type, share in mix.values())
+    return {size: (type_id, share / total) for size, (type_id, share) in sorted(mix.items())}
+
+
+def trace(seed, arrivals, load, boards):
+    """One request per tick, sizes by :data:`MIX`, exponential lifetimes
+    whose mean puts the framebuffer asked for at ``load`` of the fleet's."""
+    rng = random.Random(seed)
+    sizes, shares = list(MIX), [share for _type, share in MIX.values()]
+    mean_size = sum(size * share for size, (_type, share) in MIX.items())
+    mean_life = load * boards * BOARD_SLOTS / mean_size
+    requests = []
+    for tick in range(arrivals):
+        size = rng.choices(sizes, shares)[0]
+        life = max(1, round(rng.expovariate(1 / mean_life)))
+        requests.append(Request(tick, size, tick, tick + life))
+    return requests, mean_life
+
+
+def events(requests):
+    """``(tick, "leave"|"arrive", request)`` in order: a tick's departures first."""
+    heap = []
+    for request in requests:
+        heapq.heappush(heap, (request.arrives, 1, request.id, "arrive", request))
+        heapq.heappush(heap, (request.leaves, 0, request.id, "leave", request))
+    while heap:
+        tick, _order, _id, kind, request = heapq.heappop(heap)
+        yield tick, kind, request
+
+
+# -- the fleet ---------------------------------------------------------------------------------
+
+
+def fleet_profile(boards):
+    """``boards`` copies of the l40s-vfio board, one per bus."""
+    one = profiles.load("l40s-vfio")
+    copies = []
+    for index in range(boards):
+        board = copy.deepcopy(one)
+        board["gpus"][0]["address"] = f"0000:{0xc1 + index:02x}:00.0"
+        copies.append(board)
+    return profiles.combine("mixed-bench", *copies,
+                            description=f"{boards} x L40S (48 GB, 16 VFs)")
+
+
+def equal_size_max(profile):
+    """``{size GB: vGPUs of it an equal-size board holds}`` (the type's maximum)."""
+    specs = {t["id"]: t for t in profile["gpus"][0]["types"]}
+    return {size: specs[type_id]["max"] for size, (type_id, _share) in MIX.items()}
+
+
+# -- (a) the best static split, found on a count model ---------------------------------------
+
+
+def static_rejections(requests, split, per_board):
+    """What an equal-size split (``{size: boards}``) rejects: a type's
+    boards are interchangeable, so only the count of each size matters."""
+    live, rejected, held = collections.Counter(), 0, set()
+    for _tick, kind, request in events(requests):
+        if kind == "leave":
+            if request.id in held:
+                live[request.size] -= 1
+            continue
+        if live[request.size] < split.get(request.size, 0) * per_board[request.size]:
+            live[request.size] += 1
+            held.add(request.id)
+        else:
+            rejected += 1
+    return rejected
+
+
+def best_split(requests, boards, per_board):
+    """The split of ``boards`` among the sizes that rejects the fewest."""
+    sizes = sorted(MIX)
+    best = None
+    for cut in itertools.combinations(range(boards + len(sizes) - 1), len(sizes) - 1):
+        bounds = (-1, *cut, boards + len(sizes) - 1)
+        counts = [bounds[i + 1] - bounds[i] - 1 for i in range(len(sizes))]
+        split = dict(zip(sizes, counts, strict=True))
+        rejected = static_rejections(requests, split, per_board)
+        if best is None or rejected < best[0]:
+            best = (rejected, split)
+    return best[1], best[0]
+
+
+# -- serving a trace ---------------------------------------------------------------------------
+
+
+class Side:
+    """One way of serving the fleet: its inventories, its requests."""
+
+    label = None
+
+    def __init__(self, kernel, client, pfs):
+        self.kernel, self.client, self.pfs = kernel, client, pfs
+        self.sync = placement.ProviderSync(client)
+        self.domains = InProcessDomains()
+        self.providers = {}
+        self.vgpus = {}         # request id -> (VF, board)
+        self.stats = collections.Counter()
+        self.first_rejection_used = None
+        self.rejected_by_size = collections.Counter()
+
+    # What each side defines.
+    def config(self):
+        raise NotImplementedError
+
+    def board_provider(self, snapshot, pf):
+        raise NotImplementedError
+
+    def candidates_query(self, size):
+        raise NotImplementedError
+
+    # What both share.
+    def resync(self, boards):
+        snapshot = discovery.discover(self.kernel)
+        for pf in boards:
+            self.providers[pf] = self.board_provider(snapshot, pf)
+        tree = inventory.ProviderTree(
+            root_name=NODENAME, providers=tuple(self.providers[pf] for pf in self.pfs),
+            mdev_classes=frozenset(p.resource_class for p in self.providers.values()))
+        self.sync.sync(tree)
+
+    def _board_of(self, rp_uuid):
+        for pf, provider in self.providers.items():
+            if self.sync.known[provider.name].uuid == rp_uuid:
+                return pf
+        raise SystemExit(f"{self.label}: a candidate on provider {rp_uuid}, not a board")
+
+    def arrive(self, request, used_gb):
+        found = self.client.request("GET", placement.query_url(
+            "/allocation_candidates", **self.candidates_query(request.size), limit=1))
+        if not found["allocation_requests"]:
+            self._reject(request, used_gb)
+            return
+        allocations = found["allocation_requests"][0]["allocations"]
+        consumer = str(uuid.UUID(int=request.id + 1))
+        self.client.request("PUT", f"/allocations/{consumer}", {
+            "allocations": allocations, "project_id": PROJECT, "user_id": USER,
+            "consumer_generation": None, "consumer_type": "INSTANCE"})
+        (rp_uuid,) = allocations
+        pf = self._board_of(rp_uuid)
+        try:
+            vf = self._create(consumer, pf, MIX[request.size][0])
+        except exception.AllocationError:
+            # Placement granted what the board refused: the allocation goes.
+            self.stats["granted_then_refused"] += 1
+            self.client.request("DELETE", f"/allocations/{consumer}")
+            self._reject(request, used_gb)
+            self.resync([pf])
+            return
+        self.vgpus[request.id] = (vf, pf)
+        self.stats["served"] += 1
+        self.resync([pf])
+
+    def _reject(self, request, used_gb):
+        self.stats["rejected"] += 1
+        self.rejected_by_size[request.size] += 1
+        if self.first_rejection_used is None:
+            self.first_rejection_used = used_gb
+
+    def _create(self, consumer, pf, type_id):
+        """The real planner and vendor-VFIO strategy: a free VF, typed."""
+        gpu = discovery.discover(self.kernel).gpu(pf)
+        strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config())
+        users = self.domains.mdev_users()
+        state = strategy.gpu_state(consumer, gpu, type_id, users)
+        (item,) = planner.plan_gpu(consumer, planner.Request(pf, type_id, 1), state, {}, users)
+        strategy.create(consumer, item)
+        self.domains.define(consumer, [item.mdev_uuid])
+        return item.mdev_uuid
+
+    def leave(self, request):
+        held = self.vgpus.pop(request.id, None)
+        if held is None:
+            return
+        vf, pf = held
+        consumer = str(uuid.UUID(int=request.id + 1))
+        self.domains.undefine(consumer)
+        strategies.VendorVfioStrategy(self.kernel, self.domains, self.config()).destroy(
+            vf, timeout=5)
+        self.client.request("DELETE", f"/allocations/{consumer}")
+        self.resync([pf])
+
+
+class StaticSide(Side):
+    """Each board one type, equal-size: the inventory nova-compute reports."""
+
+    label = "static"
+
+    def __init__(self, kernel, client, pfs, split):
+        super().__init__(kernel, client, pfs)
+        boards = iter(pfs)
+        self._type_configs = tuple(
+            TypeConfig(MIX[size][0], device_addresses=tuple(
+                next(boards) for _ in range(count)))
+            for size, count in sorted(split.items()) if count)
+        self._config = MdevConfig(types=self._type_configs, by_address=MappingProxyType(
+            {a: t.type_id for t in self._type_configs for a in t.device_addresses}))
+
+    def config(self):
+        return self._config
+
+    def board_provider(self, snapshot, pf):
+        tree = inventory.compute(snapshot, self._config, NODENAME)
+        return tree.by_gpu(pf)
+
+    def candidates_query(self, size):
+        return {"resources": "VGPU:1", "required": type_trait(size)}
+
+
+class MixedSide(Side):
+    """Every board mixed-size: one framebuffer inventory each."""
+
+    label = "mixed"
+
+    def __init__(self, kernel, client, pfs, bindings):
+        super().__init__(kernel, client, pfs)
+        self.bindings = bindings
+        self._config = MdevConfig(types=tuple(TypeConfig(t) for t, _share in MIX.values()))
+        self.numbers = tuple(names.vendor_type_number(t) for t, _share in MIX.values())
+        for pf in pfs:
+            nvml.set_heterogeneous_mode(pf, True, bindings)
+
+    def config(self):
+        return self._config
+
+    def board_provider(self, snapshot, pf):
+        gpu = snapshot.gpu(pf)
+        typed = [p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type]
+        used = sum(_size_of(t) for t in typed)
+        free_vfs = len(gpu.parents) - len(typed)
+        found = nvml.placements(pf, self.numbers, self.bindings)
+        fb = framebuffer.inventory(BOARD_SLOTS, found, used, free_vfs)
+        traits = {ownership.OWNER_TRAIT, *(type_trait(size) for size in MIX)}
+        return inventory.GpuProvider(
+            name=inventory.provider_name(NODENAME, gpu), parent_provider=NODENAME,
+            gpu=pf, type_id=",".join(t for t, _share in MIX.values()), type_name=None,
+            resource_class=framebuffer.RESOURCE_CLASS, total=fb.total, reserved=fb.reserved,
+            min_unit=fb.min_unit, max_unit=fb.max_unit, step_size=fb.step_size,
+            traits=tuple(sorted(traits)))
+
+    def candidates_query(self, size):
+        return {"resources": f"{framebuffer.RESOURCE_CLASS}:{size * framebuffer.SLOT_MIB}",
+                "required": type_trait(size)}
+
+
+def type_trait(size):
+    """The trait a flavor of that size requires: its type's (every GPU
+    provider carries ``CUSTOM_MDEV_<type>``, :func:`inventory.type_traits`)."""
+    return inventory.type_traits(MIX[size][0], None)[0]
+
+
+def _size_of(type_id):
+    for size, (known, _share) in MIX.items():
+        if known == type_id:
+            return size
+    raise SystemExit(f"a VF holds {type_id}, a type outside the mix")
+
+
+def serve_trace(side, requests):
+    """Run the events through ``side``; its counters, and the wall time."""
+    # Every flavor's trait exists, whether a board carries it or not.
+    for size in MIX:
+        side.client.request("PUT", f"/traits/{type_trait(size)}")
+    side.resync(side.pfs)
+    live_gb, began, arrived = 0, time.perf_counter(), 0
+    for _tick, kind, request in events(requests):
+        if kind == "leave":
+            if request.id in side.vgpus:
+                live_gb -= request.size
+            side.leave(request)
+            continue
+        side.arrive(request, live_gb)
+        if request.id in side.vgpus:
+            live_gb += request.size
+        arrived += 1
+        if arrived % PROGRESS_EVERY == 0:
+            print(f"  {side.label}: {arrived} requests in {time.perf_counter() - began:.0f} s, "
+                  f"{side.stats['rejected']} rejected", flush=True)
+    return side.stats, time.perf_counter() - began
+
+
+def run(args, tmp):
+    profile = fleet_profile(args.boards)
+    pfs = tuple(gpu["address"] for gpu in profile["gpus"])
+    requests, mean_life = trace(args.seed, args.arrivals, args.load, args.boards)
+    per_board = equal_size_max(profile)
+    split, model_rejected = best_split(requests, args.boards, per_board)
+    print(f"best static split: {_split_text(split)}, the model rejects {model_rejected}",
+          flush=True)
+    results, wrong = {"mean_lifetime": mean_life, "split": split,
+                      "model_rejected": model_rejected}, []
+    for label in ("static", "mixed"):
+        root = os.path.join(tmp, label, "sys")
+        kernel = fakekernel.FakeKernel.build(root, profile)
+        with EmbeddedPlacement() as service:
+            client = placement.Client(service.connection())
+            side = (StaticSide(kernel, client, pfs, split) if label == "static" else
+                    MixedSide(kernel, client, pfs, fake_nvml.Bindings(root)))
+            stats, seconds = serve_trace(side, requests)
+        capacity = args.boards * BOARD_SLOTS
+        results[label] = {
+            "rejected": stats["rejected"], "served": stats["served"],
+            "granted_then_refused": stats["granted_then_refused"],
+            "rejected_by_size": {size: side.rejected_by_size[size] for size in MIX},
+            "used_at_first_rejection_gb": side.first_rejection_used,
+            "used_at_first_rejection": (None if side.first_rejection_used is None
+                                        else side.first_rejection_used / capacity),
+            "seconds": seconds}
+        if stats["granted_then_refused"]:
+            wrong.append(f"{label}: the board refused {stats['granted_then_refused']} "
+                         "grant(s) with requests coming one at a time")
+    if results["static"]["rejected"] != model_rejected:
+        wrong.append(f"static: the real run rejected {results['static']['rejected']}, "
+                     f"its model {model_rejected}")
+    return results, wrong
+
+
+def _split_text(split):
+    return ", ".join(f"{count} x {size} GB" for size, count in sorted(split.items()) if count)
+
+
+def report(results, args):
+    print(f"\n{args.boards} L40S boards (48 GB, 16 VFs), {args.arrivals} requests, seed "
+          f"{args.seed}, offered load {args.load:.0%} of the fleet's framebuffer "
+          f"(mean lifetime {results['mean_lifetime']:.1f} arrivals)")
+    print("mix: " + ", ".join(f"{size} GB {share:.0%}" for size, (_t, share) in MIX.items()))
+    print(f"static split (best of every split, by its model): {_split_text(results['split'])}")
+    by_size = "/".join(str(size) for size in MIX)
+    print(f"{'':8} {'rejected':>9} {f'of {by_size} GB':>16} {'served':>7} "
+          f"{'used at 1st rejection':>22} {'grants refused':>15} {'seconds':>8}")
+    for label in ("static", "mixed"):
+        row = results[label]
+        first = row["used_at_first_rejection"]
+        first_text = "-" if first is None else (
+            f"{row['used_at_first_rejection_gb']} GB ({first:.0%})")
+        sizes = "/".join(str(row["rejected_by_size"][size]) for size in MIX)
+        print(f"{label:8} {row['rejected']:>9} {sizes:>16} {row['served']:>7} "
+              f"{first_text:>22} {row['granted_then_refused']:>15} {row['seconds']:>8.1f}")
+    ratio = results["ratio"]
+    verdict = "PASS" if results["goal_ok"] else "MISS"
+    print(f"mixed / static rejections: {ratio:.2f} (goal <= {GOAL}): {verdict}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--boards", type=int, default=BOARDS)
+    parser.add_argument("--arrivals", type=int, default=ARRIVALS)
+    parser.add_argument("--load", type=float, default=LOAD,
+                        help="framebuffer asked for, as a share of the fleet's (default 0.9)")
+    parser.add_argument("--mix", type=parse_mix, default=None, metavar="GB:SHARE,...",
+                        help="the sizes asked for and their shares (default "
+                             "4:0.4,8:0.3,12:0.2,24:0.1)")
+    parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
+    parser.add_argument("--tmpdir", metavar="DIR", help="Where to write the fake trees.")
+    args = parser.parse_args(argv)
+    if args.boards < 1 or args.arrivals < 1 or args.load <= 0:
+        parser.error("--boards and --arrivals must be at least 1, --load above 0")
+    if args.mix is not None:
+        global MIX
+        MIX = args.mix
+    with tempfile.TemporaryDirectory(prefix="bench-mixed-", dir=args.tmpdir) as tmp:
+        results, wrong = run(args, tmp)
+    if wrong:
+        print("WRONG RESULTS:\n  " + "\n  ".join(wrong))
+        return 1
+    static, mixed = results["static"]["rejected"], results["mixed"]["rejected"]
+    results["ratio"] = mixed / static if static else (0.0 if not mixed else float("inf"))
+    results["goal_ok"] = mixed <= GOAL * static
+    results.update(benchmark="mixed_size", seed=args.seed, boards=args.boards,
+                   arrivals=args.arrivals, load=args.load, python=platform.python_version(),
+                   mix={size: share for size, (_t, share) in MIX.items()})
+    report(results, args)
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
