@@ -17,16 +17,20 @@ strategy writing each VF's type on the fake board:
     :func:`vgpu_driver.framebuffer.inventory`, each request asking for its
     size in MiB beside its type's trait.
 
-After every change the changed board's inventory is computed again and
-synced, so requests come one at a time: Placement granting what the board
-then refuses is counted (it must not happen outside a concurrent window).
+Each request goes to the first board, by address, among Placement's
+candidates (their order among one host's providers varies between
+processes).  After every change the changed board's inventory is
+computed again and synced, so requests come one at a time: Placement
+granting what the board then refuses is counted (it must not happen
+outside a concurrent window).
 
-Reported per side: requests rejected, framebuffer in use at the first
-rejection, grants the board refused.  Goal: mixed-size rejects at most half
-as many requests as the best static split.  Run ``python
-benchmarks/bench_mixed_size.py [--seed N] [--boards N] [--arrivals N]
-[--load F] [--mix GB:SHARE,...] [--json FILE]``; it exits 1 only on a wrong result (the real
-static run disagreeing with its model, a grant the board refused).
+Reported per side: requests rejected, and of each size; framebuffer in
+use at the first rejection; grants the board refused.  Goal: mixed-size
+rejects at most half as many requests as the best static split.  Run
+``python benchmarks/bench_mixed_size.py [--seed N] [--boards N]
+[--arrivals N] [--load F] [--mix GB:SHARE,...] [--json FILE]``; it exits
+1 only on a wrong result (the real static run disagreeing with its
+model, a grant the board refused).
 """
 
 import argparse
@@ -227,17 +231,20 @@ class Side:
 
     def arrive(self, request, used_gb):
         found = self.client.request("GET", placement.query_url(
-            "/allocation_candidates", **self.candidates_query(request.size), limit=1))
+            "/allocation_candidates", **self.candidates_query(request.size)))
         if not found["allocation_requests"]:
             self._reject(request, used_gb)
             return
-        allocations = found["allocation_requests"][0]["allocations"]
+        # First fit, by board address: the order of Placement's candidates
+        # among one host's providers varies from one process to the next.
+        pf, allocations = min(((self._board_of(rp_uuid), candidate["allocations"])
+                               for candidate in found["allocation_requests"]
+                               for rp_uuid in candidate["allocations"]),
+                              key=lambda pair: pair[0])
         consumer = str(uuid.UUID(int=request.id + 1))
         self.client.request("PUT", f"/allocations/{consumer}", {
             "allocations": allocations, "project_id": PROJECT, "user_id": USER,
             "consumer_generation": None, "consumer_type": "INSTANCE"})
-        (rp_uuid,) = allocations
-        pf = self._board_of(rp_uuid)
         try:
             vf = self._create(consumer, pf, MIX[request.size][0])
         except exception.AllocationError:
