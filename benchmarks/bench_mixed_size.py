@@ -33,6 +33,7 @@ rejects at most half as many requests as the best static split.  Run
 model, a grant the board refused).
 """
 
+import abc
 import argparse
 import collections
 import copy
@@ -63,7 +64,6 @@ from vgpu_driver.fake import nvml as fake_nvml
 from vgpu_driver.fake import profiles
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
-from vgpu_driver.placement import ownership
 from vgpu_driver.placement_service import EmbeddedPlacement
 
 NODENAME = "mixed-bench"
@@ -188,10 +188,13 @@ def best_split(requests, boards, per_board):
 # -- serving a trace ---------------------------------------------------------------------------
 
 
-class Side:
-    """One way of serving the fleet: its inventories, its requests."""
+class Side(abc.ABC):
+    """One way of serving the fleet: its inventories, its requests.
+
+    A side sets ``config`` (the :class:`MdevConfig` its planner reads)."""
 
     label = None
+    config = None
 
     def __init__(self, kernel, client, pfs):
         self.kernel, self.client, self.pfs = kernel, client, pfs
@@ -203,21 +206,16 @@ class Side:
         self.first_rejection_used = None
         self.rejected_by_size = collections.Counter()
 
-    # What each side defines.
-    def config(self):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def board_providers(self, snapshot, boards):
+        """``{board: GpuProvider}`` of ``boards``, from one read of the host."""
 
-    def board_provider(self, snapshot, pf):
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def candidates_query(self, size):
-        raise NotImplementedError
+        """Placement's query parameters for a request of ``size`` GB."""
 
-    # What both share.
     def resync(self, boards):
-        snapshot = discovery.discover(self.kernel)
-        for pf in boards:
-            self.providers[pf] = self.board_provider(snapshot, pf)
+        self.providers.update(self.board_providers(discovery.discover(self.kernel), boards))
         tree = inventory.ProviderTree(
             root_name=NODENAME, providers=tuple(self.providers[pf] for pf in self.pfs),
             mdev_classes=frozenset(p.resource_class for p in self.providers.values()))
@@ -267,7 +265,7 @@ class Side:
     def _create(self, consumer, pf, type_id):
         """The real planner and vendor-VFIO strategy: a free VF, typed."""
         gpu = discovery.discover(self.kernel).gpu(pf)
-        strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config())
+        strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
         state = strategy.gpu_state(consumer, gpu, type_id, users)
         (item,) = planner.plan_gpu(consumer, planner.Request(pf, type_id, 1), state, {}, users)
@@ -282,7 +280,7 @@ class Side:
         vf, pf = held
         consumer = str(uuid.UUID(int=request.id + 1))
         self.domains.undefine(consumer)
-        strategies.VendorVfioStrategy(self.kernel, self.domains, self.config()).destroy(
+        strategies.VendorVfioStrategy(self.kernel, self.domains, self.config).destroy(
             vf, timeout=5)
         self.client.request("DELETE", f"/allocations/{consumer}")
         self.resync([pf])
@@ -296,19 +294,16 @@ class StaticSide(Side):
     def __init__(self, kernel, client, pfs, split):
         super().__init__(kernel, client, pfs)
         boards = iter(pfs)
-        self._type_configs = tuple(
+        type_configs = tuple(
             TypeConfig(MIX[size][0], device_addresses=tuple(
                 next(boards) for _ in range(count)))
             for size, count in sorted(split.items()) if count)
-        self._config = MdevConfig(types=self._type_configs, by_address=MappingProxyType(
-            {a: t.type_id for t in self._type_configs for a in t.device_addresses}))
+        self.config = MdevConfig(types=type_configs, by_address=MappingProxyType(
+            {a: t.type_id for t in type_configs for a in t.device_addresses}))
 
-    def config(self):
-        return self._config
-
-    def board_provider(self, snapshot, pf):
-        tree = inventory.compute(snapshot, self._config, NODENAME)
-        return tree.by_gpu(pf)
+    def board_providers(self, snapshot, boards):
+        tree = inventory.compute(snapshot, self.config, NODENAME)
+        return {pf: tree.by_gpu(pf) for pf in boards}
 
     def candidates_query(self, size):
         return {"resources": "VGPU:1", "required": type_trait(size)}
@@ -322,22 +317,23 @@ class MixedSide(Side):
     def __init__(self, kernel, client, pfs, bindings):
         super().__init__(kernel, client, pfs)
         self.bindings = bindings
-        self._config = MdevConfig(types=tuple(TypeConfig(t) for t, _share in MIX.values()))
+        self.config = MdevConfig(types=tuple(TypeConfig(t) for t, _share in MIX.values()))
         self.numbers = tuple(names.vendor_type_number(t) for t, _share in MIX.values())
         for pf in pfs:
             nvml.set_heterogeneous_mode(pf, True, bindings)
 
-    def config(self):
-        return self._config
+    def board_providers(self, snapshot, boards):
+        return {pf: self._board_provider(snapshot.gpu(pf)) for pf in boards}
 
-    def board_provider(self, snapshot, pf):
-        gpu = snapshot.gpu(pf)
+    def _board_provider(self, gpu):
+        pf = gpu.address
         typed = [p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type]
         used = sum(_size_of(t) for t in typed)
         free_vfs = len(gpu.parents) - len(typed)
         found = nvml.placements(pf, self.numbers, self.bindings)
         fb = framebuffer.inventory(BOARD_SLOTS, found, used, free_vfs)
-        traits = {ownership.OWNER_TRAIT, *(type_trait(size) for size in MIX)}
+        traits = {t for type_id, _share in MIX.values()
+                  for t in inventory.provider_traits(type_id, None)}
         return inventory.GpuProvider(
             name=inventory.provider_name(NODENAME, gpu), parent_provider=NODENAME,
             gpu=pf, type_id=",".join(t for t, _share in MIX.values()), type_name=None,
