@@ -39,25 +39,32 @@ class Drift:
     detail: str
 
 
-def host_usage(snapshot, claim_list, domain_users):
-    """``{(gpu, consumer): vGPU count}`` from claims and guests' domains.
+def host_usage(snapshot, claim_list, domain_users, sizes=None):
+    """``{(gpu, consumer): units}`` from claims and guests' domains: a vGPU
+    counts one, or on a mixed-size board of ``sizes`` (``{gpu: {type id:
+    MiB}}``) its type's framebuffer MiB, as its provider's inventory.
 
     A vGPU is an mdev or a vendor-VFIO VF set to a type; a domain's other
     PCI hostdevs are no vGPU of any GPU here, and not counted.
     """
-    gpu_of = {}
+    gpu_of, type_of = {}, {}
     for vgpu in snapshot.vgpus:
         gpu = snapshot.gpu_of_parent(vgpu.parent)
         if gpu is not None:
-            gpu_of[vgpu.id] = gpu.address
+            gpu_of[vgpu.id], type_of[vgpu.id] = gpu.address, vgpu.type_id
     holders = {}
     for claim in claim_list:
         if claim.state in HELD_STATES:
             holders[claim.mdev_uuid] = (claim.gpu, claim.instance_uuid)
+            type_of[claim.mdev_uuid] = claim.type_id
     for mdev, ref in domain_users.items():
         if mdev not in holders and mdev in gpu_of:
             holders[mdev] = (gpu_of[mdev], ref.uuid)
-    return collections.Counter(holders.values())
+    usage = collections.Counter()
+    for mdev, (gpu, consumer) in holders.items():
+        board = (sizes or {}).get(gpu)
+        usage[gpu, consumer] += board.get(type_of.get(mdev), 0) if board else 1
+    return usage
 
 
 def _inventory_detail(have, want):
@@ -90,7 +97,8 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
                                               known.inventories, known.traits):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
-    usage = host_usage(snapshot, claim_list, domain_users)
+    usage = host_usage(snapshot, claim_list, domain_users,
+                       {p.gpu: dict(p.sizes) for p in tree.providers if p.mixed})
     compared = []          # (position in drifts, provider, its allocations)
     for name, provider in sorted(desired.items()):
         known = sync.known.get(name)
@@ -135,13 +143,18 @@ def _allocation_drift(provider, allocations, usage, moves):
         if here.get(consumer, 0) < units:
             drifts.append(Drift("allocation-without-mdev", name, provider.gpu, consumer,
                                 f"{units} {provider.resource_class} allocated, "
-                                f"{here.get(consumer, 0)} mdev(s) held here"))
+                                f"{_held(provider, here.get(consumer, 0))} held here"))
     for consumer, count in sorted(here.items()):
         if allocated.get(consumer, 0) < count:
             drifts.append(Drift("mdev-without-allocation", name, provider.gpu, consumer,
-                                f"{count} mdev(s) held here, {allocated.get(consumer, 0)} "
+                                f"{_held(provider, count)} held here, "
+                                f"{allocated.get(consumer, 0)} "
                                 f"{provider.resource_class} allocated"))
     return drifts
+
+
+def _held(provider, units):
+    return f"{units} MiB of vGPUs" if provider.mixed else f"{units} mdev(s)"
 
 
 def write_record(state_dir, drifts, now):

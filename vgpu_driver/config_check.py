@@ -68,8 +68,9 @@ def _pending_types(config, snapshot):
     """Types served by a GPU whose VFs are not there yet: they are offered once
     its VFs are (reported once, by :func:`vfs_pending`)."""
     resolved = config.for_host(snapshot)
-    return {row[2] for row in fleet.gpu_map(resolved, snapshot)
-            if row[2] and snapshot.gpu(row[0]).mode == discovery.MODE_VFS_PENDING}
+    return {type_id for row in fleet.gpu_map(resolved, snapshot)
+            if row[2] and snapshot.gpu(row[0]).mode == discovery.MODE_VFS_PENDING
+            for type_id in row[2].split(",")}
 
 
 def absent_types(config, snapshot):
@@ -101,9 +102,10 @@ def vfs_pending(config, snapshot):
         gpu = snapshot.gpu(address)
         if not type_id or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
-        option, value = _serving_option(type_id, device_id, how)
-        listed = [a for a in config.type_config(type_id).device_addresses
-                  if a in gpu.addresses]
+        types = type_id.split(",")      # several: a mixed-size board
+        option, value = _serving_option(types[-1], device_id, how)
+        listed = sorted({a for t in types for a in config.type_config(t).device_addresses
+                         if a in gpu.addresses})
         vfs = [a for a in listed if a != address]
         board = f"; {', '.join(vfs)} will be VF(s) of it" if vfs else ""
         problems.append(exception.ConfigProblem(
@@ -117,9 +119,9 @@ def types_on_one_board(config, snapshot):
     serves one type, so it gets none."""
     problems = []
     for gpu in snapshot.gpus:
-        listed = {a: config.by_address[a] for a in gpu.addresses if a in config.by_address}
+        listed = {a: config.listed_types(a) for a in gpu.addresses if config.listed_types(a)}
         if len(set(listed.values())) > 1:
-            where = ", ".join(f"{a} under {t}" for a, t in sorted(listed.items()))
+            where = ", ".join(f"{a} under {' and '.join(t)}" for a, t in sorted(listed.items()))
             problems.append(exception.ConfigProblem(
                 "device_addresses", ", ".join(sorted(listed)),
                 f"addresses of one board (GPU {gpu.address}) are listed under different "
@@ -164,12 +166,47 @@ def vendor_vfio_fit(gpu, type_id):
     return max(s for s in sizes if s) // wanted[0]
 
 
+def boards_that_cannot_mix(config, snapshot):
+    """A board listed under several types that is not one serving
+    vendor-VFIO vGPUs: it serves one type, so it gets none."""
+    problems = []
+    resolved = config.for_host(snapshot)
+    for gpu in snapshot.gpus:
+        types = resolved.types_for(gpu.addresses)
+        _served, why = inventory.configured_type(gpu, resolved)
+        if len(types) < 2 or why is None:
+            continue
+        listed = sorted(a for a in gpu.addresses if config.listed_types(a))
+        problems.append(exception.ConfigProblem(
+            f"[{devices.group_name(types[-1])}] device_addresses", ", ".join(listed),
+            f"GPU {gpu.address} gets no provider: {why}"))
+    return problems
+
+
+def mixed_size_modes(config, boards):
+    """Boards configured for several sizes whose mode NVML cannot read, or
+    that are in equal-size mode: they get no provider until switched."""
+    problems = []
+    for address, reading in sorted((boards or {}).items()):
+        types = ", ".join(config.mixed_by_address.get(address, ())) or address
+        if reading.error:
+            problems.append(exception.ConfigProblem(
+                "device_addresses", address, f"configured for mixed sizes ({types}), but "
+                f"NVML cannot say whether the board mixes sizes: {reading.error}"))
+        elif not reading.mixed:
+            problems.append(exception.ConfigProblem(
+                "device_addresses", address, f"configured for mixed sizes ({types}) but in "
+                f"equal-size mode, so it gets no provider: run vgpu-manage sriov sizes "
+                f"{address} mixed"))
+    return problems
+
+
 def uncapped_vendor_vfio(config, snapshot):
     """A vendor-VFIO GPU lists a type on each of its VFs, so without a cap its
     inventory is the VF count, not what its memory holds."""
     problems = []
     for type_config in config.types:
-        if type_config.max_instances is not None:
+        if type_config.max_instances is not None or type_config.type_id in config.mixed_types:
             continue
         fits = [vendor_vfio_fit(g, type_config.type_id) for g in snapshot.gpus
                 if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)]
@@ -186,10 +223,13 @@ def uncapped_vendor_vfio(config, snapshot):
     return problems
 
 
-def check(conf, config, snapshot):
-    """Every problem found, errors first in the order they are checked."""
+def check(conf, config, snapshot, boards=None):
+    """Every problem found, errors first in the order they are checked;
+    ``boards``: what NVML says of the boards configured for mixed sizes
+    (:func:`vgpu_driver.inventory.read_boards`)."""
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
             + absent_types(config, snapshot) + absent_addresses(config, snapshot)
-            + types_on_one_board(config, snapshot) + vfs_pending(config, snapshot)
+            + types_on_one_board(config, snapshot) + boards_that_cannot_mix(config, snapshot)
+            + vfs_pending(config, snapshot) + mixed_size_modes(config, boards)
             + uncapped_vendor_vfio(config, snapshot)
             + metrics_textfile.problems(conf.vgpu.metrics_textfile))

@@ -22,10 +22,10 @@ from vgpu_driver import metrics
 from vgpu_driver import metrics_textfile
 from vgpu_driver import migration
 from vgpu_driver import names
+from vgpu_driver import nvml
 from vgpu_driver import reconcile
 from vgpu_driver import removals
 from vgpu_driver import status
-from vgpu_driver import sysfs
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.sysfs import udev
 
@@ -42,7 +42,7 @@ class VGPUDriver:
         self.mdev_config = mdev_config or mdev_types.from_conf(conf)
         self.metrics_file = (metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
                              if conf.vgpu.metrics_textfile else None)
-        self.host = host or sysfs.open_host(conf.vgpu.sysfs_root)
+        self.host = host or nvml.open_host(conf)
         self.journal = journal or claims.Journal(conf.vgpu.state_dir)
         self.domains = domains
         self.manager = mdevs.MdevManager(
@@ -103,9 +103,12 @@ class VGPUDriver:
         users = self.manager.domains.mdev_users()
         claim_list = self.journal.claims()
         in_use = self.reconciler.referenced(snapshot, claim_list, users)
-        unallocated = (inventory.claims_placement_lacks(claim_list, nodename, allocations_on)
-                       if allocations_on is not None else None)
-        tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated)
+        boards = inventory.read_boards(self.manager.host, snapshot, self.mdev_config)
+        unallocated = (inventory.claims_placement_lacks(
+            claim_list, nodename, allocations_on, inventory.claim_units(boards))
+            if allocations_on is not None else None)
+        tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated,
+                                 boards)
         self.worker.note_update(started, time.monotonic() - began)
         if self.metrics_file is not None:
             self._write_metrics(nodename, snapshot, tree, claim_list, users)
@@ -138,10 +141,11 @@ class VGPUDriver:
         undefines the domain for a while and keeps its claims."""
         return self.worker.run_now(host_reconciler.PERIODIC)
 
-    def allocate(self, instance_uuid, allocations, providers):
+    def allocate(self, instance_uuid, allocations, providers, type_traits=None):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO
         GPUs); see :meth:`MdevManager.allocate`."""
-        return self.manager.allocate(instance_uuid, allocations, providers)
+        return self.manager.allocate(instance_uuid, allocations, providers,
+                                     type_traits=type_traits)
 
     def instance_claims(self, instance_uuid):
         """``{mdev_uuid: Claim}`` the instance holds here (not those going away)."""

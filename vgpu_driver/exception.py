@@ -29,6 +29,7 @@ Tree::
     │   └── MdevIOError               EIO
     ├── AllocationError               an allocation cannot be met (nova reschedules)
     │   ├── UnknownProvider           the allocation names no GPU of this host
+    │   ├── MixedSizeTypeUnknown      MiB on a mixed-size board that name no one type
     │   ├── GpuGone                   the GPU (or all its parents) vanished
     │   ├── WrongTypePresent          the GPU holds mdevs of another type in use
     │   └── NoGpuCapacity             nothing free and nothing creatable
@@ -316,6 +317,13 @@ class AllocationError(VgpuDriverError):
 class UnknownProvider(AllocationError):
     msg_fmt = ("Cannot give %(instance)s its vGPU: resource provider %(provider)s is not "
                "a GPU of this host (was it removed? run 'vgpu-manage inventory').")
+
+
+class MixedSizeTypeUnknown(AllocationError):
+    msg_fmt = ("Cannot give %(instance)s its vGPU on %(gpu)s: %(mib)s MiB of its "
+               "mixed-size framebuffer (types %(types)s) name no single vGPU type: "
+               "%(reason)s. A flavor asks for one type's MiB and requires its "
+               "CUSTOM_MDEV_<type> trait.")
 
 
 class GpuGone(AllocationError):

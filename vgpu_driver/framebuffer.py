@@ -23,6 +23,10 @@ at claim time and nova reschedules it.
 
 import dataclasses
 import math
+import types
+
+from vgpu_driver import exception
+from vgpu_driver import names
 
 RESOURCE_CLASS = "CUSTOM_VGPU_FRAMEBUFFER_MIB"
 SLOT_MIB = 1024
@@ -71,3 +75,44 @@ def inventory(board_slots, placements, used_slots, free_vfs):
         total=board_slots * SLOT_MIB, reserved=reserved * SLOT_MIB,
         min_unit=sizes[0] * SLOT_MIB, max_unit=largest * SLOT_MIB,
         step_size=math.gcd(*sizes) * SLOT_MIB)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoardReading:
+    """What NVML says of one board configured for several sizes: its mode,
+    and the placements of the types it is configured for or holds
+    (``{type id: vgpu_driver.nvml.Placements}``); ``error`` when NVML
+    could not be asked."""
+
+    mixed: bool = False
+    placements: types.MappingProxyType = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}))
+    error: str | None = None
+
+
+def read_board(host, gpu, type_ids):
+    """The :class:`BoardReading` of ``gpu`` for ``type_ids`` and the types
+    its VFs hold, in one pass (NVML's mode first: no placements without it)."""
+    held = {p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
+    wanted = sorted({*type_ids, *held}, key=names.vendor_type_number)
+    try:
+        if not host.mixed_sizes(gpu.address):
+            return BoardReading(mixed=False)
+        found = host.vgpu_placements(gpu.address, [names.vendor_type_number(t)
+                                                   for t in wanted])
+    except (exception.NvmlUnavailable, exception.MixedSizeModeRefused) as exc:
+        return BoardReading(error=str(exc))
+    return BoardReading(mixed=True, placements=types.MappingProxyType(
+        {names.vendor_type_id(number): placed for number, placed in found.items()}))
+
+
+def read_boards(host, snapshot, served):
+    """``{board address: BoardReading}`` of the vendor-VFIO boards ``served``
+    (``{gpu address: (type id, ...)}``, see
+    :func:`vgpu_driver.inventory.configured_types`) gives several types."""
+    readings = {}
+    for gpu in snapshot.gpus:
+        type_ids = served.get(gpu.address, ())
+        if len(type_ids) > 1 and gpu.parents:
+            readings[gpu.address] = read_board(host, gpu, type_ids)
+    return types.MappingProxyType(readings)

@@ -14,10 +14,12 @@ import collections
 import dataclasses
 
 from vgpu_driver import discovery
+from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver.placement import ownership
 
 TRAIT_MAX_LENGTH = 255
+TYPE_ID_TRAIT_PREFIX = "CUSTOM_MDEV_"
 
 # What a GPU's reserved units are held back for (GpuProvider.reserved_for).
 NO_CAPACITY = "no_capacity"      # the GPU offers no more of its type, for no reason seen
@@ -26,7 +28,9 @@ DRAINING = "draining"            # guests' vGPUs of another type are in the way
 MAX_INSTANCES = "max_instances"  # the type's host-wide max_instances is used elsewhere
 UNREADABLE = "unreadable"        # a sysfs value the vendor driver wrote is garbage
 CLAIMS = "claims"                # claimed vGPUs no Placement allocation covers
-RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS)
+FRAGMENTED = "fragmented"        # mixed-size framebuffer no configured type can take now
+RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS,
+                FRAGMENTED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,13 @@ class GpuProvider:
     min_unit: int = 1
     step_size: int = 1
     allocation_ratio: float = 1.0
+    # A mixed-size board: ``((type id, MiB), ...)`` of the types it serves,
+    # its inventory in framebuffer MiB; ``type_id`` then lists them.
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def mixed(self):
+        return bool(self.sizes)
 
     def inventory(self):
         """The Placement inventory record for this provider's class."""
@@ -98,7 +109,7 @@ def provider_name_for(nodename, gpu_address):
 
 def type_traits(type_id, type_name):
     """Traits that let flavors ask for a type by id or by its vendor name."""
-    traits = [f"CUSTOM_MDEV_{names.trait_fragment(type_id)}"]
+    traits = [f"{TYPE_ID_TRAIT_PREFIX}{names.trait_fragment(type_id)}"]
     if type_name:
         traits.append(f"CUSTOM_VGPU_{names.trait_fragment(type_name)}")
     return tuple(sorted({t[:TRAIT_MAX_LENGTH] for t in traits}))
@@ -131,36 +142,46 @@ def _manager_version(snapshot, gpu):
 
 
 def configured_types(snapshot, mdev_config):
-    """``{gpu address: type id}`` of every GPU of ``snapshot`` a type is
-    configured for, the fleet's configuration resolved once."""
+    """``{gpu address: (type id, ...)}`` of every GPU of ``snapshot`` a type
+    is configured for (several on a mixed-size board), the fleet's
+    configuration resolved once."""
     config = mdev_config.for_host(snapshot)
     served = {}
     for gpu in snapshot.gpus:
-        type_id, _why = configured_type(gpu, config)
-        if type_id is not None:
-            served[gpu.address] = type_id
+        types, _why = configured_type(gpu, config)
+        if types:
+            served[gpu.address] = types
     return served
 
 
 def configured_type(gpu, config):
-    """``(type_id, None)`` or ``(None, reason the GPU is not served)``.
+    """``((type_id, ...), None)`` or ``((), reason the GPU is not served)``:
+    one type, or the vendor-VFIO types of a mixed-size board.
 
     ``config`` is resolved for the host (:meth:`MdevConfig.for_host`) when
     its types select GPUs by ``device_ids``.
     """
     assigned = config.types_for(gpu.addresses)
-    if len(assigned) > 1:
-        return None, (f"its addresses are listed under several types ({', '.join(assigned)}); "
-                      "a GPU serves one type: fix device_addresses")
+    if len(assigned) > 1 and not _can_mix(gpu, assigned):
+        return (), (f"its addresses are listed under several types ({', '.join(assigned)}); "
+                    "a GPU serves one type, unless it is a board serving vendor-VFIO "
+                    "vGPUs, which mixes sizes: fix device_addresses")
     if assigned:
-        return assigned[0], None
+        return tuple(assigned), None
     if config.default_type:
-        return config.default_type, None
+        return (config.default_type,), None
     if not config.types:
-        return None, "no mdev type is enabled ([devices] enabled_mdev_types)"
-    return None, (config.fleet_reason(gpu.address)
-                  or "not listed in any [mdev_<type>] device_addresses nor matched by "
-                     "device_ids")
+        return (), "no mdev type is enabled ([devices] enabled_mdev_types)"
+    return (), (config.fleet_reason(gpu.address)
+                or "not listed in any [mdev_<type>] device_addresses nor matched by "
+                   "device_ids")
+
+
+def _can_mix(gpu, type_ids):
+    """Whether ``gpu`` may serve several types: NVIDIA's, on a board whose
+    VFs serve vendor-VFIO vGPUs (or are not there yet to tell)."""
+    return (all(map(names.is_vendor_type_id, type_ids))
+            and gpu.mode in (discovery.MODE_VENDOR_VFIO, discovery.MODE_VFS_PENDING))
 
 
 def vfs_pending_reason(gpu):
@@ -248,7 +269,7 @@ def _apply_host_cap(rows, max_instances):
     return capped
 
 
-def unallocated_claims(claim_list, allocated):
+def unallocated_claims(claim_list, allocated, units_of=None):
     """``{gpu address: claimed vGPUs that Placement does not count}``.
 
     Placement already counts the units an instance has allocated on a GPU's
@@ -259,9 +280,13 @@ def unallocated_claims(claim_list, allocated):
     address to ``{consumer: {resource class: units}}`` on its provider (a
     GPU provider has one class); a GPU it lacks has unknown allocations and
     all its claims count: one update reserving too much is better than
-    Placement offering what the allocator refuses.
+    Placement offering what the allocator refuses.  ``units_of(claim)`` is
+    what one claimed vGPU counts for (default 1; its framebuffer MiB on a
+    mixed-size board, :func:`claim_units`).
     """
-    held = collections.Counter((c.gpu, c.instance_uuid) for c in claim_list)
+    held = collections.Counter()
+    for claim in claim_list:
+        held[claim.gpu, claim.instance_uuid] += units_of(claim) if units_of else 1
     extra = collections.Counter()
     for (gpu, instance), count in held.items():
         units = sum(allocated.get(gpu, {}).get(instance, {}).values())
@@ -269,7 +294,7 @@ def unallocated_claims(claim_list, allocated):
     return {gpu: count for gpu, count in extra.items() if count}
 
 
-def claims_placement_lacks(claim_list, nodename, allocations_on):
+def claims_placement_lacks(claim_list, nodename, allocations_on, units_of=None):
     """:func:`unallocated_claims`, asking ``allocations_on(provider name)``
     (None when Placement cannot say) only about GPUs that hold claims."""
     allocated = {}
@@ -277,7 +302,18 @@ def claims_placement_lacks(claim_list, nodename, allocations_on):
         found = allocations_on(provider_name_for(nodename, gpu))
         if found is not None:
             allocated[gpu] = found
-    return unallocated_claims(claim_list, allocated)
+    return unallocated_claims(claim_list, allocated, units_of)
+
+
+def claim_units(boards):
+    """``units_of`` for :func:`unallocated_claims`: a claim on a mixed-size
+    board of ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`)
+    counts its type's framebuffer MiB, any other claim one vGPU."""
+    def units_of(claim):
+        reading = boards.get(claim.gpu)
+        found = reading.placements.get(claim.type_id) if reading else None
+        return found.size * framebuffer.SLOT_MIB if found else 1
+    return units_of
 
 
 def _reserve_unallocated(rows, unallocated):
@@ -295,31 +331,113 @@ def _units(reserved_for):
     return sum(units for _kind, units in reserved_for)
 
 
+def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
+                        unallocated_mib=0):
+    """``(GpuProvider, None)`` of a board serving several vendor-VFIO types
+    in mixed-size mode, or ``(None, why it cannot)``.
+
+    One inventory of framebuffer MiB (:mod:`vgpu_driver.framebuffer`):
+    vGPUs that guests or claims hold count as used; a typed VF nobody holds
+    keeps its slots from every other type, so they are reserved with what
+    fragmentation leaves unusable; claims Placement does not count
+    (``unallocated_mib``) are reserved too.
+    """
+    why_not = _why_not_mixed(gpu, types, reading)
+    if why_not:
+        return None, why_not
+    listed = ", ".join(types)
+    configured = {t: reading.placements[t] for t in types}
+    typed = {p.name: p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
+    board_slots = max(p + found.size for found in configured.values() for p in found.supported)
+    held_slots = sum(reading.placements[t].size for vf, t in typed.items()
+                     if in_use is None or vf in in_use)
+    free_vfs = sum(1 for p in gpu.parents if not p.current_vgpu_type
+                   and (in_use is None or p.name not in in_use))
+    fb = framebuffer.inventory(board_slots, configured, held_slots, free_vfs)
+    claims_mib = min(unallocated_mib, fb.capacity)
+    room = fb.capacity - claims_mib - held_slots * framebuffer.SLOT_MIB
+    reserved_for = (((FRAGMENTED, fb.reserved),) if fb.reserved else ()) + (
+        ((CLAIMS, claims_mib),) if claims_mib else ())
+    traits = {t for type_id in types for t in provider_traits(
+        type_id, None, _manager_version(snapshot, gpu))}
+    return GpuProvider(
+        name=provider_name(nodename, gpu), parent_provider=nodename, gpu=gpu.address,
+        type_id=",".join(types), type_name=None, resource_class=framebuffer.RESOURCE_CLASS,
+        total=fb.total, reserved=fb.reserved + claims_mib, min_unit=fb.min_unit,
+        max_unit=fb.max_unit, step_size=fb.step_size, traits=tuple(sorted(traits)),
+        reason=None if room > 0 else (f"none of {listed} fits now (the board is full, or "
+                                      "its free framebuffer is fragmented)"),
+        reserved_for=reserved_for,
+        sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types)), None
+
+
+def _why_not_mixed(gpu, types, reading):
+    """Why a board configured for ``types`` gets no framebuffer inventory
+    from what NVML said (``reading``), or None."""
+    listed = ", ".join(types)
+    if reading is None or reading.error:
+        why = reading.error if reading else "NVML was not asked"
+        return f"configured for mixed sizes ({listed}), but NVML cannot say: {why}"
+    if not reading.mixed:
+        return (f"configured for mixed sizes ({listed}) but in equal-size mode: run "
+                f"vgpu-manage sriov sizes {gpu.address} mixed")
+    unplaceable = [t for t in types if not reading.placements.get(t)
+                   or not reading.placements[t].supported]
+    if unplaceable:
+        return (f"cannot place {', '.join(unplaceable)} in mixed-size mode: not a vGPU "
+                "type of this board (see vgpu-manage types)")
+    unknown = sorted({p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type
+                      and p.current_vgpu_type not in reading.placements})
+    if unknown:
+        return (f"its VFs hold {', '.join(unknown)}, whose size NVML was not asked; it "
+                "gets a provider once they are gone")
+    return None
+
+
+def read_boards(host, snapshot, config):
+    """What NVML says of the host's boards ``config`` gives several types
+    (:func:`vgpu_driver.framebuffer.read_boards`), for :func:`compute`."""
+    return framebuffer.read_boards(host, snapshot, configured_types(snapshot, config))
+
+
 def check_nodename(nodename, snapshot):
     """InvalidNodename unless every GPU's provider name built on
     ``nodename`` is one Placement takes."""
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
 
 
-def compute(snapshot, config, nodename, in_use=None, unallocated=None):
+def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=None):
     """The desired :class:`ProviderTree` of a host.
 
     ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
     GPU draining for a type change from one blocked by unused mdevs;
-    ``unallocated`` (:func:`unallocated_claims`), when known, is reserved.
+    ``unallocated`` (:func:`unallocated_claims`), when known, is reserved;
+    ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`) is what NVML
+    says of the mixed-size boards: without it they get no provider.
     """
     check_nodename(nodename, snapshot)
     rows, unserved, pending = [], [], set()
     config = config.for_host(snapshot)
+    mixed = []
     for gpu in snapshot.gpus:
-        type_id, why_not = configured_type(gpu, config)
-        if type_id is None:
+        types, why_not = configured_type(gpu, config)
+        if not types:
             unserved.append((gpu.address, why_not))
             continue
         if gpu.mode == discovery.MODE_VFS_PENDING:
             unserved.append((gpu.address, vfs_pending_reason(gpu)))
             pending.add(gpu.address)
             continue
+        if len(types) > 1:
+            provider, why_not = mixed_size_provider(
+                snapshot, gpu, types, (boards or {}).get(gpu.address), nodename, in_use,
+                (unallocated or {}).get(gpu.address, 0))
+            if provider is None:
+                unserved.append((gpu.address, why_not))
+            else:
+                mixed.append(provider)
+            continue
+        type_id = types[0]
         type_info = gpu.type_info(type_id)
         if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
                 and not _hidden_by_other_vgpus(gpu, type_id):
@@ -355,6 +473,7 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None):
                                    _manager_version(snapshot, row["gpu"])),
             reason=row["reason"],
             reserved_for=row["reserved_for"]))
+    providers = sorted(providers + mixed, key=lambda p: p.gpu)
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
                         mdev_classes=config.mdev_classes | {"VGPU"},

@@ -70,8 +70,8 @@ def build_reading(view, snapshot, config, tree, claim_list, users, reconciler, a
         users=None if users is None else frozenset(users),
         providers={p.gpu: p for p in tree.providers},
         models={gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus},
-        configured={gpu.address: inventory.configured_type(gpu, resolved)[0]
-                    for gpu in snapshot.gpus},
+        configured={gpu.address: ",".join(inventory.configured_type(gpu, resolved)[0])
+                    or None for gpu in snapshot.gpus},
         reconciler=reconciler, audit=audit_record,
         types=tuple(t.type_id for t in config.types),
         grace=vgpu_conf.claim_grace, migration_timeout=vgpu_conf.migration_claim_timeout,

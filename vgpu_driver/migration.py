@@ -209,7 +209,8 @@ class Migrations:
         PCI rewrite applies it, it would swap their types).
         """
         wanted = collections.Counter(source_mdev_types.values())
-        served = {p.type_id for p in providers.values()}
+        served = {t for p in providers.values()
+                  for t in (dict(p.sizes) if p.mixed else (p.type_id,))}
         unsupported = sorted(t for t in wanted if t not in served
                              or t not in self.manager.config.enabled)
         if unsupported:
@@ -219,8 +220,10 @@ class Migrations:
                        f"(it serves {sorted(served)})")
         if any(not names.is_vf_vgpu_id(u) for u in source_mdev_types):
             self._refuse_vf_destinations(instance, allocations, providers)
-        mdevs = self.manager.allocate(instance, allocations, providers,
-                                      state=claims.MIGRATING_IN)
+        # The source's types name those of a mixed-size board's MiB.
+        mdevs = self.manager.allocate(
+            instance, allocations, providers, state=claims.MIGRATING_IN,
+            type_traits={inventory.type_traits(t, None)[0] for t in wanted})
         by_type = collections.defaultdict(list)
         for claim in self.manager.journal.claims(instance):
             if claim.mdev_uuid in mdevs:

@@ -157,6 +157,11 @@ def vendor_type_id(number):
     return f"nvidia-{number}"
 
 
+def is_vendor_type_id(type_id):
+    """True for a vendor-VFIO type id (``nvidia-<number>``)."""
+    return bool(_whole(_VENDOR_TYPE_RE, type_id))
+
+
 def vendor_type_number(type_id, source=None):
     """``nvidia-1156`` -> 1156: the only kind of value written to ``current_vgpu_type``."""
     match = _whole(_VENDOR_TYPE_RE, type_id)

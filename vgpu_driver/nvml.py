@@ -45,6 +45,18 @@ def bindings_for(conf):
     return fake_nvml.Bindings(conf.vgpu.test_only_fake_nvml_host)
 
 
+def open_host(conf):
+    """The host ``conf``'s ``[vgpu] sysfs_root`` names, asking NVML through
+    :func:`bindings_for` (a fake vendor driver's, on a test host)."""
+    from vgpu_driver import sysfs  # a host's reads call this module: import when used
+
+    host = sysfs.open_host(conf.vgpu.sysfs_root)
+    bindings = bindings_for(conf)
+    if bindings is not None:
+        host.nvml_bindings = bindings
+    return host
+
+
 def _library(bindings):
     if bindings is not None:
         return bindings

@@ -88,8 +88,10 @@ class Reconciler:
             if vgpu.id in referenced:
                 continue
             gpu, serves = kind_of.get(vgpu.parent, (None, None))
+            # On a mixed-size board a free typed VF is reclaimed as a stale
+            # type would be: its framebuffer would serve its own type alone.
             kind = UNMANAGED if serves is None else (
-                FREE if serves == vgpu.type_id else STALE_TYPE)
+                FREE if serves == (vgpu.type_id,) else STALE_TYPE)
             if kinds is not None and kind not in kinds:
                 continue
             created = self._created_at(vgpu)
@@ -101,7 +103,7 @@ class Reconciler:
         return found
 
     def _kind_by_parent(self, snapshot):
-        """``{parent: (gpu, type it serves or None)}``, the configuration
+        """``{parent: (gpu, types it serves or None)}``, the configuration
         resolved for the host once, not once per vGPU."""
         serves = inventory.configured_types(snapshot, self.manager.config)
         return {parent.name: (gpu, serves.get(gpu.address))
@@ -309,6 +311,18 @@ class Reconciler:
             txn.move(claim.mdev_uuid, parent)
         return True
 
+    def _mixed_size_mode_first(self, gpu, claim):
+        """A claimed vGPU of a type sharing mixed-size boards comes back on a
+        board in mixed-size mode: NVIDIA's driver forgets the mode when the
+        VFs go, and switches it only while the board holds no vGPU, so it
+        is set before the board's first type is written again."""
+        if claim.type_id not in self.manager.config.mixed_types \
+                or self.host.mixed_sizes(gpu.address):
+            return
+        self.host.set_mixed_sizes(gpu.address, True)
+        LOG.info("GPU %s switched to mixed-size mode before its vGPUs are restored",
+                 gpu.address)
+
     def _settle_restored(self, claim, where):
         """The restored vGPU, unless its claim went while it was written:
         then it is nobody's, and removed again."""
@@ -332,6 +346,10 @@ class Reconciler:
             return None  # the vendor enables VFs after boot
         if not self._take_parent(claim, claim.parent):
             return Outcome(claim.mdev_uuid, "skipped", "its claim changed since it was read")
+        try:
+            self._mixed_size_mode_first(gpu, claim)
+        except exception.VgpuDriverError as exc:
+            return Outcome(claim.mdev_uuid, "failed", f"its board cannot mix sizes: {exc}")
         try:
             self.host.set_vendor_vgpu_type(claim.parent,
                                            names.vendor_type_number(claim.type_id))

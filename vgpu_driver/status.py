@@ -16,6 +16,7 @@ from vgpu_driver import host_reconciler
 from vgpu_driver import sriov
 
 BAR_WIDTH = 10
+MIB = "MiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +61,17 @@ class GpuStatus:
     # None when libvirt could not be asked: who uses the GPU is unknown.
     guests: tuple[Guest, ...] | None
     claims: tuple[ClaimInFlight, ...]
+    # What used, total and reserved count: vGPUs, or on a mixed-size board
+    # framebuffer MiB (its inventory's unit).
+    unit: str = "vGPUs"
 
     @property
     def bar(self):
         return bar(self.used, self.total)
+
+    @property
+    def mixed(self):
+        return self.unit == MIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +87,10 @@ class HostStatus:
     def summary(self):
         """One line about the whole host."""
         served = [g for g in self.gpus if g.provider]
-        used = sum(g.used for g in self.gpus)
-        total = sum(g.total for g in served)
-        reserved = sum(g.reserved for g in served)
+        counted = [g for g in self.gpus if not g.mixed]
+        used = sum(g.used for g in counted)
+        total = sum(g.total for g in served if not g.mixed)
+        reserved = sum(g.reserved for g in served if not g.mixed)
         in_flight = sum(len(g.claims) for g in self.gpus)
         if self.guests_known:
             instances = {guest.instance for g in self.gpus for guest in g.guests}
@@ -91,6 +100,11 @@ class HostStatus:
         line = (f"{self.nodename}: {len(self.gpus)} GPU(s), {len(served)} with a provider; "
                 f"vGPUs {bar(used, total)} used, {reserved} reserved; {guests}; "
                 f"{in_flight} claim(s) in flight")
+        mixed = [g for g in served if g.mixed]
+        if mixed:
+            framebuffer = bar(sum(g.used for g in mixed), sum(g.total for g in mixed))
+            line += (f"; mixed-size framebuffer {framebuffer} {MIB} used, "
+                     f"{sum(g.reserved for g in mixed)} {MIB} reserved")
         sriov = [g.sriov for g in self.gpus if g.sriov]
         if sriov:
             enabled = sum(1 for s in sriov if s.state != "off")
@@ -135,6 +149,13 @@ def _vgpus_by_gpu(snapshot, claim_list):
     return found
 
 
+def _units(provider, type_id):
+    """What one vGPU counts for: one, or on a mixed-size board its MiB."""
+    if provider is None or not provider.mixed:
+        return 1
+    return dict(provider.sizes).get(type_id, 0)
+
+
 def _sriov_state(function):
     if function is None:
         return None
@@ -158,6 +179,8 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
     sriov = {f.address: f for f in functions}
     vgpus = _vgpus_by_gpu(snapshot, claim_list)
     claimed = {c.mdev_uuid for c in claim_list}
+    type_of = {v.id: v.type_id for v in snapshot.vgpus} | {
+        c.mdev_uuid: c.type_id for c in claim_list}
     rows = []
     for gpu in snapshot.gpus:
         ids = sorted(vgpus[gpu.address])
@@ -174,14 +197,17 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
             gpu=gpu.address,
             provider=provider.name if provider else None,
             type_id=provider.type_id if provider else None,
-            type_name=provider.type_name if provider else None,
-            used=sum(1 for i in ids if i in claimed or (users is not None and i in users)),
+            type_name=(f"mixed sizes, in {MIB}" if provider and provider.mixed
+                       else provider.type_name if provider else None),
+            used=sum(_units(provider, type_of.get(i)) for i in ids
+                     if i in claimed or (users is not None and i in users)),
             total=provider.total if provider else 0,
             reserved=provider.reserved if provider else 0,
             reason=(provider.reason if provider
                     else f"no provider: {unserved.get(gpu.address, 'unknown')}"),
             sriov=_sriov_state(sriov.get(gpu.address)),
-            guests=guests, claims=in_flight))
+            guests=guests, claims=in_flight,
+            unit=MIB if provider and provider.mixed else "vGPUs"))
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
 
 

@@ -143,7 +143,7 @@ def test_allocation_and_reclaim_use_the_resolution(make_host, make_conf, tmp_pat
     got = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
     assert {m.type_id for m in host.list_mdevs() if m.uuid in got} == {"nvidia-320"}
     snapshot = vgpu.manager.snapshot(refresh=True)
-    assert inventory.configured_types(snapshot, vgpu.manager.config)[T4[5]] == "nvidia-320"
+    assert inventory.configured_types(snapshot, vgpu.manager.config)[T4[5]] == ("nvidia-320",)
     assert vgpu.provider_tree("cn1").by_gpu(T4[5]).type_id == "nvidia-320"
 
 

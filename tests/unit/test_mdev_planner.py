@@ -168,6 +168,8 @@ class TestLimitsAndRefusals:
 
 class TestRequests:
     class Provider:
+        mixed = False
+
         def __init__(self, gpu_address, type_id, resource_class="VGPU"):
             self.gpu, self.type_id, self.resource_class = gpu_address, type_id, resource_class
 

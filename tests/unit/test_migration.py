@@ -42,7 +42,9 @@ class Compute:
         self.manager = mdevs.MdevManager(self.kernel, journal, self.libvirt, self.config)
         self.reconciler = reconcile.Reconciler(self.manager)
         self.migrations = migration.Migrations(self.manager)
-        tree = inventory.compute(discovery.discover(self.kernel), self.config, self.name)
+        snapshot = discovery.discover(self.kernel)
+        tree = inventory.compute(snapshot, self.config, self.name, boards=inventory.read_boards(
+            self.kernel, snapshot, self.config))
         self.providers = {f"rp-{self.name}-{p.gpu}": p for p in tree.providers}
 
     def allocation(self, gpu, units=1):
@@ -357,3 +359,31 @@ def test_several_vfio_devices_need_a_qemu_that_migrates_them(devices, qemu, refu
                        match=f"it has 2 VFIO devices .*the source host's QEMU is "
                              f"{'.'.join(map(str, qemu))}"):
         migration.check_several_vfio("i-1", "source", devices, qemu)
+
+
+def test_a_vgpu_of_a_mixed_size_board_moves_to_its_type_on_another(make_host, tmp_path):
+    """Both boards serve 8 and 12 GB in mixed-size mode: the destination's
+    MiB are typed as the source's vGPU is, on a free VF."""
+    computes = []
+    for name in ("src", "dst"):
+        kernel = make_host("l40s-vfio")
+        kernel.set_heterogeneous_mode(L40S, True)
+        compute = Compute(tmp_path, kernel, [L40S_8Q, "nvidia-1157"], name)
+        compute.config = mdev_types.MdevConfig(
+            types=compute.config.types, mixed_by_address=MappingProxyType(
+                {L40S: (L40S_8Q, "nvidia-1157")}))
+        compute.restart()
+        computes.append(compute)
+    source, destination = computes
+    twelve = {f"rp-dst-{L40S}": {"resources": {"CUSTOM_VGPU_FRAMEBUFFER_MIB": 12288}}}
+    destination.manager.allocate("resident", twelve, destination.providers)
+    instance = str(uuid.uuid4())
+    eight = {f"rp-src-{L40S}": {"resources": {"CUSTOM_VGPU_FRAMEBUFFER_MIB": 8192}}}
+    on_source = source.manager.allocate(instance, eight, source.providers)
+    types = source.migrations.source_mdev_types(on_source)
+    assert types == {on_source[0]: L40S_8Q}
+    mapping = destination.migrations.claim_incoming(
+        instance, types, {f"rp-dst-{L40S}": eight[f"rp-src-{L40S}"]},
+        destination.providers)
+    assert typed_vfs(destination)[mapping[on_source[0]]] == L40S_8Q
+    assert destination.states(instance) == [claims.MIGRATING_IN]

@@ -209,11 +209,10 @@ def test_an_mdev_of_a_virtual_parent_not_configured_stays(host, configure):
 def test_a_configuration_with_errors_enables_nothing(host, configure):
     configure(f"""
         [devices]
-        enabled_mdev_types = nvidia-222, nvidia-223
+        enabled_mdev_types = nvidia-222
         [mdev_nvidia-222]
         device_addresses = {T4}
-        [mdev_nvidia-223]
-        device_addresses = {T4}
+        ramfb = true
         """)
     before = snapshot(host.paths.root)
     with pytest.raises(exception.PrivilegedWriteRefused,

@@ -3,6 +3,7 @@
 
 from vgpu_driver import config_check
 from vgpu_driver import discovery
+from vgpu_driver import inventory
 from vgpu_driver.cmd import base
 from vgpu_driver.conf import fleet
 from vgpu_driver.conf import mdev_types
@@ -22,8 +23,11 @@ class CheckConfig(base.Command):
 
     def take_action(self, parsed_args):
         config, problems = mdev_types.load(self.app.conf)
-        snapshot = discovery.discover(self.app.open_host())
-        problems += config_check.check(self.app.conf, config, snapshot)
+        host = self.app.open_host()
+        snapshot = discovery.discover(host)
+        boards = inventory.read_boards(host, snapshot, config) if not any(
+            p.severity == "error" for p in problems) else None
+        problems += config_check.check(self.app.conf, config, snapshot, boards)
         for problem in problems:
             self.app.stdout.write(f"{problem}\n")
         failing = ("error", "warning") if parsed_args.strict else ("error",)

@@ -98,14 +98,16 @@ def desired_tree(app, sync=None):
     reserved, as nova-compute reserves them.
     """
     config = load_mdev_config(app)
-    snapshot = discovery.discover(app.open_host())
-    unallocated = _claims_placement_lacks(app, snapshot, sync) if sync else None
+    host = app.open_host()
+    snapshot = discovery.discover(host)
+    boards = inventory.read_boards(host, snapshot, config)
+    unallocated = _claims_placement_lacks(app, snapshot, sync, boards) if sync else None
     return (inventory.compute(snapshot, config, app.options.nodename,
-                              in_use(app, snapshot, view=sync is None), unallocated),
+                              in_use(app, snapshot, view=sync is None), unallocated, boards),
             snapshot)
 
 
-def _claims_placement_lacks(app, snapshot, sync):
+def _claims_placement_lacks(app, snapshot, sync, boards):
     journal = app.journal(snapshot)
     claim_list = journal.claims() if journal else []
     if not claim_list:
@@ -114,7 +116,15 @@ def _claims_placement_lacks(app, snapshot, sync):
     sync.observe(inventory.ProviderTree(root_name=nodename, providers=()))
     return inventory.claims_placement_lacks(
         claim_list, nodename,
-        lambda name: sync.allocations(name) if name in sync.known else {})
+        lambda name: sync.allocations(name) if name in sync.known else {},
+        inventory.claim_units(boards))
+
+
+def _types_text(provider):
+    """A provider's type; a mixed-size board's types, each with its MiB."""
+    if not provider.mixed:
+        return provider.type_id
+    return ", ".join(f"{type_id} ({mib} MiB)" for type_id, mib in provider.sizes)
 
 
 class ShowInventory(base.Lister):
@@ -124,7 +134,7 @@ class ShowInventory(base.Lister):
         tree, _snapshot = desired_tree(self.app)
         cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
                 "reserved", "max_unit", "traits", "reason")
-        rows = [(p.name, p.parent_provider, p.gpu, p.type_id, p.resource_class, p.total,
+        rows = [(p.name, p.parent_provider, p.gpu, _types_text(p), p.resource_class, p.total,
                  p.reserved, p.max_unit, columns.ListColumn(p.traits), p.reason)
                 for p in tree.providers]
         rows += [(None, tree.root_name, gpu, None, None, 0, 0, 0, columns.ListColumn(()),

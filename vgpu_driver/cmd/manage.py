@@ -22,6 +22,7 @@ from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import libvirt_host
+from vgpu_driver import nvml
 from vgpu_driver import privsep
 from vgpu_driver import sysfs
 from vgpu_driver.cmd import base
@@ -108,6 +109,8 @@ class ManageApp(app.App):
     host_factory = staticmethod(sysfs.open_host)
 
     def open_host(self):
+        if self.host_factory is sysfs.open_host:
+            return nvml.open_host(self.conf)
         return self.host_factory(self.conf.vgpu.sysfs_root)
 
     def journal(self, snapshot=None, create=False):

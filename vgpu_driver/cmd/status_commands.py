@@ -102,7 +102,8 @@ class Sources:
 def read_sources(app):
     """:class:`Sources`: every source read exactly once."""
     config = host_commands.load_mdev_config(app)
-    snapshot = discovery.discover(app.open_host())
+    host = app.open_host()
+    snapshot = discovery.discover(host)
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
     journal = app.view_journal(snapshot)
     claim_list = journal.claims() if journal else []
@@ -110,7 +111,8 @@ def read_sources(app):
         journal.close()
     users, warning = libvirt_users(app)
     tree = inventory.compute(snapshot, config, app.options.nodename,
-                             status.in_use(claim_list, users))
+                             status.in_use(claim_list, users),
+                             boards=inventory.read_boards(host, snapshot, config))
     worker = host_reconciler.read_state(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
     view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now)

@@ -22,6 +22,7 @@ import dataclasses
 import re
 
 from vgpu_driver import exception
+from vgpu_driver import names
 
 _DEVICE_ID = re.compile(r"^(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})$")
 
@@ -152,6 +153,8 @@ def gpu_map(config, snapshot):
         assignment = config.by_model.get(gpu.address)
         if len(explicit) == 1:
             type_id, how = explicit[0], "device_addresses"
+        elif explicit and all(map(names.is_vendor_type_id, explicit)):
+            type_id, how = ",".join(explicit), "device_addresses (a mixed-size board)"
         elif explicit:
             type_id, how = None, f"listed under several types ({', '.join(explicit)})"
         elif assignment is not None:

@@ -18,6 +18,8 @@ from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
 LOG = logging.getLogger(__name__)
+# The class a mixed-size board is inventoried in (vgpu_driver.framebuffer's).
+MIXED_SIZE_CLASS = "CUSTOM_VGPU_FRAMEBUFFER_MIB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,10 @@ class MdevConfig:
     default_type: str | None = None
     by_address: MappingProxyType = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
+    # {address: (type id, ...)}: the NVIDIA types sharing a mixed-size
+    # board, in enabled_mdev_types order (by_address holds the rest).
+    mixed_by_address: MappingProxyType = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
     # After for_host(): {GPU address: fleet.Assignment} of GPUs matched by
     # device_ids (type_id None: matched, but every matching type is full).
     by_model: MappingProxyType = dataclasses.field(
@@ -51,9 +57,20 @@ class MdevConfig:
                 return type_config
         return None
 
+    def listed_types(self, address):
+        """The types whose device_addresses list ``address``."""
+        if address in self.by_address:
+            return (self.by_address[address],)
+        return self.mixed_by_address.get(address, ())
+
     def explicit_types(self, addresses):
         """The distinct types whose device_addresses list any of ``addresses``."""
-        return sorted({self.by_address[a] for a in addresses if a in self.by_address})
+        return sorted({t for a in addresses for t in self.listed_types(a)})
+
+    @property
+    def mixed_types(self):
+        """The types that share a board with another type (mixed-size boards)."""
+        return frozenset(t for types in self.mixed_by_address.values() for t in types)
 
     def types_for(self, addresses):
         """The distinct types the config assigns to any of ``addresses``
@@ -81,8 +98,12 @@ class MdevConfig:
 
     @property
     def mdev_classes(self):
-        """The resource classes the enabled types are allocated in."""
-        return frozenset(t.mdev_class for t in self.types)
+        """The resource classes the enabled types are allocated in: a
+        mixed-size board's vGPUs are allocated in framebuffer MiB."""
+        classes = {t.mdev_class for t in self.types if t.type_id not in self.mixed_types}
+        if self.mixed_types:
+            classes.add(MIXED_SIZE_CLASS)
+        return frozenset(classes)
 
 
 def _option(group, name):
@@ -205,7 +226,7 @@ def load(conf):
         for opt in devices.mdev_type_opts(type_id):
             if opt.dest not in conf[group]:
                 conf.register_opt(opt, group=group)
-    type_configs, by_address, default_type = [], {}, None
+    type_configs, listing, default_type = [], {}, None
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)
         type_configs.append(type_config)
@@ -220,19 +241,52 @@ def load(conf):
                 f"device; {type_id} will not be used (set its device_addresses)",
                 "warning"))
         for address in type_config.device_addresses:
-            if address in by_address:
+            listed = listing.get(address, ())
+            if listed and not all(map(names.is_vendor_type_id, (*listed, type_id))):
                 problems.append(exception.ConfigProblem(
                     _option(devices.group_name(type_id), "device_addresses"), address,
-                    f"{address} is also listed under type {by_address[address]}; "
-                    f"a device serves one type: remove it from [mdev_{type_id}] or "
-                    f"[mdev_{by_address[address]}]"))
+                    f"{address} is also listed under type {listed[0]}; a device serves "
+                    f"one type, unless every type listing it is an NVIDIA type "
+                    f"(nvidia-<number>) of a board that mixes vGPU sizes: remove it "
+                    f"from [mdev_{type_id}] or [mdev_{listed[0]}]"))
                 continue
-            by_address[address] = type_id
+            listing[address] = (*listed, type_id)
+    mixed = {a: types for a, types in listing.items() if len(types) > 1}
+    problems += _mixed_size_problems(type_configs, mixed)
     problems += fleet.problems(
         type_configs, lambda type_id, name: _option(devices.group_name(type_id), name))
-    config = MdevConfig(tuple(type_configs), default_type,
-                        MappingProxyType(by_address))
+    config = MdevConfig(tuple(type_configs), default_type, MappingProxyType(
+        {a: types[0] for a, types in listing.items() if len(types) == 1}),
+        mixed_by_address=MappingProxyType(mixed))
     return config, problems
+
+
+def _mixed_size_problems(type_configs, mixed_by_address):
+    """Options a type sharing a mixed-size board cannot honour: the board
+    is one framebuffer inventory, neither a class of the type's own nor a
+    count of its vGPUs."""
+    shared = {t for types in mixed_by_address.values() for t in types}
+    problems = []
+    for type_config in type_configs:
+        if type_config.type_id not in shared:
+            continue
+        group = devices.group_name(type_config.type_id)
+        if type_config.mdev_class != "VGPU":
+            problems.append(exception.ConfigProblem(
+                _option(group, "mdev_class"), type_config.mdev_class,
+                f"{type_config.type_id} shares a mixed-size board, whose vGPUs are "
+                f"allocated in {MIXED_SIZE_CLASS}; remove mdev_class"))
+        if type_config.max_instances is not None:
+            problems.append(exception.ConfigProblem(
+                _option(group, "max_instances"), type_config.max_instances,
+                f"{type_config.type_id} shares a mixed-size board, whose framebuffer "
+                f"is the limit; remove max_instances"))
+        if type_config.device_ids:
+            problems.append(exception.ConfigProblem(
+                _option(group, "device_ids"), ", ".join(type_config.device_ids),
+                f"{type_config.type_id} shares a mixed-size board, which is named by "
+                f"device_addresses only; remove device_ids"))
+    return problems
 
 
 def from_conf(conf):

@@ -70,16 +70,19 @@ class MdevManager:
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(self, instance_uuid, allocations, providers, state=claims_mod.CLAIMED):
+    def allocate(self, instance_uuid, allocations, providers, state=claims_mod.CLAIMED,
+                 type_traits=None):
         """The mdev UUIDs for an instance's allocation, claimed and present.
 
         ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
         ``providers`` maps those rp UUIDs to this host's ``GpuProvider``.
         Calling it again for the same instance returns the same mdevs.
-        ``state`` is the claims' (``migrating_in`` for an incoming migration).
+        ``state`` is the claims' (``migrating_in`` for an incoming migration);
+        ``type_traits`` those the flavor requires (they name the type of a
+        mixed-size board's vGPUs, :func:`planner.requests_of`).
         """
         requests = planner.requests_of(instance_uuid, allocations, providers,
-                                       self.config.mdev_classes)
+                                       self.config.mdev_classes, type_traits)
         if not requests:
             return []
         # Read before the lock, which only ever waits for claims: a vGPU a
@@ -141,15 +144,20 @@ class MdevManager:
         Kept, an mdev (or a VF with its type) is free for the next guest.
         With removal, claims stay (``releasing``) until the kernel has removed
         the mdev (the driver cleared the VF's type), so nothing can hand it
-        out while it goes.
+        out while it goes.  A vGPU of a type that shares mixed-size boards
+        always goes: kept, its framebuffer would serve that type alone.
         """
         with self.journal.transaction() as txn:
             mine = txn.claims(instance_uuid)
-            if not self.remove_on_release:
-                txn.remove(instance_uuid)
-                return [c.mdev_uuid for c in mine]
-            txn.set_state(instance_uuid, claims_mod.RELEASING)
-        return self.finish_release([c.mdev_uuid for c in mine])
+            going = [c.mdev_uuid for c in mine if self.remove_on_release
+                     or c.type_id in self.config.mixed_types]
+            kept = [c.mdev_uuid for c in mine if c.mdev_uuid not in going]
+            if kept:
+                txn.remove(instance_uuid, kept)
+            if not going:
+                return kept
+            txn.set_state(instance_uuid, claims_mod.RELEASING, going)
+        return kept + self.finish_release(going)
 
     def finish_release(self, mdev_uuids, wait=None):
         """Remove vGPUs held ``releasing`` and drop their claims once gone.

@@ -18,6 +18,7 @@ import dataclasses
 
 from vgpu_driver import claims
 from vgpu_driver import exception
+from vgpu_driver import inventory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class GpuState:
     limit: int | None
     kind: str
     new_vgpu_id: collections.abc.Callable[[str], str]
+    # A mixed-size board: vGPUs of other types share it, never in the way.
+    mixes_types: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +72,14 @@ class Request:
     units: int
 
 
-def requests_of(instance, allocations, providers, mdev_classes):
+def requests_of(instance, allocations, providers, mdev_classes, type_traits=None):
     """The :class:`Request` list of the vGPU classes in a Placement allocation.
 
     ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
     ``providers`` maps rp UUIDs to this host's ``GpuProvider``.  An
     allocation of an mdev class on a provider that is not one of ours is
-    refused, not ignored.
+    refused, not ignored.  ``type_traits``: the type traits the instance's
+    flavor requires, which name the type on a mixed-size board.
     """
     requests = []
     for rp_uuid, allocation in sorted(allocations.items()):
@@ -87,9 +91,37 @@ def requests_of(instance, allocations, providers, mdev_classes):
         if provider is None:
             raise exception.UnknownProvider(instance=instance, provider=rp_uuid)
         units = resources.get(provider.resource_class, 0)
-        if units:
+        if units and provider.mixed:
+            requests.append(mixed_size_request(instance, provider, units, type_traits))
+        elif units:
             requests.append(Request(provider.gpu, provider.type_id, units))
     return requests
+
+
+def mixed_size_request(instance, provider, mib, type_traits=None):
+    """The :class:`Request` of ``mib`` framebuffer MiB on a mixed-size board.
+
+    The type is the one of the board's that ``type_traits`` name; without
+    them, the one type whose vGPU is exactly ``mib``.  Refused when no
+    single type is named, or ``mib`` is not a whole number of its vGPUs.
+    """
+    sizes = dict(provider.sizes)
+    wanted = set(type_traits or ())
+    if any(trait.startswith(inventory.TYPE_ID_TRAIT_PREFIX) for trait in wanted):
+        candidates = [t for t in sizes if wanted & set(inventory.type_traits(t, None))]
+    else:
+        candidates = [t for t, size in sizes.items() if size == mib]
+    if len(candidates) != 1:
+        raise exception.MixedSizeTypeUnknown(
+            instance=instance, gpu=provider.gpu, mib=mib, types=", ".join(sizes),
+            reason="the flavor requires several of its types" if candidates else
+            "the flavor's required traits name none of its types, and none is of that size")
+    type_id = candidates[0]
+    if mib % sizes[type_id]:
+        raise exception.MixedSizeTypeUnknown(
+            instance=instance, gpu=provider.gpu, mib=mib, types=", ".join(sizes),
+            reason=f"it is not a whole number of {type_id} vGPUs ({sizes[type_id]} MiB)")
+    return Request(provider.gpu, type_id, mib // sizes[type_id])
 
 
 class _Referenced:
@@ -173,7 +205,7 @@ def _refuse(instance, state, type_id, units, free, creatable, claimed, used):
             if t != type_id:
                 others.setdefault(t, []).append(uuid)
     in_use = {t: [u for u in uuids if u in used] for t, uuids in others.items()}
-    if not free and not creatable and any(in_use.values()):
+    if not free and not creatable and any(in_use.values()) and not state.mixes_types:
         present = ", ".join(f"{len(u)} {state.kind} {t}" for t, u in sorted(in_use.items())
                             if u)
         raise exception.WrongTypePresent(instance=instance, gpu=state.address,

@@ -37,7 +37,8 @@ class _Strategy:
         if parents is None:
             return None
         return planner.GpuState(gpu.address, tuple(parents), self.limit(gpu, type_id),
-                                self.kind, self.new_vgpu_id)
+                                self.kind, self.new_vgpu_id,
+                                mixes_types=type_id in self.config.mixed_types)
 
     def limit(self, gpu, type_id):
         """The most vGPUs of the type the GPU can host, when known."""

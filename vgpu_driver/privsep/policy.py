@@ -32,7 +32,7 @@ class WritePolicy:
         self.config_errors = errors
 
     def _served(self, host):
-        """``(snapshot, {GPU address: configured type})`` of the host as it is."""
+        """``(snapshot, {GPU address: configured types})`` of the host as it is."""
         if self.config is None:
             raise exception.PrivilegedWriteRefused(
                 "sysfs", "the configuration has errors, so it enables nothing: "
@@ -97,6 +97,7 @@ class WritePolicy:
         if configured is None:
             raise exception.PrivilegedWriteRefused(
                 target, f"GPU {gpu.address} is given no mdev type by the configuration")
-        if configured != type_id:
+        if type_id not in configured:
             raise exception.PrivilegedWriteRefused(
-                target, f"GPU {gpu.address} is configured for {configured}, not {type_id}")
+                target, f"GPU {gpu.address} is configured for {', '.join(configured)}, "
+                        f"not {type_id}")

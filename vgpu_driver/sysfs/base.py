@@ -208,6 +208,12 @@ class SysfsHost(abc.ABC):
         file); raises NvmlUnavailable or MixedSizeModeRefused."""
 
     @abc.abstractmethod
+    def vgpu_placements(self, pf_address, type_numbers):
+        """``{type number: vgpu_driver.nvml.Placements}`` of a board in
+        mixed-size mode, read together (NVML's, not files); raises as
+        :meth:`mixed_sizes`."""
+
+    @abc.abstractmethod
     def set_mixed_sizes(self, pf_address, enabled):
         """Switch a vendor-VFIO board to mixed-size mode, or back to
         equal-size; NVML refuses while any vGPU exists on the board."""
