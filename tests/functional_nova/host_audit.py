@@ -20,10 +20,13 @@ def audit_of(test, host):
     claim_list = driver.vgpu.journal.claims()
     users = driver.vgpu.domains.mdev_users()
     sync.observe(inventory.ProviderTree(root_name=host, providers=()))
+    config = driver.vgpu.mdev_config
+    boards = inventory.read_boards(test.kernels[host], snapshot, config)
     unallocated = inventory.claims_placement_lacks(
-        claim_list, host, lambda name: sync.allocations(name) if name in sync.known else {})
+        claim_list, host, lambda name: sync.allocations(name) if name in sync.known else {},
+        inventory.claim_units(boards))
     in_use = {c.mdev_uuid for c in claim_list} | set(users)
-    tree = inventory.compute(snapshot, driver.vgpu.mdev_config, host, in_use, unallocated)
+    tree = inventory.compute(snapshot, config, host, in_use, unallocated, boards)
     return audit.audit(sync, tree, snapshot, claim_list, users, moves=lambda: (
         compute_api.moves_from(test.api.api_get("/os-migrations").body["migrations"], host)))
 

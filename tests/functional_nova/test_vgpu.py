@@ -471,10 +471,11 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         arrived = []
         allocate = core.VGPUDriver.allocate
 
-        def allocate_together(driver, instance_uuid, allocations, providers):
+        def allocate_together(driver, instance_uuid, allocations, providers,
+                              type_traits=None):
             arrived.append(instance_uuid)
             both_inside.wait()   # a build alone here fails: the builds must overlap
-            return allocate(driver, instance_uuid, allocations, providers)
+            return allocate(driver, instance_uuid, allocations, providers, type_traits)
 
         self.useFixture(fixtures.MonkeyPatch(
             "vgpu_driver.driver.VGPUDriver.allocate", allocate_together))

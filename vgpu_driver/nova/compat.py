@@ -53,6 +53,7 @@ HOOKS = (
     Hook(_DRIVER, "init_host", ("self", "host")),
     Hook(_DRIVER, "cleanup_host", ("self", "host")),
     Hook(_DRIVER, "_start_inactive_mediated_devices", ("self",)),
+    Hook(_DRIVER, "_get_supported_vgpu_types", ("self",)),
     Hook(_DRIVER, "_update_provider_tree_for_vgpu",
          ("self", "provider_tree", "nodename", "allocations")),
     Hook(_DRIVER, "_allocate_mdevs", ("self", "allocations")),
@@ -94,14 +95,23 @@ HOOKS = (
     Hook("nova.scheduler.client.report:SchedulerReportClient", "get_provider_traits",
          ("self", "context", "rp_uuid")),
     Hook("nova.scheduler.client.report:SchedulerReportClient", "get", ("self", "url")),
+    Hook("nova.scheduler.client.report:SchedulerReportClient", "set_inventory_for_provider",
+         ("self", "context", "rp_uuid", "inv_data")),
+    Hook("nova.scheduler.client.report:SchedulerReportClient", "_refresh_and_get_inventory",
+         ("self", "context", "rp_uuid")),
+    Hook("nova.context", "get_admin_context"),
+    Hook("nova.conf.devices", "register_dynamic_opts", ("conf",)),
     Hook("nova.compute.provider_tree:ProviderTree", "new_child",
          ("self", "name", "parent")),
     Hook("nova.compute.provider_tree:ProviderTree", "get_provider_uuids_in_tree",
          ("self", "name_or_uuid")),
 )
 
-# Instance attributes nova's LibvirtDriver sets in its __init__.
-DRIVER_ATTRIBUTES = ("_host", "virtapi", "provider_tree")
+# Instance attributes nova's LibvirtDriver sets in its __init__ (the mdev
+# maps: filled by the adapter for a mixed-size board, which nova refuses).
+DRIVER_ATTRIBUTES = ("_host", "virtapi", "provider_tree", "pgpu_type_mapping",
+                     "mdev_class_mapping", "mdev_classes", "mdev_type_max_mapping",
+                     "pgpu_type_default")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import threading
 
 import nova.conf
 from keystoneauth1 import exceptions as ks_exceptions
+from nova import context as nova_context
 from nova import exception as nova_exception
 from nova.virt.libvirt import config as vconfig
 from oslo_log import log as logging
@@ -26,6 +27,7 @@ from vgpu_driver import guest as guest_xml
 from vgpu_driver import host_reconciler
 from vgpu_driver import names
 from vgpu_driver import sriov
+from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import abandoned
 from vgpu_driver.nova import compat
@@ -52,6 +54,14 @@ class _Operation(threading.local):
     keep_claims = False
 
 
+def _set_inventory(reportclient, context, rp_uuid, inventory):
+    """Set a provider's inventory through nova's report client, after
+    reading its generation again: the one nova keeps is outdated by every
+    allocation made since (the guest's own, at least)."""
+    reportclient._refresh_and_get_inventory(context, rp_uuid)
+    reportclient.set_inventory_for_provider(context, rp_uuid, inventory)
+
+
 class LibvirtVGPUDriver(live_migration.LiveMigration):
     """nova's libvirt driver (through its live-migration layer), vGPUs ours."""
 
@@ -73,6 +83,33 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         # A configured GPU whose SR-IOV VFs are off is logged once, not at
         # every periodic update.
         self._vfs_notices = sriov.PendingNotices()
+
+    def _get_supported_vgpu_types(self):
+        """nova's reading of ``[devices]`` and ``[mdev_*]``, but for a board
+        several NVIDIA types share (mixed sizes), which nova refuses as a
+        duplicate.  With such a board, nova's maps are filled from this
+        package's reading of the same options, which validates them instead:
+        each board its type (a mixed-size board its first, with the
+        framebuffer class), so nova's own code finds the classes it filters
+        allocations by."""
+        # nova's [mdev_*] options first, as nova's reading registers them.
+        nova.conf.devices.register_dynamic_opts(CONF)
+        config = mdev_types.from_conf(CONF)
+        if not config.mixed_by_address:
+            return super()._get_supported_vgpu_types()
+        for type_config in config.types:
+            if type_config.max_instances:
+                self.mdev_type_max_mapping[type_config.type_id] = type_config.max_instances
+        for address, type_id in config.by_address.items():
+            self.pgpu_type_mapping[address] = type_id
+            self.mdev_class_mapping[address] = config.type_config(type_id).mdev_class
+        for address, types in config.mixed_by_address.items():
+            self.pgpu_type_mapping[address] = types[0]
+            self.mdev_class_mapping[address] = mdev_types.MIXED_SIZE_CLASS
+        self.pgpu_type_default = config.default_type
+        self.mdev_classes.update(config.mdev_classes)
+        return [t.type_id for t in config.types if t.device_addresses or t.device_ids
+                or t.type_id == config.default_type]
 
     @property
     def vgpu(self):
@@ -174,7 +211,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         if why is not None:
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        return self._claim(instance.uuid, allocations, providers)
+        return self._claim(instance, allocations, providers)
 
     def _flavor_mismatch(self, instance, allocations, providers):
         """Why the allocation's vGPUs are not those the instance's flavor
@@ -190,12 +227,43 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             return None
         return flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
 
-    def _claim(self, instance_uuid, allocations, providers=None):
+    def _claim(self, instance, allocations, providers=None):
+        """The instance's vGPUs; its flavor's type traits name the type of
+        a mixed-size board's."""
+        providers = providers or self._providers_by_uuid()
         try:
-            return self.vgpu.allocate(instance_uuid, allocations or {},
-                                      providers or self._providers_by_uuid())
+            mdevs = self.vgpu.allocate(instance.uuid, allocations or {}, providers,
+                                       flavors.required_type_traits(
+                                           instance.flavor.extra_specs))
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
+        self._report_mixed_size_boards(allocations or {}, providers)
+        return mdevs
+
+    def _report_mixed_size_boards(self, allocations, providers):
+        """Send Placement the inventory of the mixed-size boards a guest
+        just got vGPUs on.  nova's resource tracker reported it when it
+        claimed the guest, before the vGPUs had their place on the board:
+        until its next periodic update, Placement would offer sizes that no
+        longer fit.  A failure waits for that update."""
+        boards = {rp: providers[rp].name for rp in allocations
+                  if rp in providers and providers[rp].mixed}
+        if not boards:
+            return
+        reportclient = self.virtapi.reportclient
+        try:
+            tree = self.vgpu.provider_tree(self._host.get_hostname(), lambda name: (
+                usage.allocations_on(reportclient, self.provider_tree, name)))
+            self._gpu_tree = tree
+            context = nova_context.get_admin_context()
+            for rp, name in sorted(boards.items()):
+                provider = tree.provider(name)
+                if provider is not None:
+                    _set_inventory(reportclient, context, rp, provider.inventory())
+        except Exception:  # noqa: BLE001 - the periodic update sends it anyway
+            LOG.warning("The inventory of mixed-size boards %s reaches Placement at the "
+                        "next periodic update", ", ".join(sorted(boards.values())),
+                        exc_info=True)
 
     @contextlib.contextmanager
     def _operating_on(self, instance, keep_claims=False):
@@ -339,7 +407,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             self.vgpu.release_unused(instance.uuid, domain)
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        mdevs = self._claim(instance.uuid, allocations, providers)
+        mdevs = self._claim(instance, allocations, providers)
         self.vgpu.release_unused(instance.uuid, mdevs)
         return mdevs
 

@@ -44,6 +44,17 @@ def vgpu_groups(extra_specs, classes):
     return [group for group in groups.values() if any(group[0].values())]
 
 
+def required_type_traits(extra_specs):
+    """The type traits the flavor requires, in any request group."""
+    found = set()
+    for key, value in extra_specs.items():
+        match = _GROUP_KEY.match(key)
+        if match and match[1] == "trait" and match[3].startswith(TYPE_TRAIT_PREFIXES) \
+                and value == "required":
+            found.add(match[3])
+    return frozenset(found)
+
+
 def mismatch(extra_specs, allocations, providers, classes):
     """Why the vGPUs ``allocations`` holds are not the flavor's; None if they are.
 

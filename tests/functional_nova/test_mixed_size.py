@@ -1,0 +1,128 @@
+"""One L40S serving 4, 8, 12 and 24 GB vGPUs at once, through nova's services.
+
+The board is listed under four vendor-VFIO types and switched to mixed-size
+mode; its provider is one inventory of framebuffer MiB, and each flavor
+asks for its type's MiB and requires its type's trait.  Placement, not the
+board, turns away what no longer fits.
+"""
+
+from tests.functional_nova import host_audit
+from tests.functional_nova import test_vendor_vfio_live_migration
+from tests.functional_nova import test_vgpu
+from vgpu_driver import framebuffer
+from vgpu_driver import inventory
+
+L40S = "0000:c1:00.0"
+PROVIDER = "host1_pci_0000_c1_00_0"
+RC = framebuffer.RESOURCE_CLASS
+GB = framebuffer.SLOT_MIB
+SIZES = {"nvidia-1155": 4, "nvidia-1156": 8, "nvidia-1157": 12, "nvidia-1159": 24}
+
+
+class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
+    ENABLED_TYPES = ",".join(SIZES)
+
+    def setUp(self):
+        super().setUp()
+        for type_id in SIZES:
+            self.flags(device_addresses=[L40S], group=f"mdev_{type_id}")
+        kernel = self.build_vgpu_host("host1", "l40s-vfio")
+        # What "vgpu-manage sriov sizes 0000:c1:00.0 mixed" does, through NVML.
+        kernel.set_mixed_sizes(L40S, True)
+        self.start_vgpu_compute("host1")
+        self.flavors = {gb: self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{gb}g",
+            extra_spec={f"resources:{RC}": str(gb * GB),
+                        f"trait:{inventory.type_traits(type_id, None)[0]}": "required"})
+            for type_id, gb in SIZES.items()}
+
+    def boot(self, gb, **kwargs):
+        return self._create_server(flavor_id=self.flavors[gb], networks="none",
+                                   host="host1", **kwargs)
+
+    def board(self):
+        """``(total, reserved, max_unit, usage)`` of the board's provider."""
+        rp = self._get_provider_uuid_by_name(PROVIDER)
+        found = self._get_provider_inventory(rp)[RC]
+        usage = self._get_provider_usages(rp).get(RC, 0)
+        return found["total"], found["reserved"], found["max_unit"], usage
+
+    def typed_vfs(self):
+        """``{VF: type id}`` as sysfs shows them."""
+        return {str(vf.address): f"nvidia-{vf.current_type}"
+                for vf in self.kernels["host1"].list_vendor_vfio() if vf.current_type}
+
+    def guest_vfs(self, server):
+        return [c.mdev_uuid for c in
+                self.computes["host1"].driver.vgpu.journal.claims(server["id"])]
+
+    def test_three_sizes_on_one_board_and_placement_turns_away_the_fourth(self):
+        self.assertEqual((48 * GB, 0, 24 * GB, 0), self.board())
+        four, twelve, eight = self.boot(4), self.boot(12), self.boot(8)
+        types = {gb: [self.typed_vfs()[vf] for vf in self.guest_vfs(server)]
+                 for gb, server in ((4, four), (12, twelve), (8, eight))}
+        self.assertEqual({4: ["nvidia-1155"], 12: ["nvidia-1157"], 8: ["nvidia-1156"]}, types)
+        # 4 GB at slot 0, 12 GB at 12, 8 GB at 24: no empty half is left for
+        # 24 GB, and slots 4-7 fit no configured size.
+        self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
+        refused = self.boot(24, expected_state="ERROR")
+        self.assertIn("No valid host", refused["fault"]["message"])
+        self.assertEqual(3, len(self.typed_vfs()))
+
+        self._delete_server(eight)
+        self.assertEqual(16 * GB, self.board()[3])   # exactly its 8 GB freed
+        self.assertEqual(2, len(self.typed_vfs()))   # its VF's type cleared
+        self._run_periodics()
+        self.assertEqual((48 * GB, 4 * GB, 24 * GB, 16 * GB), self.board())
+        twenty_four = self.boot(24)
+        self.assertEqual(["nvidia-1159"],
+                         [self.typed_vfs()[vf] for vf in self.guest_vfs(twenty_four)])
+        # 4 GB at 0, 12 GB at 12, 24 GB at 24: only a 4 GB vGPU fits, at 8.
+        self.assertEqual((48 * GB, 4 * GB, 4 * GB, 40 * GB), self.board())
+        # Each guest's MiB in Placement are the vGPUs it holds here.
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+
+class MixedSizeLiveMigrationTests(test_vendor_vfio_live_migration.VendorVfioLiveMigrationTestBase):
+    """Both hosts' L40S serve 8 and 12 GB in mixed-size mode: a 12 GB guest
+    moves to a VF typed 12 GB beside the destination's 8 GB guest."""
+
+    ENABLED_TYPES = SOURCE_TYPES = DEST_TYPES = "nvidia-1156,nvidia-1157"
+
+    def start_host(self, hostname, enabled_types):
+        self.flags(enabled_mdev_types=enabled_types, group="devices")
+        for type_id in enabled_types.split(","):
+            self.flags(device_addresses=[L40S], group=f"mdev_{type_id}")
+        self.build_vgpu_host(hostname, "l40s-vfio").set_mixed_sizes(L40S, True)
+        self.start_vgpu_compute(hostname)
+        return self.computes[hostname]
+
+    def mixed_flavor(self, type_id):
+        return self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{type_id}",
+            extra_spec={f"resources:{RC}": str(SIZES[type_id] * GB),
+                        f"trait:{inventory.type_traits(type_id, None)[0]}": "required"})
+
+    def usage(self, hostname):
+        rp = self._get_provider_uuid_by_name(f"{hostname}_pci_0000_c1_00_0")
+        return self._get_provider_usages(rp).get(RC, 0)
+
+    def test_the_guest_moves_to_a_vf_of_its_type(self):
+        self.flavor = self.mixed_flavor("nvidia-1157")
+        resident = self._create_server(flavor_id=self.mixed_flavor("nvidia-1156"),
+                                       networks="none", host="dest")
+        (on_source,) = self.boot()
+        self.assertEqual({on_source: "nvidia-1157"}, self.typed_vfs("src"))
+        self._live_migrate(self.server, "completed")
+        self.assertEqual("dest", self.api.get_server(self.server["id"])[
+            "OS-EXT-SRV-ATTR:host"])
+        (arrived,) = [vf for vf, _state in self.claims("dest", self.server["id"])]
+        self.assertEqual("nvidia-1157", self.typed_vfs("dest")[arrived])
+        self.assertEqual(2, len(self.typed_vfs("dest")))
+        # The source's VF goes with its guest: a mixed-size board keeps no
+        # typed VF for reuse.
+        self.assertEqual(({}, 0, 20 * GB), (self.typed_vfs("src"), self.usage("src"),
+                                            self.usage("dest")))
+        self.assertEqual(1, len(self.claims("dest", resident["id"])))
+        self._run_periodics()
+        self.assert_audit_clean()
