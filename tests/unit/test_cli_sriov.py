@@ -245,3 +245,39 @@ def test_status_says_when_nvml_cannot_tell(make_host, run, monkeypatch):  # noqa
     assert err == (f"warning: cannot read the vGPU size mode of {L40S}: NVIDIA's management "
                    "library (NVML) cannot be used: nvidia-ml-py is not installed (pip install "
                    "'vgpu-driver[nvml]').\n")
+
+
+MIXED_CONF = "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1157\n" + "".join(
+    f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in ("nvidia-1155", "nvidia-1157"))
+
+
+def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run):  # noqa: F811
+    host = make_host("l40s-vfio")
+    root = ("--sysfs-root", host.paths.root)
+    host.set_sriov_numvfs(L40S, 0)
+    code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
+    assert code == base.EXIT_PROBLEMS and f"GPU {L40S} gets no provider: SR-IOV is off" in out
+    code, out, _ = run(*root, "sriov", "enable", L40S, "--dry-run", conf=MIXED_CONF)
+    assert (code, out.splitlines()[1:]) == (0, [
+        f"{L40S}: would switch to mixed sizes (configured for nvidia-1155, nvidia-1157)"])
+    code, out, err = run(*root, "sriov", "enable", L40S, "--wait", "10", conf=MIXED_CONF)
+    assert code == 0, err
+    assert out.splitlines()[-1] == (f"{L40S}: switched to mixed sizes (configured for "
+                                    "nvidia-1155, nvidia-1157)")
+    assert host.heterogeneous_mode(L40S)
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=MIXED_CONF)
+    [row] = json.loads(out)
+    assert (row["type"], row["resource_class"], row["total"], row["max_unit"]) == (
+        "nvidia-1155 (4096 MiB), nvidia-1157 (12288 MiB)", "CUSTOM_VGPU_FRAMEBUFFER_MIB",
+        49152, 12288)
+    code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
+    assert code == 0 and out.startswith("ok: ")
+
+
+def test_config_check_names_a_mixed_board_in_equal_size_mode(make_host, run):  # noqa: F811
+    host = make_host("l40s-vfio")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=MIXED_CONF)
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        f"error: device_addresses = '{L40S}': configured for mixed sizes (nvidia-1155, "
+        f"nvidia-1157) but in equal-size mode, so it gets no provider: run vgpu-manage "
+        f"sriov sizes {L40S} mixed"])

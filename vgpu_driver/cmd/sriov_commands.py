@@ -118,6 +118,7 @@ class Enable(base.Command):
             for step in steps:
                 verb = "would enable VFs" if step.action == "enable" else "would leave"
                 out.write(f"{step.address}: {verb}: {step.detail}\n")
+            self._mixed_sizes(host, [step.address for step in steps], dry_run=True)
             return base.EXIT_OK
 
         def progress(text):
@@ -130,7 +131,27 @@ class Enable(base.Command):
                          progress=progress)
         finally:
             changes.stop()
+        self._mixed_sizes(host, [step.address for step in steps])
         return base.EXIT_OK
+
+    def _mixed_sizes(self, host, addresses, dry_run=False):
+        """Once the VFs are there: the boards the configuration lists under
+        several types go to mixed-size mode, which NVIDIA's driver forgets
+        at every enablement (and cannot take before the VFs come)."""
+        served = inventory.configured_types(discovery.discover(host),
+                                            host_commands.load_mdev_config(self.app))
+        for address in addresses:
+            types = served.get(address, ())
+            if len(types) < 2:
+                continue
+            why = f"configured for {', '.join(types)}"
+            if dry_run:
+                self.app.stdout.write(f"{address}: would switch to mixed sizes ({why})\n")
+            elif host.mixed_sizes(address):
+                self.app.stdout.write(f"{address}: already mixed sizes ({why})\n")
+            else:
+                host.set_mixed_sizes(address, True)
+                self.app.stdout.write(f"{address}: switched to mixed sizes ({why})\n")
 
 
 class Disable(base.Command):
