@@ -12,10 +12,10 @@ strategy writing each VF's type on the fake board:
     The split of boards among the sizes is the best there is for this trace:
     every split is tried on a count model (an equal-size board holds the
     type's maximum), and the real run must reject what the model said;
-(b) **mixed**: every board in mixed-size mode (switched through NVML), one
-    ``CUSTOM_VGPU_FRAMEBUFFER_MIB`` inventory per board from
-    :func:`vgpu_driver.framebuffer.inventory`, each request asking for its
-    size in MiB beside its type's trait.
+(b) **mixed**: every board in mixed-size mode (switched through NVML) and
+    listed under every type of the mix, one ``CUSTOM_VGPU_FRAMEBUFFER_MIB``
+    inventory per board from ``inventory.compute``, each request asking for
+    its size in MiB beside its type's trait.
 
 Each request goes to the first board, by address, among Placement's
 candidates (their order among one host's providers varies between
@@ -53,7 +53,6 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
-from vgpu_driver import names
 from vgpu_driver import nvml
 from vgpu_driver import placement
 from vgpu_driver.conf.mdev_types import MdevConfig
@@ -244,7 +243,7 @@ class Side(abc.ABC):
             "allocations": allocations, "project_id": PROJECT, "user_id": USER,
             "consumer_generation": None, "consumer_type": "INSTANCE"})
         try:
-            vf = self._create(consumer, pf, MIX[request.size][0])
+            vf = self._create(consumer, pf, allocations, {type_trait(request.size)})
         except exception.AllocationError:
             # Placement granted what the board refused: the allocation goes.
             self.stats["granted_then_refused"] += 1
@@ -262,13 +261,17 @@ class Side(abc.ABC):
         if self.first_rejection_used is None:
             self.first_rejection_used = used_gb
 
-    def _create(self, consumer, pf, type_id):
-        """The real planner and vendor-VFIO strategy: a free VF, typed."""
+    def _create(self, consumer, pf, allocations, type_traits):
+        """The real planner and vendor-VFIO strategy: the allocation's
+        request (its type named by the flavor's trait), a free VF, typed."""
+        by_uuid = {self.sync.known[p.name].uuid: p for p in self.providers.values()}
+        (request,) = planner.requests_of(consumer, allocations, by_uuid,
+                                         self.config.mdev_classes, type_traits)
         gpu = discovery.discover(self.kernel).gpu(pf)
         strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
-        state = strategy.gpu_state(consumer, gpu, type_id, users)
-        (item,) = planner.plan_gpu(consumer, planner.Request(pf, type_id, 1), state, {}, users)
+        state = strategy.gpu_state(consumer, gpu, request.type_id, users)
+        (item,) = planner.plan_gpu(consumer, request, state, {}, users)
         strategy.create(consumer, item)
         self.domains.define(consumer, [item.mdev_uuid])
         return item.mdev_uuid
@@ -310,36 +313,25 @@ class StaticSide(Side):
 
 
 class MixedSide(Side):
-    """Every board mixed-size: one framebuffer inventory each."""
+    """Every board mixed-size, listed under every type of the mix: one
+    framebuffer inventory each, as nova-compute reports it."""
 
     label = "mixed"
 
     def __init__(self, kernel, client, pfs, bindings):
         super().__init__(kernel, client, pfs)
-        self.bindings = bindings
-        self.config = MdevConfig(types=tuple(TypeConfig(t) for t, _share in MIX.values()))
-        self.numbers = tuple(names.vendor_type_number(t) for t, _share in MIX.values())
+        types = tuple(t for t, _share in MIX.values())
+        self.config = MdevConfig(
+            types=tuple(TypeConfig(t, device_addresses=tuple(pfs)) for t in types),
+            mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)))
         for pf in pfs:
             nvml.set_heterogeneous_mode(pf, True, bindings)
 
     def board_providers(self, snapshot, boards):
-        return {pf: self._board_provider(snapshot.gpu(pf)) for pf in boards}
-
-    def _board_provider(self, gpu):
-        pf = gpu.address
-        typed = [p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type]
-        used = sum(_size_of(t) for t in typed)
-        free_vfs = len(gpu.parents) - len(typed)
-        found = nvml.placements(pf, self.numbers, self.bindings)
-        fb = framebuffer.inventory(BOARD_SLOTS, found, used, free_vfs)
-        traits = {t for type_id, _share in MIX.values()
-                  for t in inventory.provider_traits(type_id, None)}
-        return inventory.GpuProvider(
-            name=inventory.provider_name(NODENAME, gpu), parent_provider=NODENAME,
-            gpu=pf, type_id=",".join(t for t, _share in MIX.values()), type_name=None,
-            resource_class=framebuffer.RESOURCE_CLASS, total=fb.total, reserved=fb.reserved,
-            min_unit=fb.min_unit, max_unit=fb.max_unit, step_size=fb.step_size,
-            traits=tuple(sorted(traits)))
+        tree = inventory.compute(snapshot, self.config, NODENAME,
+                                 boards=inventory.read_boards(self.kernel, snapshot,
+                                                              self.config))
+        return {pf: tree.by_gpu(pf) for pf in boards}
 
     def candidates_query(self, size):
         return {"resources": f"{framebuffer.RESOURCE_CLASS}:{size * framebuffer.SLOT_MIB}",
@@ -350,13 +342,6 @@ def type_trait(size):
     """The trait a flavor of that size requires: its type's (every GPU
     provider carries ``CUSTOM_MDEV_<type>``, :func:`inventory.type_traits`)."""
     return inventory.type_traits(MIX[size][0], None)[0]
-
-
-def _size_of(type_id):
-    for size, (known, _share) in MIX.items():
-        if known == type_id:
-            return size
-    raise SystemExit(f"a VF holds {type_id}, a type outside the mix")
 
 
 def serve_trace(side, requests):
