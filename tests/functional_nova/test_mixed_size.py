@@ -6,6 +6,9 @@ asks for its type's MiB and requires its type's trait.  Placement, not the
 board, turns away what no longer fits.
 """
 
+from nova import context
+from nova import objects
+
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_vendor_vfio_live_migration
 from tests.functional_nova import test_vgpu
@@ -80,6 +83,33 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # 4 GB at 0, 12 GB at 12, 24 GB at 24: only a 4 GB vGPU fits, at 8.
         self.assertEqual((48 * GB, 4 * GB, 4 * GB, 40 * GB), self.board())
         # Each guest's MiB in Placement are the vGPUs it holds here.
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+
+    def guest_domain_vfs(self, server):
+        instance = objects.Instance.get_by_uuid(context.get_admin_context(), server["id"])
+        guest = self.computes["host1"].driver._host.get_guest(instance)
+        return test_vgpu.guest_xml.pci_vfs(test_vgpu.guest_xml.parse(guest.get_xml_desc()))
+
+    def test_a_host_reboot_brings_back_vfs_then_mode_then_types_then_guests(self):
+        servers = [self.boot(4), self.boot(12)]
+        before = self.typed_vfs()
+        held = [self.guest_domain_vfs(server) for server in servers]
+        kernel = self.kernels["host1"]
+        kernel.reboot()
+        kernel.set_sriov_numvfs(L40S, 16)     # the VFs first, as the boot unit enables them
+        self.assertEqual(({}, False), (self.typed_vfs(), kernel.heterogeneous_mode(L40S)))
+        self.restart_compute_service("host1")
+        # Then the mode, then the types: written in equal-size mode, the first
+        # type would have locked the board to its size and the other failed.
+        self.assertTrue(kernel.heterogeneous_mode(L40S))
+        self.assertEqual(before, self.typed_vfs())
+        self.assertIn(f"GPU {L40S} switched to mixed-size mode before its vGPUs are restored",
+                      self.stdlog.logger.output)
+        for server, vfs in zip(servers, held, strict=True):     # then the guests
+            self._reboot_server(server, hard=True)
+            self.assertEqual(vfs, self.guest_domain_vfs(server))
+        self.assertEqual(16 * GB, self.board()[3])
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
 
