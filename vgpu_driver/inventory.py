@@ -365,10 +365,18 @@ def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
         type_id=",".join(types), type_name=None, resource_class=framebuffer.RESOURCE_CLASS,
         total=fb.total, reserved=fb.reserved + claims_mib, min_unit=fb.min_unit,
         max_unit=fb.max_unit, step_size=fb.step_size, traits=tuple(sorted(traits)),
-        reason=None if room > 0 else (f"none of {listed} fits now (the board is full, or "
-                                      "its free framebuffer is fragmented)"),
+        reason=_mixed_size_reason(listed, fb, room),
         reserved_for=reserved_for,
         sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types)), None
+
+
+def _mixed_size_reason(listed, fb, room):
+    """What a mixed-size board can still take, for the operator's views."""
+    fragmented = f"; {fb.reserved} MiB fragmented" if fb.reserved else ""
+    if room <= 0:
+        return (f"none of {listed} fits now (the board is full, or its free framebuffer "
+                f"is fragmented){fragmented}")
+    return f"mixed sizes: vGPUs of up to {fb.max_unit} MiB fit now{fragmented}"
 
 
 def _why_not_mixed(gpu, types, reading):

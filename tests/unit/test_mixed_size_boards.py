@@ -142,9 +142,19 @@ class TestInventory:
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         assert (provider.max_unit, provider.reserved) == (12 * GB, 4 * GB)
         assert provider.reserved_for == ((inventory.FRAGMENTED, 4 * GB),)
+        assert provider.reason == ("mixed sizes: vGPUs of up to 12288 MiB fit now; "
+                                   "4096 MiB fragmented")
         with pytest.raises(exception.NoGpuCapacity):
             allocate(vgpu, "vm-24", TWENTY_FOUR, 24 * GB)
         assert len(typed(host)) == 3
+
+    def test_a_full_board_says_so(self, board):
+        _host, vgpu = board()
+        allocate(vgpu, "vm-a", TWENTY_FOUR, 24 * GB)
+        allocate(vgpu, "vm-b", TWENTY_FOUR, 24 * GB)
+        provider = vgpu.provider_tree("cn1").by_gpu(L40S)
+        assert (provider.reserved, provider.max_unit) == (0, 4 * GB)
+        assert provider.reason.startswith(f"none of {', '.join(sorted(MIXED))} fits now")
 
     def test_release_gives_the_framebuffer_back(self, board):
         host, vgpu = board()
