@@ -103,15 +103,36 @@ def test_address_only_files_keep_their_meaning(make_host, make_conf):
 def test_two_uncounted_types_on_one_model_is_an_error(make_conf):
     found = problems(make_conf, """
         [devices]
+        enabled_mdev_types = i915-GVTg_V5_4, i915-GVTg_V5_8
+        [mdev_i915-GVTg_V5_4]
+        device_ids = 8086:3e92
+        [mdev_i915-GVTg_V5_8]
+        device_ids = 8086:3e92
+        """)
+    assert found == ["error: [mdev_i915-GVTg_V5_8] device_ids = '8086:3e92': types "
+                     "i915-GVTg_V5_4 and i915-GVTg_V5_8 both take 8086:3e92 GPUs and neither "
+                     "has a gpu_count to decide; give one of them a gpu_count"]
+
+
+def test_uncounted_nvidia_types_on_one_model_share_its_boards(make_host, make_conf):
+    """On T4s, which serve mdevs, that sharing gives each T4 no provider."""
+    conf = make_conf("""
+        [devices]
         enabled_mdev_types = nvidia-319, nvidia-320
         [mdev_nvidia-319]
         device_ids = 10de:1eb8
         [mdev_nvidia-320]
         device_ids = 10de:1eb8
         """)
-    assert found == ["error: [mdev_nvidia-320] device_ids = '10de:1eb8': types nvidia-319 and "
-                     "nvidia-320 both take 10de:1eb8 GPUs and neither has a gpu_count "
-                     "to decide; give one of them a gpu_count"]
+    config, found = mdev_types.load(conf)
+    assert found == []
+    assert config.mixed_types == {"nvidia-319", "nvidia-320"}
+    tree = inventory.compute(discovery.discover(make_host("t4x8")), config, "cn1")
+    assert tree.providers == ()
+    assert {why for _gpu, why in tree.unserved} == {
+        "its addresses are listed under several types (nvidia-319, nvidia-320); a GPU serves "
+        "one type, unless it is a board serving vendor-VFIO vGPUs, which mixes sizes: fix "
+        "device_addresses"}
 
 
 @pytest.mark.parametrize("group,expected", [

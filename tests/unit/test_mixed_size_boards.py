@@ -100,6 +100,20 @@ class TestConfiguration:
         assert "shares a mixed-size board" in str(problem)
 
 
+class TestByModel:
+    def test_nvidia_types_naming_one_model_share_its_boards(self, make_host, make_driver):
+        host = make_host("l40s-vfio")
+        host.set_mixed_sizes(L40S, True)
+        vgpu = make_driver(host, types=f"{FOUR},{TWELVE}", extra=[
+            f"[mdev_{FOUR}]", "device_ids = 10de:26b9",
+            f"[mdev_{TWELVE}]", "device_ids = 10de:26b9"])
+        provider = vgpu.provider_tree("cn1").by_gpu(L40S)
+        assert provider.sizes == ((FOUR, 4 * GB), (TWELVE, 12 * GB))
+        assert provider.resource_class == RC
+        (vf,) = allocate(vgpu, "vm-12", TWELVE, 12 * GB)
+        assert typed(host) == {vf: TWELVE}
+
+
 class TestInventory:
     def test_a_board_serving_mdevs_does_not_mix_sizes(self, make_host, make_driver):
         t4 = "0000:18:00.0"

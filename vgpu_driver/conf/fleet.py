@@ -15,7 +15,9 @@ sees the same map:
 4. what is left goes to the type with neither option, if there is one.
 
 Two types without a ``gpu_count`` sharing an id would make the choice
-arbitrary: that is a configuration error (see :func:`problems`).
+arbitrary: that is a configuration error (see :func:`problems`), unless
+both are NVIDIA types (``nvidia-<number>``): the GPUs then serve them all,
+mixing sizes on one board (see :func:`shared_by_device_id`).
 """
 
 import dataclasses
@@ -35,6 +37,13 @@ class Assignment:
     device_id: str | None
     type_id: str | None
     how: str
+    # Every type of a board NVIDIA types share (mixed sizes), ``type_id``
+    # first of them; empty for a board of one type.
+    shared: tuple[str, ...] = ()
+
+    @property
+    def types(self):
+        return self.shared or ((self.type_id,) if self.type_id else ())
 
 
 def parse_device_id(raw):
@@ -69,7 +78,9 @@ def problems(type_configs, option):
             continue
         for device_id in type_config.device_ids:
             other = uncounted.setdefault(device_id, type_config.type_id)
-            if other != type_config.type_id:
+            if other != type_config.type_id and not (
+                    names.is_vendor_type_id(other)
+                    and names.is_vendor_type_id(type_config.type_id)):
                 found.append(exception.ConfigProblem(
                     option(type_config.type_id, "device_ids"), device_id,
                     f"types {other} and {type_config.type_id} both take {device_id} "
@@ -98,6 +109,30 @@ class _Counts:
                    if count is not None else ""))
 
 
+def shared_by_device_id(type_configs):
+    """``{device id: (type id, ...)}`` of the ids several NVIDIA types take
+    without a ``gpu_count``: their GPUs serve them all (mixed sizes)."""
+    takers = {}
+    for type_config in type_configs:
+        if type_config.gpu_count is None and names.is_vendor_type_id(type_config.type_id):
+            for device_id in type_config.device_ids:
+                takers.setdefault(device_id, []).append(type_config.type_id)
+    return {device_id: tuple(types) for device_id, types in takers.items()
+            if len(types) > 1}
+
+
+def _assignment(config, gpu, type_config, how):
+    """The Assignment of ``gpu`` to ``type_config``, with the types it
+    shares the board with when its device id is shared."""
+    device_id = gpu_device_id(gpu)
+    shared = shared_by_device_id(config.types).get(device_id, ()) \
+        if type_config.gpu_count is None else ()
+    if type_config.type_id not in shared:
+        shared = ()
+    return Assignment(gpu.address, device_id, type_config.type_id,
+                      how + (" (a mixed-size board)" if shared else ""), shared)
+
+
 def _explicit(config, gpu):
     found = config.explicit_types(gpu.addresses)
     return found[0] if len(found) == 1 else None
@@ -121,9 +156,8 @@ def resolve(config, snapshot):
         for type_config in _candidates(config, gpu_device_id(gpu)):
             if held.get(type_config.type_id) and counts.room(type_config):
                 how = counts.take(type_config)
-                result[gpu.address] = Assignment(
-                    gpu.address, gpu_device_id(gpu), type_config.type_id,
-                    f"{how}; keeps its existing vGPUs of this type")
+                result[gpu.address] = _assignment(
+                    config, gpu, type_config, f"{how}; keeps its existing vGPUs of this type")
                 break
     for gpu in free:
         device_id = gpu_device_id(gpu)
@@ -137,8 +171,7 @@ def resolve(config, snapshot):
                 gpu.address, device_id, None,
                 f"matches device_ids of {full}, all of them taken by GPUs before it")
             continue
-        result[gpu.address] = Assignment(gpu.address, device_id, chosen.type_id,
-                                         counts.take(chosen))
+        result[gpu.address] = _assignment(config, gpu, chosen, counts.take(chosen))
     return result
 
 
@@ -158,7 +191,7 @@ def gpu_map(config, snapshot):
         elif explicit:
             type_id, how = None, f"listed under several types ({', '.join(explicit)})"
         elif assignment is not None:
-            type_id, how = assignment.type_id, assignment.how
+            type_id, how = ",".join(assignment.types) or None, assignment.how
         elif config.default_type:
             type_id, how = config.default_type, "the type without device_addresses"
         else:

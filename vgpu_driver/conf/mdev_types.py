@@ -69,15 +69,18 @@ class MdevConfig:
 
     @property
     def mixed_types(self):
-        """The types that share a board with another type (mixed-size boards)."""
-        return frozenset(t for types in self.mixed_by_address.values() for t in types)
+        """The types that share a board with another type (mixed-size
+        boards), by address or by device id."""
+        return frozenset(t for shared in (self.mixed_by_address,
+                                          fleet.shared_by_device_id(self.types))
+                         for types in shared.values() for t in types)
 
     def types_for(self, addresses):
         """The distinct types the config assigns to any of ``addresses``
         (through device_ids too, once resolved by :meth:`for_host`)."""
         found = set(self.explicit_types(addresses))
-        found.update(self.by_model[a].type_id for a in addresses
-                     if a in self.by_model and self.by_model[a].type_id)
+        found.update(t for a in addresses if a in self.by_model
+                     for t in self.by_model[a].types)
         return sorted(found)
 
     def fleet_reason(self, address):
@@ -252,7 +255,8 @@ def load(conf):
                 continue
             listing[address] = (*listed, type_id)
     mixed = {a: types for a, types in listing.items() if len(types) > 1}
-    problems += _mixed_size_problems(type_configs, mixed)
+    problems += _mixed_size_problems(
+        type_configs, [*mixed.values(), *fleet.shared_by_device_id(type_configs).values()])
     problems += fleet.problems(
         type_configs, lambda type_id, name: _option(devices.group_name(type_id), name))
     config = MdevConfig(tuple(type_configs), default_type, MappingProxyType(
@@ -261,11 +265,11 @@ def load(conf):
     return config, problems
 
 
-def _mixed_size_problems(type_configs, mixed_by_address):
-    """Options a type sharing a mixed-size board cannot honour: the board
-    is one framebuffer inventory, neither a class of the type's own nor a
-    count of its vGPUs."""
-    shared = {t for types in mixed_by_address.values() for t in types}
+def _mixed_size_problems(type_configs, sharing):
+    """Options a type sharing a mixed-size board (``sharing``: the tuples
+    of types that share one) cannot honour: the board is one framebuffer
+    inventory, neither a class of the type's own nor a count of its vGPUs."""
+    shared = {t for types in sharing for t in types}
     problems = []
     for type_config in type_configs:
         if type_config.type_id not in shared:
@@ -281,11 +285,6 @@ def _mixed_size_problems(type_configs, mixed_by_address):
                 _option(group, "max_instances"), type_config.max_instances,
                 f"{type_config.type_id} shares a mixed-size board, whose framebuffer "
                 f"is the limit; remove max_instances"))
-        if type_config.device_ids:
-            problems.append(exception.ConfigProblem(
-                _option(group, "device_ids"), ", ".join(type_config.device_ids),
-                f"{type_config.type_id} shares a mixed-size board, which is named by "
-                f"device_addresses only; remove device_ids"))
     return problems
 
 

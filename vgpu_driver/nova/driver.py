@@ -95,7 +95,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         # nova's [mdev_*] options first, as nova's reading registers them.
         nova.conf.devices.register_dynamic_opts(CONF)
         config = mdev_types.from_conf(CONF)
-        if not config.mixed_by_address:
+        if not config.mixed_types:
             return super()._get_supported_vgpu_types()
         for type_config in config.types:
             if type_config.max_instances:
