@@ -87,7 +87,7 @@ def absent_types(config, snapshot):
 def _serving_option(type_id, device_id, how):
     """The option and value that gave a GPU its type, for the problem line."""
     group = devices.group_name(type_id)
-    if how == "device_addresses":
+    if how.startswith("device_addresses"):
         return f"[{group}] device_addresses", None
     if how.startswith("device_ids"):
         return f"[{group}] device_ids", device_id

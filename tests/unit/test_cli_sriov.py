@@ -256,7 +256,9 @@ def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run):  # 
     root = ("--sysfs-root", host.paths.root)
     host.set_sriov_numvfs(L40S, 0)
     code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
-    assert code == base.EXIT_PROBLEMS and f"GPU {L40S} gets no provider: SR-IOV is off" in out
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        f"error: [mdev_nvidia-1157] device_addresses = '{L40S}': GPU {L40S} gets no "
+        f"provider: SR-IOV is off: run vgpu-manage sriov enable {L40S}"])
     code, out, _ = run(*root, "sriov", "enable", L40S, "--dry-run", conf=MIXED_CONF)
     assert (code, out.splitlines()[1:]) == (0, [
         f"{L40S}: would switch to mixed sizes (configured for nvidia-1155, nvidia-1157)"])

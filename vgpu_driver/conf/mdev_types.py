@@ -13,13 +13,12 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from vgpu_driver import exception
+from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
 LOG = logging.getLogger(__name__)
-# The class a mixed-size board is inventoried in (vgpu_driver.framebuffer's).
-MIXED_SIZE_CLASS = "CUSTOM_VGPU_FRAMEBUFFER_MIB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +104,7 @@ class MdevConfig:
         mixed-size board's vGPUs are allocated in framebuffer MiB."""
         classes = {t.mdev_class for t in self.types if t.type_id not in self.mixed_types}
         if self.mixed_types:
-            classes.add(MIXED_SIZE_CLASS)
+            classes.add(framebuffer.RESOURCE_CLASS)
         return frozenset(classes)
 
 
@@ -279,7 +278,7 @@ def _mixed_size_problems(type_configs, sharing):
             problems.append(exception.ConfigProblem(
                 _option(group, "mdev_class"), type_config.mdev_class,
                 f"{type_config.type_id} shares a mixed-size board, whose vGPUs are "
-                f"allocated in {MIXED_SIZE_CLASS}; remove mdev_class"))
+                f"allocated in {framebuffer.RESOURCE_CLASS}; remove mdev_class"))
         if type_config.max_instances is not None:
             problems.append(exception.ConfigProblem(
                 _option(group, "max_instances"), type_config.max_instances,

@@ -23,6 +23,7 @@ from oslo_utils import excutils
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
+from vgpu_driver import framebuffer
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import host_reconciler
 from vgpu_driver import names
@@ -105,7 +106,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             self.mdev_class_mapping[address] = config.type_config(type_id).mdev_class
         for address, types in config.mixed_by_address.items():
             self.pgpu_type_mapping[address] = types[0]
-            self.mdev_class_mapping[address] = mdev_types.MIXED_SIZE_CLASS
+            self.mdev_class_mapping[address] = framebuffer.RESOURCE_CLASS
         self.pgpu_type_default = config.default_type
         self.mdev_classes.update(config.mdev_classes)
         return [t.type_id for t in config.types if t.device_addresses or t.device_ids
