@@ -33,12 +33,11 @@ def mixed_conf_lines(types=MIXED, address=L40S, **extra):
 @pytest.fixture
 def board(make_host, make_driver):
     """``(host, driver)``: an L40S whose configuration gives it four sizes."""
-    def make(mixed=True, types=MIXED, extra=()):
+    def make(mixed=True):
         host = make_host("l40s-vfio")
         if mixed:
             host.set_mixed_sizes(L40S, True)
-        vgpu = make_driver(host, extra=[*mixed_conf_lines(types), *extra],
-                           types=",".join(types))
+        vgpu = make_driver(host, extra=mixed_conf_lines(), types=",".join(MIXED))
         return host, vgpu
     return make
 
