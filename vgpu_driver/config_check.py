@@ -68,9 +68,8 @@ def _pending_types(config, snapshot):
     """Types served by a GPU whose VFs are not there yet: they are offered once
     its VFs are (reported once, by :func:`vfs_pending`)."""
     resolved = config.for_host(snapshot)
-    return {type_id for row in fleet.gpu_map(resolved, snapshot)
-            if row[2] and snapshot.gpu(row[0]).mode == discovery.MODE_VFS_PENDING
-            for type_id in row[2].split(",")}
+    return {type_id for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
+            if snapshot.gpu(gpu).mode == discovery.MODE_VFS_PENDING for type_id in types}
 
 
 def absent_types(config, snapshot):
@@ -97,12 +96,11 @@ def _serving_option(type_id, device_id, how):
 def vfs_pending(config, snapshot):
     """Configured SR-IOV GPUs whose VFs are not there: they get no provider."""
     problems = []
-    for address, device_id, type_id, how in fleet.gpu_map(config.for_host(snapshot),
-                                                          snapshot):
+    for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot),
+                                                        snapshot):
         gpu = snapshot.gpu(address)
-        if not type_id or gpu.mode != discovery.MODE_VFS_PENDING:
+        if not types or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
-        types = type_id.split(",")      # several: a mixed-size board
         option, value = _serving_option(types[-1], device_id, how)
         listed = sorted({a for t in types for a in config.type_config(t).device_addresses
                          if a in gpu.addresses})

@@ -43,7 +43,7 @@ class CheckConfig(base.Command):
         """When types select GPUs by model, show which GPU got which type."""
         if not any(t.device_ids for t in config.types):
             return
-        for gpu, device_id, type_id, how in fleet.gpu_map(config.for_host(snapshot),
-                                                          snapshot):
+        for gpu, device_id, types, how in fleet.gpu_map(config.for_host(snapshot),
+                                                        snapshot):
             self.app.stdout.write(
-                f"{gpu} ({device_id or 'virtual'}) -> {type_id or 'none'}: {how}\n")
+                f"{gpu} ({device_id or 'virtual'}) -> {','.join(types) or 'none'}: {how}\n")

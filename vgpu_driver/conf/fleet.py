@@ -176,7 +176,8 @@ def resolve(config, snapshot):
 
 
 def gpu_map(config, snapshot):
-    """``[(gpu, device_id, type_id or None, how)]`` for every GPU of the host.
+    """``[(gpu, device_id, (type id, ...), how)]`` for every GPU of the host:
+    no type, one, or the NVIDIA types of a mixed-size board.
 
     ``config`` is resolved for ``snapshot`` (``MdevConfig.for_host``).
     """
@@ -185,16 +186,16 @@ def gpu_map(config, snapshot):
         explicit = config.explicit_types(gpu.addresses)
         assignment = config.by_model.get(gpu.address)
         if len(explicit) == 1:
-            type_id, how = explicit[0], "device_addresses"
+            types, how = tuple(explicit), "device_addresses"
         elif explicit and all(map(names.is_vendor_type_id, explicit)):
-            type_id, how = ",".join(explicit), "device_addresses (a mixed-size board)"
+            types, how = tuple(explicit), "device_addresses (a mixed-size board)"
         elif explicit:
-            type_id, how = None, f"listed under several types ({', '.join(explicit)})"
+            types, how = (), f"listed under several types ({', '.join(explicit)})"
         elif assignment is not None:
-            type_id, how = ",".join(assignment.types) or None, assignment.how
+            types, how = assignment.types, assignment.how
         elif config.default_type:
-            type_id, how = config.default_type, "the type without device_addresses"
+            types, how = (config.default_type,), "the type without device_addresses"
         else:
-            type_id, how = None, "matched by no device_addresses nor device_ids"
-        rows.append((gpu.address, gpu_device_id(gpu), type_id, how))
+            types, how = (), "matched by no device_addresses nor device_ids"
+        rows.append((gpu.address, gpu_device_id(gpu), types, how))
     return rows
