@@ -39,10 +39,10 @@ class Drift:
     detail: str
 
 
-def host_usage(snapshot, claim_list, domain_users, sizes=None):
-    """``{(gpu, consumer): units}`` from claims and guests' domains: a vGPU
-    counts one, or on a mixed-size board of ``sizes`` (``{gpu: {type id:
-    MiB}}``) its type's framebuffer MiB, as its provider's inventory.
+def host_usage(snapshot, claim_list, domain_users, providers=None):
+    """``{(gpu, consumer): units}`` from claims and guests' domains: what a
+    vGPU counts for in its GPU's provider of ``providers`` (``{gpu:
+    GpuProvider}``; one each without), framebuffer MiB on a mixed-size board.
 
     A vGPU is an mdev or a vendor-VFIO VF set to a type; a domain's other
     PCI hostdevs are no vGPU of any GPU here, and not counted.
@@ -62,8 +62,8 @@ def host_usage(snapshot, claim_list, domain_users, sizes=None):
             holders[mdev] = (gpu_of[mdev], ref.uuid)
     usage = collections.Counter()
     for mdev, (gpu, consumer) in holders.items():
-        board = (sizes or {}).get(gpu)
-        usage[gpu, consumer] += board.get(type_of.get(mdev), 0) if board else 1
+        provider = (providers or {}).get(gpu)
+        usage[gpu, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
     return usage
 
 
@@ -98,7 +98,7 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users,
-                       {p.gpu: dict(p.sizes) for p in tree.providers if p.mixed})
+                       {p.gpu: p for p in tree.providers})
     compared = []          # (position in drifts, provider, its allocations)
     for name, provider in sorted(desired.items()):
         known = sync.known.get(name)

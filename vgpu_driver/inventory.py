@@ -62,6 +62,11 @@ class GpuProvider:
     def mixed(self):
         return bool(self.sizes)
 
+    def units_of(self, type_id):
+        """What one vGPU of ``type_id`` counts for in the inventory: one,
+        or on a mixed-size board its framebuffer MiB (0: not its type)."""
+        return dict(self.sizes).get(type_id, 0) if self.sizes else 1
+
     def inventory(self):
         """The Placement inventory record for this provider's class."""
         return {self.resource_class: {

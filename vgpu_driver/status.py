@@ -149,13 +149,6 @@ def _vgpus_by_gpu(snapshot, claim_list):
     return found
 
 
-def _units(provider, type_id):
-    """What one vGPU counts for: one, or on a mixed-size board its MiB."""
-    if provider is None or not provider.mixed:
-        return 1
-    return dict(provider.sizes).get(type_id, 0)
-
-
 def _sriov_state(function):
     if function is None:
         return None
@@ -199,7 +192,7 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
             type_id=provider.type_id if provider else None,
             type_name=(f"mixed sizes, in {MIB}" if provider and provider.mixed
                        else provider.type_name if provider else None),
-            used=sum(_units(provider, type_of.get(i)) for i in ids
+            used=sum(provider.units_of(type_of.get(i)) if provider else 1 for i in ids
                      if i in claimed or (users is not None and i in users)),
             total=provider.total if provider else 0,
             reserved=provider.reserved if provider else 0,
