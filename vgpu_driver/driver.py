@@ -97,6 +97,21 @@ class VGPUDriver:
         # stale claims and stale types), then one read for the inventory
         # (and the metrics file, when one is written).
         self.worker.run_now(host_reconciler.PERIODIC)
+        tree, snapshot, claim_list, users = self._read_tree(nodename, allocations_on)
+        self.worker.note_update(started, time.monotonic() - began)
+        if self.metrics_file is not None:
+            self._write_metrics(nodename, snapshot, tree, claim_list, users)
+        return tree
+
+    def inventory_now(self, nodename, allocations_on=None):
+        """The desired providers as the host is now, without the host
+        reconciler's pass or the metrics of :meth:`provider_tree`: for an
+        inventory that must follow a change at once (a vGPU just placed
+        on a mixed-size board), in the path of the operation that made it."""
+        return self._read_tree(nodename, allocations_on)[0]
+
+    def _read_tree(self, nodename, allocations_on):
+        """``(tree, snapshot, claims, users)`` of one read of the host."""
         snapshot = self.manager.use_snapshot(self.discovery.snapshot())
         # Guests before claims: a vGPU being handed out (claim, then domain)
         # or given back (domain, then claim) is seen in one or the other.
@@ -109,10 +124,7 @@ class VGPUDriver:
             if allocations_on is not None else None)
         tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated,
                                  boards)
-        self.worker.note_update(started, time.monotonic() - began)
-        if self.metrics_file is not None:
-            self._write_metrics(nodename, snapshot, tree, claim_list, users)
-        return tree
+        return tree, snapshot, claim_list, users
 
     def _write_metrics(self, nodename, snapshot, tree, claim_list, users):
         """The metrics of what this update read, into ``[vgpu] metrics_textfile``.

@@ -95,7 +95,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         allocations by."""
         # nova's [mdev_*] options first, as nova's reading registers them.
         nova.conf.devices.register_dynamic_opts(CONF)
-        config = mdev_types.from_conf(CONF)
+        # Read once, and handed to the core driver made at init_host.
+        self._mdev_config = config = mdev_types.from_conf(CONF)
         if not config.mixed_types:
             return super()._get_supported_vgpu_types()
         for type_config in config.types:
@@ -116,7 +117,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def vgpu(self):
         """The core driver, made once nova's dynamic [mdev_*] options exist."""
         if self._vgpu is None:
-            self._vgpu = core.VGPUDriver(CONF, self._domains)
+            self._vgpu = core.VGPUDriver(CONF, self._domains, mdev_config=self._mdev_config)
         return self._vgpu
 
     @property
@@ -253,7 +254,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             return
         reportclient = self.virtapi.reportclient
         try:
-            tree = self.vgpu.provider_tree(self._host.get_hostname(), lambda name: (
+            tree = self.vgpu.inventory_now(self._host.get_hostname(), lambda name: (
                 usage.allocations_on(reportclient, self.provider_tree, name)))
             self._gpu_tree = tree
             context = nova_context.get_admin_context()
