@@ -8,6 +8,7 @@ board, turns away what no longer fits.
 
 from nova import context
 from nova import objects
+from nova.scheduler.client import report as nova_report
 
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_vendor_vfio_live_migration
@@ -19,6 +20,7 @@ L40S = "0000:c1:00.0"
 PROVIDER = "host1_pci_0000_c1_00_0"
 RC = framebuffer.RESOURCE_CLASS
 GB = framebuffer.SLOT_MIB
+OTHERS_TRAIT = "CUSTOM_SET_BY_ANOTHER_TOOL"
 SIZES = {"nvidia-1155": 4, "nvidia-1156": 8, "nvidia-1157": 12, "nvidia-1159": 24}
 
 
@@ -85,6 +87,41 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # Each guest's MiB in Placement are the vGPUs it holds here.
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
+
+    def test_a_placement_conflict_on_the_board_leaves_it_to_the_periodic_update(self):
+        """Someone changes the board's provider between the driver's read of
+        its generation and its write of the inventory after a claim: the
+        write is refused (409), the guest still gets its vGPU, and the next
+        periodic update sends the inventory."""
+        rp = self._get_provider_uuid_by_name(PROVIDER)
+        real = nova_report.SchedulerReportClient._refresh_and_get_inventory
+        placement = self.placement
+
+        placement.put(f"/traits/{OTHERS_TRAIT}", None, version="1.6")
+
+        def refresh_then_bump(client, context, rp_uuid):
+            found = real(client, context, rp_uuid)
+            if rp_uuid == rp:     # another writer: a trait of its own, on or off
+                body = placement.get(f"/resource_providers/{rp}/traits", version="1.6").body
+                traits = set(body["traits"]) ^ {OTHERS_TRAIT}
+                placement.put(f"/resource_providers/{rp}/traits", {
+                    "traits": sorted(traits),
+                    "resource_provider_generation": body["resource_provider_generation"]},
+                    version="1.6")
+            return found
+
+        self.useFixture(test_vgpu.fixtures.MonkeyPatch(
+            "nova.scheduler.client.report.SchedulerReportClient._refresh_and_get_inventory",
+            refresh_then_bump))
+        self.boot(4)
+        twelve = self.boot(12)
+        eight = self.boot(8)
+        self.assertIn("reaches Placement at the next periodic update", self.stdlog.logger.output)
+        self.assertEqual(3, len(self.typed_vfs()))
+        self.assertEqual(["nvidia-1157"], [self.typed_vfs()[vf] for vf in self.guest_vfs(twelve)])
+        self.assertEqual(["nvidia-1156"], [self.typed_vfs()[vf] for vf in self.guest_vfs(eight)])
+        self._run_periodics()
+        self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
 
     def guest_domain_vfs(self, server):
         instance = objects.Instance.get_by_uuid(context.get_admin_context(), server["id"])

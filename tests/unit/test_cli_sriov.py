@@ -283,3 +283,20 @@ def test_config_check_names_a_mixed_board_in_equal_size_mode(make_host, run):  #
         f"error: device_addresses = '{L40S}': configured for mixed sizes (nvidia-1155, "
         f"nvidia-1157) but in equal-size mode, so it gets no provider: run vgpu-manage "
         f"sriov sizes {L40S} mixed"])
+
+
+def test_enable_refuses_to_switch_a_board_someone_gave_a_vgpu_and_changes_nothing(
+        make_host, run):  # noqa: F811
+    """The VFs are on, the mode off, and a VF was typed meanwhile (by hand,
+    or by another tool): NVML refuses the switch, the command says so with
+    exit 2, and the VF keeps its type."""
+    host = make_host("l40s-vfio")
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)
+    code, out, err = run("--sysfs-root", host.paths.root, "sriov", "enable", L40S,
+                         conf=MIXED_CONF)
+    assert code == base.EXIT_ERROR
+    assert "already enabled (16 of 16 VFs), left alone" in out
+    assert err.startswith(f"error: Cannot enable mixed-size mode on GPU {L40S}: vGPUs exist "
+                          "on it"), err
+    assert not host.heterogeneous_mode(L40S)
+    assert host.vendor_vf("0000:c1:00.4").current_type == 1157
