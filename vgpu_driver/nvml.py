@@ -126,3 +126,19 @@ def placements(pf_address, type_numbers, bindings=None):
             found[number] = Placements(int(supported.placementSize), _ids(supported),
                                        _ids(creatable))
     return found
+
+
+def located_vgpus(pf_address, bindings=None):
+    """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,
+    by placement ID, in one NVML session.  NVML lists *active* vGPU
+    instances; one it does not list, or cannot place (gone meanwhile), is
+    left out, and the caller counts it as unlocated."""
+    found = []
+    with _gpu(pf_address, "locate the vGPUs in", bindings) as (library, handle):
+        for instance in library.nvmlDeviceGetActiveVgpus(handle):
+            try:
+                found.append((int(library.nvmlVgpuInstanceGetType(instance)),
+                              int(library.nvmlVgpuInstanceGetPlacementId(instance))))
+            except library.NVMLError:
+                continue
+    return tuple(sorted(found, key=lambda located: located[1]))

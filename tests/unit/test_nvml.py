@@ -75,3 +75,19 @@ def test_nvidias_own_bindings_without_nvidias_library():
 def test_a_bad_address_is_refused_before_nvml_is_asked(fake_bindings):
     with pytest.raises(exception.InvalidSysfsName):
         nvml.set_heterogeneous_mode("../0000:c1:00.0", True)
+
+
+def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, monkeypatch):
+    host = make_host("l40s-vfio")
+    fake_bindings.use_host(host.paths.root)
+    nvml.set_heterogeneous_mode(L40S, True)
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)     # 12 GB at 0
+    host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # 4 GB at 12
+    assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
+    # An instance gone between NVML's listing and the question is left out.
+    listed = fake_nvml.Bindings.nvmlDeviceGetActiveVgpus
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetActiveVgpus",
+                        lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone"])
+    assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
+    host.set_vendor_vgpu_type("0000:c1:00.4", 0)
+    assert nvml.located_vgpus(L40S) == ((1155, 12),)

@@ -245,6 +245,24 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
         recorded = linux.read_attr(self._state_path(f"placement-{names.check_vgpu_id(vf_address)}"))
         return None if recorded is None else int(recorded)
 
+    def active_vgpus(self, pf_address):
+        """``[(VF address, type number, placement ID or None)]`` of the GPU's
+        vGPUs, as NVML's ``nvmlDeviceGetActiveVgpus``,
+        ``nvmlVgpuInstanceGetType`` and ``nvmlVgpuInstanceGetPlacementId``
+        answer.  NVML's reference calls them *active* vGPU instances and does
+        not say whether a typed VF no guest has opened is one; the fake lists
+        every typed VF, and the driver's map marks any vGPU NVML does not
+        place as unlocated rather than guess."""
+        gpu = self._vfio_gpu(pf_address)
+        if gpu["model"] != "nvidia-vfio":     # the fake's mdev boards: not asked
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._locked():
+            found = []
+            for dev, _uuid, type_id in self._gpu_mdev_types(gpu):
+                vf = os.path.basename(dev)
+                found.append((vf, names.vendor_type_number(type_id), self.placement_of(vf)))
+        return found
+
     def placements(self, pf_address, type_number):
         """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
         on the GPU in mixed-size mode (NVML's supported and creatable

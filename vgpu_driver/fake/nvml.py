@@ -119,6 +119,32 @@ class Bindings:
         size, _supported, creatable = self._kernel().placements(handle, vgpuTypeId)
         return PlacementList(size, creatable)
 
+    def nvmlDeviceGetActiveVgpus(self, handle):  # noqa: N802 - pynvml's name
+        """The GPU's vGPU instances: here, each one's VF address."""
+        return [vf for vf, _number, _placement in self._kernel().active_vgpus(handle)]
+
+    def _instance(self, vgpuInstance):  # noqa: N803 - pynvml's argument name
+        """``(type number, placement ID)`` of a vGPU instance still there."""
+        kernel = self._kernel()
+        for address, gpu in kernel._gpus.items():
+            if gpu["model"] != "nvidia-vfio":
+                continue
+            for vf, number, placement in kernel.active_vgpus(address):
+                if vf == vgpuInstance:
+                    return number, placement
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlVgpuInstanceGetType(self, vgpuInstance):  # noqa: N802,N803 - pynvml's names
+        return self._instance(vgpuInstance)[0]
+
+    def nvmlVgpuInstanceGetPlacementId(self, vgpuInstance):  # noqa: N802,N803
+        """The instance's placement ID (pynvml returns the ID itself); the
+        fake places vGPUs in mixed-size mode only."""
+        placement = self._instance(vgpuInstance)[1]
+        if placement is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return placement
+
 
 _MODULE_HOST = Bindings()
 nvmlInit = _MODULE_HOST.nvmlInit  # noqa: N816 - pynvml's names, from here down
@@ -130,3 +156,6 @@ nvmlDeviceGetVgpuTypeSupportedPlacements = (  # noqa: N816
     _MODULE_HOST.nvmlDeviceGetVgpuTypeSupportedPlacements)
 nvmlDeviceGetVgpuTypeCreatablePlacements = (  # noqa: N816
     _MODULE_HOST.nvmlDeviceGetVgpuTypeCreatablePlacements)
+nvmlDeviceGetActiveVgpus = _MODULE_HOST.nvmlDeviceGetActiveVgpus  # noqa: N816
+nvmlVgpuInstanceGetType = _MODULE_HOST.nvmlVgpuInstanceGetType  # noqa: N816
+nvmlVgpuInstanceGetPlacementId = _MODULE_HOST.nvmlVgpuInstanceGetPlacementId  # noqa: N816

@@ -214,6 +214,12 @@ class SysfsHost(abc.ABC):
         :meth:`mixed_sizes`."""
 
     @abc.abstractmethod
+    def vgpu_locations(self, pf_address):
+        """``((type number, placement ID), ...)`` of the vGPUs NVML places on
+        a mixed-size board (NVML's, not files), for the operator's map;
+        raises as :meth:`mixed_sizes`."""
+
+    @abc.abstractmethod
     def set_mixed_sizes(self, pf_address, enabled):
         """Switch a vendor-VFIO board to mixed-size mode, or back to
         equal-size; NVML refuses while any vGPU exists on the board."""

@@ -106,6 +106,10 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsHost):
         return nvml.placements(str(names.parse_pci_address(str(pf_address))),
                                type_numbers, self.nvml_bindings)
 
+    def vgpu_locations(self, pf_address):
+        return nvml.located_vgpus(str(names.parse_pci_address(str(pf_address))),
+                                  self.nvml_bindings)
+
     def set_mixed_sizes(self, pf_address, enabled):
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, not {enabled!r}")
