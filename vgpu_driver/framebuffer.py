@@ -116,3 +116,88 @@ def read_boards(host, snapshot, served):
         if len(type_ids) > 1 and gpu.parents:
             readings[gpu.address] = read_board(host, gpu, type_ids)
     return types.MappingProxyType(readings)
+
+
+def board_slots(placements):
+    """A board's slots as far as the placements of ``placements`` (``{type:
+    Placements}``) reach: its framebuffer as the configured types see it."""
+    return max(start + found.size for found in placements.values()
+               for start in found.supported)
+
+
+# What a slot of a BoardMap holds, besides a vGPU's mark.
+FREE = "."          # free, and a configured size can be created over it now
+FRAGMENTED_SLOT = "-"   # free, but no configured size fits over it now
+UNKNOWN = "?"       # a vGPU NVML does not place, or fragmented: not told apart
+MARKS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocatedVgpu:
+    mark: str
+    type_id: str
+    placement: int
+    size: int           # slots
+
+
+@dataclasses.dataclass(frozen=True)
+class BoardMap:
+    """Where the vGPUs of a mixed-size board sit: one character per slot
+    (a vGPU's mark, or :data:`FREE`, :data:`FRAGMENTED_SLOT`,
+    :data:`UNKNOWN`), the vGPUs by placement, and how many vGPUs NVML did
+    not place; ``error`` when NVML could not be asked."""
+
+    slots: str = ""
+    vgpus: tuple = ()
+    unlocated: int = 0
+    error: str | None = None
+
+    def legend(self):
+        return " ".join(f"{v.mark}={v.type_id}@{v.placement}" for v in self.vgpus)
+
+
+def board_map(reading, type_ids, located, typed_vfs):
+    """The :class:`BoardMap` of a board whose NVML ``reading`` covers
+    ``type_ids`` (its configured types), from ``located`` (``((type number,
+    placement ID), ...)``, :meth:`SysfsHost.vgpu_locations`) and the number
+    of its typed VFs."""
+    configured = {t: reading.placements[t] for t in type_ids}
+    slots = [None] * board_slots(configured)
+    vgpus = []
+    for number, placement in located:
+        found = reading.placements.get(names.vendor_type_id(number))
+        if found is None or len(vgpus) == len(MARKS) or placement + found.size > len(slots):
+            continue
+        vgpu = LocatedVgpu(MARKS[len(vgpus)], names.vendor_type_id(number), placement,
+                           found.size)
+        vgpus.append(vgpu)
+        slots[placement:placement + found.size] = [vgpu.mark] * found.size
+    unlocated = max(typed_vfs - len(vgpus), 0)
+    usable = covered(configured)
+    rest = UNKNOWN if unlocated else FRAGMENTED_SLOT
+    drawn = "".join(mark or (FREE if slot in usable else rest)
+                    for slot, mark in enumerate(slots))
+    return BoardMap(slots=drawn, vgpus=tuple(vgpus), unlocated=unlocated)
+
+
+def map_board(host, gpu, type_ids, reading):
+    """:func:`board_map` of ``gpu``, asking NVML where its vGPUs are."""
+    try:
+        located = host.vgpu_locations(gpu.address)
+    except (exception.NvmlUnavailable, exception.MixedSizeModeRefused) as exc:
+        return BoardMap(error=str(exc))
+    typed = sum(1 for p in gpu.parents if p.current_vgpu_type)
+    return board_map(reading, type_ids, located, typed)
+
+
+def map_boards(host, snapshot, tree, boards):
+    """``{board address: BoardMap}`` of the boards that have a mixed-size
+    provider in ``tree`` (:class:`vgpu_driver.inventory.ProviderTree`),
+    ``boards`` being what :func:`read_boards` said of them."""
+    maps = {}
+    for gpu in snapshot.gpus:
+        provider = tree.by_gpu(gpu.address)
+        if provider is not None and provider.mixed:
+            type_ids = tuple(type_id for type_id, _mib in provider.sizes)
+            maps[gpu.address] = map_board(host, gpu, type_ids, boards[gpu.address])
+    return types.MappingProxyType(maps)

@@ -353,7 +353,7 @@ def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
     listed = ", ".join(types)
     configured = {t: reading.placements[t] for t in types}
     typed = {p.name: p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
-    board_slots = max(p + found.size for found in configured.values() for p in found.supported)
+    board_slots = framebuffer.board_slots(configured)
     held_slots = sum(reading.placements[t].size for vf, t in typed.items()
                      if in_use is None or vf in in_use)
     free_vfs = sum(1 for p in gpu.parents if not p.current_vgpu_type

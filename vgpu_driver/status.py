@@ -64,6 +64,8 @@ class GpuStatus:
     # What used, total and reserved count: vGPUs, or on a mixed-size board
     # framebuffer MiB (its inventory's unit).
     unit: str = "vGPUs"
+    # A mixed-size board's framebuffer.BoardMap: where its vGPUs sit.
+    board_map: object = None
 
     @property
     def bar(self):
@@ -156,18 +158,20 @@ def _sriov_state(function):
 
 
 def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=None,
-             reconciler=None):
+             reconciler=None, maps=None):
     """The :class:`HostStatus` of one host.
 
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
     from ``snapshot``; ``users`` is ``{vgpu id: DomainRef}`` or None when
     libvirt could not be reached (then ``used`` counts claims only);
     ``functions`` are :func:`vgpu_driver.sriov.functions_in` of the snapshot;
-    ``stuck`` is ``{vgpu id: seconds}`` of removals the kernel blocks, and
+    ``stuck`` is ``{vgpu id: seconds}`` of removals the kernel blocks,
     ``reconciler`` a line about the host reconciler
-    (:mod:`vgpu_driver.host_reconciler`).
+    (:mod:`vgpu_driver.host_reconciler`), and ``maps`` is the
+    :class:`~vgpu_driver.framebuffer.BoardMap` of each mixed-size board.
     """
     stuck = stuck or {}
+    maps = maps or {}
     unserved = dict(tree.unserved)
     sriov = {f.address: f for f in functions}
     vgpus = _vgpus_by_gpu(snapshot, claim_list)
@@ -200,14 +204,16 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
                     else f"no provider: {unserved.get(gpu.address, 'unknown')}"),
             sriov=_sriov_state(sriov.get(gpu.address)),
             guests=guests, claims=in_flight,
-            unit=MIB if provider and provider.mixed else "vGPUs"))
+            unit=MIB if provider and provider.mixed else "vGPUs",
+            board_map=maps.get(gpu.address)))
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
 
 
-def of_host(nodename, snapshot, tree, claim_list, users, reconciler, now):
+def of_host(nodename, snapshot, tree, claim_list, users, reconciler, now, maps=None):
     """:func:`assemble` with the SR-IOV functions of ``snapshot`` and what
     the host reconciler's ``reconciler`` state (as it writes it) says at
-    ``now``: ``status`` and the metrics build the same view this way."""
+    ``now``: ``status`` and the metrics build the same view this way (``maps``:
+    see :func:`assemble`)."""
     return assemble(nodename, snapshot, tree, claim_list, users, sriov.functions_in(snapshot),
                     stuck=host_reconciler.removals_in_flight(reconciler, now),
-                    reconciler=host_reconciler.describe(reconciler, now))
+                    reconciler=host_reconciler.describe(reconciler, now), maps=maps)

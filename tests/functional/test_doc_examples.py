@@ -7,10 +7,11 @@ in the comment just above it, ``.. example: <setup>``:
     the commands the demo runs itself (``vgpu-manage --config-file
     /dev/null demo``): the page shows a part of its transcript, and the
     test runs the demo and finds that part in it;
-``a100-vfs-off``, ``a100-guest-and-claim``
-    a fake host (the fake kernel's ``a100-sriov`` profile) in a working
-    directory, with ``nova.conf``, ``sys`` and ``state`` there; the
-    commands run there as an operator would type them.  One that names no
+``a100-vfs-off``, ``a100-guest-and-claim``, ``l40s-mixed``
+    a fake host (the fake kernel's ``a100-sriov`` profile, or for
+    ``l40s-mixed`` its ``l40s-vfio`` one) in a working directory, with
+    ``nova.conf``, ``sys`` and ``state`` there; the commands run there as an
+    operator would type them.  One that names no
     ``--config-file`` runs as on a host, the directory's files standing for
     ``/etc/nova/nova.conf``, ``/sys`` and the state directory, and
     libvirt's test driver for the host's libvirt.
@@ -171,8 +172,34 @@ def setup_a100_guest_and_claim(workdir):
         "instance-0000002a", [used], domain_uuid=str(uuid.uuid4()))])
 
 
+L40S = "0000:c1:00.0"
+MIXED_GUESTS = (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157), ("0000:c1:00.6", 1156))
+
+
+def setup_l40s_mixed(workdir):
+    """An L40S in mixed-size mode serving 4, 8, 12 and 24 GB, with three
+    guests (4, 12 and 8 GB) as mixed-size.rst describes; the fake vendor
+    driver answers NVML."""
+    kernel = fakekernel.FakeKernel.build(str(workdir / "sys"), profiles.load("l40s-vfio"))
+    kernel.set_heterogeneous_mode(L40S, True)
+    for vf, number in MIXED_GUESTS:
+        kernel.set_vendor_vgpu_type(vf, number)
+    groups = "".join(f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n"
+                     for n in (1155, 1156, 1157, 1159))
+    (workdir / "nova.conf").write_text(
+        "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
+        f"{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
+        f"test_only_fake_nvml_host = {workdir / 'sys'}\n")
+    claims.Journal(str(workdir / "state")).close()
+    libvirt_domains.node_file(workdir / "node.xml", [
+        libvirt_domains.domain_xml(f"instance-0000000{number}", vfs=[vf],
+                                   domain_uuid=str(uuid.uuid4()))
+        for number, (vf, _type) in enumerate(MIXED_GUESTS, 1)])
+
+
 SETUPS = {"a100-vfs-off": setup_a100_vfs_off,
-          "a100-guest-and-claim": setup_a100_guest_and_claim}
+          "a100-guest-and-claim": setup_a100_guest_and_claim,
+          "l40s-mixed": setup_l40s_mixed}
 HOST_DEFAULTS = ["--config-file", "nova.conf", "--sysfs-root", "sys", "--state-dir", "state",
                  "--nodename", "cn1"]
 

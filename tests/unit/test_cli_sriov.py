@@ -276,6 +276,51 @@ def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run):  # 
     assert code == 0 and out.startswith("ok: ")
 
 
+def test_status_maps_where_each_vgpu_of_a_mixed_board_sits(make_host, run):  # noqa: F811
+    """Two 4 GB and one 12 GB vGPU, placed by the board at the lowest IDs
+    NVIDIA's table allows: the map shows each, the slots no configured size
+    can use (4-7: neither 4 GB nor 12 GB may start there), and the free half."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    for vf, number in (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157), ("0000:c1:00.6", 1155)):
+        host.set_vendor_vgpu_type(vf, number)
+    root = ("--sysfs-root", host.paths.root)
+    code, out, err = run(*root, "status", "-f", "json", "-c", "gpu", "-c", "framebuffer",
+                         conf=MIXED_CONF)
+    assert code == 0, err
+    [row] = json.loads(out)
+    assert row["framebuffer"] == {
+        "slots": "aaaa----bbbbcccccccccccc" + "." * 24, "slot_mib": 1024, "unlocated": 0,
+        "vgpus": [{"mark": "a", "type": "nvidia-1155", "placement": 0, "mib": 4096},
+                  {"mark": "b", "type": "nvidia-1155", "placement": 8, "mib": 4096},
+                  {"mark": "c", "type": "nvidia-1157", "placement": 12, "mib": 12288}]}
+    code, out, _ = run(*root, "status", "-c", "gpu", "-c", "framebuffer", conf=MIXED_CONF)
+    assert code == 0
+    assert "| aaaa----bbbbcccccccccccc........................ |" in out
+    assert "| a=nvidia-1155@0 b=nvidia-1155@8 c=nvidia-1157@12 |" in out
+    # Blocks on a narrow screen: the same lines, labelled.
+    code, out, _ = run(*root, "status", "-c", "gpu", "-c", "framebuffer", "--max-width", "64",
+                       conf=MIXED_CONF)
+    assert "    map       aaaa----bbbbcccccccccccc........................" in out.splitlines()
+
+
+def test_status_map_marks_what_nvml_does_not_place(make_host, run, monkeypatch):  # noqa: F811
+    """NVML lists only *active* vGPU instances: a typed VF it does not list is
+    counted, and the slots neither free nor placed are not guessed at."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)
+    host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # at 12; nothing may start at 16
+    listed = type(host.nvml_bindings).nvmlDeviceGetActiveVgpus
+    monkeypatch.setattr(type(host.nvml_bindings), "nvmlDeviceGetActiveVgpus",
+                        lambda self, handle: listed(self, handle)[:1])
+    code, out, err = run("--sysfs-root", host.paths.root, "status", "-f", "json",
+                         conf=MIXED_CONF)
+    assert code == 0, err
+    board = json.loads(out)[0]["framebuffer"]
+    assert (board["slots"], board["unlocated"]) == ("a" * 12 + "?" * 8 + "." * 28, 1)
+
+
 def test_config_check_names_a_mixed_board_in_equal_size_mode(make_host, run):  # noqa: F811
     host = make_host("l40s-vfio")
     code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=MIXED_CONF)

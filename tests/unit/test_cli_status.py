@@ -123,7 +123,9 @@ def test_json_shape_is_one_object_per_gpu_with_snake_case_keys(busy_t4, cli):
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "json", uri=uri)
     for row in json.loads(out):
         assert list(row) == ["provider", "gpu", "type", "name", "used", "total", "bar",
-                             "reserved", "reason", "sriov", "guests", "claims"]
+                             "reserved", "reason", "sriov", "guests", "claims",
+                             "framebuffer"]
+        assert row["framebuffer"] is None       # on a board of one type
         assert isinstance(row["used"], int) and isinstance(row["guests"], list)
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "yaml", "-c", "gpu",
                     "-c", "claims", uri=uri)
@@ -255,7 +257,7 @@ def test_a100_sriov_enabled_with_a_guest(make_host, cli, tmp_path, monkeypatch):
         "reserved": 0, "reason": None,
         "sriov": {"state": "enabled", "numvfs": 16, "totalvfs": 16},
         "guests": [{"vgpu": mdev, "instance": instance, "domain": "instance-0000002a"}],
-        "claims": []}
+        "claims": [], "framebuffer": None}
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", conf=A100_CONF, uri=uri)
     assert "enabled 16/16" in out and out.splitlines()[-1].endswith("SR-IOV on 1 of 1 board(s)")
 
@@ -329,7 +331,7 @@ def test_bar(used, total, expected):
 def test_columns_match_the_listing():
     assert status_commands.COLUMNS == ("provider", "gpu", "type", "name", "used", "total",
                                        "bar", "reserved", "reason", "sriov", "guests",
-                                       "claims")
+                                       "claims", "framebuffer")
 
 
 def test_a_guest_with_two_vgpus_of_a_gpu_is_one_table_line():

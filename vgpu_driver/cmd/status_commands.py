@@ -14,6 +14,7 @@ import time
 from cliff import columns as cliff_columns
 
 from vgpu_driver import discovery
+from vgpu_driver import framebuffer
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
@@ -24,7 +25,7 @@ from vgpu_driver.cmd import host_commands
 from vgpu_driver.cmd import status_screen
 
 COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
-           "sriov", "guests", "claims")
+           "sriov", "guests", "claims", "framebuffer")
 
 
 class GuestsColumn(cliff_columns.FormattableColumn):
@@ -71,6 +72,25 @@ class SriovColumn(cliff_columns.FormattableColumn):
                 "totalvfs": self._value.totalvfs}
 
 
+class FramebufferColumn(cliff_columns.FormattableColumn):
+    """A mixed-size board's map in tables (a character per slot, then which
+    vGPU is where); an object in JSON/YAML; blank and null elsewhere."""
+
+    def human_readable(self):
+        return "\n".join(status_screen.map_lines(self._value))
+
+    def machine_readable(self):
+        found = self._value
+        if found is None:
+            return None
+        if found.error:
+            return {"error": found.error}
+        return {"slots": found.slots, "slot_mib": framebuffer.SLOT_MIB,
+                "unlocated": found.unlocated,
+                "vgpus": [{"mark": v.mark, "type": v.type_id, "placement": v.placement,
+                           "mib": v.size * framebuffer.SLOT_MIB} for v in found.vgpus]}
+
+
 def libvirt_users(app):
     """``({vgpu id: DomainRef}, None)``, or ``(None, why)`` without libvirt."""
     try:
@@ -110,12 +130,13 @@ def read_sources(app):
     if journal:
         journal.close()
     users, warning = libvirt_users(app)
+    boards = inventory.read_boards(host, snapshot, config)
     tree = inventory.compute(snapshot, config, app.options.nodename,
-                             status.in_use(claim_list, users),
-                             boards=inventory.read_boards(host, snapshot, config))
+                             status.in_use(claim_list, users), boards=boards)
     worker = host_reconciler.read_state(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
-    view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now)
+    view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now,
+                          maps=framebuffer.map_boards(host, snapshot, tree, boards))
     return Sources(view, warning, config, snapshot, claim_list, users, tree, worker, now)
 
 
@@ -123,7 +144,7 @@ def row(gpu):
     return columns.optional((
         gpu.provider, gpu.gpu, gpu.type_id, gpu.type_name, gpu.used, gpu.total, gpu.bar,
         gpu.reserved, gpu.reason, SriovColumn(gpu.sriov), GuestsColumn(gpu.guests),
-        ClaimsColumn(gpu.claims)))
+        ClaimsColumn(gpu.claims), FramebufferColumn(gpu.board_map)))
 
 
 class ShowStatus(base.Lister):
@@ -131,8 +152,9 @@ class ShowStatus(base.Lister):
 
     Per GPU: its provider and type, used/total as a bar, reserved units and
     why (as ``inventory`` says), the guests on it (instance and libvirt
-    domain), claims in flight (any state but attached) and, on SR-IOV
-    boards, the VF state.  The table ends with one line about the host.
+    domain), claims in flight (any state but attached), on SR-IOV
+    boards the VF state, and on a board serving mixed sizes the map of
+    where its vGPUs sit on its framebuffer.  The table ends with one line about the host.
     On a screen narrower than the table (or with --max-width), each GPU is
     a block of lines instead, wrapped between words.
     Without libvirt, guests are unknown, ``used`` counts claims only, one

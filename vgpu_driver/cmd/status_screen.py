@@ -1,6 +1,6 @@
 """``status`` on a screen narrower than its table: one block per GPU.
 
-The table puts addresses, UUIDs and reasons side by side, twelve columns
+The table puts addresses, UUIDs and reasons side by side, thirteen columns
 200 characters wide or more.  Squeezed into a terminal, every cell would be
 cut mid-address.  Here each GPU is a head line (address, type, use,
 reserved units, SR-IOV state) and one indented line per provider, reason,
@@ -53,6 +53,21 @@ def claim_lines(claims):
     return [f"{c.instance}: {c.state}" + (
         f" (removal stuck {c.stuck_for:.0f}s)" if c.stuck_for is not None else "")
         for c in claims]
+
+
+def map_lines(board_map):
+    """A mixed-size board's map: its slots, then each vGPU's mark, type and
+    placement ID, and the vGPUs NVML did not place; none elsewhere."""
+    if board_map is None:
+        return []
+    if board_map.error:
+        return [f"unknown: {board_map.error}"]
+    lines = [board_map.slots]
+    if board_map.vgpus:
+        lines.append(board_map.legend())
+    if board_map.unlocated:
+        lines.append(f"{board_map.unlocated} vGPU(s) not placed by NVML")
+    return lines
 
 
 def render(gpus, selected, width):
@@ -113,6 +128,9 @@ def _details(gpu, selected):
     if "claims" in selected:
         for line in claim_lines(gpu.claims):
             yield "claim", line
+    if "framebuffer" in selected:
+        for line in map_lines(gpu.board_map):
+            yield "map", line
 
 
 def _flow(parts, separator, width):
