@@ -23,6 +23,7 @@ at claim time and nova reschedules it.
 
 import dataclasses
 import math
+import string
 import types
 
 from vgpu_driver import exception
@@ -129,7 +130,7 @@ def board_slots(placements):
 FREE = "."          # free, and a configured size can be created over it now
 FRAGMENTED_SLOT = "-"   # free, but no configured size fits over it now
 UNKNOWN = "?"       # a vGPU NVML does not place, or fragmented: not told apart
-MARKS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+MARKS = string.ascii_lowercase + string.ascii_uppercase
 
 
 @dataclasses.dataclass(frozen=True)

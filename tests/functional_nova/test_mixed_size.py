@@ -15,6 +15,7 @@ from tests.functional_nova import test_vendor_vfio_live_migration
 from tests.functional_nova import test_vgpu
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
+from vgpu_driver import nvml
 
 L40S = "0000:c1:00.0"
 PROVIDER = "host1_pci_0000_c1_00_0"
@@ -69,6 +70,9 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual({4: ["nvidia-1155"], 12: ["nvidia-1157"], 8: ["nvidia-1156"]}, types)
         # 4 GB at slot 0, 12 GB at 12, 8 GB at 24: no empty half is left for
         # 24 GB, and slots 4-7 fit no configured size.
+        kernel = self.kernels["host1"]
+        self.assertEqual(((1155, 0), (1157, 12), (1156, 24)),
+                         nvml.located_vgpus(L40S, kernel.nvml_bindings))
         self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
         refused = self.boot(24, expected_state="ERROR")
         self.assertIn("No valid host", refused["fault"]["message"])
