@@ -6,6 +6,8 @@ asks for its type's MiB and requires its type's trait.  Placement, not the
 board, turns away what no longer fits.
 """
 
+import time
+
 from nova import context
 from nova import objects
 from nova.scheduler.client import report as nova_report
@@ -126,6 +128,48 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual(["nvidia-1156"], [self.typed_vfs()[vf] for vf in self.guest_vfs(eight)])
         self._run_periodics()
         self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
+
+    def test_a_race_placement_lets_through_ends_in_error_with_nothing_leaked(self):
+        """Three 8 GB guests in one request: the scheduler allocates all three
+        before the compute places any.  Placement's sum fits (24 GB free, up
+        to 12 GB at once) but the board has two 8 GB placements left, so it
+        refuses the third at claim time; with no other host to retry on, that
+        guest ends in ERROR holding nothing here."""
+        twelves = [self.boot(12) for _ in range(4)]     # at slots 0, 12, 24 and 36
+        self._delete_server(twelves[0])
+        self._delete_server(twelves[2])                 # free: slots 0-11 and 24-35
+        self._run_periodics()
+        self.assertEqual((48 * GB, 0, 12 * GB, 24 * GB), self.board())
+        self.api.post_server({"server": {
+            "name": "eight", "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
+            "flavorRef": self.flavors[8], "networks": "none", "min_count": 3}})
+        servers = self._wait_for_builds("eight", 3)
+        states = sorted(s["status"] for s in servers)
+        self.assertEqual(["ACTIVE", "ACTIVE", "ERROR"], states)
+        (refused,) = [s for s in servers if s["status"] == "ERROR"]
+        # Refused by the board at claim time, and rescheduled: not by Placement.
+        self.assertIn(f"NoGpuCapacity: Cannot give {refused['id']} 1 x nvidia-1156 on {L40S}",
+                      self.stdlog.logger.output)
+        self.assertIn("Exhausted all hosts available for retrying build failures",
+                      self.api.get_server(refused["id"])["fault"]["message"])
+        self.assertEqual({}, self._get_allocations_by_server_uuid(refused["id"]))
+        self.assertEqual([], self.guest_vfs(refused))
+        kernel = self.kernels["host1"]
+        self.assertEqual(((1156, 0), (1157, 12), (1156, 24), (1157, 36)),
+                         nvml.located_vgpus(L40S, kernel.nvml_bindings))
+        self.assertEqual(40 * GB, self.board()[3])
+        self._run_periodics()
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+    def _wait_for_builds(self, name, count):
+        """The ``count`` servers named ``name``, once none is building."""
+        for _ in range(200):
+            servers = [s for s in self.api.get_servers() if s["name"].startswith(name)]
+            if len(servers) == count and all(s["status"] in ("ACTIVE", "ERROR")
+                                             for s in servers):
+                return servers
+            time.sleep(0.1)
+        self.fail(f"{count} servers named {name} still building")
 
     def guest_domain_vfs(self, server):
         instance = objects.Instance.get_by_uuid(context.get_admin_context(), server["id"])
