@@ -152,9 +152,10 @@ class ShowStatus(base.Lister):
 
     Per GPU: its provider and type, used/total as a bar, reserved units and
     why (as ``inventory`` says), the guests on it (instance and libvirt
-    domain), claims in flight (any state but attached), on SR-IOV
-    boards the VF state, and on a board serving mixed sizes the map of
-    where its vGPUs sit on its framebuffer.  The table ends with one line about the host.
+    domain), claims in flight (any state but attached), on SR-IOV boards
+    the VF state, and on a board serving mixed sizes the map of where its
+    vGPUs sit on its framebuffer.  The table ends with one line about the
+    host.
     On a screen narrower than the table (or with --max-width), each GPU is
     a block of lines instead, wrapped between words.
     Without libvirt, guests are unknown, ``used`` counts claims only, one
