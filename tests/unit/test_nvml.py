@@ -84,10 +84,12 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
     host.set_vendor_vgpu_type("0000:c1:00.4", 1157)     # 12 GB at 0
     host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # 4 GB at 12
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
-    # An instance gone between NVML's listing and the question is left out.
+    # An instance gone between NVML's listing and the question (a stale
+    # handle, a VF whose type was cleared) is left out.
     listed = fake_nvml.Bindings.nvmlDeviceGetActiveVgpus
     monkeypatch.setattr(fake_nvml, "nvmlDeviceGetActiveVgpus",
-                        lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone"])
+                        lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone",
+                                        "0000:c1:00.9"])
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
     host.set_vendor_vgpu_type("0000:c1:00.4", 0)
     assert nvml.located_vgpus(L40S) == ((1155, 12),)

@@ -263,6 +263,15 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
                 found.append((vf, names.vendor_type_number(type_id), self.placement_of(vf)))
         return found
 
+    def vgpu_instance(self, vf_address):
+        """``(type number, placement ID or None)`` of the VF's vGPU, as
+        NVML answers for one of :meth:`active_vgpus`; None without one."""
+        current = linux.read_attr(os.path.join(
+            self.paths.vendor_vfio_dir(names.check_vgpu_id(vf_address)), "current_vgpu_type"))
+        if not current or current == "0":
+            return None
+        return int(current), self.placement_of(vf_address)
+
     def placements(self, pf_address, type_number):
         """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
         on the GPU in mixed-size mode (NVML's supported and creatable

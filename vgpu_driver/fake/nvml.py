@@ -125,14 +125,12 @@ class Bindings:
 
     def _instance(self, vgpuInstance):  # noqa: N803 - pynvml's argument name
         """``(type number, placement ID)`` of a vGPU instance still there."""
-        kernel = self._kernel()
-        for address, gpu in kernel._gpus.items():
-            if gpu["model"] != "nvidia-vfio":
-                continue
-            for vf, number, placement in kernel.active_vgpus(address):
-                if vf == vgpuInstance:
-                    return number, placement
-        raise NVMLError(NVML_ERROR_NOT_FOUND)
+        if not names.is_pci_address(str(vgpuInstance)):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        found = self._kernel().vgpu_instance(vgpuInstance)
+        if found is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return found
 
     def nvmlVgpuInstanceGetType(self, vgpuInstance):  # noqa: N802,N803 - pynvml's names
         return self._instance(vgpuInstance)[0]
