@@ -6,8 +6,6 @@ asks for its type's MiB and requires its type's trait.  Placement, not the
 board, turns away what no longer fits.
 """
 
-import time
-
 from nova import context
 from nova import objects
 from nova.scheduler.client import report as nova_report
@@ -140,10 +138,8 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self._delete_server(twelves[2])                 # free: slots 0-11 and 24-35
         self._run_periodics()
         self.assertEqual((48 * GB, 0, 12 * GB, 24 * GB), self.board())
-        self.api.post_server({"server": {
-            "name": "eight", "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
-            "flavorRef": self.flavors[8], "networks": "none", "min_count": 3}})
-        servers = self._wait_for_builds("eight", 3)
+        servers = self.create_servers("eight", self.flavors[8], 3, ends=("ACTIVE", "ERROR"),
+                                      tries=200)
         states = sorted(s["status"] for s in servers)
         self.assertEqual(["ACTIVE", "ACTIVE", "ERROR"], states)
         (refused,) = [s for s in servers if s["status"] == "ERROR"]
@@ -160,16 +156,6 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual(40 * GB, self.board()[3])
         self._run_periodics()
         self.assertEqual([], host_audit.audit_of(self, "host1"))
-
-    def _wait_for_builds(self, name, count):
-        """The ``count`` servers named ``name``, once none is building."""
-        for _ in range(200):
-            servers = [s for s in self.api.get_servers() if s["name"].startswith(name)]
-            if len(servers) == count and all(s["status"] in ("ACTIVE", "ERROR")
-                                             for s in servers):
-                return servers
-            time.sleep(0.1)
-        self.fail(f"{count} servers named {name} still building")
 
     def guest_domain_vfs(self, server):
         instance = objects.Instance.get_by_uuid(context.get_admin_context(), server["id"])
