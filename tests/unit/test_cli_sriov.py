@@ -321,6 +321,41 @@ def test_status_map_marks_what_nvml_does_not_place(make_host, run, monkeypatch):
     assert (board["slots"], board["unlocated"]) == ("a" * 12 + "?" * 8 + "." * 28, 1)
 
 
+def test_status_map_of_a_board_changing_or_unreadable_meanwhile(make_host, run,  # noqa: F811
+                                                                 monkeypatch):
+    """The map is read after the inventory: a vGPU typed in between is drawn
+    where NVML puts it, never double-counted; an NVML that then refuses
+    leaves the map unknown, with why, and status still exits 0."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)
+    bindings = type(host.nvml_bindings)
+    listed = bindings.nvmlDeviceGetActiveVgpus
+
+    def typed_meanwhile(self, handle):
+        if not host.placement_of("0000:c1:00.5"):
+            host.set_vendor_vgpu_type("0000:c1:00.5", 1155)
+        return listed(self, handle)
+
+    monkeypatch.setattr(bindings, "nvmlDeviceGetActiveVgpus", typed_meanwhile)
+    root = ("--sysfs-root", host.paths.root)
+    code, out, err = run(*root, "status", "-f", "json", conf=MIXED_CONF)
+    assert code == 0, err
+    board = json.loads(out)[0]["framebuffer"]
+    assert (board["slots"][:16], board["unlocated"]) == ("a" * 12 + "b" * 4, 0)
+
+    def refused(self, handle):
+        raise bindings.NVMLError(3)     # NVML_ERROR_NOT_SUPPORTED
+
+    monkeypatch.setattr(bindings, "nvmlDeviceGetActiveVgpus", refused)
+    code, out, err = run(*root, "status", "-f", "json", conf=MIXED_CONF)
+    assert code == 0, err
+    assert json.loads(out)[0]["framebuffer"]["error"].startswith(
+        f"Cannot locate the vGPUs in mixed-size mode on GPU {L40S}")
+    code, out, _ = run(*root, "status", "-c", "gpu", "-c", "framebuffer", conf=MIXED_CONF)
+    assert code == 0 and "| unknown: Cannot locate the vGPUs in" in out
+
+
 def test_config_check_names_a_mixed_board_in_equal_size_mode(make_host, run):  # noqa: F811
     host = make_host("l40s-vfio")
     code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", conf=MIXED_CONF)
