@@ -22,8 +22,8 @@ import uuid
 import pytest
 from oslo_config import cfg
 
-from tests import conftest
 from tests import confs
+from tests import conftest
 from tests import served_host
 from vgpu_driver import domains
 from vgpu_driver import driver

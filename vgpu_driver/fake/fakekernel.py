@@ -318,7 +318,7 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         as NVIDIA's ``sriov-manage`` does: through ``pci-pf-stub``, then
         ``nvidia`` bound back (any count, for tests; the script asks for
         ``sriov_totalvfs``).  The kernel's errno is raised."""
-        from vgpu_driver.fake import sriov_manage     # it opens this class
+        from vgpu_driver.fake import sriov_manage  # it opens this class
 
         sriov_manage.set_numvfs(sriov_manage.Sysfs(self.paths.root, self.write_attr),
                                 str(names.parse_pci_address(str(pf_address))), count)

@@ -182,7 +182,7 @@ def _every_gpu(sysfs):
 
 
 def _is_fake(root):
-    from vgpu_driver.fake import fakekernel     # not at import: it imports this module
+    from vgpu_driver.fake import fakekernel  # not at import: it imports this module
 
     if fakekernel.FakeKernel.owns(root):
         return True
