@@ -29,6 +29,8 @@ The rules, from the kernel's code:
   mode and no vGPU type on any VF ("the vGPU mode [...] is reset when the
   driver is reloaded", *Virtual GPU Software User Guide* 17.0, 2.11).
 
+``set_vfs`` plays the host's administrator running NVIDIA's script.
+
 Not modelled: a VF's driver (the fake's VFs stay bound to ``nvidia``; a VF
 written to ``bind`` or ``unbind`` is refused with ``EOPNOTSUPP``), and
 ``new_id``/``remove_id``.
@@ -39,6 +41,7 @@ import os
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver.fake import sriov_manage
 from vgpu_driver.fake import tree
 from vgpu_driver.sysfs import linux
 
@@ -116,6 +119,14 @@ class PciDrivers:
         if os.path.lexists(os.path.join(dev, "physfn")):
             raise tree.os_error(errno.EOPNOTSUPP, attr)
         return dev
+
+    def set_vfs(self, pf_address, count):
+        """The host's administrator enables ``count`` VFs (0 disables them)
+        as NVIDIA's ``sriov-manage`` does: through ``pci-pf-stub``, then
+        ``nvidia`` bound back (any count, for tests; the script asks for
+        ``sriov_totalvfs``).  The kernel's errno is raised."""
+        sriov_manage.set_numvfs(sriov_manage.Sysfs(self.paths.root, self.write_attr),
+                                str(names.parse_pci_address(str(pf_address))), count)
 
     def _boot_driver(self, dev):
         """As after a boot: ``nvidia`` bound, no override."""

@@ -313,16 +313,6 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
     def release(self, uuid):
         tree.remove_link(self._hold_path(names.check_vgpu_id(uuid)))
 
-    def set_vfs(self, pf_address, count):
-        """The host's administrator enables ``count`` VFs (0 disables them)
-        as NVIDIA's ``sriov-manage`` does: through ``pci-pf-stub``, then
-        ``nvidia`` bound back (any count, for tests; the script asks for
-        ``sriov_totalvfs``).  The kernel's errno is raised."""
-        from vgpu_driver.fake import sriov_manage  # it opens this class
-
-        sriov_manage.set_numvfs(sriov_manage.Sysfs(self.paths.root, self.write_attr),
-                                str(names.parse_pci_address(str(pf_address))), count)
-
     def reboot(self):
         """What a host reboot leaves: no mdevs, SR-IOV VFs disabled, every
         GPU bound to ``nvidia`` with no ``driver_override``."""
