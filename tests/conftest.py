@@ -1,5 +1,7 @@
 """Shared fixtures: fake hosts built by the fake kernel, and nova.conf files."""
 
+import os
+import sys
 import textwrap
 
 import pytest
@@ -37,6 +39,22 @@ def walk(request, monkeypatch):
 def fake_kernel_cli(monkeypatch):
     """vgpu-manage run in-process answers its writes with the fake kernel."""
     monkeypatch.setattr(manage.ManageApp, "host_factory", fakekernel.FakeKernel)
+
+
+FAKE_SRIOV_MANAGE = os.path.join(os.path.dirname(sys.executable), "vgpu-fake-sriov-manage")
+
+
+@pytest.fixture
+def sriov_manage(monkeypatch):
+    """NVIDIA's sriov-manage for a fake host: ``sriov_manage(root)`` points
+    the stand-in at ``root`` (for this process and the ones it starts) and
+    gives the nova.conf lines that make vgpu-manage run it."""
+
+    def point_at(root):
+        monkeypatch.setenv("VGPU_FAKE_SYSFS_ROOT", str(root))
+        return f"\n[vgpu]\nsriov_manage_path = {FAKE_SRIOV_MANAGE}\n"
+
+    return point_at
 
 
 @pytest.fixture

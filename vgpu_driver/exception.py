@@ -43,6 +43,7 @@ Tree::
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
     ├── SriovRefused                  VFs of this device are not ours to change now
+    ├── SriovManageFailed             NVIDIA's sriov-manage is missing or failed
     ├── SriovNotReady                 enabled VFs did not all offer mdev types in time
     ├── JournalError                  the claims journal cannot be used
     │   ├── JournalMissing            no journal (and not asked to create one)
@@ -243,11 +244,6 @@ class MdevWriteError(VgpuDriverError):
         ("current_vgpu_type", errno_mod.EBUSY):
             "The VF already has a vGPU type, or a guest still holds it; its type "
             "can change once the guest is gone (write 0 first).",
-        ("sriov_numvfs", errno_mod.ERANGE):
-            "The kernel takes at most sriov_totalvfs VFs for this device.",
-        ("sriov_numvfs", errno_mod.EBUSY):
-            "VFs are already enabled with another count; disable them first "
-            "('vgpu-manage sriov disable').",
     }
 
     def __init__(self, action, target, os_error):
@@ -433,6 +429,12 @@ class SriovRefused(VgpuDriverError):
     """Checked before any write: nothing was changed."""
 
     msg_fmt = "Refusing to %(action)s SR-IOV VFs of %(address)r: %(reason)s."
+
+
+class SriovManageFailed(VgpuDriverError):
+    """NVIDIA's sriov-manage could not be run, or failed."""
+
+    msg_fmt = "NVIDIA's sriov-manage (%(command)s) %(why)s"
 
 
 class SriovNotReady(VgpuDriverError):

@@ -1,11 +1,12 @@
 """SR-IOV VF enablement of NVIDIA GPUs (A100 and later).
 
-After a reboot such a GPU has no VF until someone writes ``sriov_numvfs`` on
-its physical function; until then it has no mdev parent, offers no type and
-gets no provider.  This module lists those physical functions, enables their
-VFs (``sriov_numvfs = sriov_totalvfs``, through the host's narrow writer)
-and waits, bounded, until every VF offers its mdev types, or disables them
-when nothing uses them.
+After a reboot such a GPU has no VF until NVIDIA's ``sriov-manage`` enables
+them; until then it has no mdev parent, offers no type and gets no
+provider.  This module lists those physical functions, enables their VFs
+(``sriov_numvfs = sriov_totalvfs``) by running NVIDIA's script
+(:mod:`vgpu_driver.sriov_manage`: the ``nvidia`` driver refuses a direct
+write) and waits, bounded, until every VF offers its mdev types, or
+disables them when nothing uses them.
 
 Only NVIDIA display or 3D controllers are touched: any other address (a
 network card with SR-IOV, nothing at all) is refused before any write.  The
@@ -161,20 +162,36 @@ def plan_enable(host, addresses):
     return list(steps.values())
 
 
-def enable(host, steps, timeout, wake=None, progress=None, clock=time.monotonic):
-    """Write the planned VF counts, then wait until every VF offers its types.
+def _vf_count_is(host, script, flag, address, printed, wanted_on):
+    """NVIDIA's script exits 0 where it skips a GPU: the count read back
+    tells; the PF as it is now."""
+    pf = function(host, address, "enable" if wanted_on else "disable")
+    if bool(pf.numvfs) != wanted_on:
+        state = f"{pf.numvfs} VFs" if pf.numvfs else "no VF"
+        raise exception.SriovManageFailed(
+            command=script.command(flag, address),
+            why=f"exited 0 but GPU {address} still has {state}; it printed: {printed}")
+    return pf
+
+
+def enable(host, steps, timeout, script, wake=None, progress=None, clock=time.monotonic):
+    """Run NVIDIA's script (``script``, a :class:`~vgpu_driver.sriov_manage.SriovManage`)
+    for each planned GPU, then wait until every VF offers its types.
 
     ``wake(seconds)`` blocks at most that long (a udev monitor may return
     as soon as a device changes); ``progress(text)`` is told each step.
     """
     say = progress or (lambda text: None)
+    first = next((step.address for step in steps if step.action == "enable"), None)
+    if first:
+        script.check("-e", first)   # before the first GPU: a missing script changes nothing
     for step in steps:
         pf = function(host, step.address, "enable")
         if step.action == "enable" and not pf.numvfs:   # nobody enabled them meanwhile
-            totalvfs = pf.totalvfs
-            host.set_sriov_numvfs(step.address, totalvfs)
-            say(f"{step.address}: enabled {totalvfs} VFs (sriov_numvfs 0 -> {totalvfs}); "
-                "waiting for their mdev types")
+            printed = script.enable(step.address)
+            pf = _vf_count_is(host, script, "-e", step.address, printed, True)
+            say(f"{step.address}: enabled {pf.numvfs} VFs ({script.command('-e', pf.address)}"
+                "); waiting for their mdev types")
         elif step.action == "enable":
             say(f"{step.address}: enabled meanwhile by someone else ({pf.numvfs} VFs), "
                 "left alone")
@@ -248,9 +265,11 @@ def plan_disable(host, address, claims=None):
     return Step(pf.address, "disable", f"sriov_numvfs {pf.numvfs} -> 0")
 
 
-def disable(host, step):
+def disable(host, step, script):
+    """Run NVIDIA's script for a planned disable (``-d``)."""
     if step.action == "disable":
-        host.set_sriov_numvfs(step.address, 0)
+        printed = script.disable(step.address)
+        _vf_count_is(host, script, "-d", step.address, printed, False)
 
 
 class PendingNotices:

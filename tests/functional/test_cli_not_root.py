@@ -77,7 +77,7 @@ def test_a_write_as_another_user_is_refused_with_one_error_line(world_readable_h
     code, output = run_as(NOBODY, manage.ManageApp(), argv)
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert code == 2, output
-    assert errors == [f"error: vgpu-manage writes sysfs only when it runs as root (it runs "
-                      f"as uid {NOBODY}), so set_sriov_numvfs('{A100}', 16) was not "
-                      f"written; run the command as root, e.g. with sudo."], output
+    assert errors == [f"error: NVIDIA's sriov-manage (/usr/lib/nvidia/sriov-manage -e {A100}) "
+                      f"was not run: it needs root and vgpu-manage runs as uid {NOBODY}; run "
+                      "the command as root, e.g. with sudo; nothing was changed"], output
     assert kernel.pci_device(A100).sriov_numvfs == 0

@@ -145,7 +145,7 @@ def _a100_host(workdir, numvfs=16):
     profile = profiles.load("a100-sriov")
     kernel = fakekernel.FakeKernel.build(str(workdir / "sys"), profile)
     if not numvfs:
-        kernel.set_sriov_numvfs(A100, 0)
+        kernel.set_vfs(A100, 0)
     (workdir / "nova.conf").write_text(
         "[devices]\nenabled_mdev_types = nvidia-468\n"
         f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n")

@@ -39,7 +39,7 @@ def test_a_gpu_whose_vfs_went_off_says_so(make_host, tmp_path, service, monkeypa
     args = (tmp_path, service, monkeypatch, host.paths.root)
     conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
     assert sync_tests.run_cli(*args, "sync", conf=conf)[0] == 0
-    host.set_sriov_numvfs("0000:41:00.0", 0)
+    host.set_vfs("0000:41:00.0", 0)
     caplog.set_level(logging.INFO, logger="vgpu_driver.placement")
     assert sync_tests.run_cli(*args, "sync", conf=conf)[0] == 0
     assert ("Deleted provider cn1_pci_0000_41_00_0: its GPU 0000:41:00.0 has no VFs now "

@@ -76,10 +76,10 @@ def test_mdev_events_name_their_parent_and_gpu(announced, monitor):
 
 
 def test_vfs_coming_and_going_name_their_gpu(announced, monitor):
-    announced.set_sriov_numvfs(A100, 0)
+    announced.set_vfs(A100, 0)
     gone = settled(monitor)
     assert A100_VF in gone.parents
-    announced.set_sriov_numvfs(A100, 16)
+    announced.set_vfs(A100, 16)
     back = settled(monitor)
     assert A100_VF in back.parents and A100 in back.gpus
     # Then nothing more about the board.  udev's group is the machine's: the
@@ -153,7 +153,7 @@ def _random_change(kernel, rng):
         elif action == "sriov":
             gpu = rng.choice((A100, L40S))
             enabled = kernel.pci_device(gpu).sriov_numvfs
-            kernel.set_sriov_numvfs(gpu, 0 if enabled else rng.randint(1, 16))
+            kernel.set_vfs(gpu, 0 if enabled else rng.randint(1, 16))
         elif action == "vendor" and kernel.list_vendor_vfio():
             vf = rng.choice(kernel.list_vendor_vfio())
             number = 0 if vf.current_type or not vf.creatable else vf.creatable[0][0]
@@ -238,7 +238,7 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
         assert restarted.worker.running and set(restarted.worker.waiting) == set(got)
         time.sleep(4.0)  # a backoff from 0.5 s would now sleep until 7.5 s
         enabled = time.monotonic()
-        host.set_sriov_numvfs(A100, 16)
+        host.set_vfs(A100, 16)
         assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 1.0), \
             f"not restored within 1 s of the VFs' events ({host.list_mdevs()})"
         elapsed = time.monotonic() - enabled
@@ -260,7 +260,7 @@ def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path)
     restarted = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
     restarted.domains.define("g", got)
     restarted.init_host()
-    threading.Timer(0.2, host.set_sriov_numvfs, (A100, 16)).start()
+    threading.Timer(0.2, host.set_vfs, (A100, 16)).start()
     assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 10.0)
 
 
@@ -304,7 +304,7 @@ def test_sriov_enable_wakes_at_the_vfs_events(make_host):
     changes = udev.start(linux.LinuxSysfs(host.paths.root), "udev")
     try:
         wake = sriov.waker(changes)
-        threading.Timer(0.3, host.set_sriov_numvfs, (A100, 16)).start()
+        threading.Timer(0.3, host.set_vfs, (A100, 16)).start()
         started = time.monotonic()
         woke = wake(10.0)
         elapsed = time.monotonic() - started

@@ -155,7 +155,7 @@ def test_rebooted_a100_agrees_before_and_after_its_vfs_are_enabled(mdevctl_view,
     root = tmp_path / "sys"
     kernel = fakekernel.FakeKernel.build(root, profiles.load("a100-sriov-off"))
     assert assert_agree(mdevctl_view, root) == (set(), set())
-    kernel.set_sriov_numvfs("0000:41:00.0", 16)
+    kernel.set_vfs("0000:41:00.0", 16)
     types, _ = assert_agree(mdevctl_view, root)
     assert len({parent for parent, *_ in types}) == 16
 

@@ -111,14 +111,14 @@ def test_gpus_come_and_go(make_host, tree_for, service, api):
     conf = "[devices]\nenabled_mdev_types = nvidia-468, nvidia-231\n" \
            "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00.0\n"
     sync = placement.ProviderSync(placement.Client(service.connection()))
-    host.set_sriov_numvfs(A100, 0)            # before the vendor enabled the VFs
+    host.set_vfs(A100, 0)            # before the vendor enabled the VFs
     sync.sync(tree_for(host, conf))
     assert "cn1_pci_0000_41_00_0" not in placement_view(api, "cn1")
-    host.set_sriov_numvfs(A100, 16)            # the GPU is added
+    host.set_vfs(A100, 16)            # the GPU is added
     report = sync.sync(tree_for(host, conf))
     assert report.created == ["cn1_pci_0000_41_00_0"]
     a100 = sync.known["cn1_pci_0000_41_00_0"].uuid
-    host.set_sriov_numvfs(A100, 0)            # and removed, with nothing allocated
+    host.set_vfs(A100, 0)            # and removed, with nothing allocated
     report = sync.sync(tree_for(host, conf))
     assert report.deleted == ["cn1_pci_0000_41_00_0"]
     assert api("GET", f"/resource_providers?uuid={a100}")["resource_providers"] == []
@@ -156,7 +156,7 @@ def test_other_services_providers_under_the_root_are_left_alone(make_host, tree_
         if trait:
             api("PUT", f"/resource_providers/{rp['uuid']}/traits",
                 {"resource_provider_generation": 1, "traits": [trait]})
-    host.set_sriov_numvfs(A100, 0)            # our GPU goes, with nothing allocated
+    host.set_vfs(A100, 0)            # our GPU goes, with nothing allocated
     tree = tree_for(host, conf)
     drifts = audit.audit(sync, tree, discovery.discover(host), [], {})
     stale = ["cn1_pci_0000_41_00_0", *ours_before]
@@ -178,7 +178,7 @@ def test_a_vanished_gpu_with_allocations_is_kept_fully_reserved(make_host, tree_
     api("PUT", f"/allocations/{consumer}", {
         "allocations": {a100: {"resources": {"VGPU": 1}}}, "project_id": "p", "user_id": "u",
         "consumer_generation": None, "consumer_type": "INSTANCE"})
-    host.set_sriov_numvfs(A100, 0)
+    host.set_vfs(A100, 0)
     report = sync.sync(tree_for(host, conf))
     assert report.kept == [("cn1_pci_0000_41_00_0", [consumer])] and report.deleted == []
     assert placement_view(api, "cn1")["cn1_pci_0000_41_00_0"][1] == {"VGPU": (10, 10)}

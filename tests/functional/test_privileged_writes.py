@@ -23,12 +23,14 @@ import pytest
 from oslo_config import cfg
 
 from tests import confs
+from tests import conftest
 from tests import served_host
 from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import privsep
 from vgpu_driver import sriov
+from vgpu_driver import sriov_manage as sriov_manage_mod
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import linux
@@ -170,12 +172,8 @@ def test_remove_blocked_by_a_guest_then_done(served):
                          what="the removed mdev's instance to be free again")
 
 
-def test_sriov_and_vendor_types_through_the_daemon(served):
+def test_vendor_types_and_mdevs_through_the_daemon(served):
     host = linux.LinuxSysfs(served.mount)
-    host.set_sriov_numvfs(A100, 0)
-    assert host.pci_device(A100).sriov_numvfs == 0
-    host.set_sriov_numvfs(A100, 16)
-    assert host.pci_device(A100).sriov_numvfs == 16
     host.set_vendor_vgpu_type(L40S_VF, 1156)
     assert host.vendor_vf(L40S_VF).current_type == 1156
     with pytest.raises(exception.MdevBusy, match="already has a vGPU type"):
@@ -189,23 +187,25 @@ def test_sriov_and_vendor_types_through_the_daemon(served):
         host.create_mdev(A100_VF, "nvidia-468", str(uuid.uuid4()))
 
 
-def test_enabling_a_rebooted_a100_through_the_daemon(tmp_path):
-    """The kernel's answers to sriov_numvfs reach the caller typed: more than
-    sriov_totalvfs is ERANGE, another non-zero count is EBUSY."""
+def test_a_rebooted_a100_is_enabled_by_sriov_manage_not_by_the_daemon(tmp_path, sriov_manage):
+    """What the daemon used to write, sriov_numvfs of the PF, the kernel
+    refuses while nvidia holds it (ENOENT), even as root; the daemon has no
+    such write any more, and NVIDIA's script (its stand-in) enables the VFs."""
     with served_by_daemon(tmp_path, "a100-sriov-off") as served:
         host = linux.LinuxSysfs(served.mount)
-        with pytest.raises(exception.MdevWriteError, match=r"\[ERANGE\].*at most "
-                                                           "sriov_totalvfs") as caught:
-            host.set_sriov_numvfs(A100, 17)
-        assert caught.value.errno == errno.ERANGE
+        with pytest.raises(OSError) as refused:
+            with open(f"{served.mount}/bus/pci/devices/{A100}/sriov_numvfs", "w") as f:
+                f.write("16")
+        assert refused.value.errno == errno.ENOENT
+        with pytest.raises(KeyError):
+            privsep.call("set_sriov_numvfs", A100, 16)
         assert host.pci_device(A100).sriov_numvfs == 0 and host.list_parents() == []
-        [pf] = sriov.enable(host, sriov.plan_enable(host, [A100]), timeout=15)
+        sriov_manage(served.mount)
+        script = sriov_manage_mod.SriovManage(conftest.FAKE_SRIOV_MANAGE)
+        [pf] = sriov.enable(host, sriov.plan_enable(host, [A100]), 15, script)
         assert (pf.state, pf.numvfs) == ("enabled", 16)
         assert len(host.list_parents()) == 16
-        with pytest.raises(exception.MdevBusy, match=r"\[EBUSY\].*sriov disable"):
-            host.set_sriov_numvfs(A100, 8)
-        assert host.pci_device(A100).sriov_numvfs == 16
-        # Enabling again is no write at all.
+        # Enabling again runs nothing.
         assert [s.action for s in sriov.plan_enable(host, [A100])] == ["none"]
 
 
@@ -239,7 +239,6 @@ def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
         (("create_mdev", T4, "..", str(uuid.uuid4())), "mdev type id"),
         (("remove_mdev", "../../devices"), "mdev UUID"),
         (("remove_mdev", str(uuid.uuid4()) + "\n"), "mdev UUID"),
-        (("set_sriov_numvfs", A100, "16 "), "VF count"),
         (("set_vgpu_type", L40S_VF, "1156; reboot"), "vGPU type number"),
         (("set_vgpu_type", L40S_VF, "1156"), "vGPU type number"),
     ]
@@ -250,8 +249,8 @@ def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
          f"GPU {A100} is configured for nvidia-468, not nvidia-222"),
         (("remove_mdev", escaping), "outside"),
         (("remove_mdev", pci_itself), "not an mdev of a registered parent"),
-        (("set_sriov_numvfs", NIC, 4), "not a display or 3D controller"),
-        (("set_sriov_numvfs", T4, 4), "not an SR-IOV physical function"),
+        (("set_vgpu_type", NIC, 4), "not a display or 3D controller"),
+        (("set_vgpu_type", T4, 1156), "not an SR-IOV virtual function"),
         (("set_vgpu_type", L40S_VF, 1155), f"GPU {L40S} is configured for nvidia-1156"),
         (("set_vgpu_type", A100, 1156), "not an SR-IOV virtual function"),
     ]
@@ -372,7 +371,7 @@ def test_the_mode_switch_refuses_what_the_configuration_does_not_serve(tmp_path)
                 privsep.call(*call)
         with pytest.raises(exception.InvalidSysfsName):
             privsep.call("set_heterogeneous_mode", "../../c1:00.0", True)
-        linux.LinuxSysfs(served.mount).set_sriov_numvfs(L40S, 0)
+        kernel.set_vfs(L40S, 0)
         with pytest.raises(exception.PrivilegedWriteRefused,
                            match=f"GPU {L40S} serves no vendor-VFIO vGPUs"):
             privsep.call("set_heterogeneous_mode", L40S, True)

@@ -119,14 +119,73 @@ def test_remove_blocks_while_a_guest_holds_the_mdev(tmp_path):
         assert free(host.mount, T4, "nvidia-222") == 16
 
 
-def test_sriov_and_vendor_vgpu_types(tmp_path):
-    with served_host.served(tmp_path, "a100-sriov", "l40s-vfio") as host:
-        numvfs = f"{host.mount}/bus/pci/devices/{A100}/sriov_numvfs"
-        assert errno_of(numvfs, "8") == errno.EBUSY
-        write(numvfs, "0")
-        assert not os.path.exists(f"{host.mount}/class/mdev_bus/0000:41:00.4")
-        write(numvfs, "16")
+FAKE_SRIOV_MANAGE = os.path.join(os.path.dirname(served_host.MANAGE), "vgpu-fake-sriov-manage")
+
+
+def shell_write(path, text, echo="echo"):
+    """``sh -c 'echo TEXT > PATH'``: another process, as an operator types it
+    (dash's own echo says "I/O error" whatever the errno; coreutils' names it)."""
+    done = subprocess.run(["sh", "-c", f"{echo} {text} > {path}"], capture_output=True,
+                          text=True, check=False)
+    return done.returncode, done.stderr
+
+
+def test_sriov_numvfs_of_an_nvidia_pf_is_refused_to_any_process(tmp_path):
+    """The kernel asks the PF's driver, and ``nvidia`` cannot configure
+    SR-IOV: ENOENT, whoever writes.  NVIDIA's script (its stand-in here)
+    goes through pci-pf-stub and enables the VFs."""
+    with served_host.served(tmp_path, "a100-sriov-off") as host:
+        pf = f"{host.mount}/bus/pci/devices/{A100}"
+        assert os.path.basename(os.readlink(f"{pf}/driver")) == "nvidia"
+        code, err = shell_write(f"{pf}/sriov_numvfs", 4)
+        assert code != 0 and "error" in err, err
+        code, err = shell_write(f"{pf}/sriov_numvfs", 4, echo="/bin/echo")
+        assert code != 0 and "write error: No such file or directory" in err, err
+        assert errno_of(f"{pf}/sriov_numvfs", "16") == errno.ENOENT
+        with open(f"{pf}/sriov_numvfs") as f:
+            assert f.read() == "0\n"
+        done = subprocess.run([FAKE_SRIOV_MANAGE, "--sysfs-root", host.mount, "-e", A100],
+                              capture_output=True, text=True, check=False)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            0, f"Enabling VFs on {A100}\n", "")
+        with open(f"{pf}/sriov_numvfs") as f:
+            assert f.read() == "16\n"
         assert os.path.exists(f"{host.mount}/class/mdev_bus/0000:41:00.4")
+        assert os.path.basename(os.readlink(f"{pf}/driver")) == "nvidia"
+        assert errno_of(f"{pf}/sriov_numvfs", "0") == errno.ENOENT
+
+
+def test_pci_pf_stub_takes_the_pf_by_hand(tmp_path):
+    """What the script does, step by step, by shell writes: each step
+    answers as the kernel does."""
+    with served_host.served(tmp_path, "a100-sriov-off") as host:
+        pf = f"{host.mount}/bus/pci/devices/{A100}"
+        drivers = f"{host.mount}/bus/pci/drivers"
+        assert errno_of(f"{drivers}/pci-pf-stub/bind", A100) == errno.ENODEV   # no match
+        assert errno_of(f"{drivers}/pci-pf-stub/unbind", A100) == errno.ENODEV  # not its
+        assert shell_write(f"{drivers}/nvidia/unbind", A100) == (0, "")
+        assert not os.path.lexists(f"{pf}/driver")
+        assert errno_of(f"{pf}/sriov_numvfs", "4") == errno.ENOENT         # no driver
+        assert shell_write(f"{pf}/driver_override", "pci-pf-stub") == (0, "")
+        assert errno_of(f"{drivers}/nvidia/bind", A100) == errno.ENODEV    # overridden
+        assert shell_write(f"{drivers}/pci-pf-stub/bind", A100) == (0, "")
+        assert errno_of(f"{drivers}/pci-pf-stub/bind", A100) == errno.EBUSY
+        assert shell_write(f"{pf}/sriov_numvfs", 4) == (0, "")
+        assert errno_of(f"{pf}/sriov_numvfs", "8") == errno.EBUSY
+        assert errno_of(f"{pf}/sriov_numvfs", "17") == errno.ERANGE
+        assert shell_write(f"{drivers}/pci-pf-stub/unbind", A100) == (0, "")
+        assert shell_write(f"{pf}/driver_override", "") == (0, "")
+        with open(f"{pf}/driver_override") as f:
+            assert f.read() == "(null)\n"
+        assert shell_write(f"{drivers}/nvidia/bind", A100) == (0, "")
+        with open(f"{pf}/sriov_numvfs") as f:
+            assert f.read() == "4\n"                # the VFs stay across the rebind
+        assert sorted(e for e in os.listdir(f"{drivers}/nvidia") if e.startswith("0000")) == [
+            A100, "0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7"]
+
+
+def test_vendor_vgpu_types(tmp_path):
+    with served_host.served(tmp_path, "a100-sriov", "l40s-vfio") as host:
         current = f"{host.mount}/bus/pci/devices/{L40S_VF}/nvidia/current_vgpu_type"
         write(current, "1156")
         assert errno_of(current, "1155") == errno.EBUSY

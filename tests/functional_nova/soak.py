@@ -780,13 +780,13 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         if op.host is None or not self._board_unused(op.host):
             raise Refused("every A100 has a guest, a claim or a hold")
         kernel = self.kernels[op.host]
-        kernel.set_sriov_numvfs(A100, 0)
+        kernel.set_vfs(A100, 0)
         self._result.faults[op.kind] += 1
         try:
             self._run_periodics()
             self._inner(op, index)
         finally:
-            kernel.set_sriov_numvfs(A100, A100_VFS)
+            kernel.set_vfs(A100, A100_VFS)
 
     def _do_fault_placement_5xx(self, op, index):
         """Placement answers 503 to provider requests (the periodic update's

@@ -168,7 +168,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         held = [self.guest_domain_vfs(server) for server in servers]
         kernel = self.kernels["host1"]
         kernel.reboot()
-        kernel.set_sriov_numvfs(L40S, 16)     # the VFs first, as the boot unit enables them
+        kernel.set_vfs(L40S, 16)     # the VFs first: the boot unit, by NVIDIA's sriov-manage
         self.assertEqual(({}, False), (self.typed_vfs(), kernel.heterogeneous_mode(L40S)))
         self.restart_compute_service("host1")
         # Then the mode, then the types: written in equal-size mode, the first

@@ -17,7 +17,7 @@ class SriovOffTest(test_vgpu.VGPUDriverTestBase):
         self._run_periodics(raise_on_error=True)
         self.assertEqual({}, self.gpu_providers("host1"))
         self.assertEqual(1, self.stdlog.logger.output.count(WARNING))
-        self.kernels["host1"].set_sriov_numvfs(A100, 16)
+        self.kernels["host1"].set_vfs(A100, 16)
         self._run_periodics(raise_on_error=True)
         self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
                          self.gpu_providers("host1"))

@@ -116,7 +116,7 @@ def test_sriov_boards_follow_their_vfs(make_host, cli):
     assert value(found, "vgpu_sriov_boards", state="enabled") == 1
     (vfs,) = per_gpu(found, "vgpu_gpu_sriov_vfs").values()
     assert vfs == 16 and list(per_gpu(found, "vgpu_gpu_sriov_vfs_max").values()) == [16]
-    host.set_sriov_numvfs("0000:41:00.0", 0)
+    host.set_vfs("0000:41:00.0", 0)
     found = samples(cli("--sysfs-root", host.paths.root, "metrics", conf=conf)[1])
     assert value(found, "vgpu_sriov_boards", state="off") == 1
     assert per_gpu(found, "vgpu_gpu_sriov_vfs") == {"0000:41:00.0": 0}

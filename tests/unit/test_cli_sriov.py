@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from tests import conftest
 from tests import pci_devices
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
 from vgpu_driver import claims
@@ -25,8 +26,8 @@ from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import manage
 
 A100 = "0000:41:00.0"
-ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
-           "mdev types")
+ENABLED = (f"{A100}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} -e {A100}); waiting for "
+           "their mdev types")
 CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
 UNIT = pathlib.Path(__file__).parents[2] / "etc" / "systemd" / "vgpu-driver-sriov.service"
 
@@ -43,23 +44,25 @@ def test_off_gpu_is_an_inventory_row_and_a_config_problem(make_host, run):  # no
         f"SR-IOV is off: run vgpu-manage sriov enable {A100}"])
 
 
-def test_enable_then_status_and_inventory(make_host, run):  # noqa: F811
+def test_enable_then_status_and_inventory(make_host, run, sriov_manage):  # noqa: F811
     host = make_host("a100-sriov-off")
     root = ("--sysfs-root", host.paths.root)
-    code, out, _ = run(*root, "sriov", "status", "-f", "json", conf=CONF)
+    conf = CONF + sriov_manage(host.paths.root)
+    code, out, _ = run(*root, "sriov", "status", "-f", "json", conf=conf)
     assert json.loads(out) == [{
         "physical_function": A100, "vendor": "0x10de", "device": "0x20f1", "totalvfs": 16,
         "numvfs": 0, "vfs": [], "mdev_types": [], "state": "off", "vgpu_sizes": None}]
-    code, out, _ = run(*root, "sriov", "enable", "--configured", "--dry-run", conf=CONF)
-    assert (code, out) == (0, f"{A100}: would enable VFs: sriov_numvfs 0 -> 16\n")
+    code, out, _ = run(*root, "sriov", "enable", "--configured", "--dry-run", conf=conf)
+    assert (code, out) == (0, f"{A100}: would enable VFs: sriov_numvfs 0 -> 16 "
+                              f"({conftest.FAKE_SRIOV_MANAGE} -e {A100})\n")
     assert host.pci_device(A100).sriov_numvfs == 0
-    code, out, _ = run(*root, "sriov", "enable", "--configured", "--wait", "10", conf=CONF)
+    code, out, _ = run(*root, "sriov", "enable", "--configured", "--wait", "10", conf=conf)
     assert code == 0 and out.splitlines()[0] == ENABLED
-    [status] = json.loads(run(*root, "sriov", "status", "-f", "json", conf=CONF)[1])
+    [status] = json.loads(run(*root, "sriov", "status", "-f", "json", conf=conf)[1])
     assert (status["numvfs"], len(status["vfs"]), status["state"]) == (16, 16, "enabled")
-    code, out, _ = run(*root, "inventory", "-f", "json", conf=CONF)
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
     assert [(r["gpu"], r["total"]) for r in json.loads(out)] == [(A100, 10)]
-    code, out, _ = run(*root, "sriov", "enable", A100, conf=CONF)
+    code, out, _ = run(*root, "sriov", "enable", A100, conf=conf)
     assert code == 0 and "already enabled (16 of 16 VFs), left alone" in out
 
 
@@ -93,30 +96,34 @@ def test_refusals_are_one_error_line_and_change_nothing(make_host, run, argv, wh
     assert pci_devices.tree_state(host.paths.root) == before
 
 
-def test_disable_with_an_mdev_is_refused_then_done(make_host, run):  # noqa: F811
+def test_disable_with_an_mdev_is_refused_then_done(make_host, run, sriov_manage):  # noqa: F811
     host = make_host("a100-sriov")
+    conf = CONF + sriov_manage(host.paths.root)
     mdev = str(uuid.uuid4())
     host.create_mdev("0000:41:00.4", "nvidia-468", mdev)
     root = ("--sysfs-root", host.paths.root)
-    code, _, err = run(*root, "sriov", "disable", A100, conf=CONF)
+    code, _, err = run(*root, "sriov", "disable", A100, conf=conf)
     assert code == 2 and err == (
         f"error: Refusing to disable SR-IOV VFs of '{A100}': 1 VF(s) hold vGPUs: "
         f"0000:41:00.4 ({mdev}); remove them first (vgpu-manage mdev list, orphans "
         "reclaim).\n")
     host.remove_mdev(mdev)
-    assert run(*root, "sriov", "disable", A100, "--dry-run", conf=CONF)[1] == (
-        f"{A100}: would disable VFs: sriov_numvfs 16 -> 0\n")
+    assert run(*root, "sriov", "disable", A100, "--dry-run", conf=conf)[1] == (
+        f"{A100}: would disable VFs: sriov_numvfs 16 -> 0 ({conftest.FAKE_SRIOV_MANAGE} "
+        f"-d {A100})\n")
     assert host.pci_device(A100).sriov_numvfs == 16
-    assert run(*root, "sriov", "disable", A100, conf=CONF)[:2] == (
+    assert run(*root, "sriov", "disable", A100, conf=conf)[:2] == (
         0, f"{A100}: disabled VFs: sriov_numvfs 16 -> 0\n")
     assert host.pci_device(A100).sriov_numvfs == 0
 
 
 
-def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_path):  # noqa: F811
+def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_path,  # noqa: F811
+                                                            sriov_manage):
     """The claim check and the write happen under the journal's allocation
     lock: a vGPU claimed while disable waits is seen, not disabled under."""
     host = make_host("a100-sriov")
+    conf = CONF + sriov_manage(host.paths.root)
     journal = claims.Journal(str(tmp_path / "state"))
     holding, result = threading.Event(), {}
 
@@ -130,7 +137,7 @@ def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_
     allocator.start()
     holding.wait()
     result["code"], _, result["err"] = run("--sysfs-root", host.paths.root, "sriov", "disable",
-                                           A100, conf=CONF)
+                                           A100, conf=conf)
     allocator.join()
     assert result["code"] == base.EXIT_ERROR
     assert "the claims journal holds 1 claim(s) on it (instance inst-1)" in result["err"]
@@ -161,13 +168,14 @@ def test_boot_unit_orders_and_runs_once(tmp_path):
     assert (result.returncode, result.stderr) == (0, "")
 
 
-def test_boot_unit_command_enables_a_rebooted_a100(make_host, tmp_path, fake_kernel_cli):
+def test_boot_unit_command_enables_a_rebooted_a100(make_host, tmp_path, fake_kernel_cli,
+                                                   sriov_manage):
     argv = shlex.split(_unit()["Service"]["ExecStart"])
     assert argv[:3] == ["/usr/bin/vgpu-manage", "--config-file", "/etc/nova/nova.conf"]
     assert argv[3:] == ["sriov", "enable", "--configured", "--wait", "120"]
     host = make_host("a100-sriov-off")
     conf = tmp_path / "nova.conf"
-    conf.write_text(CONF)
+    conf.write_text(CONF + sriov_manage(host.paths.root))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = manage.main([argv[1], str(conf), "--sysfs-root", host.paths.root, *argv[3:]])
@@ -212,9 +220,9 @@ def test_a_vendor_vfio_board_switches_sizes_and_status_shows_it(make_host, run):
     code, out, _ = run(*root, "sriov", "sizes", L40S, "mixed", conf=L40S_CONF)
     assert (code, out) == (0, f"{L40S}: already mixed sizes, left alone\n")
     # NVIDIA forgets the mode when the VFs go and come back.
-    host.set_sriov_numvfs(L40S, 0)
+    host.set_vfs(L40S, 0)
     assert sizes_of(run, root)[L40S] is None
-    host.set_sriov_numvfs(L40S, 16)
+    host.set_vfs(L40S, 16)
     assert sizes_of(run, root)[L40S] == "equal"
 
 
@@ -251,28 +259,30 @@ MIXED_CONF = "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1157\n" + "".j
     f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in ("nvidia-1155", "nvidia-1157"))
 
 
-def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run):  # noqa: F811
+def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run,  # noqa: F811
+                                                            sriov_manage):
     host = make_host("l40s-vfio")
     root = ("--sysfs-root", host.paths.root)
-    host.set_sriov_numvfs(L40S, 0)
-    code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
+    host.set_vfs(L40S, 0)
+    conf = MIXED_CONF + sriov_manage(host.paths.root)
+    code, out, _ = run(*root, "config", "check", conf=conf)
     assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
         f"error: [mdev_nvidia-1157] device_addresses = '{L40S}': GPU {L40S} gets no "
         f"provider: SR-IOV is off: run vgpu-manage sriov enable {L40S}"])
-    code, out, _ = run(*root, "sriov", "enable", L40S, "--dry-run", conf=MIXED_CONF)
+    code, out, _ = run(*root, "sriov", "enable", L40S, "--dry-run", conf=conf)
     assert (code, out.splitlines()[1:]) == (0, [
         f"{L40S}: would switch to mixed sizes (configured for nvidia-1155, nvidia-1157)"])
-    code, out, err = run(*root, "sriov", "enable", L40S, "--wait", "10", conf=MIXED_CONF)
+    code, out, err = run(*root, "sriov", "enable", L40S, "--wait", "10", conf=conf)
     assert code == 0, err
     assert out.splitlines()[-1] == (f"{L40S}: switched to mixed sizes (configured for "
                                     "nvidia-1155, nvidia-1157)")
     assert host.heterogeneous_mode(L40S)
-    code, out, _ = run(*root, "inventory", "-f", "json", conf=MIXED_CONF)
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
     [row] = json.loads(out)
     assert (row["type"], row["resource_class"], row["total"], row["max_unit"]) == (
         "nvidia-1155 (4096 MiB), nvidia-1157 (12288 MiB)", "CUSTOM_VGPU_FRAMEBUFFER_MIB",
         49152, 12288)
-    code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
+    code, out, _ = run(*root, "config", "check", conf=conf)
     assert code == 0 and out.startswith("ok: ")
 
 

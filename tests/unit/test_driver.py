@@ -49,7 +49,7 @@ def test_init_host_after_a_reboot(make_host, make_conf, tmp_path):
     vgpu.instance_defined(kept)
     vgpu.allocate("crashed-boot", {"rp": {"resources": {"VGPU": 1}}}, providers)
     host.reboot()
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     restarted = make_driver(make_conf, host, tmp_path, "claim_grace = 0")
     restarted.domains.define(kept, got)
     outcomes = restarted.init_host()
@@ -141,7 +141,7 @@ def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
         assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "waiting")]
         assert host.list_mdevs() == [] and restarted.worker.running
         assert set(restarted.worker.waiting) == set(got)
-        host.set_sriov_numvfs(A100, 16)
+        host.set_vfs(A100, 16)
         deadline = time.monotonic() + 10
         while {m.uuid for m in host.list_mdevs()} != set(got):
             assert time.monotonic() < deadline, "not restored by the host reconciler"

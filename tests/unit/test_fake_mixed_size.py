@@ -112,18 +112,18 @@ class TestMixedSize:
     def test_disabling_or_enabling_the_vfs_and_a_reboot_clear_the_mode(self, make_host):
         host = make_host(l40s())
         host.set_heterogeneous_mode(L40S, True)
-        host.set_sriov_numvfs(L40S, 0)
+        host.set_vfs(L40S, 0)
         assert not host.heterogeneous_mode(L40S)
         # Set while the VFs are off, it reads back enabled, then the
         # enablement clears it: it must be set after the VFs come.
         host.set_heterogeneous_mode(L40S, True)
         assert host.heterogeneous_mode(L40S)
-        host.set_sriov_numvfs(L40S, 16)
+        host.set_vfs(L40S, 16)
         assert not host.heterogeneous_mode(L40S)
         host.set_heterogeneous_mode(L40S, True)
         host.set_vendor_vgpu_type(vfs(host)[0], Q24)
         host.reboot()
-        host.set_sriov_numvfs(L40S, 16)
+        host.set_vfs(L40S, 16)
         assert not host.heterogeneous_mode(L40S)
         assert host.placement_of(vfs(host)[0]) is None
 

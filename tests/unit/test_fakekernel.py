@@ -133,7 +133,7 @@ class TestCreate:
 
     def test_vanished_parent_is_enodev(self, make_host):
         host = make_host("a100-sriov")
-        host.set_sriov_numvfs("0000:41:00.0", 0)
+        host.set_vfs("0000:41:00.0", 0)
         with pytest.raises(exception.MdevWriteError) as caught:
             host.create_mdev("0000:41:00.4", "nvidia-468", new_uuid())
         assert caught.value.errno == errno.ENODEV
@@ -202,9 +202,17 @@ class TestSriov:
         assert caught.value.errno == errno.EUSERS
 
     def test_numvfs_follows_the_pci_core(self, make_host):
+        """Under pci-pf-stub (the driver NVIDIA's script moves the PF to)."""
         host = make_host("a100-sriov")
-        pf_numvfs = os.path.join(host.paths.pci_device("0000:41:00.0"), "sriov_numvfs")
+        pf = host.paths.pci_device("0000:41:00.0")
+        pf_numvfs = os.path.join(pf, "sriov_numvfs")
+        assert_errno(errno.ENOENT, host.write_attr, pf_numvfs, "0")     # nvidia's
+        host.write_attr(host.paths.join("bus/pci/drivers/nvidia/unbind"), "0000:41:00.0")
+        host.write_attr(os.path.join(pf, "driver_override"), "pci-pf-stub\n")
+        host.write_attr(host.paths.join("bus/pci/drivers/pci-pf-stub/bind"), "0000:41:00.0")
         assert_errno(errno.ERANGE, host.write_attr, pf_numvfs, "17")
+        assert_errno(errno.EINVAL, host.write_attr, pf_numvfs, "four")
+        host.write_attr(pf_numvfs, "16")                                  # as it is: no-op
         assert_errno(errno.EBUSY, host.write_attr, pf_numvfs, "8")
         host.write_attr(pf_numvfs, "0")
         assert host.list_parents() == []

@@ -143,7 +143,7 @@ def test_a_guest_deleted_while_its_vfs_are_off_does_not_get_its_vgpu_back(
     assert [o.result for o in vgpu.init_host()] == ["waiting"]
     vgpu.domains.undefine("guest")            # nova deletes the guest
     vgpu.release("guest")
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     assert vgpu.worker.run_now(host_reconciler.UDEV)     # the VFs' events
     assert not vgpu.worker.waiting
     assert host.list_mdevs() == [] and vgpu.journal.claims() == []
@@ -176,7 +176,7 @@ def test_a_vgpu_whose_claim_went_while_it_was_written_is_removed_again(
     vgpu = make_driver(host)
     got = boot(vgpu, "guest")
     host.reboot()
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     create = host.create_mdev
 
     def create_while_the_guest_goes(parent, type_id, mdev):

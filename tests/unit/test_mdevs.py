@@ -160,7 +160,7 @@ class TestAllocate:
 
     def test_parent_gone_is_typed(self, lifecycle):
         life = lifecycle("a100-sriov")
-        life.host.set_sriov_numvfs(A100, 0)
+        life.host.set_vfs(A100, 0)
         with pytest.raises(exception.GpuGone) as caught:
             life.allocate("guest", A100)
         assert "SR-IOV VFs not enabled" in str(caught.value)
@@ -311,7 +311,7 @@ class TestReboot:
         waiting = {o.mdev_uuid: o.result for o in life.reconciler.restore()}
         assert {u for u, r in waiting.items() if r == "waiting"} == {
             u for u in referenced + claimed_only if u in before_on(A100, before)}
-        life.host.set_sriov_numvfs(A100, 16)
+        life.host.set_vfs(A100, 16)
         outcomes = life.reconciler.restore()
         assert {(o.mdev_uuid, o.result) for o in outcomes} == {
             (u, "restored") for u in referenced + claimed_only if waiting[u] == "waiting"}

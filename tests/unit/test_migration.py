@@ -148,7 +148,7 @@ def test_destination_restart_during_migration_keeps_the_claims(pair):
     assert destination.states(instance) == [claims.MIGRATING_IN]
     # Even a reboot of the destination: the claimed mdev comes back.
     destination.kernel.reboot()
-    destination.kernel.set_sriov_numvfs(A100, 16)
+    destination.kernel.set_vfs(A100, 16)
     outcomes = destination.reconciler.restore()
     assert [(o.mdev_uuid, o.result) for o in outcomes] == [
         (list(mapping.values())[0], "restored")]
@@ -308,7 +308,7 @@ def test_a_destination_restarted_or_rebooted_mid_migration_keeps_its_vfs(vf_pair
     destination.reconciler.clean_stale_claims(grace=0)   # what init_host does
     assert destination.states(instance) == [claims.MIGRATING_IN]
     destination.kernel.reboot()                          # the VFs and their types go
-    destination.kernel.set_sriov_numvfs(L40S, 16)
+    destination.kernel.set_vfs(L40S, 16)
     assert typed_vfs(destination) == {}
     outcomes = destination.reconciler.restore()
     assert [(o.mdev_uuid, o.result) for o in outcomes] == [(claimed, "restored")]

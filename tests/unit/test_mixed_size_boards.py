@@ -240,7 +240,7 @@ class TestReboot:
         host.reboot()
         assert not host.heterogeneous_mode(L40S)
         assert {o.result for o in vgpu.reconciler.restore()} == {"waiting"}
-        host.set_sriov_numvfs(L40S, 16)        # the VFs first: sriov enable
+        host.set_vfs(L40S, 16)        # the VFs first: sriov enable
         assert not host.heterogeneous_mode(L40S)
         outcomes = vgpu.reconciler.restore()
         # Written in equal-size mode, the first type would have locked the
@@ -256,7 +256,7 @@ class TestReboot:
         (vf,) = allocate(vgpu, "vm-8", EIGHT, 8 * GB)
         assert vf == "0000:c1:00.4"
         host.reboot()
-        host.set_sriov_numvfs(L40S, 16)
+        host.set_vfs(L40S, 16)
         host.set_vendor_vgpu_type("0000:c1:00.5", 1155)   # typed by someone else, first
         (outcome,) = vgpu.reconciler.restore()
         assert (outcome.mdev_uuid, outcome.result) == (vf, "failed")

@@ -77,8 +77,6 @@ def test_each_entry_point_writes_its_one_attribute(root):
     mdev = str(uuid.uuid4())
     privsep.create_mdev(T4, "nvidia-222", mdev)
     assert read(os.path.join(host.paths.parent_type(T4, "nvidia-222"), "create")) == mdev
-    privsep.set_sriov_numvfs(A100, 12)   # over "16\n": no truncation, as in sysfs
-    assert read(os.path.join(host.paths.pci_device(A100), "sriov_numvfs")) == "12\n"
     privsep.set_vgpu_type(L40S_VF, 1156)
     assert read(os.path.join(host.paths.vendor_vfio_dir(L40S_VF), "current_vgpu_type")) == "1156"
     privsep.set_vgpu_type(L40S_VF, 0)    # clearing frees the VF: always allowed there
@@ -118,8 +116,7 @@ def test_a_fleet_resolves_as_the_inventory_does(host, configure):
     (lambda: privsep.create_mdev(T4, "nvidia-222", "not-a-uuid"), "mdev UUID"),
     (lambda: privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()) + "\n"), "mdev UUID"),
     (lambda: privsep.remove_mdev("../../../outside"), "mdev UUID"),
-    (lambda: privsep.set_sriov_numvfs("0000:41:00.0/../..", 4), "PCI address"),
-    (lambda: privsep.set_sriov_numvfs(A100, "4; reboot"), "VF count"),
+    (lambda: privsep.set_vgpu_type("0000:c1:00.4/../..", 1156), "PCI address"),
     (lambda: privsep.set_vgpu_type(L40S_VF, "1156"), "vGPU type number"),
     (lambda: privsep.set_vgpu_type(L40S_VF, -1), "vGPU type number"),
     (lambda: privsep.set_vgpu_type(L40S_VF, True), "vGPU type number"),
@@ -158,10 +155,8 @@ POLICY = [
      r"not an NVIDIA function \(vendor 0x1002\)"),
     ("a vendor type on a physical function", lambda: privsep.set_vgpu_type(A100, 1156),
      "not an SR-IOV virtual function"),
-    ("VFs of a network card", lambda: privsep.set_sriov_numvfs(NIC, 4),
+    ("a vendor type on a network card", lambda: privsep.set_vgpu_type(NIC, 4),
      "not a display or 3D controller"),
-    ("VFs of a GPU without SR-IOV", lambda: privsep.set_sriov_numvfs(T4, 4),
-     "not an SR-IOV physical function"),
     ("a registered parent that is not there any more",
      lambda: privsep.create_mdev("0000:99:00.0", "nvidia-222", str(uuid.uuid4())),
      None),
@@ -183,12 +178,19 @@ def test_writes_the_configuration_does_not_enable_are_refused(root, what, call, 
     assert snapshot(root) == before
 
 
-def test_sriov_on_a_gpu_the_configuration_does_not_name(host, configure):
+def test_no_entry_point_changes_sr_iov(host, configure):
+    """VFs are NVIDIA's sriov-manage's to change, run by a root vgpu-manage:
+    the privileged side nova-compute starts has no write for them."""
+    configure(confs.FIRST_T4_ONLY)
+    assert not hasattr(privsep, "set_sriov_numvfs")
+    assert all("sriov" not in name for name in privsep.__all__)
+    with pytest.raises(KeyError):
+        privsep.call("set_sriov_numvfs", A100, 0)
+
+
+def test_a_gpu_the_configuration_does_not_name(host, configure):
     configure(confs.FIRST_T4_ONLY)
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match=f"GPU {A100} is given no mdev type by the configuration"):
-        privsep.set_sriov_numvfs(A100, 0)
     with pytest.raises(exception.PrivilegedWriteRefused,
                        match=f"GPU {T4_3} is given no mdev type"):
         privsep.create_mdev(T4_3, "nvidia-222", str(uuid.uuid4()))

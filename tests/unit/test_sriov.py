@@ -1,22 +1,27 @@
-"""VF enablement of NVIDIA SR-IOV GPUs against fake hosts (the fake kernel
-answers ``sriov_numvfs`` as the kernel does)."""
+"""VF enablement of NVIDIA SR-IOV GPUs against fake hosts: the fake kernel
+answers ``sriov_numvfs`` as the kernel does, and the stand-in for NVIDIA's
+``sriov-manage`` (``vgpu-fake-sriov-manage``) is the script run."""
 
+import errno
 import logging
+import os
 import uuid
 
 import pytest
 
+from tests import conftest
 from tests import pci_devices
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import sriov
+from vgpu_driver import sriov_manage as sriov_manage_mod
 from vgpu_driver.conf import mdev_types
 
 A100 = "0000:41:00.0"
-ENABLED = (f"{A100}: enabled 16 VFs (sriov_numvfs 0 -> 16); waiting for their "
-           "mdev types")
+ENABLED = (f"{A100}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} -e {A100}); waiting for "
+           "their mdev types")
 A100_VF = "0000:41:00.4"
 T4 = "0000:18:00.0"
 L40S = "0000:c1:00.0"
@@ -41,12 +46,22 @@ def test_enabled_boards_list_their_vfs_and_types(make_host):
     assert l40s.state == "enabled" and "nvidia-1156" in l40s.mdev_types
 
 
-def test_enable_writes_totalvfs_and_waits_for_every_vf(make_host):
+@pytest.fixture
+def script(sriov_manage):
+    """NVIDIA's script, as vgpu-manage runs it: the stand-in, on the host
+    ``script.point_at(host)`` names."""
+    runner = sriov_manage_mod.SriovManage(conftest.FAKE_SRIOV_MANAGE)
+    runner.point_at = lambda host: sriov_manage(host.paths.root)
+    return runner
+
+
+def test_enable_runs_sriov_manage_and_waits_for_every_vf(make_host, script):
     host = make_host("a100-sriov-off")
+    script.point_at(host)
     steps = sriov.plan_enable(host, [A100])
     assert [(s.action, s.detail) for s in steps] == [("enable", "sriov_numvfs 0 -> 16")]
     said = []
-    [pf] = sriov.enable(host, steps, timeout=5, progress=said.append)
+    [pf] = sriov.enable(host, steps, 5, script, progress=said.append)
     assert (pf.state, pf.numvfs, pf.ready_vfs) == ("enabled", 16, 16)
     assert said[0] == ENABLED
     assert said[1].startswith(f"{A100}: 16 VFs ready, offering 6 mdev type(s)")
@@ -54,15 +69,16 @@ def test_enable_writes_totalvfs_and_waits_for_every_vf(make_host):
     again = sriov.plan_enable(host, [A100, A100, "0000:41:00.0 "])
     assert [(s.action, s.detail) for s in again] == [
         ("none", "already enabled (16 of 16 VFs), left alone")]
-    assert sriov.enable(host, again, timeout=0)[0].numvfs == 16
+    assert sriov.enable(host, again, 0, script)[0].numvfs == 16
 
 
-def test_vfs_enabled_between_plan_and_write_are_left_alone(make_host):
+def test_vfs_enabled_between_plan_and_write_are_left_alone(make_host, script):
     host = make_host("a100-sriov-off")
+    script.point_at(host)
     steps = sriov.plan_enable(host, [A100])
-    host.set_sriov_numvfs(A100, 4)     # another tool got there first
+    host.set_vfs(A100, 4)     # another tool got there first
     said = []
-    [pf] = sriov.enable(host, steps, timeout=5, progress=said.append)
+    [pf] = sriov.enable(host, steps, 5, script, progress=said.append)
     assert pf.numvfs == 4        # no second write (the kernel would answer EBUSY)
     assert said[0] == f"{A100}: enabled meanwhile by someone else (4 VFs), left alone"
 
@@ -75,7 +91,7 @@ def test_the_wait_takes_any_wake_and_ends_when_the_vfs_appear(make_host):
     def wake(seconds):
         woken.append(seconds)
         if len(woken) == 2:       # the vendor driver registers the VFs meanwhile
-            host.set_sriov_numvfs(A100, 16)
+            host.set_vfs(A100, 16)
 
     [pf] = sriov.wait_ready(host, [A100], timeout=30, wake=wake)
     assert pf.state == "enabled" and len(woken) == 2
@@ -117,7 +133,7 @@ def test_vfs_the_vendor_driver_has_not_registered_are_partial(make_host):
 def test_anything_but_an_nvidia_sriov_gpu_is_refused_before_any_write(
         make_host, address, why):
     host = make_host("a100-sriov-off", "t4x8")
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     pci_devices.plant_nic(host.paths.root)
     before = pci_devices.tree_state(host.paths.root)
     with pytest.raises(exception.SriovRefused,
@@ -135,8 +151,9 @@ def test_an_nvidia_function_of_another_class_is_refused(make_host):
         sriov.plan_enable(host, ["0000:06:00.0"])
 
 
-def test_disable_refuses_while_a_vf_holds_an_mdev(make_host):
+def test_disable_refuses_while_a_vf_holds_an_mdev(make_host, script):
     host = make_host("a100-sriov")
+    script.point_at(host)
     mdev = str(uuid.uuid4())
     host.create_mdev(A100_VF, "nvidia-468", mdev)
     with pytest.raises(exception.SriovRefused,
@@ -145,7 +162,7 @@ def test_disable_refuses_while_a_vf_holds_an_mdev(make_host):
     host.remove_mdev(mdev)
     step = sriov.plan_disable(host, A100)
     assert (step.action, step.detail) == ("disable", "sriov_numvfs 16 -> 0")
-    sriov.disable(host, step)
+    sriov.disable(host, step, script)
     assert sriov.list_functions(host)[0].state == "off"
     assert sriov.plan_disable(host, A100).action == "none"
 
@@ -183,11 +200,11 @@ def test_off_gpu_is_unserved_with_the_fix_and_logged_once(make_host, make_conf, 
     assert [r.getMessage() for r in caplog.records] == [
         f"GPU {A100} is configured but gets no provider: SR-IOV is off: run vgpu-manage "
         f"sriov enable {A100}"]
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     served = inventory.compute(discovery.discover(host), config, "cn1")
     assert served.by_gpu(A100).total == 10 and not served.vfs_pending
     notices.report(served, log)
-    host.set_sriov_numvfs(A100, 0)      # off again later: said again, once
+    host.set_vfs(A100, 0)      # off again later: said again, once
     with caplog.at_level(logging.WARNING, "test-sriov"):
         notices.report(tree, log)
         notices.report(tree, log)
@@ -213,3 +230,67 @@ def test_device_ids_count_an_off_gpu(make_host, make_conf):
         "[mdev_nvidia-468]\ndevice_ids = 10de:20f1\ngpu_count = 1\n"))
     tree = inventory.compute(discovery.discover(host), config, "cn1")
     assert tree.vfs_pending == {A100}
+
+
+def _script_file(tmp_path, body):
+    path = tmp_path / "sriov-manage"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("case, why", [
+    ("missing", "cannot run: there is no such file (it comes with NVIDIA's vGPU manager; "
+                "set [vgpu] sriov_manage_path where it is installed); nothing was changed"),
+    ("relative", "cannot run: [vgpu] sriov_manage_path must be an absolute path; nothing "
+                 "was changed"),
+    ("not executable", "cannot run: the file is not executable; nothing was changed"),
+])
+def test_a_script_that_cannot_run_changes_nothing(make_host, tmp_path, case, why):
+    host = make_host("a100-sriov-off")
+    path = {"missing": str(tmp_path / "nowhere" / "sriov-manage"),
+            "relative": "sriov-manage",
+            "not executable": _script_file(tmp_path, "exit 0")}[case]
+    if case == "not executable":
+        (tmp_path / "sriov-manage").chmod(0o644)
+    before = pci_devices.tree_state(host.paths.root)
+    with pytest.raises(exception.SriovManageFailed) as raised:
+        sriov.enable(host, sriov.plan_enable(host, [A100]), 1,
+                     sriov_manage_mod.SriovManage(path))
+    assert str(raised.value) == f"NVIDIA's sriov-manage ({path} -e {A100}) {why}"
+    assert pci_devices.tree_state(host.paths.root) == before
+
+
+def test_a_failing_script_is_named_with_what_it_printed_on_one_line(make_host, tmp_path):
+    host = make_host("a100-sriov-off")
+    path = _script_file(tmp_path, 'echo "Enabling VFs on $2"; '
+                                  'echo "Cannot obtain unbindLock for $2" >&2; exit 1')
+    with pytest.raises(exception.SriovManageFailed) as raised:
+        sriov.enable(host, sriov.plan_enable(host, [A100]), 1,
+                     sriov_manage_mod.SriovManage(path))
+    assert str(raised.value) == (
+        f"NVIDIA's sriov-manage ({path} -e {A100}) failed (exit code 1); it printed: "
+        f"Enabling VFs on {A100} / Cannot obtain unbindLock for {A100}")
+    assert host.pci_device(A100).sriov_numvfs == 0
+
+
+def test_a_script_that_exits_0_without_vfs_is_not_taken_at_its_word(make_host, tmp_path):
+    """NVIDIA's script exits 0, silently, for a GPU it does not take for
+    SR-IOV: the VF count read back is what counts, not a wait that times out."""
+    host = make_host("a100-sriov-off")
+    path = _script_file(tmp_path, "exit 0")
+    with pytest.raises(exception.SriovManageFailed,
+                       match=rf"\({path} -e {A100}\) exited 0 but GPU {A100} still has no "
+                             "VF; it printed: nothing"):
+        sriov.enable(host, sriov.plan_enable(host, [A100]), 30,
+                     sriov_manage_mod.SriovManage(path))
+
+
+def test_the_old_direct_write_is_refused_by_the_kernel(make_host):
+    """What vgpu-driver used to write (sriov_numvfs of the PF, as root):
+    the kernel refuses it while nvidia holds the PF, as on a host."""
+    host = make_host("a100-sriov-off")
+    with pytest.raises(OSError) as raised:
+        host.write_attr(os.path.join(host.paths.pci_device(A100), "sriov_numvfs"), "16")
+    assert raised.value.errno == errno.ENOENT
+    assert host.pci_device(A100).sriov_numvfs == 0

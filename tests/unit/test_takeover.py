@@ -79,8 +79,8 @@ def test_a_gpu_we_do_not_serve_keeps_nova_s_providers(make_host, plan_for):
 
 def test_vfs_that_are_not_there_are_not_guessed(make_host, plan_for):
     host = make_host("a100-sriov")
-    host.set_sriov_numvfs(A100, 0)
-    host.set_sriov_numvfs(A100, 4)
+    host.set_vfs(A100, 0)
+    host.set_vfs(A100, 4)
     plan = plan_for(host, [vf_provider(vf) for vf in A100_VFS])
     assert [m.address for m in plan.moves] == A100_VFS[:4]
 
@@ -173,7 +173,7 @@ def test_init_host_adopts_and_a_reboot_then_restores_them(make_host, make_conf, 
     assert sorted(c.mdev_uuid for c in vgpu.journal.claims("guest-a")) == sorted(made)
     # Claimed, they outlive a host reboot: the next start creates them again.
     host.reboot()
-    host.set_sriov_numvfs(A100, 16)
+    host.set_vfs(A100, 16)
     restarted = make_driver(make_conf, host, tmp_path)
     restarted.domains.define("guest-a", made)
     outcomes = restarted.init_host()

@@ -21,7 +21,7 @@ def test_a_vf_event_names_its_gpu_while_the_vf_exists(make_host):
     devpath = f"/devices/pci0000:41/{A100_VF}"
     props = {"PCI_SLOT_NAME": A100_VF}
     assert udev.parse_event(host.paths.root, "pci", devpath, props) == (A100_VF, A100)
-    host.set_sriov_numvfs(A100, 0)
+    host.set_vfs(A100, 0)
     # Gone: the caller knows which GPU the VF was part of.
     assert udev.parse_event(host.paths.root, "pci", devpath, props) == (A100_VF, None)
 

@@ -135,7 +135,7 @@ class TestAllocate:
 
     def test_vfs_gone_is_typed(self, vf_life):
         life = vf_life()
-        life.host.set_sriov_numvfs(L40S, 0)
+        life.host.set_vfs(L40S, 0)
         with pytest.raises(exception.GpuGone):
             life.allocate("guest", L40S)
 
@@ -229,7 +229,7 @@ class TestReboot:
         life.host.reboot()
         assert life.host.list_vendor_vfio() == []
         assert {o.result for o in life.reconciler.restore()} == {"waiting"}
-        life.host.set_sriov_numvfs(L40S, 16)
+        life.host.set_vfs(L40S, 16)
         outcomes = life.reconciler.restore()
         assert {(o.mdev_uuid, o.result) for o in outcomes} == {
             (vf, "restored") for vf in referenced + claimed_only}
@@ -243,7 +243,7 @@ class TestReboot:
         outcomes = life.reconciler.restore(instance_uuid=rebooting)
         assert [(o.mdev_uuid, o.result, o.reason) for o in outcomes] == [
             (mine[0], "waiting", f"parent {mine[0]} of GPU {L40S} is not there yet")]
-        life.host.set_sriov_numvfs(L40S, 16)
+        life.host.set_vfs(L40S, 16)
         outcomes = life.reconciler.restore(instance_uuid=rebooting)
         assert [(o.mdev_uuid, o.result) for o in outcomes] == [(mine[0], "restored")]
         assert typed(life.host) == {mine[0]: 1156}
@@ -339,7 +339,7 @@ class TestSysfsAndPrivsep:
             host.set_vendor_vgpu_type(VFS[0], 0)
         host.release(VFS[0])
         host.set_vendor_vgpu_type(VFS[0], 0)
-        host.set_sriov_numvfs(L40S, 0)
+        host.set_vfs(L40S, 0)
         with pytest.raises(exception.MdevParentGone):
             host.set_vendor_vgpu_type(VFS[0], 1156)
         assert host.vendor_vf(VFS[0]) is None and host.vendor_vgpu_set_at(VFS[0]) is None

@@ -3,7 +3,9 @@ and whether a vendor-VFIO board mixes vGPU sizes.
 
 ``enable --configured`` is what the boot unit runs
 (``etc/systemd/vgpu-driver-sriov.service``): the GPUs nova.conf gives a type
-get their VFs, and the command returns once every VF offers its mdev types.
+get their VFs from NVIDIA's ``sriov-manage`` (``[vgpu] sriov_manage_path``,
+once per GPU), the command waits until every VF offers its mdev types, and
+switches the boards configured for several sizes to mixed-size mode.
 """
 
 import contextlib
@@ -12,6 +14,7 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import sriov
+from vgpu_driver import sriov_manage
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_commands
@@ -70,10 +73,15 @@ def _configured(app, host):
             if discovery.is_sriov_gpu(gpu.pci) and gpu.address in served]
 
 
+def _script(app):
+    return sriov_manage.SriovManage(app.conf.vgpu.sriov_manage_path)
+
+
 class Enable(base.Command):
     """Enable the VFs of NVIDIA SR-IOV GPUs, then wait for their mdev types.
 
-    All of a GPU's VFs are enabled (sriov_totalvfs); GPUs that have VFs
+    All of a GPU's VFs are enabled (sriov_totalvfs) by NVIDIA's sriov-manage
+    ([vgpu] sriov_manage_path), one GPU at a time; GPUs that have VFs
     already are left alone.
     """
 
@@ -114,10 +122,14 @@ class Enable(base.Command):
             out.write("no SR-IOV GPU to enable\n")
             return base.EXIT_OK
         steps = sriov.plan_enable(host, addresses)
+        script = _script(self.app)
         if parsed_args.dry_run:
             for step in steps:
-                verb = "would enable VFs" if step.action == "enable" else "would leave"
-                out.write(f"{step.address}: {verb}: {step.detail}\n")
+                if step.action == "enable":
+                    out.write(f"{step.address}: would enable VFs: {step.detail} "
+                              f"({script.command('-e', step.address)})\n")
+                else:
+                    out.write(f"{step.address}: would leave: {step.detail}\n")
             self._mixed_sizes(host, [step.address for step in steps], dry_run=True)
             return base.EXIT_OK
 
@@ -127,7 +139,7 @@ class Enable(base.Command):
 
         changes = udev.start(host, self.app.conf.vgpu.hotplug_events)
         try:
-            sriov.enable(host, steps, parsed_args.wait, wake=sriov.waker(changes),
+            sriov.enable(host, steps, parsed_args.wait, script, wake=sriov.waker(changes),
                          progress=progress)
         finally:
             changes.stop()
@@ -158,7 +170,7 @@ class Disable(base.Command):
     """Disable the VFs of one NVIDIA SR-IOV GPU, if nothing uses them.
 
     Refused while any VF holds a vGPU or the claims journal holds a claim
-    on it.
+    on it; done by NVIDIA's sriov-manage ([vgpu] sriov_manage_path).
     """
 
     def get_parser(self, prog_name):
@@ -175,18 +187,24 @@ class Disable(base.Command):
         # and a host without vGPUs may have no journal.
         sriov.plan_disable(host, parsed_args.address)
         journal = self.app.journal(discovery.discover(host))
+        script = _script(self.app)
         if parsed_args.dry_run:
             step = sriov.plan_disable(host, parsed_args.address,
                                       journal.claims if journal else None)
-            verb = "would disable VFs" if step.action == "disable" else "would leave"
-            self.app.stdout.write(f"{step.address}: {verb}: {step.detail}\n")
+            if step.action == "disable":
+                self.app.stdout.write(f"{step.address}: would disable VFs: {step.detail} "
+                                      f"({script.command('-d', step.address)})\n")
+            else:
+                self.app.stdout.write(f"{step.address}: would leave: {step.detail}\n")
             return base.EXIT_OK
+        if sriov.plan_disable(host, parsed_args.address).action == "disable":
+            script.check("-d", parsed_args.address)
         # Checked again and written under the journal's allocation lock, so
         # no vGPU is claimed on these VFs between the check and the write.
         with (journal.transaction() if journal else contextlib.nullcontext()) as txn:
             step = sriov.plan_disable(host, parsed_args.address,
                                       txn.claims if txn else None)
-            sriov.disable(host, step)
+            sriov.disable(host, step, script)
         self.app.stdout.write(f"{step.address}: "
                               f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
                               f"{step.detail}\n")

@@ -181,6 +181,17 @@ whole each time.  Empty: not written (``vgpu-manage metrics serve`` or
 libvirt connection whose domains (active and inactive) tell which mdevs are
 in use.
 """),
+    cfg.StrOpt(
+        "sriov_manage_path",
+        default="/usr/lib/nvidia/sriov-manage",
+        help="""
+NVIDIA's script that enables and disables the SR-IOV VFs of its GPUs,
+installed with the NVIDIA vGPU manager.  ``vgpu-manage sriov enable`` and
+``disable`` (and so the ``vgpu-driver-sriov`` boot unit) run it as root,
+``-e ADDRESS`` or ``-d ADDRESS``, once per configured GPU: the ``nvidia``
+driver refuses a direct write to ``sriov_numvfs``.  nova-compute never runs
+it.
+"""),
 ]
 
 

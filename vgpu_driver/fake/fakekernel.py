@@ -15,6 +15,11 @@ kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
 * ``remove`` blocks while a guest holds the device (:meth:`hold`).
 * ``sriov_numvfs`` and NVIDIA's ``current_vgpu_type`` behave as on a host;
   clearing the type of a VF a guest holds is refused (``EBUSY``).
+* Each PCI function is bound to a driver (``nvidia``, ``pci-pf-stub`` or
+  none; :mod:`vgpu_driver.fake.drivers`): ``sriov_numvfs`` of a PF that
+  ``nvidia`` holds is refused (``ENOENT``), as on a host, so VFs come
+  through NVIDIA's ``sriov-manage`` (:mod:`vgpu_driver.fake.sriov_manage`
+  stands in for it), and rebinding ``nvidia`` resets the board.
 * A vendor-VFIO board that can mix sizes is put in mixed-size mode as NVML
   would (:meth:`FakeKernel.set_heterogeneous_mode`); its vGPUs then take
   placements on the board (:mod:`vgpu_driver.fake.placements`), and
@@ -41,6 +46,7 @@ import uuid as uuid_mod
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver import nvml as driver_nvml
+from vgpu_driver.fake import drivers
 from vgpu_driver.fake import mdev_parents
 from vgpu_driver.fake import nvml
 from vgpu_driver.fake import pci_functions
@@ -53,10 +59,12 @@ from vgpu_driver.sysfs import linux
 MARKER_DIR = ".vgpu-fake-kernel"
 
 
-class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.LinuxSysfs):
+class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.MdevParents,
+                 linux.LinuxSysfs):
     """LinuxSysfs over a fake tree, with the kernel's write handlers.
 
-    The PCI side (:mod:`vgpu_driver.fake.pci_functions`) and the mdev side
+    The PCI side (:mod:`vgpu_driver.fake.pci_functions`), the drivers bound
+    to it (:mod:`vgpu_driver.fake.drivers`) and the mdev side
     (:mod:`vgpu_driver.fake.mdev_parents`) are mixins; this class builds the
     tree, holds the lock and dispatches each write to its store handler.
     """
@@ -168,8 +176,6 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
             return os.path.join(self.paths.parent_type(parent, type_id), "create"), uuid
         if entry_point == "remove_mdev":
             return os.path.join(self.paths.mdev(args[0]), "remove"), "1"
-        if entry_point == "set_sriov_numvfs":
-            return os.path.join(self.paths.pci_device(args[0]), "sriov_numvfs"), str(args[1])
         if entry_point == "set_vgpu_type":
             return (os.path.join(self.paths.vendor_vfio_dir(args[0]), "current_vgpu_type"),
                     str(args[1]))
@@ -191,6 +197,12 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
                 return self._store_create(dev, os.path.basename(owner), value)
             if attr == "sriov_numvfs":
                 return self._store_numvfs(owner, value)
+            if attr == "driver_override":
+                return self._store_driver_override(owner, value)
+            if attr in ("bind", "unbind") and \
+                    os.path.dirname(owner) == self.paths.join("bus", "pci", "drivers"):
+                store = self._store_bind if attr == "bind" else self._store_unbind
+                return store(os.path.basename(owner), value)
             if attr == "current_vgpu_type":
                 return self._store_vgpu_type(os.path.dirname(owner), value)
         raise tree.os_error(errno.EIO, path)
@@ -302,9 +314,12 @@ class FakeKernel(pci_functions.PciFunctions, mdev_parents.MdevParents, linux.Lin
         tree.remove_link(self._hold_path(names.check_vgpu_id(uuid)))
 
     def reboot(self):
-        """What a host reboot leaves: no mdevs, and SR-IOV VFs disabled."""
+        """What a host reboot leaves: no mdevs, SR-IOV VFs disabled, every
+        GPU bound to ``nvidia`` with no ``driver_override``."""
         with self._locked():
             for gpu in self.model["gpus"]:
+                if gpu["model"] != "mtty":
+                    self._boot_driver(self._device_dir(gpu))
                 if gpu.get("sriov"):
                     self._disable_vfs(gpu)
                     continue

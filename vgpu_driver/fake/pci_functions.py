@@ -4,8 +4,11 @@ A mixin of :class:`~vgpu_driver.fake.fakekernel.FakeKernel`, which holds the
 lock and the host model these methods use.  It plugs PCI functions with the
 files a reader finds (``config``, ``uevent``, the driver and subsystem
 links), enables and disables VFs by ``sriov_numvfs`` with the kernel's rules
-(``ERANGE`` above ``sriov_totalvfs``, ``EBUSY`` changing a non-zero count)
-and answers writes to NVIDIA's vendor-VFIO ``current_vgpu_type``.
+(``sriov_numvfs_store``, ``drivers/pci/iov.c``: ``EINVAL`` for no number,
+``ERANGE`` above ``sriov_totalvfs``, nothing to do for the current count,
+``ENOENT`` unless the PF's driver configures SR-IOV, see
+:mod:`vgpu_driver.fake.drivers`, ``EBUSY`` changing a non-zero count) and
+answers writes to NVIDIA's vendor-VFIO ``current_vgpu_type``.
 """
 
 import errno
@@ -14,6 +17,7 @@ import shutil
 import struct
 
 from vgpu_driver import names
+from vgpu_driver.fake import drivers
 from vgpu_driver.fake import tree
 from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
@@ -56,16 +60,16 @@ class PciFunctions:
                         f"MODALIAS=pci:v0000{vendor_id:04X}d0000{device_id:04X}"
                         f"sv0000{vendor_id:04X}sd0000{device_id:04X}bc03sc02i00\n")
         tree.link(self.paths.join("bus", "pci"), os.path.join(dev, "subsystem"))
-        tree.link(self.paths.join("bus", "pci", "drivers", "nvidia"),
-                  os.path.join(dev, "driver"))
+        tree.write_file(os.path.join(dev, "driver_override"), "(null)\n", 0o644)
         tree.link(dev, self.paths.pci_device(address))
+        self._attach(dev, drivers.NVIDIA)
         if physfn is not None:
             tree.link(self._device_dir(gpu), os.path.join(dev, "physfn"))
         self._announce_pci("add", dev)
         return dev
 
     def _plug_gpu(self, gpu):
-        os.makedirs(self.paths.join("bus", "pci", "drivers", "nvidia"), exist_ok=True)
+        self._make_drivers()
         if gpu["model"] == "mtty":
             dev = self._device_dir(gpu)
             os.makedirs(dev)
@@ -113,6 +117,7 @@ class PciFunctions:
             tree.remove_link(self.paths.parent(vf))
             tree.remove_link(self.paths.pci_device(vf))
             tree.remove_link(os.path.join(pf_dir, f"virtfn{index}"))
+            tree.remove_link(os.path.join(self._driver_dir(drivers.NVIDIA), vf))
             self._announce_pci("unbind", vf_dir)
             shutil.rmtree(vf_dir)
             self._announce_pci("remove", vf_dir)
@@ -157,6 +162,7 @@ class PciFunctions:
             raise tree.os_error(errno.ERANGE, "sriov_numvfs")
         if wanted == current:
             return
+        self._check_sriov_configure(pf_dir)
         if wanted and current:
             raise tree.os_error(errno.EBUSY, "sriov_numvfs")
         if wanted:

@@ -3,10 +3,11 @@
 The tree the fake kernel writes (its *state directory*) is shown at the mount
 point, minus the kernel's own bookkeeping; reads, links and listings pass
 straight through.  A write to a control file (``create``, ``remove``,
-``sriov_numvfs``, ``nvidia/current_vgpu_type``) is handed to
-:meth:`FakeKernel.write_attr`, the one model of the kernel's rules, and its
-errno is what the writer sees: ``mdevctl``, a privsep daemon or
-``echo > create`` get the kernel's answers, not a file.  Each request runs
+``sriov_numvfs``, ``nvidia/current_vgpu_type``, a driver's ``bind`` and
+``unbind``, ``driver_override``) is handed to :meth:`FakeKernel.write_attr`,
+the one model of the kernel's rules, and its errno is what the writer sees:
+``mdevctl``, a privsep daemon, NVIDIA's ``sriov-manage`` (its stand-in) or
+``echo 4 > sriov_numvfs`` get the kernel's answers, not a file.  Each request runs
 in its own thread, so a ``remove`` blocked by a guest blocks only its writer.
 Nothing is cached by the kernel (``direct_io``, zero timeouts): counts such
 as ``available_instances`` are read fresh, as from sysfs.
@@ -21,7 +22,8 @@ import mfusepy
 from vgpu_driver import exception
 from vgpu_driver.fake import fakekernel
 
-CONTROL_FILES = frozenset({"create", "remove", "sriov_numvfs", "current_vgpu_type"})
+CONTROL_FILES = frozenset({"create", "remove", "sriov_numvfs", "current_vgpu_type", "bind",
+                           "unbind", "driver_override"})
 _STOPPED_BY_SIGNAL = 8
 _STAT_FIELDS = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime",
                 "st_mtime", "st_ctime")

@@ -1,7 +1,7 @@
 """The privileged side of vgpu-driver: one entry point per sysfs write.
 
-nova-compute does not run as root; creating or removing an mdev, enabling
-VFs or choosing a vendor vGPU type are writes to root-owned sysfs files,
+nova-compute does not run as root; creating or removing an mdev or
+choosing a vendor vGPU type are writes to root-owned sysfs files,
 made by an oslo.privsep daemon holding only ``CAP_DAC_OVERRIDE``
 (:data:`sysfs_writer`).  Switching a GPU's vGPU mode is an NVML call that
 NVIDIA's driver allows only with ``CAP_SYS_ADMIN``: a second daemon
@@ -28,12 +28,11 @@ from vgpu_driver.privsep import context
 from vgpu_driver.privsep.entrypoints import create_mdev
 from vgpu_driver.privsep.entrypoints import remove_mdev
 from vgpu_driver.privsep.entrypoints import set_heterogeneous_mode
-from vgpu_driver.privsep.entrypoints import set_sriov_numvfs
 from vgpu_driver.privsep.entrypoints import set_vgpu_type
 
 __all__ = ["call", "create_mdev", "ensure_started", "gpu_admin", "refuse_writes",
            "remove_mdev", "run_in_process", "run_in_process_when_root",
-           "set_heterogeneous_mode", "set_sriov_numvfs", "set_vgpu_type", "sysfs_writer",
+           "set_heterogeneous_mode", "set_vgpu_type", "sysfs_writer",
            "use_daemon"]
 
 # oslo.privsep finds the contexts by these names in the daemons it starts
@@ -42,7 +41,7 @@ sysfs_writer = context.sysfs_writer
 gpu_admin = context.gpu_admin
 
 _ENTRY_POINTS = {"create_mdev": create_mdev, "remove_mdev": remove_mdev,
-                 "set_sriov_numvfs": set_sriov_numvfs, "set_vgpu_type": set_vgpu_type,
+                 "set_vgpu_type": set_vgpu_type,
                  "set_heterogeneous_mode": set_heterogeneous_mode}
 _CONTEXT_OF = {"set_heterogeneous_mode": gpu_admin}
 

@@ -1,5 +1,8 @@
-"""The privileged entry points: one per sysfs write the driver ever makes,
-and one for the only NVML setting it changes.
+"""The privileged entry points: one per sysfs write nova-compute ever makes,
+and one for the only NVML setting it changes.  SR-IOV VFs are not among
+them: the ``nvidia`` driver refuses ``sriov_numvfs``, and only a root
+``vgpu-manage`` changes them, through NVIDIA's ``sriov-manage``
+(:mod:`vgpu_driver.sriov_manage`).
 
 Each runs on the privileged side (the daemon, or a root ``vgpu-manage``).
 It takes names and plain numbers only, validates them, opens the sysfs root
@@ -135,15 +138,6 @@ def _sriov_function(root, address, marker, role):
     if not root.exists(posixpath.join(device, marker)):
         raise exception.PrivilegedWriteRefused(address, f"not an SR-IOV {role} function")
     return address, device
-
-
-@context.sysfs_writer.entrypoint
-def set_sriov_numvfs(pf_address, count):
-    count = _plain_number(count, "VF count")
-    with _sysfs() as (root, host):
-        address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
-        _policy().check_sriov(host, address)
-        root.write(posixpath.join(device, "sriov_numvfs"), str(count))
 
 
 def _require_nvidia(root, device, address):

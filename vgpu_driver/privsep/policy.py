@@ -4,8 +4,7 @@ enables.
 The daemon reads the same files as nova-compute.  A create is allowed only
 for a type ``[devices] enabled_mdev_types`` lists, on a GPU the
 configuration gives that type (``device_addresses`` or ``device_ids`` and
-``gpu_count`` resolved against this host, as the inventory resolves them);
-an SR-IOV change only on a GPU the configuration gives a type; a vendor
+``gpu_count`` resolved against this host, as the inventory resolves them); a vendor
 vGPU type only on an NVIDIA virtual function, and other than "none" only
 the type configured for its GPU; a GPU's vGPU mode (equal or mixed sizes)
 only on a vendor-VFIO board the configuration serves.  A removal, or clearing a vendor type,
@@ -48,13 +47,6 @@ class WritePolicy:
         snapshot, served = self._served(host)
         gpu = snapshot.gpu_of_parent(parent)
         self._require_type(target, gpu, served, type_id, f"parent {parent}")
-
-    def check_sriov(self, host, pf_address):
-        snapshot, served = self._served(host)
-        self._require_served(
-            f"sriov_numvfs of {pf_address}", snapshot.gpu(pf_address), served,
-            f"GPU {pf_address} is given no mdev type by the configuration "
-            "([mdev_<type>] device_addresses or device_ids)")
 
     def check_vgpu_mode(self, host, pf_address):
         """A GPU's vGPU mode switches only on a vendor-VFIO board the

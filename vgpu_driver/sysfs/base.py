@@ -191,10 +191,6 @@ class SysfsHost(abc.ABC):
         """
 
     @abc.abstractmethod
-    def set_sriov_numvfs(self, address, count):
-        """Enable ``count`` VFs on a physical function (0 disables them)."""
-
-    @abc.abstractmethod
     def set_vendor_vgpu_type(self, address, type_number, timeout=None):
         """Write a vGPU type number (0 clears) to a VF's ``current_vgpu_type``.
 

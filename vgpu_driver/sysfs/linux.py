@@ -91,10 +91,6 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsHost):
         uuid = names.check_mdev_uuid(uuid)
         self._write("remove", f"mdev {uuid}", "remove_mdev", uuid, timeout=timeout)
 
-    def set_sriov_numvfs(self, address, count):
-        address = names.parse_pci_address(str(address))
-        self._write("sriov_numvfs", str(address), "set_sriov_numvfs", str(address), int(count))
-
     # NVML's bindings: NVIDIA's (a fake host answers with its own).
     nvml_bindings = None
 
