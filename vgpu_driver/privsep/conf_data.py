@@ -1,0 +1,140 @@
+"""nova's configuration, read by the privileged helper as data.
+
+The helper must not take its own behaviour from files nova's user may be
+able to write: oslo.config and oslo.log would obey ``log_config_append``
+or ``log_dir`` there, as root.  So it reads nova-compute's files with this
+parser instead, keeps only the options the write policy needs (``[vgpu]
+sysfs_root``, ``[devices]`` and ``[mdev_<type>]``) and hands just those to
+a private ``ConfigOpts`` that knows no other option.  The syntax is
+oslo.config's (``key = value`` or ``key: value``, indented continuation
+lines, ``#`` and ``;`` comments, matching quotes stripped), parsed
+strictly: a line it cannot read, a key given twice in one section of one
+file or a ``$`` (oslo.config's substitution) in a kept value refuses the
+whole configuration.  A refusal names the file and the line, never its
+text: the helper reads as root, and the file may be a link to anything.
+"""
+
+import os
+import re
+import stat
+
+from vgpu_driver import exception
+
+MAX_BYTES = 1 << 20
+_SECTION = re.compile(r"\[([^\[\]]+)\]")
+_ANY_KEY = lambda section, key: True  # noqa: E731
+
+
+def _text(path):
+    """The file's text: a regular file of at most MAX_BYTES, UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise exception.ConfigDataRefused(path=path, line=0,
+                                          reason=os.strerror(exc.errno)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise exception.ConfigDataRefused(path=path, line=0, reason="not a regular file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise exception.ConfigDataRefused(path=path, line=0,
+                                          reason=f"larger than {MAX_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise exception.ConfigDataRefused(path=path, line=0, reason="not UTF-8 text") from None
+
+
+def _value(raw):
+    raw = raw.strip()
+    if len(raw) > 1 and raw[0] == raw[-1] and raw[0] in "\"'":
+        return raw[1:-1]
+    return raw
+
+
+def _assignment(line):
+    """``(key, value)`` of ``key = value`` or ``key: value`` (the first of
+    the two signs splits, as in oslo.config), or None."""
+    cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+    if cut <= 0 or not line[:cut].strip():
+        return None
+    return line[:cut].strip(), _value(line[cut + 1:])
+
+
+def read(path, keep=_ANY_KEY):
+    """``{section: {key: value}}`` of the entries ``keep(section, key)``
+    accepts; every line of the file must parse."""
+    found, section, key = {}, None, None
+    for number, line in enumerate(_text(path).splitlines(), start=1):
+        def refuse(reason, number=number):
+            raise exception.ConfigDataRefused(path=path, line=number, reason=reason)
+
+        line = line.rstrip()
+        if not line:
+            key = None
+        elif line[0] in " \t":
+            if key is None:
+                refuse("a continuation line without a key above it")
+            if key is not True:
+                found[section][key] += "\n" + line.lstrip()
+        elif line[0] in "#;":
+            key = None
+        elif line[0] == "[":
+            match = _SECTION.fullmatch(line)
+            if match is None:
+                refuse("not a section header ([name])")
+            section, key = match.group(1), None
+        else:
+            parsed = _assignment(line)
+            if parsed is None:
+                refuse("neither a section, a comment nor 'key = value'")
+            if section is None:
+                refuse("an option outside any section")
+            name, value = parsed
+            if not keep(section, name):
+                key = True      # read, not kept
+                continue
+            entries = found.setdefault(section, {})
+            if name in entries:
+                refuse(f"[{section}] {name} given twice")
+            entries[name], key = value, name
+    for section, entries in found.items():
+        for name, value in entries.items():
+            if "$" in value:
+                raise exception.ConfigDataRefused(
+                    path=path, line=0, reason=f"[{section}] {name} holds a '$' (no "
+                                              "substitution is made here)")
+    return found
+
+
+def conf_files(files, dirs):
+    """The files in the order oslo.config reads them: each file, then each
+    directory's ``*.conf`` by name."""
+    ordered = list(files)
+    for directory in dirs:
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".conf"))
+        except OSError as exc:
+            raise exception.ConfigDataRefused(path=directory, line=0,
+                                              reason=os.strerror(exc.errno)) from None
+        ordered.extend(os.path.join(directory, n) for n in names)
+    return ordered
+
+
+def merged(paths, keep):
+    """The kept entries of several files, a later file's value winning."""
+    result = {}
+    for path in paths:
+        for section, entries in read(path, keep).items():
+            result.setdefault(section, {}).update(entries)
+    return result
+
+
+def as_ini(sections):
+    """Text oslo.config parses back to the same values."""
+    lines = []
+    for section, entries in sections.items():
+        lines.append(f"[{section}]")
+        for key, value in entries.items():
+            lines.append(f"{key} = {value}".replace("\n", "\n    "))
+    return "\n".join(lines) + "\n"
