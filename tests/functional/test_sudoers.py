@@ -107,9 +107,9 @@ def rule():
         helper.write_text("#!/bin/sh\nexit 1\n")
         helper.chmod(0o755)
         head = f"{SHIPPED_USER} ALL = (root) NOPASSWD: {SHIPPED_HELPER} "
-        lines = [f"Defaults!{helper} env_reset, always_set_home, !env_keep, !env_check"]
-        assert f"\nDefaults!{SHIPPED_HELPER} env_reset, always_set_home, !env_keep, !env_check\n" in \
-            SHIPPED.read_text()
+        defaults = "env_reset, always_set_home, !env_keep, !env_check"
+        lines = [f"Defaults!{helper} {defaults}"]
+        assert f"\nDefaults!{SHIPPED_HELPER} {defaults}\n" in SHIPPED.read_text()
         for shipped in _rule_lines(SHIPPED.read_text()):
             assert shipped.startswith(head), shipped
             lines.append(f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head):])

@@ -61,50 +61,67 @@ def _assignment(line):
     return line[:cut].strip(), _value(line[cut + 1:])
 
 
-def read(path, keep=_ANY_KEY):
-    """``{section: {key: value}}`` of the entries ``keep(section, key)``
-    accepts; every line of the file must parse."""
-    found, section, key = {}, None, None
-    for number, line in enumerate(_text(path).splitlines(), start=1):
-        def refuse(reason, number=number):
-            raise exception.ConfigDataRefused(path=path, line=number, reason=reason)
+class _Reader:
+    """One file, line by line: ``found`` holds the kept entries."""
 
-        line = line.rstrip()
-        if not line:
-            key = None
+    def __init__(self, path, keep):
+        self.path, self.keep = path, keep
+        self.found, self.section, self.key, self.number = {}, None, None, 0
+
+    def refuse(self, reason, number=None):
+        raise exception.ConfigDataRefused(
+            path=self.path, line=self.number if number is None else number, reason=reason)
+
+    def line(self, line):
+        if not line or line[0] in "#;":
+            self.key = None
         elif line[0] in " \t":
-            if key is None:
-                refuse("a continuation line without a key above it")
-            if key is not True:
-                found[section][key] += "\n" + line.lstrip()
-        elif line[0] in "#;":
-            key = None
+            self.continuation(line.lstrip())
         elif line[0] == "[":
             match = _SECTION.fullmatch(line)
             if match is None:
-                refuse("not a section header ([name])")
-            section, key = match.group(1), None
+                self.refuse("not a section header ([name])")
+            self.section, self.key = match.group(1), None
         else:
-            parsed = _assignment(line)
-            if parsed is None:
-                refuse("neither a section, a comment nor 'key = value'")
-            if section is None:
-                refuse("an option outside any section")
-            name, value = parsed
-            if not keep(section, name):
-                key = True      # read, not kept
-                continue
-            entries = found.setdefault(section, {})
-            if name in entries:
-                refuse(f"[{section}] {name} given twice")
-            entries[name], key = value, name
-    for section, entries in found.items():
-        for name, value in entries.items():
-            if "$" in value:
-                raise exception.ConfigDataRefused(
-                    path=path, line=0, reason=f"[{section}] {name} holds a '$' (no "
-                                              "substitution is made here)")
-    return found
+            self.assignment(line)
+
+    def continuation(self, text):
+        if self.key is None:
+            self.refuse("a continuation line without a key above it")
+        if self.key is not True:
+            self.found[self.section][self.key] += "\n" + text
+
+    def assignment(self, line):
+        parsed = _assignment(line)
+        if parsed is None:
+            self.refuse("neither a section, a comment nor 'key = value'")
+        if self.section is None:
+            self.refuse("an option outside any section")
+        name, value = parsed
+        if not self.keep(self.section, name):
+            self.key = True     # read, not kept
+            return
+        entries = self.found.setdefault(self.section, {})
+        if name in entries:
+            self.refuse(f"[{self.section}] {name} given twice")
+        entries[name], self.key = value, name
+
+    def check_values(self):
+        for section, entries in self.found.items():
+            for name, value in entries.items():
+                if "$" in value:
+                    self.refuse(f"[{section}] {name} holds a '$' (no substitution is made "
+                                "here)", number=0)
+
+
+def read(path, keep=_ANY_KEY):
+    """``{section: {key: value}}`` of the entries ``keep(section, key)``
+    accepts; every line of the file must parse."""
+    reader = _Reader(path, keep)
+    for reader.number, line in enumerate(_text(path).splitlines(), start=1):
+        reader.line(line.rstrip())
+    reader.check_values()
+    return reader.found
 
 
 def conf_files(files, dirs):
