@@ -10,6 +10,10 @@ from vgpu_driver import exception
 from vgpu_driver.privsep import conf_data
 from vgpu_driver.privsep import helper_conf
 
+# The helper accepts only files root alone can change: these tests' are
+# root's when they run as root, as CI runs them.
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper reads only root's files")
+
 NOVA = """\
     [DEFAULT]
     log_config_append = /tmp/evil.conf
@@ -121,3 +125,12 @@ def test_oslo_config_reads_back_what_was_kept(tmp_path):
     path = tmp_path / "x.conf"
     path.write_text(conf_data.as_ini(kept))
     assert conf_data.read(str(path)) == kept
+
+
+def test_the_helpers_own_file_must_be_roots_alone(files):
+    own, _ = files("[vgpu]\n")
+    os.chmod(own, 0o666)
+    with pytest.raises(exception.ConfigDataRefused,
+                       match=r"\(line 0\): .*privsep.conf \(owner root, mode 0666\) can be "
+                             "changed by another user than root"):
+        helper_conf.load(own)

@@ -13,11 +13,12 @@ files and directories, and on test hosts only, the fake-host options::
     test_only_fake_sysfs_root = false
     test_only_fake_nvml_host =
 
-From nova-compute's files (:mod:`.conf_data`, as data) the helper keeps
-``[vgpu] sysfs_root``, ``[devices]`` and ``[mdev_<type>]``: whoever can
-write them can choose among the writes the policy allows for this host's
-GPUs, nothing more.  Whether a root that is not sysfs is accepted comes
-from the helper's own file alone.
+The helper refuses its file when another user than root could change it or
+a directory above it.  From nova-compute's files (:mod:`.conf_data`, as
+data) it keeps ``[vgpu] sysfs_root``, ``[devices]`` and ``[mdev_<type>]``:
+whoever can write them can choose among the writes the policy allows for
+this host's GPUs, nothing more.  Whether a root that is not sysfs is
+accepted comes from the helper's own file alone.
 """
 
 import os
@@ -25,6 +26,7 @@ import os
 from oslo_config import cfg
 
 from vgpu_driver import exception
+from vgpu_driver import root_only
 from vgpu_driver.conf import devices as devices_conf
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.privsep import conf_data
@@ -58,6 +60,9 @@ def nova_key(section, key):
 
 
 def _own(path):
+    changeable = root_only.problems(path)
+    if changeable:
+        raise exception.ConfigDataRefused(path=path, line=0, reason="; ".join(changeable))
     own = conf_data.read(path)
     for section, entries in own.items():
         for key in entries:
