@@ -50,13 +50,15 @@ class InstallUnits(base.Lister):
                             help="Install under this directory instead of / (an image "
                                  "being built); it must exist.")
         parser.add_argument("--user", default="nova",
-                            help="The user nova-compute runs as (default: nova).")
+                            help="The user nova-compute runs as (default: nova); it must "
+                                 "exist (in --root's etc/passwd with --root).")
         parser.add_argument("--bin-dir", default=None,
-                            help="Where privsep-helper, vgpu-manage and vgpu-nova-compute "
+                            help="Where vgpu-privsep-helper, vgpu-manage and vgpu-nova-compute "
                                  "are (default: the directory of this vgpu-manage).")
         parser.add_argument("--tmpdir", default="/tmp",
                             help="nova-compute's temporary directory, where oslo.privsep "
-                                 "makes its socket (default: /tmp, TMPDIR unset).")
+                                 "makes its socket (default: /tmp, TMPDIR unset); a trailing "
+                                 "/ is dropped, as Python's tempfile drops it.")
         parser.add_argument("--force", action="store_true",
                             help="Replace files that are there with other contents.")
         parser.add_argument("--dry-run", action="store_true",
