@@ -18,6 +18,7 @@ Tree::
     ├── NvmlUnavailable               nvidia-ml-py or NVIDIA's library is missing
     ├── MixedSizeModeRefused          NVML refused to switch a GPU's vGPU mode
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
+    ├── ConfigDataRefused             the helper cannot read a configuration file
     ├── PrivilegedWriteRefused        the privileged side will not make this write
     │   └── WritesNeedRoot            vgpu-manage writes sysfs only as root
     ├── MdevWriteError                the kernel refused a write (has .errno)
@@ -180,10 +181,18 @@ class FakeHostMountPointInUse(VgpuDriverError):
 class PrivilegedHelperUnavailable(VgpuDriverError):
     msg_fmt = ("Cannot start the privileged helper (%(reason)s), so no sysfs write can be "
                "made. nova-compute starts it as [vgpu_driver_sysfs_writer] helper_command "
-               "says (by default 'sudo privsep-helper ... --privsep_context "
-               "vgpu_driver.privsep.sysfs_writer'); install the sudoers rule "
-               "etc/vgpu-driver/sudoers.d/vgpu-driver, adapted to nova-compute's "
-               "user and configuration files.")
+               "says (by default 'sudo <bin>/vgpu-privsep-helper --config-file "
+               "/etc/vgpu-driver/privsep.conf --privsep_context "
+               "vgpu_driver.privsep.sysfs_writer ...'); write the sudoers rule and the "
+               "helper's file with 'vgpu-manage install-units'.")
+
+
+class ConfigDataRefused(VgpuDriverError):
+    """The privileged helper will not use a configuration file.  Only the
+    file and the line are named: the helper reads as root, and the text
+    may be anything the file links to."""
+
+    msg_fmt = "The privileged helper cannot use %(path)s (line %(line)s): %(reason)s."
 
 
 class PrivilegedWriteRefused(VgpuDriverError):

@@ -2,8 +2,9 @@
 
 nova-compute must run as ``vgpu-nova-compute`` (a systemd drop-in), SR-IOV
 boards need their VFs enabled at boot (a unit), the privileged helper
-starts through sudo (a sudoers rule), and ``vgpu-manage metrics serve`` may
-answer Prometheus (a unit, enabled by the operator).  Each names absolute
+starts through sudo (a sudoers rule) with a root-owned file of its own
+(``privsep.conf``), and ``vgpu-manage metrics serve`` may answer
+Prometheus (a unit, enabled by the operator).  Each names absolute
 paths (where pip put the scripts, nova-compute's configuration files,
 Python's temporary directory) and the sudo rule must match oslo.privsep's
 command exactly, so they are rendered from templates
@@ -24,9 +25,10 @@ SUDOERS = "etc/sudoers.d/vgpu-driver"
 SRIOV_UNIT = "etc/systemd/system/vgpu-driver-sriov.service"
 COMPUTE_DROPIN = "etc/systemd/system/nova-compute.service.d/vgpu-driver.conf"
 METRICS_UNIT = "etc/systemd/system/vgpu-driver-metrics.service"
+PRIVSEP_CONF = "etc/vgpu-driver/privsep.conf"
 
 # The scripts the files run, which must be in ``bin_dir``.
-SCRIPTS = ("privsep-helper", "vgpu-manage", "vgpu-nova-compute")
+SCRIPTS = ("vgpu-privsep-helper", "vgpu-manage", "vgpu-nova-compute")
 
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # What a path may hold to be written into a unit's command line and into
@@ -87,14 +89,20 @@ def _template(name):
 
 
 def render(settings):
-    """The four files, as :class:`HostFile` (checked settings only)."""
+    """The five files, as :class:`HostFile`, the sudo rule first (checked
+    settings only)."""
     check(settings)
     args = " ".join(_config_args(settings))
     values = {"bin_dir": settings.bin_dir, "user": settings.user, "config_args": args,
-              "config_regex": _sudo_regex(args), "tmpdir": settings.tmpdir,
-              "tmpdir_regex": _sudo_regex(settings.tmpdir)}
+              "config_files": ",".join(settings.config_files),
+              "config_dirs": "".join(f" {d}" for d in settings.config_dirs[:1]) +
+                             "".join(f",{d}" for d in settings.config_dirs[1:]),
+              "tmpdir": settings.tmpdir,
+              # mkdtemp() joins the directory and the name: "/" + "tmp..."
+              "tmpdir_regex": _sudo_regex(settings.tmpdir.rstrip("/"))}
     return [
         HostFile(SUDOERS, 0o440, _template("sudoers.tmpl").substitute(values)),
+        HostFile(PRIVSEP_CONF, 0o644, _template("privsep.conf.tmpl").substitute(values)),
         HostFile(SRIOV_UNIT, 0o644,
                  _template("vgpu-driver-sriov.service.tmpl").substitute(values)),
         HostFile(COMPUTE_DROPIN, 0o644,
@@ -108,6 +116,22 @@ def _sudo_regex(text):
     """``text`` as a literal in sudo's regular expressions (paths hold only
     the characters :func:`check` allows: ``.`` and ``+`` need escaping)."""
     return re.sub(r"([.+])", r"\\\1", text)
+
+
+def root_reads(settings):
+    """What root runs or reads because of these files, which only root may
+    be able to change: the scripts (the helper's through sudo, vgpu-manage
+    as the SR-IOV unit) and the configuration the SR-IOV unit reads as root.
+    The helper's own file is written by install-units."""
+    paths = [os.path.join(settings.bin_dir, s) for s in SCRIPTS]
+    paths += list(settings.config_files) + list(settings.config_dirs)
+    for directory in settings.config_dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        paths += [os.path.join(directory, n) for n in names if n.endswith(".conf")]
+    return paths
 
 
 def missing_scripts(bin_dir):

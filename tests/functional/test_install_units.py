@@ -1,6 +1,6 @@
-"""``vgpu-manage install-units`` writes the units and the sudo rule with
-this host's paths, and the rule it writes lets nova's user run exactly the
-command oslo.privsep builds for nova-compute's own configuration files.
+"""``vgpu-manage install-units`` writes the units, the sudo rule and the
+helper's file with this host's paths, and the rule it writes lets nova's
+user run exactly the command nova-compute builds.
 
 The rule is asked of the real sudo (``sudo -l -U``) for a throwaway system
 user, as ``test_sudoers.py`` does for the shipped example; the examples in
@@ -24,6 +24,7 @@ from vgpu_driver.cmd import manage
 
 REPO = pathlib.Path(__file__).parents[2]
 SHIPPED = {host_files.SUDOERS: "etc/vgpu-driver/sudoers.d/vgpu-driver",
+           host_files.PRIVSEP_CONF: "etc/vgpu-driver/privsep.conf",
            host_files.SRIOV_UNIT: "etc/systemd/vgpu-driver-sriov.service",
            host_files.COMPUTE_DROPIN: "etc/systemd/nova-compute.service.d/vgpu-driver.conf",
            host_files.METRICS_UNIT: "etc/systemd/vgpu-driver-metrics.service"}
@@ -42,6 +43,21 @@ def bin_dir(tmp_path):
         (scripts / name).write_text("#!/bin/sh\nexit 1\n")
         (scripts / name).chmod(0o755)
     return scripts
+
+
+def make_root(tmp_path, *users):
+    """A tree to install under, whose /etc/passwd lists ``users``."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("".join(
+        f"{user}:x:{500 + i}:{500 + i}::/nonexistent:/usr/sbin/nologin\n"
+        for i, user in enumerate(users)))
+    return root
+
+
+@pytest.fixture
+def root(tmp_path):
+    return make_root(tmp_path, "nova", "compute")
 
 
 @pytest.fixture
@@ -66,19 +82,19 @@ def snapshot(root):
             for p in sorted(pathlib.Path(root).rglob("*")) if p.is_file()}
 
 
-def test_it_writes_the_four_files_with_this_hosts_paths(tmp_path, bin_dir, nova_conf):
-    root = tmp_path / "root"
-    root.mkdir()
+def test_it_writes_the_five_files_with_this_hosts_paths(root, bin_dir, nova_conf):
+    empty = snapshot(root)
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
                              "--dry-run")
-    assert (code, snapshot(root)) == (0, {})
-    assert out.count("would be written") == 4
+    assert (code, snapshot(root)) == (0, empty)
+    assert out.count("would be written") == 5
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
-    assert code == 0 and out.count(" written") == 4, out
+    assert code == 0 and out.count(" written") == 5, out
     assert "then: systemctl daemon-reload" in err
     files = {path: (root / path) for path in SHIPPED}
     assert {p: oct(f.stat().st_mode & 0o777) for p, f in files.items()} == {
-        host_files.SUDOERS: "0o440", host_files.SRIOV_UNIT: "0o644",
+        host_files.SUDOERS: "0o440", host_files.PRIVSEP_CONF: "0o644",
+        host_files.SRIOV_UNIT: "0o644",
         host_files.COMPUTE_DROPIN: "0o644", host_files.METRICS_UNIT: "0o644"}
     assert f"ExecStart={bin_dir}/vgpu-nova-compute --config-file {nova_conf}\n" in \
         files[host_files.COMPUTE_DROPIN].read_text()
@@ -88,15 +104,17 @@ def test_it_writes_the_four_files_with_this_hosts_paths(tmp_path, bin_dir, nova_
     assert f"ExecStart={bin_dir}/vgpu-manage --config-file {nova_conf} metrics serve\n" in \
         metrics_unit
     assert "\nUser=nova\n" in metrics_unit
-    escaped = str(nova_conf).replace(".", "\\.")
     for rule in test_sudoers._rule_lines(files[host_files.SUDOERS].read_text()):
-        assert rule.startswith(f"nova ALL = (root) NOPASSWD: {bin_dir}/privsep-helper "
-                               f"^--config-file {escaped} --privsep_context "), rule
+        assert rule.startswith(f"nova ALL = (root) NOPASSWD: {bin_dir}/vgpu-privsep-helper "
+                               "^--config-file /etc/vgpu-driver/privsep\\.conf "
+                               "--privsep_context "), rule
+    assert f"\n[nova]\nconfig_files = {nova_conf}\nconfig_dirs =\n" in \
+        files[host_files.PRIVSEP_CONF].read_text()
 
     # Again: nothing to do.  Changed by hand: refused unless --force.
     before = snapshot(root)
     code, out, _ = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
-    assert (code, out.count("unchanged"), snapshot(root)) == (0, 4, before)
+    assert (code, out.count("unchanged"), snapshot(root)) == (0, 5, before)
     dropin = files[host_files.COMPUTE_DROPIN]
     dropin.write_text(dropin.read_text() + "# --log-file added by hand\n")
     edited = snapshot(root)
@@ -109,19 +127,16 @@ def test_it_writes_the_four_files_with_this_hosts_paths(tmp_path, bin_dir, nova_
         f"(--force replaces them); nothing was written."]
     code, out, _ = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
                            "--user", "compute", "--force")
-    assert code == 0 and out.count("replaced") == 3 and out.count("unchanged") == 1, out
+    assert code == 0 and out.count("replaced") == 3 and out.count("unchanged") == 2, out
     assert "# --log-file" not in dropin.read_text()
 
 
-def test_systemd_reads_the_units_it_writes_without_a_complaint(tmp_path, bin_dir,
-                                                                nova_conf):
+def test_systemd_reads_the_units_it_writes_without_a_complaint(root, bin_dir, nova_conf):
     """systemd's own parser: a misspelt key or section is only a warning to
     systemd (the unit still loads, without it), so any output fails."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (bindep.txt: systemd)")
-    root = tmp_path / "root"
-    root.mkdir()
     code, _, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
     assert code == 0, err
     for unit in (host_files.SRIOV_UNIT, host_files.METRICS_UNIT):
@@ -142,26 +157,24 @@ def test_systemd_reads_the_units_it_writes_without_a_complaint(tmp_path, bin_dir
     (["--tmpdir", "tmp"], "error: --tmpdir 'tmp': not an absolute, normalised path"),
     (["--tmpdir", "/tmp/../etc"], "error: --tmpdir '/tmp/../etc': not an absolute"),
     (["--bin-dir", "/usr/bin/../x y"], "error: --bin-dir '/usr/bin/../x y': not an"),
-    (["--bin-dir", "/nonexistent"], "error: /nonexistent has no privsep-helper, "
+    (["--bin-dir", "/nonexistent"], "error: /nonexistent has no vgpu-privsep-helper, "
                                     "vgpu-manage, vgpu-nova-compute (give --bin-dir"),
     (["--root", "/nonexistent/root"], "error: --root /nonexistent/root is not a directory"),
 ])
-def test_bad_input_writes_nothing(tmp_path, bin_dir, nova_conf, argv, message):
-    root = tmp_path / "root"
-    root.mkdir()
+def test_bad_input_writes_nothing(root, bin_dir, nova_conf, argv, message):
+    empty = snapshot(root)
     default = ["--root", str(root), "--bin-dir", str(bin_dir)]
     code, out, err = install(nova_conf, *default, *argv)
-    assert (code, out, snapshot(root)) == (2, "", {})
+    assert (code, out, snapshot(root)) == (2, "", empty)
     assert len(err.splitlines()) == 1 and err.startswith(message), err
 
 
-def test_a_config_file_sudo_cannot_carry_is_refused(tmp_path, bin_dir):
+def test_a_config_file_sudo_cannot_carry_is_refused(tmp_path, root, bin_dir):
     conf = tmp_path / "nova #1.conf"
     conf.write_text("[DEFAULT]\n")
-    root = tmp_path / "root"
-    root.mkdir()
+    empty = snapshot(root)
     code, out, err = install(conf, "--root", str(root), "--bin-dir", str(bin_dir))
-    assert (code, snapshot(root)) == (2, {})
+    assert (code, snapshot(root)) == (2, empty)
     assert err.startswith(f"error: --config-file '{conf}': not an absolute, normalised "), err
 
 
@@ -181,8 +194,7 @@ def system_user():
 
 def test_the_rule_it_writes_allows_exactly_nova_computes_command(
         tmp_path, bin_dir, nova_conf, system_user, monkeypatch):
-    root = tmp_path / "root"
-    root.mkdir()
+    root = make_root(tmp_path, system_user)
     code, _, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
                            "--user", system_user)
     assert code == 0, err
@@ -199,12 +211,13 @@ def test_the_rule_it_writes_allows_exactly_nova_computes_command(
             return result.returncode == 0
 
         for context in test_sudoers.CONTEXTS.values():
-            command = test_sudoers._documented_command(str(nova_conf), monkeypatch, context)
-            assert command[:2] == ["sudo", "privsep-helper"], command
-            argv = [str(bin_dir / "privsep-helper"), *command[2:]]
+            command = test_sudoers._documented_command(monkeypatch, context)
+            assert command[0] == "sudo", command
+            argv = [str(bin_dir / "vgpu-privsep-helper"), *command[2:]]
             assert allowed(argv), argv
             assert not allowed(argv + ["--config-file", "/tmp/evil.conf"])
             assert not allowed([argv[0], "--config-file", "/tmp/evil.conf", *argv[1:]])
-            assert not allowed(["/usr/bin/privsep-helper", *argv[1:]])
+            assert not allowed([argv[0], "--config-file", str(nova_conf), *argv[3:]])
+            assert not allowed(["/usr/bin/vgpu-privsep-helper", *argv[1:]])
     finally:
         installed.unlink()

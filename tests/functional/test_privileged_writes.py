@@ -2,9 +2,9 @@
 served fake host.
 
 The daemon is started as nova-compute starts it, by oslo.privsep running the
-context's ``helper_command`` (``privsep-helper --config-file ...``; as root
-here, without sudo), and it takes its sysfs root from that configuration
-file.  Every write then crosses the daemon's socket and reaches the fake
+context's helper command (``vgpu-privsep-helper --config-file <its own
+file>``; as root here, without sudo), and it takes its sysfs root from the
+nova.conf that file names.  Every write then crosses the daemon's socket and reaches the fake
 kernel through the FUSE mount, so kernel errnos and the daemon's refusals
 come back as the caller sees them on a host.
 """
@@ -41,7 +41,7 @@ A100_VF = "0000:41:00.4"
 L40S = "0000:c1:00.0"
 L40S_VF = "0000:c1:00.4"
 NIC = "0000:05:00.0"
-HELPER = os.path.join(os.path.dirname(sys.executable), "privsep-helper")
+HELPER = os.path.join(os.path.dirname(sys.executable), "vgpu-privsep-helper")
 
 # oslo.privsep hands the helper's stderr a pipe whose ends it never closes
 # (daemon._fd_logger); that is the library's, not a leak of ours.
@@ -49,10 +49,12 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 
 
-# What nova-compute's files say on this host, as the daemons read them; the
-# NVML daemon asks the served host's fake vendor driver.
-DAEMON_CONF = textwrap.dedent(confs.MIXED_HOST) + served_host.FAKE_ROOT_CONF + \
-    "sysfs_root = {mount}\ntest_only_fake_nvml_host = {state}\n"
+# What nova-compute's files say on this host, as the daemons read them.
+NOVA_CONF = textwrap.dedent(confs.MIXED_HOST) + "[vgpu]\nsysfs_root = {mount}\n"
+# The helper's own file: it names nova.conf, accepts the served host's root
+# and asks the served host's fake vendor driver.
+DAEMON_CONF = "[nova]\nconfig_files = {nova_conf}\n" + served_host.FAKE_ROOT_CONF + \
+    "test_only_fake_nvml_host = {state}\n"
 GROUPS = (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP)
 
 
@@ -101,8 +103,10 @@ def served(tmp_path):
 @contextlib.contextmanager
 def served_by_daemon(tmp_path, *profile_names, fake_root=True):
     with served_host.served(tmp_path, *profile_names) as host:
+        nova_conf = tmp_path / "nova.conf"
+        nova_conf.write_text(NOVA_CONF.format(mount=host.mount))
         daemon_conf = tmp_path / "privsep-daemon.conf"
-        text = DAEMON_CONF.format(mount=host.mount, state=host.state)
+        text = DAEMON_CONF.format(nova_conf=nova_conf, state=host.state)
         if not fake_root:
             text = text.replace(served_host.FAKE_ROOT_CONF, "[vgpu]\n")
         daemon_conf.write_text(text)
@@ -288,7 +292,7 @@ def tree_bytes(top):
 
 
 def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):
-    use_helper(f"{tmp_path}/missing/privsep-helper --config-file /dev/null")
+    use_helper(f"{tmp_path}/missing/vgpu-privsep-helper --config-file /dev/null")
     for top in ("bus", "class"):  # a sysfs root the host check accepts
         (tmp_path / top).mkdir()
     try:

@@ -1,4 +1,4 @@
-"""The shipped sudoers rule allows exactly the commands oslo.privsep runs for
+"""The shipped sudoers rule allows exactly the commands nova-compute runs for
 our two helpers (the sysfs writer and the NVML mode switch), and nothing more.
 
 The rule of ``etc/vgpu-driver/sudoers.d/vgpu-driver`` is installed into
@@ -7,7 +7,7 @@ an executable of the test (the rest of each line byte for byte as shipped),
 and the real sudo is asked about each command line with ``sudo -l -U user
 command...``: it prints the command and exits 0 when the rule allows it,
 exits 1 silently when no rule does.  The allowed commands are those
-``PrivContext.helper_command`` builds for each context, with a socket path made as
+our contexts' ``helper_command`` builds, with a socket path made as
 oslo.privsep's daemon makes it.  The user and the file are removed at the
 end, whatever happened.
 
@@ -34,7 +34,8 @@ from vgpu_driver.conf import privsep as privsep_conf
 
 SHIPPED = pathlib.Path(__file__).parents[2] / "etc" / "vgpu-driver" / "sudoers.d" / "vgpu-driver"
 SHIPPED_USER = "nova"
-SHIPPED_HELPER = "/usr/bin/privsep-helper"
+SHIPPED_HELPER = "/usr/bin/vgpu-privsep-helper"
+HELPER_CONF = "/etc/vgpu-driver/privsep.conf"
 NOVA_CONF = "/etc/nova/nova.conf"
 CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": privsep.sysfs_writer,
             "vgpu_driver.privsep.gpu_admin": privsep.gpu_admin}
@@ -60,23 +61,24 @@ def _run(*argv):
 def _rule_lines(text):
     """The rule's lines: the sysfs writer's, then the NVML helper's."""
     rules = [line for line in text.splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]
+             if line.strip() and not line.lstrip().startswith(("#", "Defaults"))]
     assert [f"--privsep_context {c.replace('.', chr(92) + '.')} " in line
             for line, c in zip(rules, CONTEXTS, strict=True)] == [True, True], rules
     return rules
 
 
-def _documented_command(conf_file, monkeypatch, context=privsep.sysfs_writer):
-    """The argv oslo.privsep runs for ``context`` when nova-compute read
-    ``conf_file``, with a socket path made as its daemon makes it."""
+def _documented_command(monkeypatch, context=privsep.sysfs_writer, root_helper=None):
+    """The argv oslo.privsep runs for ``context`` in nova-compute (which
+    sets oslo.privsep's root helper to nova-rootwrap unless told not to),
+    with a socket path made as its daemon makes it."""
     conf = cfg.ConfigOpts()
     for group in (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP):
         conf.register_opts(priv_context.OPTS, group=group)
-    # Only the file given: no --config-dir from a nova.conf.d of this machine.
-    conf(["--config-file", conf_file], project="nova", default_config_dirs=[])
-    # helper_command reads the files nova-compute was started with from the
-    # global configuration; this one stands in for nova-compute's.
+    conf([], project="nova", default_config_files=[], default_config_dirs=[])
+    # The global configuration stands in for nova-compute's.
     monkeypatch.setattr(cfg, "CONF", conf)
+    if root_helper is not None:
+        monkeypatch.setattr(priv_context, "_HELPER_COMMAND_PREFIX", root_helper)
     # oslo.privsep's daemon: os.path.join(tempfile.mkdtemp(), "privsep.sock"),
     # in nova-compute's environment, where TMPDIR, TEMP and TMP are unset.
     for name in ("TMPDIR", "TEMP", "TMP"):
@@ -101,11 +103,13 @@ def rule():
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-sudoers-"))
     user_created = False
     try:
-        helper = workdir / "privsep-helper"
+        helper = workdir / "vgpu-privsep-helper"
         helper.write_text("#!/bin/sh\nexit 1\n")
         helper.chmod(0o755)
         head = f"{SHIPPED_USER} ALL = (root) NOPASSWD: {SHIPPED_HELPER} "
-        lines = []
+        defaults = "env_reset, always_set_home, !env_keep, !env_check"
+        lines = [f"Defaults!{helper} {defaults}"]
+        assert f"\nDefaults!{SHIPPED_HELPER} {defaults}\n" in SHIPPED.read_text()
         for shipped in _rule_lines(SHIPPED.read_text()):
             assert shipped.startswith(head), shipped
             lines.append(f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head):])
@@ -139,15 +143,16 @@ def rule():
 
 
 @pytest.fixture(params=sorted(CONTEXTS))
-def documented(request, rule, monkeypatch, tmp_path):
-    """The command nova-compute runs for a context with /etc/nova/nova.conf,
-    helper replaced by the test's, and sudo's verdict function."""
+def documented(request, rule, monkeypatch):
+    """The command nova-compute runs for a context, its helper replaced by
+    the test's, and sudo's verdict function."""
     allowed, helper = rule
-    conf_file = tmp_path / "nova.conf"
-    conf_file.write_text("[DEFAULT]\n")
-    command = _documented_command(str(conf_file), monkeypatch, CONTEXTS[request.param])
-    assert command[:2] == ["sudo", "privsep-helper"], command
-    argv = [helper] + [NOVA_CONF if word == str(conf_file) else word for word in command[2:]]
+    # nova-compute's root helper is nova-rootwrap: our contexts use sudo alone.
+    command = _documented_command(monkeypatch, CONTEXTS[request.param],
+                                  ["sudo", "nova-rootwrap", "/etc/nova/rootwrap.conf"])
+    assert command[:2] == ["sudo", os.path.join(os.path.dirname(sys.executable),
+                                                "vgpu-privsep-helper")], command
+    argv = [helper] + command[2:]
     return allowed, argv
 
 
@@ -159,7 +164,7 @@ def test_the_shipped_file_passes_visudo():
 
 def test_the_documented_command_is_allowed(documented):
     allowed, argv = documented
-    assert argv[1:-1] == ["--config-file", NOVA_CONF, "--privsep_context", _context(argv),
+    assert argv[1:-1] == ["--config-file", HELPER_CONF, "--privsep_context", _context(argv),
                           "--privsep_sock_path"]
     assert _context(argv) in CONTEXTS
     sock = pathlib.PurePath(argv[-1])
@@ -203,9 +208,10 @@ REFUSED = {
         a, _context(a), ["os_brick.privileged.default"]),
     "a context under another name": lambda a: _replaced(
         a, _context(a), [_context(a).replace("vgpu_driver.", "vgpu_driverX")]),
-    "config file path climbing out of /etc/nova": lambda a: _replaced(
-        a, NOVA_CONF, ["/etc/nova/../../tmp/evil.conf"]),
-    "another config file": lambda a: _replaced(a, NOVA_CONF, ["/tmp/evil.conf"]),
+    "config file path climbing out of /etc/vgpu-driver": lambda a: _replaced(
+        a, HELPER_CONF, ["/etc/vgpu-driver/../../tmp/evil.conf"]),
+    "another config file": lambda a: _replaced(a, HELPER_CONF, ["/tmp/evil.conf"]),
+    "nova.conf as the helper's configuration": lambda a: _replaced(a, HELPER_CONF, [NOVA_CONF]),
     "socket path climbing out of /tmp": lambda a: _replaced(
         a, a[-1], ["/tmp/../etc/x/privsep.sock"]),
     "socket path below the socket directory": lambda a: _replaced(
@@ -243,18 +249,21 @@ def _regroupings(words):
         yield words[:i] + [f"{words[i]} {words[i + 1]}"] + words[i + 2:]
 
 
-def test_the_same_words_regrouped_pass_sudo_and_privsep_helper_refuses_them(documented):
+def test_the_same_words_regrouped_pass_sudo_and_the_helper_refuses_them(documented):
     """sudo matches the arguments joined with spaces, so the documented words
-    split differently into arguments match too; privsep-helper refuses each
-    such split while parsing its command line, before it reads a file."""
+    split differently into arguments match too; vgpu-privsep-helper refuses
+    each such split while parsing its command line, before it reads a file
+    (there is none here: a read would be another error)."""
     allowed, argv = documented
-    real_helper = os.path.join(os.path.dirname(sys.executable), "privsep-helper")
+    real_helper = os.path.join(os.path.dirname(sys.executable), "vgpu-privsep-helper")
     assert os.access(real_helper, os.X_OK), real_helper
     for regrouped in _regroupings(argv[1:]):
         assert allowed([argv[0]] + regrouped), regrouped
         result = _run(real_helper, *regrouped)
         assert result.returncode == 2, (regrouped, result)
-        assert "error: unrecognized arguments" in result.stderr, (regrouped, result.stderr)
+        # argparse's refusal, not the helper's own "error: ..." of a read.
+        assert result.stderr.startswith("usage: vgpu-privsep-helper"), result.stderr
+        assert "\nvgpu-privsep-helper: error: " in result.stderr, result.stderr
 
 
 def test_rootwrap_lets_anyone_run_privsep_helper_with_any_arguments(tmp_path):

@@ -1,13 +1,20 @@
-"""``install-units``: the systemd units and the sudo rule, with this host's paths.
+"""``install-units``: the systemd units, the sudo rule and the helper's file,
+with this host's paths.
 
 The files name nova-compute's configuration files (vgpu-manage's own
 ``--config-file``, which must be the ones nova-compute reads), where pip put
-the scripts (this environment's ``bin/`` by default) and nova's user.  The
-sudo rule is checked with ``visudo -c`` before anything is written; a file
-already there with other contents is replaced only with ``--force``.
+the scripts (this environment's ``bin/`` by default) and nova's user, who
+must exist.  Before anything is written: the sudo rule is checked with
+``visudo -c``, and everything root will run or read because of these files
+(the scripts, each path of their ``#!`` line, the configuration the SR-IOV
+unit reads, the directories the files go to, and every directory above
+them) must be changeable by root alone.  A file already there with other
+contents is replaced only with ``--force``.  Directories are made 0755
+whatever the umask.
 """
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -15,9 +22,11 @@ import tempfile
 
 from vgpu_driver import exception
 from vgpu_driver import host_files
+from vgpu_driver import root_only
 from vgpu_driver.cmd import base
 
 COLUMNS = ("path", "mode", "result")
+DIRECTORY_MODE = 0o755
 NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.service; "
               "systemctl restart nova-compute (and, to answer Prometheus' scrapes: "
               "systemctl enable --now vgpu-driver-metrics.service)")
@@ -41,13 +50,15 @@ class InstallUnits(base.Lister):
                             help="Install under this directory instead of / (an image "
                                  "being built); it must exist.")
         parser.add_argument("--user", default="nova",
-                            help="The user nova-compute runs as (default: nova).")
+                            help="The user nova-compute runs as (default: nova); it must "
+                                 "exist (in --root's etc/passwd with --root).")
         parser.add_argument("--bin-dir", default=None,
-                            help="Where privsep-helper, vgpu-manage and vgpu-nova-compute "
+                            help="Where vgpu-privsep-helper, vgpu-manage and vgpu-nova-compute "
                                  "are (default: the directory of this vgpu-manage).")
         parser.add_argument("--tmpdir", default="/tmp",
                             help="nova-compute's temporary directory, where oslo.privsep "
-                                 "makes its socket (default: /tmp, TMPDIR unset).")
+                                 "makes its socket (default: /tmp, TMPDIR unset); a trailing "
+                                 "/ is dropped, as Python's tempfile drops it.")
         parser.add_argument("--force", action="store_true",
                             help="Replace files that are there with other contents.")
         parser.add_argument("--dry-run", action="store_true",
@@ -60,11 +71,14 @@ class InstallUnits(base.Lister):
         root = parsed_args.root
         if not os.path.isdir(root):
             raise InstallFilesRefused(reason=f"--root {root} is not a directory")
+        _check_user(root, settings.user)
         missing = host_files.missing_scripts(settings.bin_dir)
         if missing:
             raise InstallFilesRefused(
                 reason=f"{settings.bin_dir} has no {', '.join(missing)} (give --bin-dir, "
                        f"the bin/ of the environment nova and vgpu-driver are in)")
+        _check_root_only(host_files.root_reads(settings) +
+                         [os.path.dirname(os.path.join(root, f.path)) for f in files])
         plan = [(f, os.path.join(root, f.path), _result(os.path.join(root, f.path), f))
                 for f in files]
         replaced = [target for _f, target, result in plan if result == "replaced"]
@@ -91,7 +105,46 @@ class InstallUnits(base.Lister):
             bin_dir=parsed_args.bin_dir or _default_bin_dir(), user=parsed_args.user,
             config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
             config_dirs=tuple(os.path.abspath(d) for d in config_dirs),
-            tmpdir=parsed_args.tmpdir)
+            tmpdir=_normalised_tmpdir(parsed_args.tmpdir))
+
+
+def _normalised_tmpdir(path):
+    """Python's tempfile names its directory without a trailing "/"."""
+    return path.rstrip("/") or "/" if path.startswith("/") else path
+
+
+def _check_user(root, user):
+    """The user must exist where the files are used: this host, or the
+    ``/etc/passwd`` of the tree under ``--root``."""
+    if os.path.realpath(root) == "/":
+        try:
+            pwd.getpwnam(user)
+            return
+        except KeyError:
+            pass
+    else:
+        try:
+            with open(os.path.join(root, "etc", "passwd"), encoding="utf-8") as f:
+                if any(line.split(":", 1)[0] == user for line in f):
+                    return
+        except OSError:
+            pass
+    raise exception.InvalidOption(option="--user", value=user,
+                                  reason=f"no such user in {os.path.join(root, 'etc/passwd')}")
+
+
+def _check_root_only(paths):
+    """Refuse when another user than root can change what root will run or
+    read: each path, the paths of its ``#!`` line, their directories."""
+    found = []
+    for path in paths:
+        for each in [path] + root_only.interpreter_paths(path):
+            found += [p for p in root_only.problems(each) if p not in found]
+    if found:
+        raise InstallFilesRefused(
+            reason="root would run or read what another user can replace: " + "; ".join(found)
+                   + " (install vgpu-driver's environment and configuration as root, "
+                     "writable by root alone)")
 
 
 def _result(target, file):
@@ -124,7 +177,7 @@ def _check_sudoers(file):
 def _write(target, file):
     """Whole or not at all: a new file beside it, renamed over it."""
     directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
+    _make_directories(directory)
     descriptor, draft = tempfile.mkstemp(dir=directory, prefix=".vgpu-driver.")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:
@@ -135,3 +188,14 @@ def _write(target, file):
         if os.path.exists(draft):
             os.unlink(draft)
         raise
+
+
+def _make_directories(directory):
+    """``directory`` and its missing parents, each 0755 whatever the umask."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for each in reversed(missing):
+        os.mkdir(each, DIRECTORY_MODE)
+        os.chmod(each, DIRECTORY_MODE)

@@ -37,7 +37,10 @@ a sysfs mount (a fake host's directory, or its FUSE mount served by
 ``vgpu-manage fake-host serve``).  Never set it on a real host: the helper
 refuses any other filesystem so that nothing but the kernel's sysfs can
 receive its writes, and a fake host served by an unprivileged user would
-otherwise steer what root writes.
+otherwise steer what root writes.  The privileged helper (``vgpu-privsep-helper``)
+takes it from its own root-owned file (``/etc/vgpu-driver/privsep.conf``)
+only, never from nova-compute's files; ``vgpu-manage`` run as root takes it
+from its ``--config-file``.
 """),
     cfg.StrOpt(
         "test_only_fake_nvml_host",
@@ -46,7 +49,8 @@ TEST ONLY: the directory of a fake host (``vgpu-manage fake-host create``)
 whose fake vendor driver the privileged NVML helper asks, instead of
 NVIDIA's management library, to switch a GPU's mixed-size vGPU mode: the
 host ``sysfs_root`` serves.  Honoured only together with
-``test_only_fake_sysfs_root``.  Never set it on a real host.
+``test_only_fake_sysfs_root``, and by the helper from its own file only, as
+that option.  Never set it on a real host.
 """),
     cfg.StrOpt(
         "state_dir",

@@ -1,19 +1,43 @@
-"""The privsep context and the configuration its privileged side works under.
+"""The privsep contexts and the configuration their privileged side works under.
 
-In the daemon that configuration is the global ``cfg.CONF`` that
-``privsep-helper`` loaded from the ``--config-file`` arguments nova-compute
-started it with; in-process (``vgpu-manage`` as root) it is the CLI's own,
-fixed by :func:`fix_configuration`.  It is read once per process side.
+nova-compute starts each daemon as ``sudo <scripts>/vgpu-privsep-helper
+--config-file /etc/vgpu-driver/privsep.conf --privsep_context <context>
+--privsep_sock_path <socket>`` (:mod:`.helper`), unless ``helper_command``
+says otherwise: an absolute path, whatever nova's root helper is, and a
+root-owned file, never nova-compute's own files.  The configuration the
+privileged side obeys is fixed by :func:`fix_configuration`: in the daemon,
+what :mod:`.helper_conf` read; in-process (``vgpu-manage`` as root), the
+CLI's own.  A privileged side without one (a daemon some other helper
+started) writes nothing.
 """
+
+import os
+import sysconfig
 
 from oslo_config import cfg
 from oslo_privsep import capabilities
 from oslo_privsep import priv_context
 
+from vgpu_driver import exception
 from vgpu_driver.conf import devices as devices_conf
 from vgpu_driver.conf import vgpu as vgpu_conf
+from vgpu_driver.privsep import helper_conf
 
-sysfs_writer = priv_context.PrivContext(
+HELPER = "vgpu-privsep-helper"
+
+
+class Context(priv_context.PrivContext):
+    """A context whose default command runs our helper with its own file."""
+
+    def helper_command(self, sockpath):
+        if self.conf.helper_command:
+            return super().helper_command(sockpath)
+        return ["sudo", os.path.join(sysconfig.get_path("scripts"), HELPER),
+                "--config-file", helper_conf.HELPER_CONF, "--privsep_context", self.pypath,
+                "--privsep_sock_path", sockpath]
+
+
+sysfs_writer = Context(
     "vgpu_driver",
     cfg_section="vgpu_driver_sysfs_writer",
     pypath="vgpu_driver.privsep.sysfs_writer",
@@ -25,7 +49,7 @@ sysfs_writer = priv_context.PrivContext(
 # vGPU mode switch is one: a second daemon holds that capability, runs the
 # one NVML entry point and writes no file.  It is started only on a host
 # that switches a GPU's mode.
-gpu_admin = priv_context.PrivContext(
+gpu_admin = Context(
     "vgpu_driver",
     cfg_section="vgpu_driver_gpu_admin",
     pypath="vgpu_driver.privsep.gpu_admin",
@@ -39,7 +63,7 @@ state = {}
 
 
 def fix_configuration(conf):
-    """In-process: ``conf`` from now on (None: back to the daemon's own)."""
+    """``conf`` from now on (None: none, until fixed again)."""
     state.pop("policy", None)
     if conf is None:
         state.pop("conf", None)
@@ -49,7 +73,11 @@ def fix_configuration(conf):
 
 def configuration():
     """The configuration the privileged side obeys, our options registered."""
-    conf = state.get("conf", cfg.CONF)
+    conf = state.get("conf")
+    if conf is None:
+        raise exception.PrivilegedWriteRefused(
+            "sysfs", f"this privileged side has no configuration of its own (only {HELPER} "
+                     "or vgpu-manage run as root give it one)")
     for group, option, module in (("vgpu", "sysfs_root", vgpu_conf),
                                   ("devices", "enabled_mdev_types", devices_conf)):
         try:
