@@ -46,7 +46,7 @@ def read(conf, host, settings, root="/"):
     return host_check.HostFacts(
         gpus=gpus,
         vfs={g.address: tuple(host_reads.nvidia_vfs(paths, g)) for g in gpus},
-        functions_at=_configured_functions(paths, config),
+        functions_at=configured_functions(paths, config),
         iommu_groups=host_reads.iommu_groups(paths),
         mdev_core=host_reads.has_mdev_core(paths),
         mdev_parents=host_reads.has_mdev_parents(paths),
@@ -62,6 +62,17 @@ def read(conf, host, settings, root="/"):
             placement=_placement(conf)))
 
 
+def unoffered_gpus(host, snapshot):
+    """The warning of a host whose NVIDIA GPUs are there but none offers a
+    vGPU type (discovery has none of them); None otherwise."""
+    gpus = host_reads.nvidia_gpus(host.paths)
+    if not gpus or any(snapshot.gpu(g.address) for g in gpus):
+        return None
+    listed = ", ".join(f"{g.address} (driver {g.driver or 'none'})" for g in gpus)
+    return (f"{len(gpus)} NVIDIA GPU(s) on this host, none offering a vGPU type: {listed}; "
+            "'vgpu-manage host check' says why")
+
+
 def sriov_manage_path(conf):
     return getattr(conf.vgpu, "sriov_manage_path", None) or DEFAULT_SRIOV_MANAGE
 
@@ -75,7 +86,8 @@ def _nvml(host, gpus):
         return None, str(exc)
 
 
-def _configured_functions(paths, config):
+def configured_functions(paths, config):
+    """``{address: PciFunction or None}`` of every configured address."""
     found = {}
     for type_config in config.types:
         for address in type_config.device_addresses:

@@ -363,3 +363,40 @@ def test_a_host_it_cannot_read_is_one_error_line(check, tmp_path):
     checked = check(Gone)
     assert checked.code == base.EXIT_ERROR and checked.rows == []
     assert checked.err.startswith("error: Sysfs root ") and checked.err.count("\n") == 1
+
+
+def test_the_listings_of_an_h100_host_point_to_host_check(make_host, tmp_path):
+    """inventory and status print no GPU there, and config check found no
+    mdev-capable device: each now says which device is there and where to
+    look."""
+    conf_file = tmp_path / "nova.conf"
+
+    def run(host, *argv):
+        conf_file.write_text(textwrap.dedent(f"""
+            [devices]
+            enabled_mdev_types = nvidia-1155
+            [mdev_nvidia-1155]
+            device_addresses = 0000:00:06.0
+            [vgpu]
+            sysfs_root = {host.paths.root}
+            state_dir = {tmp_path / 'state'}
+            """))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = manage.main(["--config-file", str(conf_file), "--libvirt-uri",
+                                "test:///default", *argv])
+        return code, out.getvalue(), err.getvalue()
+
+    h100 = make_host("h100-datacenter")
+    warning = (f"warning: 1 NVIDIA GPU(s) on this host, none offering a vGPU type: {H100} "
+               "(driver nvidia); 'vgpu-manage host check' says why\n")
+    for command in (("inventory",), ("status",)):
+        code, _out, err = run(h100, *command)
+        assert code == base.EXIT_OK and err == warning, command
+    code, out, _ = run(h100, "config", "check")
+    assert code == base.EXIT_PROBLEMS
+    assert (f"error: [mdev_nvidia-1155] device_addresses = '{H100}': no mdev-capable device "
+            "at this address on this host (the device there is bound to nvidia and offers no "
+            "vGPU; 'vgpu-manage host check' says why)\n") in out
+    for command in (("inventory",), ("status",)):
+        assert "host check" not in run(make_host("t4x8"), *command)[2]
