@@ -2,18 +2,27 @@
 hosts each missing one thing a host needs to offer vGPUs: each is named,
 with what to do, and the exit code says whether anything is wrong."""
 
+import ast
 import contextlib
 import io
 import json
 import os
+import pathlib
+import re
 import sys
 import textwrap
+import types
 
 import pytest
 
+from vgpu_driver import host_check
 from vgpu_driver import host_files
+from vgpu_driver import host_probe
+from vgpu_driver import service_check
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
+from vgpu_driver.fake import profiles
+from vgpu_driver.sysfs import host_reads
 
 H100 = "0000:00:06.0"
 T4 = "0000:18:00.0"
@@ -172,8 +181,6 @@ def test_a_gpu_without_nvidias_driver(make_host, check, sudo_rule, driver, messa
 
 
 def test_the_iommu_off_and_a_gpu_outside_any_group(make_host, check, sudo_rule):
-    from vgpu_driver.fake import profiles
-
     checked = check(make_host({**profiles.load("t4x8"), "iommu": False}), T4_CONF)
     assert checked.code == base.EXIT_PROBLEMS
     assert checked.one("iommu") == {
@@ -188,8 +195,6 @@ def test_the_iommu_off_and_a_gpu_outside_any_group(make_host, check, sudo_rule):
 
 
 def test_vfio_by_mdev_by_vendor_files_or_neither(make_host, check, sudo_rule):
-    from vgpu_driver.fake import profiles
-
     no_mdev = {**profiles.load("l40s-vfio"), "mdev": False}
     checked = check(make_host(no_mdev), """
         [devices]
@@ -221,10 +226,6 @@ def test_sriov_manage_for_sriov_boards(make_host, check, sudo_rule, tmp_path):
 
 
 def test_the_pure_check_of_sriov_manage_reads_the_file(make_host, tmp_path):
-    from vgpu_driver import host_check
-    from vgpu_driver import host_probe
-    from vgpu_driver.sysfs import host_reads
-
     host = make_host("a100-sriov")
     script = tmp_path / "sriov-manage"
     script.write_text("#!/bin/sh\n")
@@ -237,11 +238,8 @@ def test_the_pure_check_of_sriov_manage_reads_the_file(make_host, tmp_path):
 
 
 def _facts(gpus, sriov_manage):
-    class Facts:
-        pass
-    facts = Facts()
-    facts.gpus, facts.sriov_manage = gpus, sriov_manage
-    return facts
+    """The facts check_sriov_manage reads, and nothing else."""
+    return types.SimpleNamespace(gpus=gpus, sriov_manage=sriov_manage)
 
 
 def test_configured_boards_absent_or_offering_nothing(make_host, check, sudo_rule):
@@ -357,10 +355,8 @@ def test_it_writes_nothing(make_host, check, tmp_path):
 
 
 def test_a_host_it_cannot_read_is_one_error_line(check, tmp_path):
-    class Gone:
-        class paths:
-            root = str(tmp_path / "no-such-sysfs")
-    checked = check(Gone)
+    gone = types.SimpleNamespace(paths=types.SimpleNamespace(root=str(tmp_path / "no-sysfs")))
+    checked = check(gone)
     assert checked.code == base.EXIT_ERROR and checked.rows == []
     assert checked.err.startswith("error: Sysfs root ") and checked.err.count("\n") == 1
 
@@ -400,3 +396,22 @@ def test_the_listings_of_an_h100_host_point_to_host_check(make_host, tmp_path):
             "vGPU; 'vgpu-manage host check' says why)\n") in out
     for command in (("inventory",), ("status",)):
         assert "host check" not in run(make_host("t4x8"), *command)[2]
+
+
+def test_the_troubleshooting_page_explains_every_line():
+    """Each finding's fixed text is on the page, so a new or reworded line
+    fails here until the page says what it means and what to do."""
+    page = " ".join(pathlib.Path(__file__).parents[2].joinpath(
+        "doc", "source", "admin", "troubleshooting.rst").read_text().replace("``", "").split())
+    missing = []
+    for module in (host_check, service_check):
+        for node in ast.walk(ast.parse(pathlib.Path(module.__file__).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" \
+                    and len(node.args) >= 3:
+                for part in ast.walk(node.args[2]):
+                    if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                        for text in re.split(r"[{}]", part.value):
+                            text = " ".join(text.split())
+                            if len(text) >= 12 and text not in page:
+                                missing.append(text)
+    assert not missing
