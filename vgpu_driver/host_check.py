@@ -205,7 +205,8 @@ def check_sriov_manage(facts):
 
 def check_config(facts):
     """The boards nova.conf names are there and offer vGPUs."""
-    found = [Finding("configured-boards", ERROR, f"{p}", "vgpu-manage config check")
+    found = [Finding("configured-boards", ERROR, f"{p.option} = {p.value!r}: {p.reason}",
+                     "vgpu-manage config check lists every problem of the configuration")
              for p in facts.config_problems]
     if not facts.config.enabled:
         return found + [Finding("configured-boards", WARNING, "no vGPU type is enabled",

@@ -182,10 +182,10 @@ def _placement(conf):
         return service_check.Reached("Placement", error=f"{exc} (pip install "
                                      "'vgpu-driver[placement]')")
     except (exception.VgpuDriverError, ks_exceptions.ClientException) as exc:
-        return service_check.Reached("Placement", error=base_text(exc))
+        return service_check.Reached("Placement", error=_one_line(exc))
     return service_check.Reached(target)
 
 
-def base_text(exc):
+def _one_line(exc):
     """An error's text on one line."""
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -415,3 +415,17 @@ def test_the_troubleshooting_page_explains_every_line():
                             if len(text) >= 12 and text not in page:
                                 missing.append(text)
     assert not missing
+
+
+def test_a_configuration_error_is_a_line_of_its_own(make_host, check, sudo_rule):
+    checked = check(make_host("t4x8"), """
+        [devices]
+        enabled_mdev_types = nvidia-222
+        [mdev_nvidia-222]
+        device_addresses = 18:00.0
+        """)
+    assert checked.code == base.EXIT_PROBLEMS
+    first = checked.of("configured-boards")[0]
+    assert first["level"] == "error" and first["message"].startswith(
+        "[mdev_nvidia-222] device_addresses = '18:00.0': not a PCI address")
+    assert first["fix"].startswith("vgpu-manage config check")
