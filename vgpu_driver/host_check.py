@@ -7,7 +7,7 @@ it: the GPUs on the PCI bus and their drivers, what NVML says drives them,
 the IOMMU, the kernel's mdev or vendor-specific VFIO support, NVIDIA's
 ``sriov-manage``, the configured boards, then what nova-compute needs
 beside (libvirt, the sudo rule, the state directory, Placement).  Pure:
-the facts are read elsewhere, so every check is tested over plain values.
+the facts are read elsewhere, so each check can be tried on plain values.
 """
 
 import dataclasses
@@ -149,7 +149,10 @@ def check_vgpu_manager(facts):
 
 
 def check_iommu(facts):
-    """The IOMMU is on, and every GPU is in one of its groups."""
+    """The IOMMU is on, and every GPU is in one of its groups (nothing to
+    say without a GPU: an emulated parent such as mtty needs none)."""
+    if not facts.gpus:
+        return []
     if not facts.iommu_groups:
         return [Finding("iommu", ERROR, "the IOMMU is off (kernel/iommu_groups is empty)",
                         IOMMU_FIX)]

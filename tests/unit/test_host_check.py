@@ -429,3 +429,12 @@ def test_a_configuration_error_is_a_line_of_its_own(make_host, check, sudo_rule)
     assert first["level"] == "error" and first["message"].startswith(
         "[mdev_nvidia-222] device_addresses = '18:00.0': not a PCI address")
     assert first["fix"].startswith("vgpu-manage config check")
+
+
+def test_a_host_of_emulated_parents_has_no_nvidia_gpu_to_check(make_host, check, sudo_rule):
+    checked = check(make_host("mtty"), "[devices]\nenabled_mdev_types = mtty-1\n")
+    assert checked.code == base.EXIT_OK, checked.rows
+    assert checked.one("gpu")["message"] == \
+        "no NVIDIA GPU on this host; 1 other mdev parent(s) offer types"
+    assert checked.one("gpu")["level"] == "warning"
+    assert not checked.of("iommu") and not checked.of("vgpu-manager")
