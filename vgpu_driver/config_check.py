@@ -128,7 +128,19 @@ def types_on_one_board(config, snapshot):
     return problems
 
 
-def absent_addresses(config, snapshot):
+def _device_there(function):
+    """What the PCI device at an address no parent has is, when there is one."""
+    if function is None:
+        return ""
+    return (f" (the device there is bound to {function.driver or 'no driver'} and offers no "
+            "vGPU; 'vgpu-manage host check' says why)")
+
+
+def absent_addresses(config, snapshot, functions=None):
+    """Configured addresses no parent has; ``functions``: the PCI device
+    at each such address (``{address: PciFunction or None}``), to say
+    which driver holds it."""
+    functions = functions or {}
     problems = []
     for type_config in config.types:
         option = f"[{devices.group_name(type_config.type_id)}] device_addresses"
@@ -138,6 +150,7 @@ def absent_addresses(config, snapshot):
             if gpu is None:
                 problems.append(exception.ConfigProblem(
                     option, address, "no mdev-capable device at this address on this host"
+                    f"{_device_there(functions.get(address))}"
                     f"{_near_miss(address, addresses, cutoff=0.9)}"))
             elif gpu.mode == discovery.MODE_VFS_PENDING:
                 continue     # reported by vfs_pending()
@@ -221,12 +234,14 @@ def uncapped_vendor_vfio(config, snapshot):
     return problems
 
 
-def check(conf, config, snapshot, boards=None):
+def check(conf, config, snapshot, boards=None, functions=None):
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
-    (:func:`vgpu_driver.inventory.read_boards`)."""
+    (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI
+    devices at the configured addresses
+    (:func:`vgpu_driver.host_probe.configured_functions`)."""
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
-            + absent_types(config, snapshot) + absent_addresses(config, snapshot)
+            + absent_types(config, snapshot) + absent_addresses(config, snapshot, functions)
             + types_on_one_board(config, snapshot) + boards_that_cannot_mix(config, snapshot)
             + vfs_pending(config, snapshot) + mixed_size_modes(config, boards)
             + uncapped_vendor_vfio(config, snapshot)

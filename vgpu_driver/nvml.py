@@ -142,3 +142,65 @@ def located_vgpus(pf_address, bindings=None):
             except library.NVMLError:
                 continue
     return tuple(sorted(found, key=lambda located: located[1]))
+
+
+# nvml.h: nvmlGpuVirtualizationMode_t and nvmlHostVgpuMode_t.
+VIRTUALIZATION_NONE = 0
+VIRTUALIZATION_PASSTHROUGH = 1
+VIRTUALIZATION_VGPU = 2            # a guest's view of its vGPU
+VIRTUALIZATION_HOST_VGPU = 3       # NVIDIA's vGPU manager drives the GPU
+VIRTUALIZATION_HOST_VSGA = 4
+VIRTUALIZATION_NAMES = {
+    VIRTUALIZATION_NONE: "none", VIRTUALIZATION_PASSTHROUGH: "pass-through",
+    VIRTUALIZATION_VGPU: "vGPU (a guest's)", VIRTUALIZATION_HOST_VGPU: "host vGPU",
+    VIRTUALIZATION_HOST_VSGA: "host vSGA"}
+HOST_VGPU_MODE_NAMES = {0: "non-SR-IOV", 1: "SR-IOV"}
+
+GpuFacts = collections.namedtuple("GpuFacts", "name virtualization host_vgpu_mode error")
+GpuFacts.__doc__ = """What NVML says of one GPU: its name, its virtualization
+mode and host vGPU mode (None where NVML answers NOT_SUPPORTED), or, when
+NVML could not answer for it at all, ``error``."""
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _unless_not_supported(library, call, handle):
+    """``call(handle)``, or None when NVML answers NOT_SUPPORTED (NVIDIA's
+    data-center driver does for every vGPU call)."""
+    try:
+        return call(handle)
+    except library.NVMLError as exc:
+        if getattr(exc, "value", None) == ERROR_NOT_SUPPORTED:
+            return None
+        raise
+
+
+def gpu_facts(pf_addresses, bindings=None):
+    """``{address: GpuFacts}`` of GPUs, in one NVML session; raises
+    NvmlUnavailable when there are no bindings or NVML will not start."""
+    library = _library(bindings)
+    try:
+        library.nvmlInit()
+    except library.NVMLError as exc:
+        raise exception.NvmlUnavailable(reason=str(exc) or type(exc).__name__) from exc
+    found = {}
+    try:
+        for address in pf_addresses:
+            address = str(names.parse_pci_address(str(address)))
+            try:
+                handle = library.nvmlDeviceGetHandleByPciBusId(address)
+                name = _unless_not_supported(library, library.nvmlDeviceGetName, handle)
+                found[address] = GpuFacts(
+                    None if name is None else _text(name),
+                    _unless_not_supported(library, library.nvmlDeviceGetVirtualizationMode,
+                                          handle),
+                    _unless_not_supported(library, library.nvmlDeviceGetHostVgpuMode, handle),
+                    None)
+            except library.NVMLError as exc:
+                found[address] = GpuFacts(None, None, None, f"NVML said: {exc}")
+    finally:
+        with contextlib.suppress(library.NVMLError):
+            library.nvmlShutdown()
+    return found

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.mdevctl
 # mdevctl to read (see test_vendor_vfio_host_shows_no_mdev_parents).
 # Profiles with mdev parents as written (l40s-vfio has vendor-VFIO VFs, and
 # a100-sriov-off no VF until enabled: both are compared below).
-MDEV_PROFILES = [name for name in profiles.names() if name not in ("l40s-vfio", "a100-sriov-off")]
+# Profiles with mdev parents as built (the L40S's VFs have vendor VFIO files,
+# the A100 is rebooted, the H100 runs NVIDIA's data-center driver).
+NO_MDEV_PARENT = ("l40s-vfio", "a100-sriov-off", "h100-datacenter")
+MDEV_PROFILES = [name for name in profiles.names() if name not in NO_MDEV_PARENT]
 
 # Hosts with mdevs, chosen so that creating them changes available_instances
 # elsewhere: on sibling VFs of the A100, on the other types of one T4, and on
@@ -135,6 +138,14 @@ def test_host_as_created(mdevctl_view, tmp_path, profile):
     fakekernel.FakeKernel.build(root, profiles.load(profile))
     types, _ = assert_agree(mdevctl_view, root)
     assert types, "a profile with mdev parents shows no types: nothing was compared"
+
+
+def test_a_host_without_the_mdev_module(mdevctl_view, tmp_path):
+    """No class/mdev_bus, no bus/mdev: both readers see nothing, and neither
+    fails."""
+    root = tmp_path / "sys"
+    fakekernel.FakeKernel.build(root, profiles.load("h100-datacenter"))
+    assert assert_agree(mdevctl_view, root) == (set(), set())
 
 
 @pytest.mark.parametrize("profile", sorted(WITH_MDEVS))

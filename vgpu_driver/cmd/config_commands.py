@@ -3,6 +3,7 @@
 
 from vgpu_driver import config_check
 from vgpu_driver import discovery
+from vgpu_driver import host_probe
 from vgpu_driver import inventory
 from vgpu_driver.cmd import base
 from vgpu_driver.conf import fleet
@@ -27,7 +28,8 @@ class CheckConfig(base.Command):
         snapshot = discovery.discover(host)
         boards = inventory.read_boards(host, snapshot, config) if not any(
             p.severity == "error" for p in problems) else None
-        problems += config_check.check(self.app.conf, config, snapshot, boards)
+        problems += config_check.check(self.app.conf, config, snapshot, boards,
+                                       host_probe.configured_functions(host.paths, config))
         for problem in problems:
             self.app.stdout.write(f"{problem}\n")
         failing = ("error", "warning") if parsed_args.strict else ("error",)

@@ -3,6 +3,7 @@
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_probe
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
@@ -131,7 +132,10 @@ class ShowInventory(base.Lister):
     """Show the provider each physical GPU gets, as it would be reported."""
 
     def take_action(self, parsed_args):
-        tree, _snapshot = desired_tree(self.app)
+        tree, snapshot = desired_tree(self.app)
+        unoffered = host_probe.unoffered_gpus(self.app.open_host(), snapshot)
+        if unoffered:
+            self.app.stderr.write(f"warning: {unoffered}\n")
         cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
                 "reserved", "max_unit", "traits", "reason")
         rows = [(p.name, p.parent_provider, p.gpu, _types_text(p), p.resource_class, p.total,

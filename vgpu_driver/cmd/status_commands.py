@@ -15,6 +15,7 @@ from cliff import columns as cliff_columns
 
 from vgpu_driver import discovery
 from vgpu_driver import framebuffer
+from vgpu_driver import host_probe
 from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
@@ -166,6 +167,9 @@ class ShowStatus(base.Lister):
         sources = read_sources(self.app)
         if sources.warning:
             self.app.stderr.write(f"warning: {sources.warning} Guests are shown as unknown.\n")
+        unoffered = host_probe.unoffered_gpus(self.app.open_host(), sources.snapshot)
+        if unoffered:
+            self.app.stderr.write(f"warning: {unoffered}\n")
         self._view = sources.view
         return COLUMNS, [row(gpu) for gpu in sources.view.gpus]
 

@@ -87,13 +87,22 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         model = vendor.host_model(profile)
         with open(os.path.join(root, MARKER_DIR, "host.json"), "w") as f:
             json.dump(model, f, indent=1, sort_keys=True)
-        for sub in ("class/mdev_bus", "bus/mdev/devices", "bus/pci/devices",
-                    "bus/pci/drivers", "devices/virtual"):
+        # kernel/iommu_groups is there, empty or not, on every kernel
+        # (drivers/iommu/iommu.c, iommu_init); the mdev core's directories
+        # only with its module (see vgpu_driver.sysfs.host_reads).
+        subs = ["bus/pci/devices", "bus/pci/drivers", "class", "devices/virtual",
+                "kernel/iommu_groups"]
+        if model["mdev"]:
+            subs += ["class/mdev_bus", "bus/mdev/devices"]
+        for sub in subs:
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         kernel = cls(root)
         with kernel._locked():
-            if profile.get("nvidia_vgpu_manager"):
-                kernel._load_vgpu_manager(profile["nvidia_vgpu_manager"])
+            # The vGPU manager and the data-center driver are both NVIDIA's
+            # module "nvidia", with the same version file.
+            module = profile.get("nvidia_vgpu_manager") or profile.get("nvidia_driver")
+            if module:
+                kernel._load_vgpu_manager(module)
             for gpu in model["gpus"]:
                 kernel._plug_gpu(gpu)
             for mdev in profile.get("mdevs", ()):
@@ -226,6 +235,8 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         """Whether the GPU is in mixed-size mode (NVML's
         ``nvmlDeviceGetVgpuHeterogeneousMode``)."""
         gpu = self._vfio_gpu(pf_address)
+        if gpu["model"] == nvml.DATACENTER_MODEL:   # no vGPU manager: no vGPU call
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         return os.path.exists(self._state_path(f"mixed-size-{gpu['address']}"))
 
     def set_heterogeneous_mode(self, pf_address, enabled):

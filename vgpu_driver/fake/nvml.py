@@ -26,6 +26,14 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_IN_USE = 19
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
+# nvmlGpuVirtualizationMode_t and nvmlHostVgpuMode_t (nvml.h).
+NVML_GPU_VIRTUALIZATION_MODE_NONE = 0
+NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH = 1
+NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU = 3
+NVML_HOST_VGPU_MODE_NON_SRIOV = 0
+NVML_HOST_VGPU_MODE_SRIOV = 1
+# NVIDIA's data-center driver (no vGPU manager): the fake's model of it.
+DATACENTER_MODEL = "nvidia-datacenter"
 
 _TEXTS = {
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
@@ -94,6 +102,41 @@ class Bindings:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return address
 
+    def _gpu(self, handle):
+        gpu = self._kernel()._gpus.get(handle)
+        if gpu is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return gpu
+
+    def nvmlDeviceGetName(self, handle):  # noqa: N802 - pynvml's name
+        """The product name (``NVIDIA H100 80GB HBM3``): the profile's
+        ``product_name``; the fake invents none, so a GPU without one is
+        NOT_SUPPORTED."""
+        name = self._gpu(handle).get("product_name")
+        if name is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return name
+
+    def nvmlDeviceGetVirtualizationMode(self, handle):  # noqa: N802 - pynvml's name
+        """HOST_VGPU under NVIDIA's vGPU manager; under its data-center
+        driver PASSTHROUGH where the host is itself a guest the GPU is passed
+        through to (as read on such a host), else NONE (the profile's
+        ``virtualization_mode``)."""
+        gpu = self._gpu(handle)
+        if gpu["model"] != DATACENTER_MODEL:
+            return NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU
+        if gpu.get("virtualization_mode") == "passthrough":
+            return NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+        return NVML_GPU_VIRTUALIZATION_MODE_NONE
+
+    def nvmlDeviceGetHostVgpuMode(self, handle):  # noqa: N802 - pynvml's name
+        """SR-IOV or not under the vGPU manager; NOT_SUPPORTED under the
+        data-center driver (as read on such a host)."""
+        gpu = self._gpu(handle)
+        if gpu["model"] == DATACENTER_MODEL:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return NVML_HOST_VGPU_MODE_SRIOV if gpu.get("sriov") else NVML_HOST_VGPU_MODE_NON_SRIOV
+
     def nvmlDeviceGetVgpuHeterogeneousMode(self, handle):  # noqa: N802 - pynvml's name
         enabled = self._kernel().heterogeneous_mode(handle)
         return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
@@ -148,6 +191,9 @@ _MODULE_HOST = Bindings()
 nvmlInit = _MODULE_HOST.nvmlInit  # noqa: N816 - pynvml's names, from here down
 nvmlShutdown = _MODULE_HOST.nvmlShutdown  # noqa: N816
 nvmlDeviceGetHandleByPciBusId = _MODULE_HOST.nvmlDeviceGetHandleByPciBusId  # noqa: N816
+nvmlDeviceGetName = _MODULE_HOST.nvmlDeviceGetName  # noqa: N816
+nvmlDeviceGetVirtualizationMode = _MODULE_HOST.nvmlDeviceGetVirtualizationMode  # noqa: N816
+nvmlDeviceGetHostVgpuMode = _MODULE_HOST.nvmlDeviceGetHostVgpuMode  # noqa: N816
 nvmlDeviceGetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceGetVgpuHeterogeneousMode  # noqa: N816
 nvmlDeviceSetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceSetVgpuHeterogeneousMode  # noqa: N816
 nvmlDeviceGetVgpuTypeSupportedPlacements = (  # noqa: N816

@@ -18,6 +18,7 @@ import struct
 
 from vgpu_driver import names
 from vgpu_driver.fake import drivers
+from vgpu_driver.fake import nvml
 from vgpu_driver.fake import tree
 from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
@@ -63,6 +64,8 @@ class PciFunctions:
         tree.write_file(os.path.join(dev, "driver_override"), "(null)\n", 0o644)
         tree.link(dev, self.paths.pci_device(address))
         self._attach(dev, drivers.NVIDIA)
+        if self.model.get("iommu", True):
+            self._join_iommu_group(dev)
         if physfn is not None:
             tree.link(self._device_dir(gpu), os.path.join(dev, "physfn"))
         self._announce_pci("add", dev)
@@ -78,6 +81,8 @@ class PciFunctions:
             return
         dev = self._plug_pci_function(gpu, gpu["address"])
         self._announce_pci("bind", dev, DRIVER="nvidia")
+        if gpu["model"] == nvml.DATACENTER_MODEL:
+            return      # no vGPU manager: the GPU is no mdev parent
         sriov = gpu.get("sriov")
         if sriov:
             tree.write_file(os.path.join(dev, "sriov_totalvfs"), f"{sriov['totalvfs']}\n")
@@ -87,6 +92,19 @@ class PciFunctions:
             self._enable_vfs(gpu, sriov["numvfs"])
         else:
             self._register_parent(gpu, dev, gpu["address"])
+
+    def _join_iommu_group(self, dev):
+        """The function in a group of its own, as the IOMMU puts each GPU
+        and each VF (``drivers/iommu/iommu.c``: the device's
+        ``iommu_group`` link and the group's ``devices/`` entry)."""
+        group = self._new_iommu_group()
+        tree.link(group, os.path.join(dev, "iommu_group"))
+        tree.link(dev, os.path.join(group, "devices", os.path.basename(dev)))
+
+    def _leave_iommu_group(self, dev):
+        group = linux.resolve_link(os.path.join(dev, "iommu_group"))
+        if group:
+            shutil.rmtree(group, ignore_errors=True)
 
     def _vf_addresses(self, gpu, count):
         pf = names.parse_pci_address(gpu["address"])
@@ -118,6 +136,7 @@ class PciFunctions:
             tree.remove_link(self.paths.pci_device(vf))
             tree.remove_link(os.path.join(pf_dir, f"virtfn{index}"))
             tree.remove_link(os.path.join(self._driver_dir(drivers.NVIDIA), vf))
+            self._leave_iommu_group(vf_dir)
             self._announce_pci("unbind", vf_dir)
             shutil.rmtree(vf_dir)
             self._announce_pci("remove", vf_dir)

@@ -19,6 +19,10 @@ Models:
   physical GPU is set to only the vGPU types with the same amount of frame
   buffer", *Virtual GPU Software User Guide* 17.0, 2.10.8.2; a 2B beside a
   2Q is valid, 2.1.4), up to the type's per-GPU maximum.
+* ``nvidia-datacenter``: a GPU under NVIDIA's data-center driver (no vGPU
+  manager): a PCI function bound to ``nvidia``, no mdev parent, no SR-IOV
+  files, no ``nvidia/`` directory, and NVML's vGPU calls NOT_SUPPORTED (as
+  read on such a host with an H100 and driver 580).
 * ``nvidia-vfio`` boards that report "Heterogeneous Time-Slice Sizes" (the
   profile's ``heterogeneous_sizes``) can be put in *mixed-size mode*
   (:meth:`FakeKernel.set_heterogeneous_mode`): vGPUs of any sizes share the
@@ -85,10 +89,13 @@ def host_model(profile):
     gpus = []
     for gpu in profile["gpus"]:
         entry = dict(gpu)
-        specs = type_sets[gpu["types"]] if isinstance(gpu["types"], str) else gpu["types"]
+        specs = gpu.get("types", [])
+        specs = type_sets[specs] if isinstance(specs, str) else specs
         entry["types"] = [_driver_type_spec(spec) for spec in specs]
         gpus.append(entry)
-    return {"name": profile.get("name"), "gpus": gpus}
+    # A host with the IOMMU off, or without the mdev core's module, says so.
+    return {"name": profile.get("name"), "gpus": gpus,
+            "iommu": profile.get("iommu", True), "mdev": profile.get("mdev", True)}
 
 
 def _driver_type_spec(spec):

@@ -70,6 +70,15 @@ class SysfsPaths:
         """NVIDIA's vendor-specific VFIO directory of a VF."""
         return os.path.join(self.pci_device(address), "nvidia")
 
+    def pci_driver(self, address):
+        """A PCI function's ``driver`` link (absent: no driver bound)."""
+        return os.path.join(self.pci_device(address), "driver")
+
+    def iommu_groups(self):
+        """``kernel/iommu_groups``: one directory per group, none with the
+        IOMMU off."""
+        return self.join("kernel", "iommu_groups")
+
     def module_version(self, module):
         """``module/<module>/version``: a loaded kernel module's version."""
         return self.join("module", module, "version")
