@@ -27,9 +27,6 @@ from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.sysfs import host_reads
 
-# Where NVIDIA's vGPU manager installs it; [vgpu] sriov_manage_path, where
-# this release has it, says otherwise.
-DEFAULT_SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 # Any of them makes openstacksdk find credentials without [placement].
 _OS_VARIABLES = ("OS_CLOUD", "OS_AUTH_URL", "OS_AUTH_TYPE", "OS_ENDPOINT")
 
@@ -52,7 +49,7 @@ def read(conf, host, settings, root="/"):
         mdev_parents=host_reads.has_mdev_parents(paths),
         nvidia_module=host.vgpu_manager_version(),
         nvml=nvml_facts, nvml_error=nvml_error, snapshot=snapshot,
-        sriov_manage=_executable(sriov_manage_path(conf)),
+        sriov_manage=_executable(conf.vgpu.sriov_manage_path),
         config=config,
         config_problems=tuple(p for p in problems if p.severity == "error"),
         services=service_check.ServiceFacts(
@@ -71,10 +68,6 @@ def unoffered_gpus(host, snapshot):
     listed = ", ".join(f"{g.address} (driver {g.driver or 'none'})" for g in gpus)
     return (f"{len(gpus)} NVIDIA GPU(s) on this host, none offering a vGPU type: {listed}; "
             "'vgpu-manage host check' says why")
-
-
-def sriov_manage_path(conf):
-    return getattr(conf.vgpu, "sriov_manage_path", None) or DEFAULT_SRIOV_MANAGE
 
 
 def _nvml(host, gpus):
