@@ -22,7 +22,9 @@ def compute_host(tmp_path):
     its own, and a state directory as production.rst makes it (root being
     nova-compute's user here)."""
     root = tmp_path / "root"
-    root.mkdir()
+    (root / "etc").mkdir(parents=True)
+    # install-units takes --user from the passwd of the tree it installs in.
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     state = tmp_path / "vgpu-state"
     state.mkdir()
     os.chmod(state, 0o750)
