@@ -79,6 +79,9 @@ class HostReconciler:
         self.clock = clock
         self.state_path = os.path.join(state_dir, STATE_FILE) if state_dir else None
         self._extra_steps = []
+        #: ``guard(instance uuids)`` -> those an operation is under way on,
+        #: whose claims no pass drops (set by the compute driver).
+        self.guard = None
         self._cond = threading.Condition()
         self._pass_lock = threading.Lock()
         self._reasons = set()
@@ -117,10 +120,12 @@ class HostReconciler:
 
     def _clean_claims(self, reasons):
         # An attached claim without a domain is stale only at start-up: a
-        # resize or a hard reboot undefines the domain for a while.
+        # resize or a hard reboot undefines the domain for a while.  Not
+        # even then while an operation is under way on its instance (one
+        # the service was killed in, which the compute resumes).
         self.rules.clean_stale_claims(
             grace=self.conf.vgpu.claim_grace, attached_too=START_UP in reasons,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout)
+            migration_timeout=self.conf.vgpu.migration_claim_timeout, busy=self.guard)
 
     def _read_host(self, reasons):
         """One read of the host for the whole pass (creations and removals

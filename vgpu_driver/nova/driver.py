@@ -36,8 +36,10 @@ from vgpu_driver.nova import events
 from vgpu_driver.nova import flavors
 from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
+from vgpu_driver.nova import operations
 from vgpu_driver.nova import providers
 from vgpu_driver.nova import reshape
+from vgpu_driver.nova import startup
 from vgpu_driver.nova import usage
 
 CONF = nova.conf.CONF
@@ -81,6 +83,9 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
+        # Instances under a nova operation: the host reconciler leaves their
+        # claims alone (:mod:`vgpu_driver.nova.operations`).
+        self.operations = operations.OperationGuard(lambda: self._host.get_hostname())
         # A configured GPU whose SR-IOV VFs are off is logged once, not at
         # every periodic update.
         self._vfs_notices = sriov.PendingNotices()
@@ -133,6 +138,10 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         super().init_host(host)
         # nova's event loop runs now: domain events keep the index current.
         self.vgpu.domains.event_driven = True
+        # No pass, the start-up one first, drops the claims of an instance
+        # nova is mid-operation on (one this service was killed in, which
+        # nova resumes next).
+        self.vgpu.worker.guard = self.operations.busy
         # libvirt's mdev definitions are settled by the host reconciler too,
         # at each periodic update's pass.
         self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
@@ -145,6 +154,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             elif outcome.result != "restored":
                 LOG.error("vGPU %s could not be restored: %s", outcome.mdev_uuid,
                           outcome.reason)
+        startup.settle_interrupted_reboots(self, host)
 
     def cleanup_host(self, host):
         """The service stops: so does its host reconciler."""
@@ -187,12 +197,21 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
 
     # -- allocation ----------------------------------------------------------------------
 
-    def _providers_by_uuid(self):
-        """``{rp uuid: GpuProvider}`` of our GPU providers in nova's tree."""
-        tree = self._gpu_tree or self.vgpu.provider_tree(self._host.get_hostname())
+    def _providers_by_uuid(self, allocations=None):
+        """``{rp uuid: GpuProvider}`` of our GPU providers.
+
+        Their UUIDs are nova's tree's; before nova's first inventory update
+        has built it (an operation ``init_host`` resumes), the tree in
+        Placement that holds ``allocations``' providers, and the providers
+        from one read of the host.
+        """
+        tree = self._gpu_tree or self.vgpu.inventory_now(self._host.get_hostname())
         known = self.provider_tree
-        return {known.data(p.name).uuid: p for p in tree.providers
-                if known is not None and known.exists(p.name)}
+        if known is not None:
+            return {known.data(p.name).uuid: p for p in tree.providers
+                    if known.exists(p.name)}
+        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {})
+        return {uuids[p.name]: p for p in tree.providers if p.name in uuids}
 
     def _allocate_mdevs(self, allocations):
         """Claims for the instance of the nova operation under way.
@@ -208,7 +227,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 version=compat.nova_version(), supported=compat.supported_range())
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
-        providers = self._providers_by_uuid()
+        providers = self._providers_by_uuid(allocations)
         why = self._flavor_mismatch(instance, allocations or {}, providers)
         if why is not None:
             raise nova_exception.ComputeResourcesUnavailable(
@@ -232,7 +251,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     def _claim(self, instance, allocations, providers=None):
         """The instance's vGPUs; its flavor's type traits name the type of
         a mixed-size board's."""
-        providers = providers or self._providers_by_uuid()
+        providers = providers or self._providers_by_uuid(allocations)
         try:
             mdevs = self.vgpu.allocate(instance.uuid, allocations or {}, providers,
                                        flavors.required_type_traits(
@@ -275,7 +294,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._operation.instance = instance
         self._operation.keep_claims = keep_claims
         try:
-            yield
+            with self.operations.running(instance.uuid):
+                yield
         finally:
             self._operation.instance = None
             self._operation.keep_claims = False
@@ -360,11 +380,15 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         failed build or unshelve goes elsewhere.  A claim left would hand
         its vGPU to whatever defines the guest here next (a revert, a hard
         reboot), whichever its flavor then.
+
+        Only on an exception: a service killed (a ``BaseException`` here,
+        nothing at all in a killed process) leaves the claims to its next
+        start, where nova resumes or ends the operation.
         """
         try:
             return self._for_instance(instance, operation, *args, keep_claims=keep_claims,
                                       **kwargs)
-        except BaseException:
+        except Exception:
             with excutils.save_and_reraise_exception():
                 self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
@@ -398,7 +422,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             LOG.warning("Instance %s keeps the vGPUs it holds: Placement did not say "
                         "which it is allocated: %s", instance.uuid, exc)
             return None
-        providers = self._providers_by_uuid()
+        providers = self._providers_by_uuid(allocations)
         if any(rp not in providers for rp, allocation in allocations.items()
                if classes & set(allocation.get("resources", {}))):
             LOG.warning("Instance %s keeps the vGPUs it holds: its allocation is on "
