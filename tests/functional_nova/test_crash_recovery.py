@@ -20,6 +20,7 @@ from nova.virt.libvirt import host as libvirt_host
 
 from tests.functional_nova import test_fault_outcomes
 from vgpu_driver import claims
+from vgpu_driver import driver as core
 
 A100, A100_TYPE = "0000:41:00.0", "nvidia-468"      # A100-4C, mdevs on its VFs
 
@@ -120,3 +121,66 @@ class HardRebootCrashTests(CrashTestBase):
         # The service runs: it boots the next guest.
         self.assertEqual("ACTIVE", self.boot()["status"])
 
+
+def _raise_after(real, error):
+    """``real`` (a method), raising ``error`` once it returned, the first time."""
+    calls = []
+
+    def method(this, *args, **kwargs):
+        result = real(this, *args, **kwargs)
+        if not calls:
+            calls.append(1)
+            raise error
+        return result
+    return method
+
+
+class ResizeCrashTests(CrashTestBase):
+    """An A100 guest resized to a flavor asking only ``VGPU:1`` (any type)
+    lands on the L40S host, whose finish fails right after the allocation.
+
+    nova puts the guest's A100 flavor back, leaves it in ERROR on the L40S
+    host holding the new flavor's allocation there, and says a hard reboot
+    may recover it.  The driver judged that allocation by the A100 flavor
+    alone and refused the reboot: "a type the flavor does not ask for".
+    The allocation is the resize's, made for its new flavor, which asks for
+    any type: the guest is defined with it.
+    """
+
+    HOSTS = {"host1": ("a100-sriov",), "host2": ("l40s-vfio",)}
+    ENABLED_TYPES = f"{A100_TYPE},{test_fault_outcomes.L40S_TYPE}"
+
+    def configure(self):
+        self.flags(device_addresses=[A100], group=f"mdev_{A100_TYPE}")
+        # sysfs does not say how many L40S-4Q fit on the GPU: the operator does.
+        self.flags(device_addresses=[test_fault_outcomes.L40S], max_instances=12,
+                   group=f"mdev_{test_fault_outcomes.L40S_TYPE}")
+
+    def setUp(self):
+        super().setUp()
+        self.a100_typed = self.flavor("a100-4c", "CUSTOM_VGPU_NVIDIA_A100_4C")
+        self.any_type = self._create_flavor(name="any-vgpu", memory_mb=1024, vcpu=1,
+                                            disk=1, ephemeral=0,
+                                            extra_spec={"resources:VGPU": "1"})
+
+    def test_a_hard_reboot_recovers_the_guest_with_the_resizes_vgpu(self):
+        server = self.boot(flavor=self.a100_typed)
+        with fixtures.MonkeyPatch(
+                "vgpu_driver.driver.VGPUDriver.allocate",
+                _raise_after(core.VGPUDriver.allocate, RuntimeError("injected"))):
+            server = self.act(server, {"resize": {"flavorRef": self.any_type}})
+        self.assertEqual(("ERROR", "host2", "a100-4c"),
+                         (server["status"], server["OS-EXT-SRV-ATTR:host"],
+                          server["flavor"]["original_name"]))
+        server = self.act(server, {"reboot": {"type": "HARD"}})
+        self.assertEqual("ACTIVE", server["status"], server.get("fault"))
+        vfs = self.domains("host2")[server["id"]]
+        self.assertEqual(1, len(vfs))
+        self.assertEqual((test_fault_outcomes.L40S, test_fault_outcomes.L40S_TYPE),
+                         self.vgpus("host2")[vfs[0]])
+        self.assertEqual([(vfs[0], claims.ATTACHED)], self.claims("host2", server))
+        self.later()
+        self.assert_usage_matches_holders()
+        self.assert_left_nothing(server)
+        self.delete_all()
+        self.assert_nothing_left()

@@ -228,34 +228,37 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
         providers = self._providers_by_uuid(allocations)
-        why = self._flavor_mismatch(instance, allocations or {}, providers)
-        if why is not None:
-            raise nova_exception.ComputeResourcesUnavailable(
-                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        return self._claim(instance, allocations, providers)
+        specs = self._flavor_of_allocation(instance, allocations or {}, providers)
+        return self._claim(instance, allocations, providers, specs)
 
-    def _flavor_mismatch(self, instance, allocations, providers):
-        """Why the allocation's vGPUs are not those the instance's flavor
-        asks for (:mod:`vgpu_driver.nova.flavors`), or None.  No guest is
-        defined with another flavor's vGPUs, whichever operation defines it.
+    def _flavor_of_allocation(self, instance, allocations, providers):
+        """The extra specs of the instance's flavor whose vGPUs the
+        allocation holds (:func:`vgpu_driver.nova.flavors.judge`); refused
+        when none.  No guest is defined with another flavor's vGPUs,
+        whichever operation defines it.
 
-        None too for an allocation on providers that are not this host's
-        GPUs: the claim itself refuses those.
+        The instance's own for an allocation on providers that are not this
+        host's GPUs: the claim itself refuses those.
         """
         classes = self.vgpu.mdev_config.mdev_classes
         if any(rp not in providers for rp, allocation in allocations.items()
                if classes & set(allocation.get("resources", {}))):
-            return None
-        return flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
+            return instance.flavor.extra_specs
+        specs, why = flavors.judge(instance, allocations, providers, classes)
+        if why is not None:
+            raise nova_exception.ComputeResourcesUnavailable(
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+        return specs
 
-    def _claim(self, instance, allocations, providers=None):
-        """The instance's vGPUs; its flavor's type traits name the type of
-        a mixed-size board's."""
+    def _claim(self, instance, allocations, providers=None, specs=None):
+        """The instance's vGPUs; the type traits of its flavor (``specs``,
+        the one the allocation is for) name the type of a mixed-size
+        board's."""
         providers = providers or self._providers_by_uuid(allocations)
+        specs = instance.flavor.extra_specs if specs is None else specs
         try:
             mdevs = self.vgpu.allocate(instance.uuid, allocations or {}, providers,
-                                       flavors.required_type_traits(
-                                           instance.flavor.extra_specs))
+                                       flavors.required_type_traits(specs))
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
         self._report_mixed_size_boards(allocations or {}, providers)
@@ -428,12 +431,12 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             LOG.warning("Instance %s keeps the vGPUs it holds: its allocation is on "
                         "providers that are not this host's GPUs", instance.uuid)
             return None
-        why = flavors.mismatch(specs, allocations, providers, classes)
+        specs, why = flavors.judge(instance, allocations, providers, classes)
         if why is not None:
             self.vgpu.release_unused(instance.uuid, domain)
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        mdevs = self._claim(instance, allocations, providers)
+        mdevs = self._claim(instance, allocations, providers, specs)
         self.vgpu.release_unused(instance.uuid, mdevs)
         return mdevs
 
