@@ -135,17 +135,8 @@ def _raise_after(real, error):
     return method
 
 
-class ResizeCrashTests(CrashTestBase):
-    """An A100 guest resized to a flavor asking only ``VGPU:1`` (any type)
-    lands on the L40S host, whose finish fails right after the allocation.
-
-    nova puts the guest's A100 flavor back, leaves it in ERROR on the L40S
-    host holding the new flavor's allocation there, and says a hard reboot
-    may recover it.  The driver judged that allocation by the A100 flavor
-    alone and refused the reboot: "a type the flavor does not ask for".
-    The allocation is the resize's, made for its new flavor, which asks for
-    any type: the guest is defined with it.
-    """
+class TwoHostsTestBase(CrashTestBase):
+    """An A100 host and an L40S host; an A100 flavor and one of any type."""
 
     HOSTS = {"host1": ("a100-sriov",), "host2": ("l40s-vfio",)}
     ENABLED_TYPES = f"{A100_TYPE},{test_fault_outcomes.L40S_TYPE}"
@@ -163,12 +154,30 @@ class ResizeCrashTests(CrashTestBase):
                                             disk=1, ephemeral=0,
                                             extra_spec={"resources:VGPU": "1"})
 
-    def test_a_hard_reboot_recovers_the_guest_with_the_resizes_vgpu(self):
-        server = self.boot(flavor=self.a100_typed)
+    def resize_failing_after_allocation(self, server, flavor):
+        """A resize whose finish raises right after the destination's
+        allocation (nova's handling runs: the old flavor put back, ERROR)."""
         with fixtures.MonkeyPatch(
                 "vgpu_driver.driver.VGPUDriver.allocate",
                 _raise_after(core.VGPUDriver.allocate, RuntimeError("injected"))):
-            server = self.act(server, {"resize": {"flavorRef": self.any_type}})
+            return self.act(server, {"resize": {"flavorRef": flavor}})
+
+
+class ResizeCrashTests(TwoHostsTestBase):
+    """An A100 guest resized to a flavor asking only ``VGPU:1`` (any type)
+    lands on the L40S host, whose finish fails right after the allocation.
+
+    nova puts the guest's A100 flavor back, leaves it in ERROR on the L40S
+    host holding the new flavor's allocation there, and says a hard reboot
+    may recover it.  The driver judged that allocation by the A100 flavor
+    alone and refused the reboot: "a type the flavor does not ask for".
+    The allocation is the resize's, made for its new flavor, which asks for
+    any type: the guest is defined with it.
+    """
+
+    def test_a_hard_reboot_recovers_the_guest_with_the_resizes_vgpu(self):
+        server = self.boot(flavor=self.a100_typed)
+        server = self.resize_failing_after_allocation(server, self.any_type)
         self.assertEqual(("ERROR", "host2", "a100-4c"),
                          (server["status"], server["OS-EXT-SRV-ATTR:host"],
                           server["flavor"]["original_name"]))
@@ -184,3 +193,107 @@ class ResizeCrashTests(CrashTestBase):
         self.assert_left_nothing(server)
         self.delete_all()
         self.assert_nothing_left()
+
+
+
+class UnusedClaimTestsMixin:
+    """What the host reconciler's periodic pass does with claims no domain
+    uses, once ``[vgpu] unused_claim_grace`` has passed (``claim_grace``,
+    after which guests that left a host lose its claims, is not)."""
+
+    def after_unused_grace(self):
+        self.flags(unused_claim_grace=0, group="vgpu")
+        self._run_periodics()
+
+
+class SourceClaimTests(UnusedClaimTestsMixin, TwoHostsTestBase):
+    def test_the_source_lets_go_the_claim_of_a_domain_the_operator_undefined(self):
+        """A resize whose finish fails, the hard reboot that recovers the
+        guest on the destination, then the operator undefines the source's
+        stale domain: its attached claim and vGPU stayed for
+        ``claim_grace`` (or until a restart), Placement no longer counting
+        them (nova deleted the source's allocation)."""
+        server = self.boot(flavor=self.a100_typed)
+        source_mdevs = self.domains("host1")[server["id"]]
+        server = self.resize_failing_after_allocation(server, self.any_type)
+        server = self.act(server, {"reboot": {"type": "HARD"}})
+        self.assertEqual(("ACTIVE", "host2"),
+                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        conn = self.computes["host1"].driver._host.get_connection()
+        conn.lookupByUUIDString(server["id"]).undefine()
+        self.assertEqual([(source_mdevs[0], claims.ATTACHED)],
+                         self.claims("host1", server))
+        self.after_unused_grace()
+        self.assertEqual(([], {}), (self.claims("host1"), self.vgpus("host1")))
+        self.assert_usage_matches_holders()
+        self.delete_all()
+        self.assert_nothing_left()
+
+
+class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
+    """A running A100 guest also holds a claim on an L40S VF of its host
+    that its domain does not use: a resize's finish here was killed right
+    after its allocation, and the guest's next define here marked every
+    claim it held attached.  Placement counts the A100 vGPU the guest
+    uses; the VF stayed reserved for nobody.  Released after the grace,
+    never while nova is in the middle of an operation on the guest."""
+
+    HOSTS = {"host1": ("a100-sriov", "l40s-vfio")}
+    ENABLED_TYPES = f"{A100_TYPE},{test_fault_outcomes.L40S_TYPE}"
+
+    def configure(self):
+        TwoHostsTestBase.configure(self)
+
+    def setUp(self):
+        super().setUp()
+        self.server = self.boot()
+        self.a100_vgpus = self.domains("host1")[self.server["id"]]
+
+    def leave_a_vf_claim(self, attached):
+        """The claim the killed finish left: allocated as any is, on the
+        L40S's provider, then marked attached by a define if ``attached``."""
+        driver = self.computes["host1"].driver
+        l40s = [rp for rp, p in driver._providers_by_uuid().items()
+                if p.name.endswith("0000_c1_00_0")]
+        vfs = driver._claim(self.instance(self.server), {l40s[0]: {"resources": {"VGPU": 1}}})
+        if attached:
+            driver.vgpu.instance_defined(self.server["id"])
+        state = claims.ATTACHED if attached else claims.CLAIMED
+        self.assertEqual(sorted([(self.a100_vgpus[0], claims.ATTACHED), (vfs[0], state)]),
+                         sorted(self.claims("host1", self.server)))
+        return vfs[0]
+
+    def assert_holds_only_its_own(self, vf):
+        self.assertEqual([(self.a100_vgpus[0], claims.ATTACHED)],
+                         self.claims("host1", self.server))
+        self.assertNotIn(vf, self.vgpus("host1"))
+        self.assertEqual(self.a100_vgpus, self.domains("host1")[self.server["id"]])
+        self.assert_usage_matches_holders()
+
+    def test_an_attached_claim_its_domain_does_not_use_is_released(self):
+        vf = self.leave_a_vf_claim(attached=True)
+        self.after_unused_grace()
+        self.assert_holds_only_its_own(vf)
+        self.delete_all()
+        self.assert_nothing_left()
+
+    def test_a_claimed_claim_under_a_running_guest_is_released(self):
+        vf = self.leave_a_vf_claim(attached=False)
+        self.after_unused_grace()
+        self.assert_holds_only_its_own(vf)
+
+    def test_nothing_is_released_while_nova_is_mid_operation_on_the_guest(self):
+        vf = self.leave_a_vf_claim(attached=True)
+        instance = self.instance(self.server)
+        instance.task_state = task_states.REBOOTING_HARD
+        instance.save()
+        self.after_unused_grace()
+        self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
+        driver = self.computes["host1"].driver
+        with driver._operating_on(instance):
+            instance.task_state = None
+            instance.save()
+            self.after_unused_grace()
+            self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
+        self.after_unused_grace()
+        self.assert_holds_only_its_own(vf)

@@ -140,8 +140,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self.vgpu.domains.event_driven = True
         # No pass, the start-up one first, drops the claims of an instance
         # nova is mid-operation on (one this service was killed in, which
-        # nova resumes next).
-        self.vgpu.worker.guard = self.operations.busy
+        # nova resumes next), nor those a stopped guest keeps.
+        self.vgpu.worker.keeper = self._keep_claims_of
         # libvirt's mdev definitions are settled by the host reconciler too,
         # at each periodic update's pass.
         self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
@@ -161,6 +161,20 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         if self._vgpu is not None:
             self._vgpu.close()
         super().cleanup_host(host)
+
+    def _keep_claims_of(self, instance_uuids):
+        """The host reconciler's keeper: of ``instance_uuids`` (instances
+        holding claims no domain here uses), those nova is mid-operation
+        on, and those nova keeps on this node, not in ERROR, with no domain
+        here (a stopped guest whose next start defines it from its claims).
+        A guest whose domain here uses other vGPUs keeps only those."""
+        busy = self.operations.busy(instance_uuids)
+        rest = set(instance_uuids) - busy
+        if not rest:
+            return busy
+        defined = {g.uuid for g in self._host.list_guests(only_running=False)}
+        return busy | operations.kept_without_domain(rest - defined,
+                                                     self._host.get_hostname())
 
     def _settle_definitions(self, reasons):
         """mdevs removed through sysfs since: their definitions go too."""

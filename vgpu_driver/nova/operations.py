@@ -1,5 +1,5 @@
-"""Which instances nova is in the middle of an operation on: the guard of
-the claims the host reconciler would otherwise let go.
+"""Which instances nova is in the middle of an operation on, or keeps
+here without a domain: the claims the host reconciler must not let go.
 
 A claim no domain uses is normal for a while: a hard reboot, a rescue or a
 resize undefines the guest's domain and defines it again; a move claims on
@@ -17,6 +17,7 @@ import threading
 
 from nova import context as nova_context
 from nova import objects
+from nova.compute import vm_states
 
 # Migration states after which nova does nothing more on either host.
 FINISHED = frozenset({"confirmed", "reverted", "error", "failed", "completed",
@@ -67,3 +68,16 @@ class OperationGuard:
                    and self.nodename in (m.source_node, m.dest_node)
                    for m in objects.MigrationList.get_by_filters(
                        context, {"instance_uuid": instance_uuid}))
+
+
+def kept_without_domain(instance_uuids, nodename):
+    """Those of ``instance_uuids`` nova keeps on ``nodename``, not in ERROR:
+    guests that keep their vGPUs while they have no domain here (stopped,
+    their domain lost), which their next start or hard reboot defines
+    again from their claims."""
+    if not instance_uuids:
+        return set()
+    context = nova_context.get_admin_context()
+    return {i.uuid for i in objects.InstanceList.get_by_filters(
+                context, {"uuid": sorted(instance_uuids)}, expected_attrs=[])
+            if not i.deleted and i.node == nodename and i.vm_state != vm_states.ERROR}
