@@ -977,13 +977,14 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _periodics_after_grace(self):
         """A periodic update on every compute, as one that comes once
-        ``[vgpu] claim_grace`` has passed since the operation."""
-        grace = cfg.CONF.vgpu.claim_grace
-        self.flags(claim_grace=0, group="vgpu")
+        ``[vgpu] claim_grace`` and ``unused_claim_grace`` have passed since
+        the operation."""
+        graces = {name: cfg.CONF.vgpu[name] for name in ("claim_grace", "unused_claim_grace")}
+        self.flags(claim_grace=0, unused_claim_grace=0, group="vgpu")
         try:
             self._run_periodics()
         finally:
-            self.flags(claim_grace=grace, group="vgpu")
+            self.flags(group="vgpu", **graces)
 
     def _findings(self):
         self._view = self._list_servers()    # what the next operation picks from

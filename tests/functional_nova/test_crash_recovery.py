@@ -18,6 +18,7 @@ from nova import objects
 from nova.compute import task_states
 from nova.virt.libvirt import host as libvirt_host
 
+from tests.functional_nova import host_audit
 from tests.functional_nova import test_fault_outcomes
 from vgpu_driver import claims
 from vgpu_driver import driver as core
@@ -120,6 +121,58 @@ class HardRebootCrashTests(CrashTestBase):
         self.assertEqual((None, []), self.holds(server))
         # The service runs: it boots the next guest.
         self.assertEqual("ACTIVE", self.boot()["status"])
+
+
+
+class PowerOnCrashTests(CrashTestBase):
+    """Killed while an ``os-start`` (nova's power-on, a hard reboot) defines
+    the stopped guest again.
+
+    The guest came back SHUTOFF with no domain and no vGPU while Placement
+    still counted its VGPU (``audit``: allocation-without-mdev).  A stopped
+    guest keeps its claim and vGPU, domain or not, as it does when nothing
+    crashed: nova's start-up resumes the start and the guest runs with the
+    same vGPU; if that start fails too, the guest stays stopped holding
+    both, and ``audit`` finds no drift: the claim holds what Placement
+    allocates, for the guest's next start.
+    """
+
+    def stopped_and_killed_in_its_start(self):
+        server = self.boot()
+        mdevs = self.domains("host1")[server["id"]]
+        server = self.act(server, {"os-stop": None})
+        self.assertEqual("SHUTOFF", server["status"])
+        self.killed_while_defining(server, task_states.POWERING_ON, "start_instance")
+        return server, mdevs
+
+    def test_the_start_resumes_with_the_same_vgpu(self):
+        server, mdevs = self.stopped_and_killed_in_its_start()
+        self.restart("host1")
+        server = self._wait_for_state_change(server, "ACTIVE")
+        self.assertEqual((mdevs, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+        self.delete_all()
+        self.assert_nothing_left()
+
+    def test_a_guest_left_stopped_keeps_its_claim_and_vgpu_for_its_next_start(self):
+        server, mdevs = self.stopped_and_killed_in_its_start()
+        # nova's resumed start fails too: the guest stays stopped.
+        with fixtures.MonkeyPatch(
+                "nova.virt.libvirt.host.Host.write_instance_config",
+                test_fault_outcomes._always_fail(RuntimeError("injected"))):
+            self.restart("host1")
+        server = self._wait_for_state_change(server, "SHUTOFF")
+        self.assertEqual((None, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
+        self.assertIn(mdevs[0], self.vgpus("host1"))
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+        self.flags(unused_claim_grace=0, group="vgpu")
+        self._run_periodics()
+        self.assertEqual((None, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
+        server = self.act(server, {"os-start": None})
+        self.assertEqual("ACTIVE", server["status"])
+        self.assertEqual((mdevs, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
+        self.delete_all()
+        self.assert_nothing_left()
 
 
 def _raise_after(real, error):
@@ -246,7 +299,7 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
 
     def setUp(self):
         super().setUp()
-        self.server = self.boot()
+        self.server = self.boot(flavor=self.flavor("a100-4c", "CUSTOM_VGPU_NVIDIA_A100_4C"))
         self.a100_vgpus = self.domains("host1")[self.server["id"]]
 
     def leave_a_vf_claim(self, attached):

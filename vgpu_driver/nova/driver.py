@@ -464,10 +464,16 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         missing ones (a host reboot) are created again with their UUIDs; an
         instance that holds none gets them claimed now, and claims beyond
         its allocation go.  When Placement cannot say, its claims alone.
+
+        If the define fails, the guest keeps them, as a stopped guest keeps
+        its vGPUs without a running domain: they are its allocation's, its
+        next start or hard reboot uses them (and judges them again), and
+        the host reconciler lets them go if nova sets it to ERROR and
+        nothing comes for them (:mod:`vgpu_driver.unused_claims`).
         """
         self._reclaim_for_reboot(context, instance)
-        return self._define_or_release(instance, super()._hard_reboot, context, instance,
-                                       *args, keep_claims=True, **kwargs)
+        return self._for_instance(instance, super()._hard_reboot, context, instance,
+                                  *args, keep_claims=True, **kwargs)
 
     def _reclaim_for_reboot(self, context, instance):
         held = set(self.vgpu.instance_claims(instance.uuid))
