@@ -348,5 +348,19 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
             instance.save()
             self.after_unused_grace()
             self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
+        # A move to this node that has not finished (its record alone).
+        migration = objects.Migration(
+            self.ctxt, instance_uuid=self.server["id"], source_compute="host0",
+            dest_compute="host1", source_node="host0", dest_node="host1",
+            migration_type="resize", status="pre-migrating", old_instance_type_id=1,
+            new_instance_type_id=1)
+        if "dest_compute_id" in objects.Migration.fields:      # nova 28 on
+            migration.dest_compute_id = objects.ComputeNode.get_by_nodename(
+                self.ctxt, "host1").id
+        migration.create()
+        self.after_unused_grace()
+        self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
+        migration.status = "error"
+        migration.save()
         self.after_unused_grace()
         self.assert_holds_only_its_own(vf)

@@ -28,6 +28,8 @@ class OperationGuard:
     """The instances under an operation, in this process and in nova's records."""
 
     def __init__(self, nodename):
+        """``nodename()``: this node's name (known once nova's Host has
+        connected to libvirt)."""
         self.nodename = nodename
         self._lock = threading.Lock()
         self._running = collections.Counter()
@@ -65,7 +67,7 @@ class OperationGuard:
     def moving(self, context, instance_uuid):
         """Whether a move of the instance from or to this node is under way."""
         return any(m.status not in FINISHED
-                   and self.nodename in (m.source_node, m.dest_node)
+                   and self.nodename() in (m.source_node, m.dest_node)
                    for m in objects.MigrationList.get_by_filters(
                        context, {"instance_uuid": instance_uuid}))
 
