@@ -1,13 +1,9 @@
-"""nova-compute killed in the middle of a vGPU operation, then started again.
-
-The compute is killed while libvirt defines the guest's domain (nova's
-``Host.write_instance_config``, the one define every operation goes
-through): :class:`Killed` is raised there, a ``BaseException`` that none of
-nova's error handling (``except Exception``) or ours runs for, as none runs
-in a killed process; the compute is then started again on the same host,
-libvirt and state directory, as systemd would.  nova's ``init_host``
-resumes what it finds interrupted (a hard reboot, a power-on); the service
-must start whatever our allocation says, and the guest get its vGPU back.
+"""nova-compute killed in the middle of a vGPU operation, then started again
+(:mod:`tests.functional_nova.crash_points`), and what such crashes and
+failed steps leave: claims no domain uses, a guest a failed resize left in
+ERROR.  nova's ``init_host`` resumes what it finds interrupted (a hard
+reboot, a power-on); the service must start whatever our allocation says,
+and the guest get its vGPU back.
 """
 
 import os
@@ -16,18 +12,14 @@ import fixtures
 from nova import context
 from nova import objects
 from nova.compute import task_states
-from nova.virt.libvirt import host as libvirt_host
 
+from tests.functional_nova import crash_points
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_fault_outcomes
 from vgpu_driver import claims
 from vgpu_driver import driver as core
 
 A100, A100_TYPE = "0000:41:00.0", "nvidia-468"      # A100-4C, mdevs on its VFs
-
-
-class Killed(BaseException):
-    """nova-compute killed: no handler of the process runs."""
 
 
 class CrashTestBase(test_fault_outcomes.FaultOutcomeTestBase):
@@ -48,24 +40,12 @@ class CrashTestBase(test_fault_outcomes.FaultOutcomeTestBase):
         return objects.Instance.get_by_uuid(self.ctxt, server["id"],
                                             expected_attrs=["flavor"])
 
-    def killed_while_defining(self, server, task_state, operation, *args, **kwargs):
-        """Run the compute manager's ``operation`` on the server's instance,
-        as nova's API casts it (``task_state`` set first); the compute is
-        killed when libvirt defines the domain."""
+    def killed_while_defining(self, server, operation):
+        """Run ``operation`` on the server's instance as nova's API casts
+        it; its compute is killed when libvirt defines the domain."""
         instance = self.instance(server)
-        instance.task_state = task_state
-        instance.save()
-        host = instance.host
-
-        def define(this, xml):
-            raise Killed(f"nova-compute on {host} killed while defining a domain")
-
-        with fixtures.MonkeyPatch(
-                "nova.virt.libvirt.host.Host.write_instance_config", define):
-            method = getattr(self.computes[host].manager, operation)
-            self.assertRaises(Killed, method, self.ctxt, instance, *args, **kwargs)
-        self.assertEqual(libvirt_host.Host.write_instance_config.__name__,
-                         "write_instance_config")
+        self.assertTrue(crash_points.kill_during(self.computes[instance.host].manager,
+                                                 self.ctxt, instance, operation))
 
     def restart(self, hostname):
         """nova-compute started again on its host's sysfs, state and libvirt."""
@@ -92,9 +72,7 @@ class HardRebootCrashTests(CrashTestBase):
     def test_the_compute_starts_and_the_guest_gets_its_vgpu_again(self):
         server = self.boot()
         mdevs = self.domains("host1")[server["id"]]
-        self.killed_while_defining(server, task_states.REBOOTING_HARD,
-                                   "reboot_instance", block_device_info=None,
-                                   reboot_type="HARD")
+        self.killed_while_defining(server, "hard_reboot")
         self.assertEqual((None, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
         self.restart("host1")
         server = self._wait_for_state_change(server, "ACTIVE")
@@ -109,9 +87,7 @@ class HardRebootCrashTests(CrashTestBase):
         resumed reboot would define no guest without its vGPU, and nova
         would have stopped the service with it."""
         server = self.boot()
-        self.killed_while_defining(server, task_states.REBOOTING_HARD,
-                                   "reboot_instance", block_device_info=None,
-                                   reboot_type="HARD")
+        self.killed_while_defining(server, "hard_reboot")
         self.placement.delete(f"/allocations/{server['id']}")
         self.restart("host1")
         server = self._wait_for_state_change(server, "ERROR")
@@ -142,7 +118,7 @@ class PowerOnCrashTests(CrashTestBase):
         mdevs = self.domains("host1")[server["id"]]
         server = self.act(server, {"os-stop": None})
         self.assertEqual("SHUTOFF", server["status"])
-        self.killed_while_defining(server, task_states.POWERING_ON, "start_instance")
+        self.killed_while_defining(server, "start")
         return server, mdevs
 
     def test_the_start_resumes_with_the_same_vgpu(self):
