@@ -13,6 +13,8 @@ driver adds, such as settling libvirt's mdev definitions) happens here, in
   their parents, a removal that returned, a release.  Reasons that arrive
   while a pass runs are coalesced into the next one.
 * Each pass reads the journal again and each step acts under its rules:
+  claims no domain uses are released only past their grace and when the
+  compute driver's *keeper* does not keep them (an operation under way);
   a vGPU is created only for a claim unchanged since it was read, on its
   own parent or one no other claim points at, and removed again if its
   claim went while it was written; a claim is dropped only if unchanged
@@ -32,6 +34,7 @@ from oslo_log import log as logging
 
 from vgpu_driver import state_files
 from vgpu_driver import takeover
+from vgpu_driver import unused_claims
 
 LOG = logging.getLogger(__name__)
 
@@ -79,6 +82,11 @@ class HostReconciler:
         self.clock = clock
         self.state_path = os.path.join(state_dir, STATE_FILE) if state_dir else None
         self._extra_steps = []
+        #: ``keeper(instance uuids)`` -> those whose claims no pass drops
+        #: though no domain uses them: an operation is under way on them,
+        #: or they keep their vGPUs without a domain (set by the compute
+        #: driver; without it, no unused claim is released).
+        self.keeper = None
         self._cond = threading.Condition()
         self._pass_lock = threading.Lock()
         self._reasons = set()
@@ -105,7 +113,8 @@ class HostReconciler:
     def _steps(self, reasons):
         steps = [("host", self._read_host),
                  ("removals", self._finish_removals),
-                 ("stale claims", self._clean_claims)]
+                 ("stale claims", self._clean_claims),
+                 ("unused claims", self._release_unused)]
         if START_UP in reasons:
             steps.append(("takeover", lambda _: takeover.adopt(self.manager)))
         steps += [("restore", self._restore),
@@ -117,10 +126,20 @@ class HostReconciler:
 
     def _clean_claims(self, reasons):
         # An attached claim without a domain is stale only at start-up: a
-        # resize or a hard reboot undefines the domain for a while.
+        # resize or a hard reboot undefines the domain for a while.  Not
+        # even then while an operation is under way on its instance (one
+        # the service was killed in, which the compute resumes), or when
+        # the guest keeps its vGPUs without a domain.
         self.rules.clean_stale_claims(
             grace=self.conf.vgpu.claim_grace, attached_too=START_UP in reasons,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout)
+            migration_timeout=self.conf.vgpu.migration_claim_timeout, busy=self.keeper)
+
+    def _release_unused(self, reasons):
+        # Later, claims no domain uses go after their own grace, unless the
+        # compute driver keeps them (:mod:`vgpu_driver.unused_claims`).
+        if START_UP not in reasons:
+            unused_claims.release(self.manager, self.keeper,
+                                  self.conf.vgpu.unused_claim_grace, self.clock())
 
     def _read_host(self, reasons):
         """One read of the host for the whole pass (creations and removals

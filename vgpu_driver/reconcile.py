@@ -178,7 +178,7 @@ class Reconciler:
     # -- claims nobody came for ----------------------------------------------------------------
 
     def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True,
-                           migration_timeout=None):
+                           migration_timeout=None, busy=None):
         """Drop claims whose guest never came or is gone; returns them.
 
         A ``claimed`` claim older than ``grace`` that no domain references
@@ -188,6 +188,8 @@ class Reconciler:
         ``migration_timeout`` seconds on (None or 0: never): its rollback
         never came.  With ``live_instances``, claims of other instances go
         too (not ``migrating_in`` ones: their instance lives on the source).
+        ``busy(instance uuids)`` names those an operation is under way on
+        (the compute driver's guard): their claims stay.
         """
         users = self.manager.domains.mdev_users()
         now = self.clock()
@@ -197,6 +199,11 @@ class Reconciler:
                  if (attached_too or claim.state != claims_mod.ATTACHED)
                  and self._is_stale(claim, users, now, grace, live_instances,
                                     migration_timeout)]
+        if stale and busy is not None:
+            guarded = busy({c.instance_uuid for c in stale
+                            if c.state != claims_mod.MIGRATING_IN})
+            stale = [c for c in stale if c.instance_uuid not in guarded
+                     or c.state == claims_mod.MIGRATING_IN]
         if not stale:
             return []
         with self.manager.journal.transaction() as txn:

@@ -39,6 +39,7 @@ from nova import objects
 from nova.tests.functional.api import client as api_client
 from oslo_config import cfg
 
+from tests.functional_nova import crash_points
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_fault_outcomes
 from tests.functional_nova import test_live_migration
@@ -147,12 +148,14 @@ SERVER_OPS = {
     "shelve": {"ACTIVE", "SHUTOFF"},
     "unshelve": {"SHELVED_OFFLOADED"},
 }
+# The operations the kill in a define interrupts, by the server's status.
+KILLABLE = {"ACTIVE": {"hard_reboot"}, "SHUTOFF": {"hard_reboot", "start"}}
 WEIGHTS = {
     "boot": 12, "delete": 6, "resize": 6, "cold_migrate": 4, "confirm_resize": 5,
     "revert_resize": 4, "live_migrate": 7, "stop": 4, "start": 5, "hard_reboot": 4,
     "shelve": 3, "unshelve": 4, "restart_compute": 1.5, "periodic_update": 2,
     "fault_remove_vgpu": 1.5, "fault_hold_vgpu": 1.5, "fault_vfs_off": 1,
-    "fault_placement_5xx": 1, "fault_lost_udev_event": 1,
+    "fault_placement_5xx": 1, "fault_lost_udev_event": 1, "fault_killed_in_define": 1.5,
 }
 FAULTS = frozenset(k for k in WEIGHTS if k.startswith("fault_"))
 WINDOWED_FAULTS = frozenset({"fault_vfs_off", "fault_placement_5xx"})
@@ -448,6 +451,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             # Claims alone: cheap, and what keeps a board busy most often.
             return any(all(c.gpu != A100 for c in self._journal(h).claims())
                        for h in HOSTS)
+        if kind == "fault_killed_in_define":
+            return any(s["status"] in KILLABLE for s in servers.values())
         return kind != "fault_lost_udev_event" or _udev_usable()
 
     @staticmethod
@@ -478,6 +483,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return Op(kind, host=host, inner=self._choose(rng, faults=False))
         if kind == "fault_placement_5xx":
             return Op(kind, inner=self._choose(rng, faults=False))
+        if kind == "fault_killed_in_define":
+            name = rng.choice(sorted(n for n, s in servers.items()
+                                     if s["status"] in KILLABLE))
+            operation = rng.choice(sorted(KILLABLE[servers[name]["status"]]))
+            return Op(kind, server=name, inner=Op(operation, server=name))
         return Op(kind)
 
     def _plan_server_op(self, kind, rng, servers):
@@ -812,6 +822,26 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._lost_events.add(op.host)
         self._result.faults[op.kind] += 1
 
+    def _do_fault_killed_in_define(self, op, index):
+        """nova-compute killed while libvirt defines the server's domain in
+        a hard reboot or a start (:mod:`crash_points`), then started again
+        as systemd would; nova's start-up resumes the operation."""
+        server_id = self._server_id(op.server)
+        instance = objects.Instance.get_by_uuid(nova_context.get_admin_context(),
+                                                server_id, expected_attrs=["flavor"])
+        host = instance.host
+        if host not in self.computes:
+            raise Refused(f"{op.server} is on no compute")
+        killed = crash_points.kill_during(self.computes[host].manager,
+                                          nova_context.get_admin_context(), instance,
+                                          op.inner.kind)
+        self._result.faults[op.kind] += 1
+        self.restart_host(host)
+        server = self._settle(server_id)
+        self._check_error(server)
+        if not killed:
+            raise Refused(f"{op.inner} ended before any define")
+
     def _inner(self, op, index):
         outcome = self._execute(op.inner, index, in_fault=True)
         self._log(f"op {index} (inside {op.kind}): {op.inner} -> {outcome}")
@@ -977,13 +1007,14 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _periodics_after_grace(self):
         """A periodic update on every compute, as one that comes once
-        ``[vgpu] claim_grace`` has passed since the operation."""
-        grace = cfg.CONF.vgpu.claim_grace
-        self.flags(claim_grace=0, group="vgpu")
+        ``[vgpu] claim_grace`` and ``unused_claim_grace`` have passed since
+        the operation."""
+        graces = {name: cfg.CONF.vgpu[name] for name in ("claim_grace", "unused_claim_grace")}
+        self.flags(claim_grace=0, unused_claim_grace=0, group="vgpu")
         try:
             self._run_periodics()
         finally:
-            self.flags(claim_grace=grace, group="vgpu")
+            self.flags(group="vgpu", **graces)
 
     def _findings(self):
         self._view = self._list_servers()    # what the next operation picks from

@@ -224,13 +224,15 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
     allocation it held there.
 
     A claim the failed step left there handed its T4 vGPU to the reverted
-    L40S guest, and without one the guest came back with no vGPU; a hard
-    reboot defined the L40S guest with a T4 vGPU from its allocation.  The
+    L40S guest, and without one the guest came back with no vGPU.  The
     driver now releases what a failed finish claimed, defines a guest again
     only with the vGPUs of its allocation, and refuses an allocation whose
     vGPUs its flavor does not ask for: the guest has no domain and no claim
-    (nova sets it to ERROR).  The source lets the guest's domain and vGPU go
-    at its next periodic update.
+    (nova sets it to ERROR).  The exception is the hard reboot nova
+    recommends for a guest the failed finish left in ERROR: its allocation
+    is the resize's, and it gets the vGPU the resize's T4 flavor asks for.
+    The source lets the guest's domain and vGPU go at its next periodic
+    update.
     """
 
     HOSTS = {"host1": ("l40s-vfio",), "host2": ("t4x8",), "host3": ("t4x8",)}
@@ -273,7 +275,7 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
         self._revert_after_a_failed_finish(
             "vgpu_driver.mdevs.strategies.MdevParentStrategy.create")
 
-    def test_a_hard_reboot_after_a_failed_finish_gives_no_t4_to_the_l40s_guest(self):
+    def test_a_hard_reboot_after_a_failed_finish_recovers_the_guest_on_its_t4(self):
         # Every T4 destination fails: the instance stays in ERROR on the last.
         server = self.resize_to_t4("nova.virt.libvirt.driver.LibvirtDriver._create_guest",
                                    _always_fail(RuntimeError("injected")))
@@ -281,8 +283,13 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
                          (server["status"], server["flavor"]["original_name"]))
         self.assert_holds_its_flavor(server)
         server = self.act(server, {"reboot": {"type": "HARD"}})
-        self.assert_holds_its_flavor(server)
+        self.assertEqual("ACTIVE", server["status"])
+        here = server["OS-EXT-SRV-ATTR:host"]
+        vgpus = self.domains(here)[server["id"]]
+        self.assertEqual([T4_TYPE], [self.vgpus(here)[v][1] for v in vgpus])
+        self.assertEqual([(vgpus[0], claims.ATTACHED)], self.claims(here, server))
         self.later()
+        self.assert_usage_matches_holders()
         self.assert_left_nothing(server)
         self.delete_all()
         self.assert_nothing_left()

@@ -151,6 +151,20 @@ Seconds after which a claim that no guest has come to use is dropped as
 stale (for example, after a crash during a boot).
 """),
     cfg.FloatOpt(
+        "unused_claim_grace",
+        default=300.0,
+        min=0.0,
+        help="""
+Seconds after which nova-compute's host reconciler releases a guest's claim
+that no domain on this host uses, when the guest's domain here uses other
+vGPUs, or the guest has none here and lives on another host, was deleted,
+or is in ERROR (a crash or a failed step left the claim).  Its vGPU is
+removed as on any release (``remove_mdevs_on_release``).  Never while nova
+is in the middle of an operation on the guest (a task state, a migration
+from or to this host, an operation nova-compute is running); a stopped
+guest whose domain is gone keeps its claims, which its next start uses.
+"""),
+    cfg.FloatOpt(
         "migration_claim_timeout",
         default=21600.0,
         min=0.0,

@@ -25,10 +25,7 @@ from nova.compute import vm_states
 from oslo_utils import uuidutils
 
 from vgpu_driver import claims as vgpu_claims
-
-# Migration states after which nova does nothing more on either host.
-FINISHED = frozenset({"confirmed", "reverted", "error", "failed", "completed",
-                      "cancelled", "done"})
+from vgpu_driver.nova import operations
 
 
 def abandoned(claims, defined, running, nodename, grace, now=None):
@@ -68,6 +65,6 @@ def _kept(instance, nodename, defined):
 
 
 def _moving(context, instance_uuid, nodename):
-    return any(m.status not in FINISHED and nodename in (m.source_node, m.dest_node)
+    return any(m.status not in operations.FINISHED and nodename in (m.source_node, m.dest_node)
                for m in objects.MigrationList.get_by_filters(
                    context, {"instance_uuid": instance_uuid}))

@@ -36,8 +36,10 @@ from vgpu_driver.nova import events
 from vgpu_driver.nova import flavors
 from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
+from vgpu_driver.nova import operations
 from vgpu_driver.nova import providers
 from vgpu_driver.nova import reshape
+from vgpu_driver.nova import startup
 from vgpu_driver.nova import usage
 
 CONF = nova.conf.CONF
@@ -81,6 +83,9 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
+        # Instances under a nova operation: the host reconciler leaves their
+        # claims alone (:mod:`vgpu_driver.nova.operations`).
+        self.operations = operations.OperationGuard(lambda: self._host.get_hostname())
         # A configured GPU whose SR-IOV VFs are off is logged once, not at
         # every periodic update.
         self._vfs_notices = sriov.PendingNotices()
@@ -133,6 +138,10 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         super().init_host(host)
         # nova's event loop runs now: domain events keep the index current.
         self.vgpu.domains.event_driven = True
+        # No pass, the start-up one first, drops the claims of an instance
+        # nova is mid-operation on (one this service was killed in, which
+        # nova resumes next), nor those a stopped guest keeps.
+        self.vgpu.worker.keeper = self._keep_claims_of
         # libvirt's mdev definitions are settled by the host reconciler too,
         # at each periodic update's pass.
         self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
@@ -145,12 +154,27 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             elif outcome.result != "restored":
                 LOG.error("vGPU %s could not be restored: %s", outcome.mdev_uuid,
                           outcome.reason)
+        startup.settle_interrupted_reboots(self, host)
 
     def cleanup_host(self, host):
         """The service stops: so does its host reconciler."""
         if self._vgpu is not None:
             self._vgpu.close()
         super().cleanup_host(host)
+
+    def _keep_claims_of(self, instance_uuids):
+        """The host reconciler's keeper: of ``instance_uuids`` (instances
+        holding claims no domain here uses), those nova is mid-operation
+        on, and those nova keeps on this node, not in ERROR, with no domain
+        here (a stopped guest whose next start defines it from its claims).
+        A guest whose domain here uses other vGPUs keeps only those."""
+        busy = self.operations.busy(instance_uuids)
+        rest = set(instance_uuids) - busy
+        if not rest:
+            return busy
+        defined = {g.uuid for g in self._host.list_guests(only_running=False)}
+        return busy | operations.kept_without_domain(rest - defined,
+                                                     self._host.get_hostname())
 
     def _settle_definitions(self, reasons):
         """mdevs removed through sysfs since: their definitions go too."""
@@ -187,12 +211,21 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
 
     # -- allocation ----------------------------------------------------------------------
 
-    def _providers_by_uuid(self):
-        """``{rp uuid: GpuProvider}`` of our GPU providers in nova's tree."""
-        tree = self._gpu_tree or self.vgpu.provider_tree(self._host.get_hostname())
+    def _providers_by_uuid(self, allocations=None):
+        """``{rp uuid: GpuProvider}`` of our GPU providers.
+
+        Their UUIDs are nova's tree's; before nova's first inventory update
+        has built it (an operation ``init_host`` resumes), the tree in
+        Placement that holds ``allocations``' providers, and the providers
+        from one read of the host.
+        """
+        tree = self._gpu_tree or self.vgpu.inventory_now(self._host.get_hostname())
         known = self.provider_tree
-        return {known.data(p.name).uuid: p for p in tree.providers
-                if known is not None and known.exists(p.name)}
+        if known is not None:
+            return {known.data(p.name).uuid: p for p in tree.providers
+                    if known.exists(p.name)}
+        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {})
+        return {uuids[p.name]: p for p in tree.providers if p.name in uuids}
 
     def _allocate_mdevs(self, allocations):
         """Claims for the instance of the nova operation under way.
@@ -208,35 +241,38 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 version=compat.nova_version(), supported=compat.supported_range())
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
-        providers = self._providers_by_uuid()
-        why = self._flavor_mismatch(instance, allocations or {}, providers)
-        if why is not None:
-            raise nova_exception.ComputeResourcesUnavailable(
-                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        return self._claim(instance, allocations, providers)
+        providers = self._providers_by_uuid(allocations)
+        specs = self._flavor_of_allocation(instance, allocations or {}, providers)
+        return self._claim(instance, allocations, providers, specs)
 
-    def _flavor_mismatch(self, instance, allocations, providers):
-        """Why the allocation's vGPUs are not those the instance's flavor
-        asks for (:mod:`vgpu_driver.nova.flavors`), or None.  No guest is
-        defined with another flavor's vGPUs, whichever operation defines it.
+    def _flavor_of_allocation(self, instance, allocations, providers):
+        """The extra specs of the instance's flavor whose vGPUs the
+        allocation holds (:func:`vgpu_driver.nova.flavors.judge`); refused
+        when none.  No guest is defined with another flavor's vGPUs,
+        whichever operation defines it.
 
-        None too for an allocation on providers that are not this host's
-        GPUs: the claim itself refuses those.
+        The instance's own for an allocation on providers that are not this
+        host's GPUs: the claim itself refuses those.
         """
         classes = self.vgpu.mdev_config.mdev_classes
         if any(rp not in providers for rp, allocation in allocations.items()
                if classes & set(allocation.get("resources", {}))):
-            return None
-        return flavors.mismatch(instance.flavor.extra_specs, allocations, providers, classes)
+            return instance.flavor.extra_specs
+        specs, why = flavors.judge(instance, allocations, providers, classes)
+        if why is not None:
+            raise nova_exception.ComputeResourcesUnavailable(
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+        return specs
 
-    def _claim(self, instance, allocations, providers=None):
-        """The instance's vGPUs; its flavor's type traits name the type of
-        a mixed-size board's."""
-        providers = providers or self._providers_by_uuid()
+    def _claim(self, instance, allocations, providers=None, specs=None):
+        """The instance's vGPUs; the type traits of its flavor (``specs``,
+        the one the allocation is for) name the type of a mixed-size
+        board's."""
+        providers = providers or self._providers_by_uuid(allocations)
+        specs = instance.flavor.extra_specs if specs is None else specs
         try:
             mdevs = self.vgpu.allocate(instance.uuid, allocations or {}, providers,
-                                       flavors.required_type_traits(
-                                           instance.flavor.extra_specs))
+                                       flavors.required_type_traits(specs))
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
         self._report_mixed_size_boards(allocations or {}, providers)
@@ -275,7 +311,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._operation.instance = instance
         self._operation.keep_claims = keep_claims
         try:
-            yield
+            with self.operations.running(instance.uuid):
+                yield
         finally:
             self._operation.instance = None
             self._operation.keep_claims = False
@@ -360,11 +397,15 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         failed build or unshelve goes elsewhere.  A claim left would hand
         its vGPU to whatever defines the guest here next (a revert, a hard
         reboot), whichever its flavor then.
+
+        Only on an exception: a service killed (a ``BaseException`` here,
+        nothing at all in a killed process) leaves the claims to its next
+        start, where nova resumes or ends the operation.
         """
         try:
             return self._for_instance(instance, operation, *args, keep_claims=keep_claims,
                                       **kwargs)
-        except BaseException:
+        except Exception:
             with excutils.save_and_reraise_exception():
                 self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
@@ -398,18 +439,18 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
             LOG.warning("Instance %s keeps the vGPUs it holds: Placement did not say "
                         "which it is allocated: %s", instance.uuid, exc)
             return None
-        providers = self._providers_by_uuid()
+        providers = self._providers_by_uuid(allocations)
         if any(rp not in providers for rp, allocation in allocations.items()
                if classes & set(allocation.get("resources", {}))):
             LOG.warning("Instance %s keeps the vGPUs it holds: its allocation is on "
                         "providers that are not this host's GPUs", instance.uuid)
             return None
-        why = flavors.mismatch(specs, allocations, providers, classes)
+        specs, why = flavors.judge(instance, allocations, providers, classes)
         if why is not None:
             self.vgpu.release_unused(instance.uuid, domain)
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"instance {instance.uuid} gets no vGPU here: {why}")
-        mdevs = self._claim(instance, allocations, providers)
+        mdevs = self._claim(instance, allocations, providers, specs)
         self.vgpu.release_unused(instance.uuid, mdevs)
         return mdevs
 
@@ -423,10 +464,16 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         missing ones (a host reboot) are created again with their UUIDs; an
         instance that holds none gets them claimed now, and claims beyond
         its allocation go.  When Placement cannot say, its claims alone.
+
+        If the define fails, the guest keeps them, as a stopped guest keeps
+        its vGPUs without a running domain: they are its allocation's, its
+        next start or hard reboot uses them (and judges them again), and
+        the host reconciler lets them go if nova sets it to ERROR and
+        nothing comes for them (:mod:`vgpu_driver.unused_claims`).
         """
         self._reclaim_for_reboot(context, instance)
-        return self._define_or_release(instance, super()._hard_reboot, context, instance,
-                                       *args, keep_claims=True, **kwargs)
+        return self._for_instance(instance, super()._hard_reboot, context, instance,
+                                  *args, keep_claims=True, **kwargs)
 
     def _reclaim_for_reboot(self, context, instance):
         held = set(self.vgpu.instance_claims(instance.uuid))

@@ -10,6 +10,12 @@ scheduled, and allocated, for the old one.  Defining the guest from such an
 allocation would give it vGPUs its flavor does not ask for; the driver
 refuses instead, whichever operation defines it.
 
+The first case is nova's recovery, not a mistake: nova tells the operator
+to hard reboot the guest, which it left in ERROR on the destination, and
+the allocation there is the resize's, made for its new flavor.  Such a
+guest is judged by either flavor (:func:`judge`): a new flavor asking for
+no type accepts the vGPUs of any.
+
 Only what names a vGPU is compared: the units of each mdev resource class,
 and the traits that name a vGPU type, the automatic ones every GPU provider
 carries (``CUSTOM_VGPU_<name>``, ``CUSTOM_MDEV_<type>``; see
@@ -17,6 +23,8 @@ carries (``CUSTOM_VGPU_<name>``, ``CUSTOM_MDEV_<type>``; see
 """
 
 import re
+
+from nova.compute import vm_states
 
 # nova's request group keys in flavor extra specs: resources[<suffix>]:<class>
 # and trait[<suffix>]:<name> (nova.scheduler.utils.ResourceRequest.XS_KEYPAT).
@@ -79,3 +87,27 @@ def mismatch(extra_specs, allocations, providers, classes):
             return (f"the allocation holds {provider.type_name or provider.type_id} vGPUs "
                     f"on {provider.name}, a type the flavor does not ask for")
     return None
+
+
+def judged_flavors(instance):
+    """The flavors an allocation of the instance may be for: its own and,
+    for a guest in ERROR with a resize's new flavor still set (a finish
+    that failed, nova's flavor put back), that new flavor."""
+    found = [instance.flavor]
+    new = instance.new_flavor if instance.vm_state == vm_states.ERROR else None
+    if new is not None and new.flavorid != instance.flavor.flavorid:
+        found.append(new)
+    return found
+
+
+def judge(instance, allocations, providers, classes):
+    """``(extra specs, None)`` of the first flavor of the instance's
+    (:func:`judged_flavors`) whose vGPUs ``allocations`` holds, else
+    ``(None, why)`` for its own flavor (see :func:`mismatch`)."""
+    whys = []
+    for flavor in judged_flavors(instance):
+        why = mismatch(flavor.extra_specs, allocations, providers, classes)
+        if why is None:
+            return flavor.extra_specs, None
+        whys.append(why)
+    return None, whys[0]

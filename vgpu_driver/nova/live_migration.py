@@ -63,7 +63,7 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
                 self.vgpu.migrations.check_vgpu_manager(
                     instance.uuid, source_types, self._source_gpu_traits(ctxt, migration))
             mapping = self.vgpu.migrations.claim_incoming(
-                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid())
+                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid(allocs))
         except exception.VgpuDriverError as exc:
             raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
         vfs = {s: d for s, d in mapping.items() if names.is_vf_vgpu_id(s)}

@@ -1,6 +1,9 @@
 """Our GPU providers in nova's provider tree: written from the core's
 desired tree, and removed once their GPU is gone and nothing holds them."""
 
+from keystoneauth1 import exceptions as ks_exceptions
+from nova import context as nova_context
+from nova import exception as nova_exception
 from nova.objects import service
 from oslo_log import log as logging
 
@@ -64,3 +67,20 @@ def prune(provider_tree, nodename, tree, journal, reportclient):
                         "it fully reserved", data.name)
             continue
         provider_tree.remove(data.name)
+
+
+def uuids_by_name(reportclient, allocations):
+    """``{name: rp uuid}`` of the providers in Placement's tree that holds
+    the first of ``allocations``' providers (this host's, for an allocation
+    here): what nova's provider tree says once its first update built it."""
+    for rp_uuid in sorted(allocations)[:1]:
+        try:
+            found = reportclient.get_providers_in_tree(nova_context.get_admin_context(),
+                                                       rp_uuid)
+        except (nova_exception.ResourceProviderRetrievalFailed,
+                ks_exceptions.ClientException) as exc:
+            raise nova_exception.ComputeResourcesUnavailable(
+                reason=f"Placement did not say which providers hold the allocation "
+                       f"({exc})") from exc
+        return {p["name"]: p["uuid"] for p in found}
+    return {}
