@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from tests import properties
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -91,7 +92,8 @@ def check_inventory(host, type_by_gpu):
         assert provider.reserved in (0, provider.total)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=properties.examples(6), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, max_size=25),
        a100_type=st.sampled_from(A100_TYPES), t4_type=st.sampled_from(T4_TYPES))
 def test_advertised_and_reported_capacity_are_honest(steps, a100_type, t4_type):

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from tests import properties
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import domains
@@ -107,7 +108,8 @@ class Host:
             assert in_use <= provider.total
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=properties.examples(12), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(steps=steps, remove_on_release=st.booleans())
 def test_lifecycle_invariants_hold(steps, remove_on_release):
     root = tempfile.mkdtemp(prefix="vgpu-life-")
