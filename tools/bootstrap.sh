@@ -32,7 +32,7 @@ if [ ! -x "$VENV/bin/pip" ]; then
     fi
 fi
 "$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q tox bindep
+"$VENV/bin/pip" install -q tox tox-uv bindep
 
 missing=$(cd "$TOP" && "$VENV/bin/bindep" -b "$PROFILE" || true)
 if [ -n "$missing" ]; then
