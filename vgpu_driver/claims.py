@@ -25,9 +25,9 @@ import os
 import sqlite3
 import threading
 import time
-from urllib import parse
 
 from vgpu_driver import exception
+from vgpu_driver import journal_files
 from vgpu_driver import names
 
 CLAIMED = "claimed"
@@ -128,17 +128,13 @@ def _make_state_dir(state_dir, path):
             path=path, reason=f"cannot create {state_dir}: {exc.strerror}") from exc
 
 
-def _check_exists(state_dir, path):
-    """Refuse a state dir or journal that is not there: reading it as empty
-    would make every claimed mdev look free."""
+def _check_state_dir(state_dir, path):
+    """Refuse a state dir that is not there: reading it as empty would make
+    every claimed mdev look free."""
     if not os.path.isdir(state_dir):
         reason = ("the state directory is not a directory" if os.path.exists(state_dir)
                   else "the state directory does not exist")
         raise exception.JournalMissing(path=path, reason=reason)
-    if not os.path.isfile(path):
-        raise exception.JournalMissing(path=path, reason="the file does not exist")
-    if os.path.getsize(path) == 0:
-        raise exception.JournalUnreadable(path=path, reason="the file is empty (0 bytes)")
 
 
 def check_new_state_dir(state_dir, also_ours=()):
@@ -169,28 +165,74 @@ class Journal:
 
     def __init__(self, state_dir, busy_timeout=30.0, create=True):
         """Open the journal, checked; ``create`` makes the state directory
-        and a new journal when they are missing (nova-compute's start-up).
-        Without it a missing journal raises JournalMissing, never an empty one."""
+        and a new journal when they are missing (nova-compute's start-up),
+        and needs to write it.  Without it a missing journal raises
+        JournalMissing, never an empty one, and a process that cannot
+        write the journal reads it (:attr:`read_only` says why)."""
         self.path = os.path.join(state_dir, self.FILENAME)
         if create:
             _make_state_dir(state_dir, self.path)
         else:
-            _check_exists(state_dir, self.path)
+            _check_state_dir(state_dir, self.path)
         self._busy_timeout = busy_timeout
         self._local = threading.local()
+        self._place = journal_files.Place.of(state_dir, self.path)
+        self.read_only = None
+        if not os.access(state_dir, os.X_OK, effective_ids=True):
+            raise exception.JournalNotReadable(
+                path=self.path, user=journal_files.this_process(),
+                reason=f"the state directory is {journal_files.describe(self._place.directory)}")
+        if create and not os.path.lexists(self.path):
+            why = journal_files.why_not_writable(self._place, {})
+            if why:
+                raise self._not_writable(why)
+        created = create and journal_files.create(self._place)
+        found = journal_files.inspect_all(self._place)
+        if found[""] is None:
+            raise exception.JournalMissing(path=self.path, reason="the file does not exist")
+        if create:
+            journal_files.give_to_owner(self._place, found)
+        #: Why this process cannot write the journal (None: it can).
+        self.read_only = self._access(found, create)
         try:
-            self._open_checked(create)
+            self._open_checked(create, created, found[""].st_size)
         except sqlite3.DatabaseError as exc:
-            raise exception.JournalUnreadable(path=self.path, reason=str(exc)) from exc
+            raise journal_files.refused(self.path, exc) from exc
 
-    def _open_checked(self, create):
+    def _access(self, found, create):
+        why = journal_files.why_not_readable(self._place, found)
+        if why:
+            raise exception.JournalNotReadable(path=self.path,
+                                               user=journal_files.this_process(), reason=why)
+        why = journal_files.why_not_writable(self._place, found)
+        if why and create:
+            raise self._not_writable(why)
+        if why:
+            journal_files.notice_read_only(self.path, why)
+        return why
+
+    def _not_writable(self, why):
+        owner = self._place.owner
+        if self.read_only:
+            fix = f"Run this as root or as {owner}."
+        elif self._place.directory.st_uid != os.geteuid():
+            fix = (f"The state directory must be the writer's (nova-compute's user): "
+                   f"install -d -o USER -g GROUP -m 0750 {self._place.state_dir} (it is "
+                   f"{owner}'s).")
+        else:
+            fix = (f"Run 'vgpu-manage claims init' as root: it gives the journal's files to "
+                   f"the state directory's owner ({owner}), its claims unchanged.")
+        return exception.JournalNotWritable(path=self.path, user=journal_files.this_process(),
+                                            reason=why, fix=fix)
+
+    def _open_checked(self, create, created, size):
         """Integrity and version checked read-only (a refused file is left
         byte for byte as it was), then the schema brought to this version."""
         version, has_claims = 0, False
-        if os.path.exists(self.path):
+        if not created:
             # A file that is there is ours only if it holds our table: an
             # empty file or another program's database is never adopted.
-            if os.path.getsize(self.path) == 0:
+            if size == 0:
                 raise exception.JournalUnreadable(path=self.path,
                                                   reason="the file is empty (0 bytes)")
             version, tables = self._check_read_only()
@@ -200,16 +242,21 @@ class Journal:
             if not has_claims and (tables or not create):
                 raise exception.JournalUnreadable(path=self.path,
                                                   reason="it holds no claims table")
+        # Written before versioning: the version-1 schema, user_version 0.
+        schema = 1 if version == 0 and has_claims else version
+        if self.read_only:
+            if schema < SCHEMA_VERSION:
+                raise self._not_writable(f"its schema (version {version}) must be brought "
+                                         f"to version {SCHEMA_VERSION} by a writer")
+            return
         db = self._db()
         if version < SCHEMA_VERSION:
-            self._migrate(db, 1 if version == 0 and has_claims else version)
+            self._migrate(db, schema)
 
     def _check_read_only(self):
         """``(schema version, its table names)`` of a journal that passes
         sqlite's integrity check and is not newer than this code."""
-        db = sqlite3.connect(f"file:{parse.quote(self.path)}?mode=ro", uri=True,
-                             timeout=self._busy_timeout)
-        try:
+        def check(db):
             verdict = db.execute("PRAGMA quick_check").fetchone()[0]
             if verdict != "ok":
                 raise exception.JournalUnreadable(path=self.path,
@@ -217,8 +264,17 @@ class Journal:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = {row[0] for row in db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            db.close()
+            return version, tables
+
+        if self.read_only:
+            version, tables = _patiently(lambda: journal_files.read(self._place, check),
+                                         self._busy_timeout)
+        else:
+            db = journal_files.connect(self._place, "mode=ro", timeout=self._busy_timeout)
+            try:
+                version, tables = check(db)
+            finally:
+                db.close()
         if version > SCHEMA_VERSION:
             raise exception.JournalTooNew(path=self.path, found=version, known=SCHEMA_VERSION)
         return version, tables
@@ -238,15 +294,26 @@ class Journal:
 
     @property
     def schema_version(self):
-        return self._db().execute("PRAGMA user_version").fetchone()[0]
+        return self._read(lambda db: db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _read(self, action):
+        """``action(db)`` on this thread's connection, or, read-only, on one
+        that writes nothing (see :func:`journal_files.read`)."""
+        if self.read_only:
+            return journal_files.read(self._place, action)
+        return action(self._db())
 
     def _db(self):
         """This thread's connection, kept open: opening one per transaction
         costs a WAL checkpoint each time.  A forked child opens its own."""
+        if self.read_only:
+            raise self._not_writable(self.read_only)
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
-            db = sqlite3.connect(self.path, timeout=BUSY_POLL,
-                                 isolation_level=None, check_same_thread=True)
+            # mode=rw: sqlite never creates the file (that is done above,
+            # following no link); the file it opened is checked.
+            db = journal_files.connect(self._place, "mode=rw", timeout=BUSY_POLL,
+                                       isolation_level=None, check_same_thread=True)
             db.execute("PRAGMA journal_mode=WAL")
             # Claims must survive power loss too: a reboot restores from them.
             db.execute("PRAGMA synchronous=FULL")
@@ -283,7 +350,7 @@ class Journal:
             db.execute("COMMIT")
 
     def claims(self, instance_uuid=None):
-        return _patiently(lambda: Transaction(self._db()).claims(instance_uuid),
+        return _patiently(lambda: self._read(lambda db: Transaction(db).claims(instance_uuid)),
                           self._busy_timeout)
 
 

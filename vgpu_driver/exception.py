@@ -50,7 +50,10 @@ Tree::
     │   ├── JournalMissing            no journal (and not asked to create one)
     │   ├── JournalUnreadable         empty, truncated, garbage or failed integrity
     │   ├── NotAStateDirectory        claims init given another program's directory
-    │   └── JournalTooNew             written by a newer vgpu-driver
+    │   ├── JournalTooNew             written by a newer vgpu-driver
+    │   ├── JournalUnsafe             a link, not a file, or another user's file
+    │   ├── JournalNotWritable        this user may not write it (nothing written)
+    │   └── JournalNotReadable        this user may not read it
     └── KeystoneError                 unified limits cannot be read or written
         ├── LimitsNotConfigured       [oslo_limit] lacks what is needed
         ├── KeystoneUnavailable       Keystone cannot be reached
@@ -408,6 +411,9 @@ class JournalMissing(JournalError):
 
 
 class JournalUnreadable(JournalError):
+    """Its contents are broken (empty, not sqlite, failed integrity): only
+    then is moving it away any use."""
+
     msg_fmt = ("Claims journal %(path)s is unusable (%(reason)s); refusing to treat it as "
                "empty. Restore it from a backup, or move it away and run "
                "'vgpu-manage claims init'.")
@@ -423,6 +429,26 @@ class NotAStateDirectory(JournalError):
 class JournalTooNew(JournalError):
     msg_fmt = ("Claims journal %(path)s has schema version %(found)d; this vgpu-driver "
                "knows versions up to %(known)d. Upgrade vgpu-driver before using it.")
+
+
+class JournalUnsafe(JournalError):
+    """A file where the journal or one of sqlite's side files goes that no
+    one should follow or trust: whoever owns the state directory put it."""
+
+    msg_fmt = ("Refusing %(file)s: %(reason)s. The claims journal's files must be regular "
+               "files of the state directory's owner or root; nothing was opened or "
+               "created through it. Remove it if vgpu-driver did not make it.")
+
+
+class JournalNotWritable(JournalError):
+    msg_fmt = ("Claims journal %(path)s cannot be written by %(user)s: %(reason)s. Its "
+               "claims are as they were. %(fix)s")
+
+
+class JournalNotReadable(JournalError):
+    msg_fmt = ("Claims journal %(path)s cannot be read by %(user)s: %(reason)s. Run this as "
+               "root, as the state directory's owner or as a member of its group; the "
+               "journal is left as it was.")
 
 
 class InvalidOption(VgpuDriverError):

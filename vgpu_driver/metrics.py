@@ -141,11 +141,18 @@ def write_textfile(path, registry):
     """``path`` replaced whole by ``registry``'s exposition (written beside
     it, then renamed), readable by all whatever the umask: node_exporter
     runs as its own user.  The temporary name does not end in ``.prom``,
-    so the collector never reads it; OSError if it cannot be written."""
+    so the collector never reads it; OSError if it cannot be written.  The
+    temporary file is new (``O_EXCL``, following no link): the directory
+    may be another user's (node_exporter's)."""
     text = prometheus_client.generate_latest(registry)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileExistsError:     # left by a process killed with this pid, or put there
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, 0o644)
         with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), 0o644)
             out.write(text)

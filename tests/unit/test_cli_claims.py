@@ -115,6 +115,27 @@ def test_init_refuses_a_directory_of_other_files(cli, tmp_path):
     assert f"cannot create {a_file}" in err and a_file.read_text() == ""
 
 
+@pytest.mark.parametrize("target", ["dangling", "a-journal"])
+def test_init_refuses_a_journal_that_is_a_link_and_makes_nothing_where_it_points(
+        cli, tmp_path, target):
+    """Root runs ``claims init`` in a directory nova's user owns: a link
+    there, dangling or to a journal, is named and never followed."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if target == "a-journal":
+        claims.Journal(str(elsewhere)).close()
+    before = sorted(p.name for p in elsewhere.iterdir())
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "claims.sqlite").symlink_to(elsewhere / "claims.sqlite")
+    code, out, err = cli("claims", "init", state_dir=state)
+    assert (code, out) == (base.EXIT_ERROR, "")
+    assert err.startswith(f"error: Refusing {state}/claims.sqlite: it is a link (to "
+                          f"'{elsewhere}/claims.sqlite')") and err.count("\n") == 1, err
+    assert sorted(p.name for p in elsewhere.iterdir()) == before
+    assert sorted(p.name for p in state.iterdir()) == ["claims.sqlite"]
+
+
 @pytest.mark.parametrize("present", [(), ("lost+found",), ("reconciler.json",),
                                      ("reconciler.json", "audit.json")])
 def test_init_takes_a_new_empty_or_own_directory(cli, tmp_path, present):

@@ -51,7 +51,10 @@ class InitClaims(base.Command):
     """Create the state directory and an empty claims journal (if missing).
 
     An existing directory that holds other files and no journal is refused:
-    it is not the driver's state directory.
+    it is not the driver's state directory.  The journal's files are given
+    to the state directory's owner and group (mode 0640), so nova-compute,
+    which runs as that owner, writes claims in a journal root made; a link
+    where they go is refused, never followed.
     """
 
     def take_action(self, parsed_args):
@@ -62,6 +65,7 @@ class InitClaims(base.Command):
         count = len(journal.claims())
         self.app.stdout.write(f"claims journal {journal.path}: schema version "
                               f"{journal.schema_version}, {count} claim(s)\n")
+        journal.close()     # sqlite's side files go with root's connection
         return base.EXIT_OK
 
 

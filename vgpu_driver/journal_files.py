@@ -1,0 +1,279 @@
+"""The claims journal's files, in a state directory nova-compute's user owns.
+
+Root runs ``vgpu-manage`` in that directory too, so its owner could put a
+link where the journal or one of sqlite's side files (``-wal``, ``-shm``,
+``-journal``) goes.  sqlite opens its files by path, and resolves a link at
+the journal's own name (its side files it opens with ``O_NOFOLLOW``).  So
+each file is checked here by fd before sqlite opens it, and the file sqlite
+opened is checked after: a link, anything but a regular file, or a file of
+another user than the directory's owner or root is refused.
+
+The journal is created here (``O_EXCL | O_NOFOLLOW``) and given to the
+directory's owner and group, mode 0640: nova-compute (the owner) writes its
+claims, the group (operators, monitoring) reads them, nobody else.  Run as
+root, sqlite gives the side files it creates the journal's owner and mode.
+A process that cannot write the journal reads it through connections that
+write nothing (:func:`read`), which work with side files of another user.
+"""
+
+import dataclasses
+import grp
+import os
+import pwd
+import sqlite3
+import stat
+from urllib import parse
+
+from oslo_log import log as logging
+
+from vgpu_driver import exception
+
+LOG = logging.getLogger(__name__)
+
+MODE = 0o640
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def user(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid):
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid {gid}"
+
+
+def describe(st):
+    """``owner:group, mode 0640`` of a stat result."""
+    return f"{user(st.st_uid)}:{_group(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def this_process():
+    """Who this process is, as an error names it."""
+    return f"uid {os.geteuid()} ({user(os.geteuid())})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """The journal's path and its state directory, as found when opened."""
+
+    state_dir: str
+    path: str
+    directory: os.stat_result
+
+    @classmethod
+    def of(cls, state_dir, path):
+        return cls(state_dir, path, os.stat(state_dir))
+
+    @property
+    def owner(self):
+        return user(self.directory.st_uid)
+
+
+def inspect(place, path):
+    """``path``'s stat, checked by fd (None when it is not there).
+
+    Opened ``O_PATH | O_NOFOLLOW``: a link is seen as itself, nothing is
+    read, and closing the fd drops none of sqlite's locks on the file.
+    """
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        found = os.fstat(fd)
+    finally:
+        os.close(fd)
+    reason = _refusal(place, path, found)
+    if reason:
+        raise exception.JournalUnsafe(path=place.path, file=path, reason=reason)
+    return found
+
+
+def _refusal(place, path, found):
+    if stat.S_ISLNK(found.st_mode):
+        try:
+            return f"it is a link (to {os.readlink(path)!r})"
+        except OSError:
+            return "it is a link"
+    if not stat.S_ISREG(found.st_mode):
+        return "it is not a regular file"
+    if found.st_uid not in (0, place.directory.st_uid):
+        return (f"it belongs to {user(found.st_uid)}, neither the state directory's "
+                f"owner ({place.owner}) nor root")
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (found.st_dev, found.st_ino):
+        return "it was replaced while it was checked"
+    return None
+
+
+def inspect_all(place):
+    """``{suffix: stat or None}`` of the journal ('') and its side files."""
+    return {suffix: inspect(place, place.path + suffix) for suffix in ("", *SIDE_FILES)}
+
+
+def create(place):
+    """Create the journal's (empty) file for sqlite, following no link and
+    given to the directory's owner; False if something is already there."""
+    try:
+        fd = os.open(place.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, MODE)
+    except FileExistsError:
+        return False
+    try:
+        give(fd, place.directory)
+    finally:
+        os.close(fd)
+    return True
+
+
+def give(fd, directory):
+    """The file of ``fd`` to the owner and group of its ``directory`` (a
+    stat result), mode 0640.  Another user than root can only pick a group
+    it is in."""
+    uid, gid = directory.st_uid, directory.st_gid
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)
+    elif os.fstat(fd).st_gid != gid and gid in (os.getegid(), *os.getgroups()):
+        os.fchown(fd, -1, gid)
+    os.fchmod(fd, MODE)
+
+
+def give_to_owner(place, found):
+    """Root only: give the directory's owner the journal files root made
+    (by an earlier ``claims init``, or a command killed with its side
+    files open), which nova-compute could not write.  Run before sqlite
+    opens the journal in this process (closing an fd drops its locks)."""
+    if os.geteuid() != 0 or place.directory.st_uid == 0:
+        return []
+    given = []
+    for suffix, st in found.items():
+        if st is None or (st.st_uid, st.st_gid) == (place.directory.st_uid,
+                                                    place.directory.st_gid):
+            continue
+        path = place.path + suffix
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise exception.JournalUnsafe(path=place.path, file=path,
+                                              reason="it was replaced while it was checked")
+            give(fd, place.directory)
+        finally:
+            os.close(fd)
+        given.append(path)
+    return given
+
+
+def why_not_writable(place, found):
+    """Why this process cannot write the journal, or None if it can: it
+    needs the directory (to make side files) and every file there."""
+    if not os.access(place.state_dir, os.W_OK | os.X_OK, effective_ids=True):
+        return f"the state directory {place.state_dir} is {describe(place.directory)}"
+    for suffix, st in found.items():
+        if st is not None and not _may(place.path + suffix, os.R_OK | os.W_OK):
+            return f"{os.path.basename(place.path + suffix)} is {describe(st)}"
+    return None
+
+
+def why_not_readable(place, found):
+    """Why this process cannot read the journal, or None if it can (side
+    files too: a reader of a journal being written reads its WAL)."""
+    for suffix, st in found.items():
+        if st is not None and suffix != "-journal" and not _may(place.path + suffix,
+                                                                 os.R_OK):
+            return f"{os.path.basename(place.path + suffix)} is {describe(st)}"
+    return None
+
+
+def _may(path, mode):
+    return os.access(path, mode, effective_ids=True, follow_symlinks=False)
+
+
+def connect(place, mode, **kwargs):
+    """A sqlite connection to the checked journal (``mode``: sqlite's URI
+    parameters, ``rw`` or ``ro``...); refused if sqlite reached another file."""
+    before = inspect(place, place.path)
+    db = sqlite3.connect(f"file:{parse.quote(place.path)}?{mode}", uri=True, **kwargs)
+    try:
+        opened = db.execute("PRAGMA database_list").fetchone()[2]
+        after = inspect(place, place.path)
+        expected = os.path.join(os.path.realpath(place.state_dir),
+                                os.path.basename(place.path))
+        if opened != expected or before is None or after is None \
+                or (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
+            raise exception.JournalUnsafe(path=place.path, file=place.path,
+                                          reason=f"sqlite reached {opened} through it")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def read(place, action, tries=3):
+    """``action(db)`` on a connection that writes nothing, for a process
+    that cannot write the journal.
+
+    With a WAL file there (a writer has the journal open, or left it
+    unfinished), sqlite reads it through the writer's ``-shm`` (read-only;
+    it must be readable).  Without one every committed claim is in the
+    journal itself, which is read as ``immutable`` (sqlite needs no
+    ``-shm`` then, which a reader could not create); if a writer started
+    meanwhile (a WAL file appeared, or the file changed), it is read again.
+    """
+    wal = place.path + "-wal"
+    for _ in range(tries):
+        if os.path.lexists(wal):
+            db = connect(place, "mode=ro")
+            try:
+                return action(db)
+            finally:
+                db.close()
+        before = _version(place.path)
+        db = connect(place, "mode=ro&immutable=1")
+        try:
+            result = action(db)
+        finally:
+            db.close()
+        if not os.path.lexists(wal) and _version(place.path) == before:
+            return result
+    raise sqlite3.OperationalError("the journal kept changing while it was read")
+
+
+def _version(path):
+    found = os.lstat(path)
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+_CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def refused(path, exc):
+    """The typed error of a sqlite error met while opening: only a broken
+    file is "unusable" (whose advice is to move it away); anything else
+    (permissions, a file sqlite cannot open, the disk) leaves it be."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _CORRUPT:
+        return exception.JournalUnreadable(path=path, reason=str(exc))
+    return exception.JournalError(path=path, reason=f"sqlite cannot use it ({exc}); it was "
+                                                    f"left as it was")
+
+
+_NOTICED = set()
+
+
+def notice_read_only(path, why):
+    """Once per process and journal: a reader that cannot write says so."""
+    if (os.getpid(), path) not in _NOTICED:
+        _NOTICED.add((os.getpid(), path))
+        LOG.warning("Claims journal %s is opened read-only: %s cannot write it (%s); this "
+                    "process reads claims and writes none", path,
+                    this_process(), why)
