@@ -119,9 +119,10 @@ def cli(conf_file, *argv):
 
 
 @pytest.fixture
-def production(users, monkeypatch):
+def production(users, monkeypatch, sriov_manage):
     """A host laid out as install/production.rst says: an A100 after a
-    boot (VFs off), nova.conf, and nova's state directory."""
+    boot (VFs off), NVIDIA's sriov-manage (its stand-in), nova.conf, and
+    nova's state directory."""
     nova = users[0]
     top = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-production-"))
     os.chmod(top, 0o755)
@@ -135,7 +136,8 @@ def production(users, monkeypatch):
     conf_file.parent.mkdir(parents=True)
     conf_file.write_text(f"[devices]\nenabled_mdev_types = nvidia-468\n"
                          f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
-                         f"[vgpu]\nsysfs_root = {kernel.paths.root}\nstate_dir = {state}\n"
+                         f"{sriov_manage(kernel.paths.root)}"
+                         f"sysfs_root = {kernel.paths.root}\nstate_dir = {state}\n"
                          f"test_only_fake_sysfs_root = true\nrestore_wait = 5\n")
     conf_file.chmod(0o644)
     yield kernel, conf_file, state
@@ -180,7 +182,11 @@ def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(
         (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
         (bin_dir / name).chmod(0o755)
     root = tmp_path / "root"
-    root.mkdir()
+    (root / "etc").mkdir(parents=True)
+    # install-units takes --user from the passwd of the tree it installs in.
+    (root / "etc" / "passwd").write_text(
+        next(line for line in pathlib.Path("/etc/passwd").read_text().splitlines(True)
+             if line.startswith(f"{nova}:")))
     code, out, err = test_install_units.install(conf_file, "--root", str(root),
                                                 "--bin-dir", str(bin_dir), "--user", nova)
     assert code == 0, err
@@ -261,7 +267,7 @@ def test_a_journal_root_made_is_named_never_moved_and_claims_init_gives_it_to_no
     done = cli(conf_file, "claims", "init")
     assert done["code"] == 0 and done["out"].endswith("1 claim(s)\n"), done
     assert set(owners(state).values()) == {(nova, nova, "0o640")}
-    kernel.set_sriov_numvfs(A100, 16)
+    kernel.set_vfs(A100, 16)
     kernel.create_mdev(VF, "nvidia-468", MDEV)
     found = as_user(nova, nova_compute_starts(conf_file, kernel, [MDEV]))
     assert found == [[INSTANCE, MDEV, claims.ATTACHED]], found
