@@ -18,6 +18,7 @@ import importlib.resources
 import os
 import re
 import string
+import sys
 
 from vgpu_driver import exception
 
@@ -55,6 +56,25 @@ class Settings:
 
 
 EXAMPLE = Settings(bin_dir="/usr/bin", user="nova", config_files=("/etc/nova/nova.conf",))
+
+
+def settings_for(conf, user, bin_dir=None, tmpdir="/tmp"):
+    """The settings of the files for the configuration ``conf`` was read
+    from: its files and directory, as absolute paths; ``bin_dir`` defaults
+    to the running command's directory (pip puts the scripts together);
+    ``tmpdir`` loses a trailing "/", as Python's tempfile drops it."""
+    if tmpdir.startswith("/"):
+        tmpdir = tmpdir.rstrip("/") or "/"
+    return Settings(
+        bin_dir=bin_dir or default_bin_dir(), user=user,
+        config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
+        config_dirs=(os.path.abspath(conf.config_dir),) if conf.config_dir else (),
+        tmpdir=tmpdir)
+
+
+def default_bin_dir():
+    """The directory of the running command (pip put the others beside it)."""
+    return os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else "/usr/bin"
 
 
 def check(settings):

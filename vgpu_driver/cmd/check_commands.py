@@ -6,13 +6,11 @@ nothing.  Exit 0 when no check found an error, 1 when one did, 2 when it
 could not run (one ``error:`` line).
 """
 
-import os
 
 from vgpu_driver import host_check
 from vgpu_driver import host_files
 from vgpu_driver import host_probe
 from vgpu_driver.cmd import base
-from vgpu_driver.cmd import install_commands
 
 COLUMNS = ("check", "level", "message", "fix")
 
@@ -29,7 +27,7 @@ class HostCheck(base.FailableLister):
         parser.add_argument("--user", default="nova",
                             help="The user nova-compute runs as (default: nova).")
         parser.add_argument("--bin-dir", default=None,
-                            help="Where privsep-helper is, as install-units takes it "
+                            help="Where vgpu-privsep-helper is, as install-units takes it "
                                  "(default: the directory of this vgpu-manage).")
         parser.add_argument("--tmpdir", default="/tmp",
                             help="nova-compute's temporary directory, as install-units "
@@ -41,12 +39,8 @@ class HostCheck(base.FailableLister):
 
     def take_action(self, parsed_args):
         conf = self.app.conf
-        settings = host_files.Settings(
-            bin_dir=parsed_args.bin_dir or install_commands._default_bin_dir(),
-            user=parsed_args.user,
-            config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
-            config_dirs=(os.path.abspath(conf.config_dir),) if conf.config_dir else (),
-            tmpdir=parsed_args.tmpdir)
+        settings = host_files.settings_for(conf, parsed_args.user, parsed_args.bin_dir,
+                                           parsed_args.tmpdir)
         facts = host_probe.read(conf, self.app.open_host(), settings, parsed_args.root)
         findings = host_check.check(facts)
         self.failed = any(f.level == host_check.ERROR for f in findings)

@@ -17,7 +17,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 
 from vgpu_driver import exception
@@ -34,11 +33,6 @@ NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.servi
 
 class InstallFilesRefused(exception.VgpuDriverError):
     msg_fmt = "%(reason)s; nothing was written."
-
-
-def _default_bin_dir():
-    """The directory of the running vgpu-manage (pip put the others beside it)."""
-    return os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else "/usr/bin"
 
 
 class InstallUnits(base.Lister):
@@ -99,18 +93,8 @@ class InstallUnits(base.Lister):
         return COLUMNS, rows
 
     def _settings(self, parsed_args):
-        conf = self.app.conf
-        config_dirs = [conf.config_dir] if conf.config_dir else []
-        return host_files.Settings(
-            bin_dir=parsed_args.bin_dir or _default_bin_dir(), user=parsed_args.user,
-            config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
-            config_dirs=tuple(os.path.abspath(d) for d in config_dirs),
-            tmpdir=_normalised_tmpdir(parsed_args.tmpdir))
-
-
-def _normalised_tmpdir(path):
-    """Python's tempfile names its directory without a trailing "/"."""
-    return path.rstrip("/") or "/" if path.startswith("/") else path
+        return host_files.settings_for(self.app.conf, parsed_args.user, parsed_args.bin_dir,
+                                       parsed_args.tmpdir)
 
 
 def _check_user(root, user):
