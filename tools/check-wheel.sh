@@ -61,8 +61,12 @@ for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
     echo "    ${installed#"$WORK"/venv/}"
 done
 echo "==> vgpu-manage install-units --dry-run: its templates and the scripts it names"
-mkdir "$WORK/root"
-"$WORK/venv/bin/vgpu-manage" --config-file /dev/null install-units --root "$WORK/root" \
+mkdir -p "$WORK/root/etc"
+# install-units takes --user (nova) from the passwd of the tree it writes.
+echo "nova:x:64060:64060::/var/lib/nova:/usr/sbin/nologin" >"$WORK/root/etc/passwd"
+# and a configuration file of root's alone (it refuses anything else).
+touch "$WORK/nova.conf"
+"$WORK/venv/bin/vgpu-manage" --config-file "$WORK/nova.conf" install-units --root "$WORK/root" \
     --dry-run -f value -c path -c result | sed "s|$WORK/root|    <root>|"
 echo "==> vgpu-manage --config-file /dev/null demo"
 "$WORK/venv/bin/vgpu-manage" --config-file /dev/null demo
