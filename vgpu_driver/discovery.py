@@ -13,6 +13,7 @@ import os
 
 from vgpu_driver import names
 from vgpu_driver.sysfs import base
+from vgpu_driver.sysfs import host_reads
 
 MODE_MDEV = "mdev"
 MODE_VENDOR_VFIO = "vendor-vfio"
@@ -20,8 +21,7 @@ MODE_VIRTUAL = "virtual"
 # An SR-IOV GPU whose VFs are off (after a reboot, until someone enables
 # them) or not registered yet: no parent, nothing offered, but configured.
 MODE_VFS_PENDING = "vfs-pending"
-NVIDIA_VENDOR = "0x10de"
-_DISPLAY_CLASS_PREFIX = "0x03"
+NVIDIA_VENDOR = host_reads.NVIDIA_VENDOR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _vendor_vfio_parents(vendor_vfs):
 def is_sriov_gpu(pci):
     """An NVIDIA display or 3D controller that can have VFs (not a NIC)."""
     return bool(pci is not None and pci.sriov_totalvfs and pci.vendor == NVIDIA_VENDOR
-                and (pci.pci_class or "").startswith(_DISPLAY_CLASS_PREFIX))
+                and (pci.pci_class or "").startswith(host_reads.DISPLAY_CLASS_PREFIX))
 
 
 def _pending_gpus(sriov_pfs, found):

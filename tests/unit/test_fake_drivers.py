@@ -72,6 +72,35 @@ def test_numvfs_without_a_driver_that_configures_sriov_is_enoent(make_host, driv
     assert host.pci_device(A100).sriov_numvfs == 0
 
 
+@pytest.mark.parametrize("text, code", [
+    ("-1", errno.EINVAL), ("1_0", errno.EINVAL), (" 1", errno.EINVAL), ("1\n\n", errno.EINVAL),
+    ("", errno.EINVAL), ("0x", errno.EINVAL), ("08", errno.EINVAL), ("65536", errno.ERANGE),
+    ("0\n", None), ("+0", None), ("0x0", None), ("00", None),
+])
+def test_numvfs_parses_as_kstrtou16(make_host, text, code):
+    """sriov_numvfs_store returns kstrtou16's error before anything else."""
+    host = make_host("a100-sriov-off")
+    pf = Paths(host, A100)
+    if code is None:
+        host.write_attr(pf.attr("sriov_numvfs"), text)    # zero, as now: no change
+        assert host.pci_device(A100).sriov_numvfs == 0
+    else:
+        assert errno_of(host.write_attr, pf.attr("sriov_numvfs"), text) == code
+
+
+def test_driver_override_is_set_as_driver_set_override(make_host):
+    """drivers/base/driver.c: PAGE_SIZE - 1 bytes is too long; the first newline ends the name."""
+    host = make_host("a100-sriov-off")
+    pf = Paths(host, A100)
+    assert errno_of(host.write_attr, pf.attr("driver_override"), "x" * 4095) == errno.EINVAL
+    host.write_attr(pf.attr("driver_override"), "x" * 4094)
+    assert read(pf.attr("driver_override")) == "x" * 4094 + "\n"
+    host.write_attr(pf.attr("driver_override"), "pci-pf-stub\nvfio-pci\n")
+    assert read(pf.attr("driver_override")) == "pci-pf-stub\n"
+    host.write_attr(pf.attr("driver_override"), "\nvfio-pci")
+    assert read(pf.attr("driver_override")) == "(null)\n"
+
+
 def test_bind_and_unbind_answer_as_the_driver_core(make_host):
     host = make_host("a100-sriov-off", "l40s-vfio")
     pf = Paths(host, A100)

@@ -155,9 +155,12 @@ class PciDrivers:
         self._announce_pci("unbind", dev)
 
     def _store_driver_override(self, dev, value):
-        if len(value) >= _PAGE_SIZE:
+        """``driver_set_override`` (``drivers/base/driver.c``): a write of
+        ``PAGE_SIZE - 1`` bytes or more is ``EINVAL``; the name ends at the
+        first newline, and an empty name clears the override."""
+        if len(value.encode()) >= _PAGE_SIZE - 1:
             raise tree.os_error(errno.EINVAL, "driver_override")
-        value = value[:-1] if value.endswith("\n") else value
+        value = value.split("\n", 1)[0]
         tree.write_file(os.path.join(dev, "driver_override"), f"{value or '(null)'}\n",
                         0o644)
 

@@ -175,7 +175,7 @@ class PciFunctions:
 
     def _store_numvfs(self, pf_dir, value):
         gpu = self._gpu_of(pf_dir)
-        wanted = tree.parse_int(value, "sriov_numvfs")
+        wanted = tree.parse_u16(value, "sriov_numvfs")
         current = len(self._current_vfs(gpu))
         if wanted > gpu["sriov"]["totalvfs"]:
             raise tree.os_error(errno.ERANGE, "sriov_numvfs")

@@ -133,7 +133,7 @@ def _in_use(sysfs, address):
         vf = sysfs.device(address, entry)
         if (sysfs.read(vf, "nvidia", "current_vgpu_type") or "0") != "0":
             return True
-        if any(len(name) == 36 and name.count("-") == 4 for name in os.listdir(vf)):
+        if any(names.is_mdev_uuid(name) for name in os.listdir(vf)):
             return True
     return False
 

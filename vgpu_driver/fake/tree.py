@@ -25,6 +25,31 @@ def parse_int(value, attr):
         raise os_error(errno.EINVAL, attr) from None
 
 
+def parse_u16(value, attr):
+    """What kstrtou16(buf, 0, ...) accepts, with its errnos (lib/kstrtox.c).
+
+    ``sriov_numvfs_store`` (drivers/pci/iov.c) returns kstrtou16's error as
+    is: an optional '+', a base from the prefix ("0x" + hex digit: 16, "0": 8,
+    else 10), digits only (no '-', '_' or spaces) and one optional trailing
+    newline, else EINVAL; a number past 65535 is ERANGE.
+    """
+    text = value[:-1] if value.endswith("\n") else value
+    if text.startswith("+"):
+        text = text[1:]
+    base = 10
+    if text[:2].lower() == "0x" and text[2:3] and text[2] in "0123456789abcdefABCDEF":
+        base, text = 16, text[2:]
+    elif text.startswith("0"):
+        base = 8
+    digits = "0123456789abcdef"[:base]
+    if not text or any(c.lower() not in digits for c in text):
+        raise os_error(errno.EINVAL, attr)
+    number = int(text, base)
+    if number > 0xFFFF:
+        raise os_error(errno.ERANGE, attr)
+    return number
+
+
 def write_file(path, text="", mode=0o444):
     """Replace an attribute's content at once, never rewriting it in place.
 
