@@ -1039,7 +1039,20 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
     def _checkpoint(self):
         """A periodic update on every compute, then the audit of each host."""
         self._run_periodics()
-        return self._settled_findings() + self._audit_findings()
+        findings = self._settled_findings()
+        self._settle_host_work()
+        return findings + self._audit_findings()
+
+    def _settle_host_work(self):
+        """The removals the last updates started finished, and reported.
+
+        The audit compares Placement with what the host computes now: a
+        removal ending between a host's update and its audit (one the grace
+        of a released claim let go) is drift no operator would see twice.
+        """
+        for compute in self.computes.values():
+            compute.driver.vgpu.manager.removals.join(OP_TIMEOUT)
+        self._run_periodics()
 
     def _audit_findings(self):
         servers = {s["id"]: s for s in self._list_servers().values()}
@@ -1071,9 +1084,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             self.kernels[host].release(vgpu)
         self._holds = []
         stuck = self._delete_everything()
-        for compute in self.computes.values():
-            compute.driver.vgpu.manager.removals.join(OP_TIMEOUT)
-        self._run_periodics()
+        self._settle_host_work()
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while True:
             findings = self._leftovers()
