@@ -124,7 +124,7 @@ def _sudo_rule(conf, settings, root):
     if all(_helper_commands(conf)):
         return service_check.SudoRule(path, not_needed="both [vgpu_driver_sysfs_writer] and "
                                       "[vgpu_driver_gpu_admin] set helper_command")
-    described = (f"user {settings.user}, {settings.bin_dir}/privsep-helper, "
+    described = (f"user {settings.user}, {settings.bin_dir}/vgpu-privsep-helper, "
                  f"{' '.join(settings.config_files) or 'no configuration file'}")
     try:
         expected = next(f.text for f in host_files.render(settings)

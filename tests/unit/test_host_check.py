@@ -293,7 +293,7 @@ def test_the_sudo_rule_missing_different_or_loose(make_host, check, sudo_rule):
     row = check(host, T4_CONF).one("sudo-rule")
     assert row["level"] == "error" and row["message"].startswith(
         f"{path} differs from what install-units renders for user root, "
-        f"{BIN_DIR}/privsep-helper, ")
+        f"{BIN_DIR}/vgpu-privsep-helper, ")
     sudo_rule.unlink()
     row = check(host, T4_CONF).one("sudo-rule")
     assert row["message"] == f"{path} is missing, so nova-compute cannot start its " \
