@@ -103,6 +103,8 @@ def _refusal(place, path, found):
             return "it is a link"
     if not stat.S_ISREG(found.st_mode):
         return "it is not a regular file"
+    if found.st_nlink != 1:
+        return f"it has {found.st_nlink} hard links (another name may be any file)"
     if found.st_uid not in (0, place.directory.st_uid):
         return (f"it belongs to {user(found.st_uid)}, neither the state directory's "
                 f"owner ({place.owner}) nor root")
@@ -166,6 +168,10 @@ def give_to_owner(place, found):
             if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 raise exception.JournalUnsafe(path=place.path, file=path,
                                               reason="it was replaced while it was checked")
+            if now.st_nlink != 1:
+                raise exception.JournalUnsafe(
+                    path=place.path, file=path,
+                    reason=f"it has {now.st_nlink} hard links (another name may be any file)")
             give(fd, place.directory)
         finally:
             os.close(fd)

@@ -36,6 +36,8 @@ def _problem(path, st):
 def walk(path):
     """``[(path, lstat)]`` of everything that decides what ``path`` is,
     links followed by hand; the first missing component ends the walk."""
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)  # not abspath: ".." after a link
     found = [("/", os.lstat("/"))]
     current, pending, links = "/", [p for p in path.split("/") if p], 0
     while pending:

@@ -167,3 +167,19 @@ def test_a_file_at_the_metrics_temporary_name_is_never_written_through(tmp_path,
     metrics.write_textfile(str(path), metrics.prometheus_registry.CollectorRegistry())
     assert victim.read_text() == "keep"
     assert sorted(p.name for p in textfiles.iterdir()) == ["vgpu.prom"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_root_file_hard_linked_as_a_side_file_is_refused_and_kept(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, STRANGER, STRANGER)
+    secret = tmp_path / "secret"
+    secret.write_text("root's\n")
+    os.chmod(secret, 0o600)
+    os.link(secret, state / "claims.sqlite-shm")
+    with pytest.raises(exception.JournalUnsafe) as caught:
+        claims.Journal(str(state))
+    assert "hard links" in str(caught.value)
+    found = os.stat(secret)
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (0, 0o600)
