@@ -53,6 +53,9 @@ class Settings:
     config_files: tuple
     config_dirs: tuple = ()
     tmpdir: str = "/tmp"
+    # NVIDIA's sriov-manage ([vgpu] sriov_manage_path), which the SR-IOV
+    # unit's vgpu-manage runs as root; None where the configuration has none.
+    sriov_manage_path: str | None = None
 
 
 EXAMPLE = Settings(bin_dir="/usr/bin", user="nova", config_files=("/etc/nova/nova.conf",))
@@ -69,7 +72,7 @@ def settings_for(conf, user, bin_dir=None, tmpdir="/tmp"):
         bin_dir=bin_dir or default_bin_dir(), user=user,
         config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
         config_dirs=(os.path.abspath(conf.config_dir),) if conf.config_dir else (),
-        tmpdir=tmpdir)
+        tmpdir=tmpdir, sriov_manage_path=conf.vgpu.sriov_manage_path)
 
 
 def default_bin_dir():
@@ -141,9 +144,12 @@ def _sudo_regex(text):
 def root_reads(settings):
     """What root runs or reads because of these files, which only root may
     be able to change: the scripts (the helper's through sudo, vgpu-manage
-    as the SR-IOV unit) and the configuration the SR-IOV unit reads as root.
-    The helper's own file is written by install-units."""
+    as the SR-IOV unit, and NVIDIA's sriov-manage, which that unit runs) and
+    the configuration the SR-IOV unit reads as root.  The helper's own file
+    is written by install-units."""
     paths = [os.path.join(settings.bin_dir, s) for s in SCRIPTS]
+    if settings.sriov_manage_path:
+        paths.append(settings.sriov_manage_path)
     paths += list(settings.config_files) + list(settings.config_dirs)
     for directory in settings.config_dirs:
         try:

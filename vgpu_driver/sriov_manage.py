@@ -20,10 +20,20 @@ import subprocess
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver import root_only
 
 # NVIDIA's script pauses and rebinds drivers; a hung one must not hang the boot.
 TIMEOUT = 300.0
 _OUTPUT_LIMIT = 400
+
+
+def replaceable_by_others(path):
+    """What another user than root can change of the script at ``path``:
+    the file, its directories and its ``#!`` interpreter's."""
+    found = []
+    for each in [path] + root_only.interpreter_paths(path):
+        found += [p for p in root_only.problems(each) if p not in found]
+    return found
 
 
 def _printed(result):
@@ -48,7 +58,8 @@ class SriovManage:
 
     def check(self, flag, address):
         """SriovManageFailed unless this process can run the script: it is
-        there, executable, and this is root; nothing is run."""
+        there, executable, only root can change it (root runs it, and
+        nova.conf names it), and this is root; nothing is run."""
         def fail(why):
             return exception.SriovManageFailed(command=self.command(flag, address), why=why)
 
@@ -65,6 +76,11 @@ class SriovManage:
                        "nothing was changed")
         if not os.access(self.path, os.X_OK):
             raise fail("cannot run: the file is not executable; nothing was changed")
+        changeable = replaceable_by_others(self.path)
+        if changeable:
+            raise fail("was not run: root would run what another user can replace: "
+                       + "; ".join(changeable) + " (make the script and its directories "
+                       "writable by root alone); nothing was changed")
 
     def enable(self, address):
         """``-e ADDRESS``: every VF of the GPU (sriov_totalvfs).  Returns

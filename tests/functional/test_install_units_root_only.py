@@ -203,3 +203,16 @@ def test_a_tmpdir_with_a_trailing_slash_gives_a_rule_sudo_matches(
         assert result.returncode == 0, (argv, result)
     finally:
         installed.unlink()
+
+
+def test_an_sriov_manage_nova_can_replace_is_refused(tmp_path, owned):
+    """The SR-IOV unit's vgpu-manage runs [vgpu] sriov_manage_path as root."""
+    home, user = owned
+    root = test_install_units.make_root(tmp_path, "nova")
+    script = home / "sriov-manage"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    nova_conf = tmp_path / "nova.conf"
+    nova_conf.write_text(f"[vgpu]\nsriov_manage_path = {script}\n")
+    err = refused(nova_conf, root, scripts_in(tmp_path / "venv" / "bin"))
+    assert f"{home} (owner {user}, mode 0755)" in err

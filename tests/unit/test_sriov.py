@@ -261,6 +261,28 @@ def test_a_script_that_cannot_run_changes_nothing(make_host, tmp_path, case, why
     assert pci_devices.tree_state(host.paths.root) == before
 
 
+@pytest.mark.parametrize("writable", ["script", "directory"])
+def test_a_script_another_user_can_replace_is_not_run(make_host, tmp_path, writable):
+    """Root runs it: a script, or a directory above it, that others may
+    write would hand them root.  The script would have enabled the VFs."""
+    host = make_host("a100-sriov-off")
+    folder = tmp_path / "nvidia"
+    folder.mkdir()
+    path = _script_file(folder, f"echo 16 > {host.paths.root}/nowhere")
+    changed = path if writable == "script" else str(folder)
+    os.chmod(changed, 0o777 if writable == "script" else 0o775)
+    before = pci_devices.tree_state(host.paths.root)
+    with pytest.raises(exception.SriovManageFailed) as raised:
+        sriov.enable(host, sriov.plan_enable(host, [A100]), 1,
+                     sriov_manage_mod.SriovManage(path))
+    assert f"({path} -e {A100}) was not run: root would run what another user can " \
+           f"replace: {changed} (owner root, mode 0{'777' if writable == 'script' else '775'})" \
+           in str(raised.value)
+    assert str(raised.value).endswith("nothing was changed")
+    assert pci_devices.tree_state(host.paths.root) == before
+    assert not os.path.exists(f"{host.paths.root}/nowhere")
+
+
 def test_a_failing_script_is_named_with_what_it_printed_on_one_line(make_host, tmp_path):
     host = make_host("a100-sriov-off")
     path = _script_file(tmp_path, 'echo "Enabling VFs on $2"; '
