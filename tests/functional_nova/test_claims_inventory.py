@@ -40,3 +40,25 @@ class UnallocatedClaimsTests(test_vgpu.VGPUDriverTestBase):
         self._run_periodics()
         self.assertEqual({PROVIDER: (10, 0, 8)}, self.gpu_providers("host1"))
         self.used_mdevs_match_placement("host1")
+
+
+class ProvidersBeforeTheFirstUpdateTests(test_vgpu.VGPUDriverTestBase):
+    def test_a_sharing_provider_sorting_first_does_not_hide_the_hosts_tree(self):
+        """Before nova's first inventory update (an operation init_host
+        resumes) the GPU providers are looked up in Placement from the
+        allocation, which may hold a shared disk's provider too."""
+        self.start_vgpu_compute("host1", "a100-sriov")
+        driver = self.computes["host1"].driver
+        shared = "00000000-0000-0000-0000-000000000001"   # sorts before any other
+        self.placement.post("/resource_providers", {"name": "shared-disk", "uuid": shared},
+                            version="1.20")
+        gpu = driver._providers_by_uuid()
+        (gpu_rp,) = gpu
+        allocations = {shared: {"resources": {"DISK_GB": 1}},
+                       self.compute_rp_uuids["host1"]: {"resources": {"VCPU": 1}},
+                       gpu_rp: {"resources": {"VGPU": 1}}}
+        driver.provider_tree = None        # as at init_host, before the first update
+        driver._gpu_tree = None
+        found = driver._providers_by_uuid(allocations)
+        self.assertEqual({rp: p.name for rp, p in gpu.items()},
+                         {rp: p.name for rp, p in found.items()})

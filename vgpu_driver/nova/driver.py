@@ -219,12 +219,14 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         Placement that holds ``allocations``' providers, and the providers
         from one read of the host.
         """
-        tree = self._gpu_tree or self.vgpu.inventory_now(self._host.get_hostname())
+        nodename = self._host.get_hostname()
+        tree = self._gpu_tree or self.vgpu.inventory_now(nodename)
         known = self.provider_tree
         if known is not None:
             return {known.data(p.name).uuid: p for p in tree.providers
                     if known.exists(p.name)}
-        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {})
+        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {},
+                                        nodename)
         return {uuids[p.name]: p for p in tree.providers if p.name in uuids}
 
     def _allocate_mdevs(self, allocations):

@@ -69,11 +69,14 @@ def prune(provider_tree, nodename, tree, journal, reportclient):
         provider_tree.remove(data.name)
 
 
-def uuids_by_name(reportclient, allocations):
-    """``{name: rp uuid}`` of the providers in Placement's tree that holds
-    the first of ``allocations``' providers (this host's, for an allocation
-    here): what nova's provider tree says once its first update built it."""
-    for rp_uuid in sorted(allocations)[:1]:
+def uuids_by_name(reportclient, allocations, nodename):
+    """``{name: rp uuid}`` of the providers in Placement's tree of this
+    compute node (the provider named ``nodename``) that holds one of
+    ``allocations``' providers: what nova's provider tree says once its
+    first update built it.  An allocation may also hold a sharing
+    provider's resources (a shared disk), whose tree is not this host's:
+    each provider's tree is asked for, in order, until one is."""
+    for rp_uuid in sorted(allocations):
         try:
             found = reportclient.get_providers_in_tree(nova_context.get_admin_context(),
                                                        rp_uuid)
@@ -82,5 +85,7 @@ def uuids_by_name(reportclient, allocations):
             raise nova_exception.ComputeResourcesUnavailable(
                 reason=f"Placement did not say which providers hold the allocation "
                        f"({exc})") from exc
-        return {p["name"]: p["uuid"] for p in found}
+        names = {p["name"]: p["uuid"] for p in found}
+        if nodename in names:
+            return names
     return {}
