@@ -216,3 +216,25 @@ def test_an_sriov_manage_nova_can_replace_is_refused(tmp_path, owned):
     nova_conf.write_text(f"[vgpu]\nsriov_manage_path = {script}\n")
     err = refused(nova_conf, root, scripts_in(tmp_path / "venv" / "bin"))
     assert f"{home} (owner {user}, mode 0755)" in err
+
+
+def test_a_file_of_the_right_text_another_user_owns_is_not_left_unchanged(tmp_path, nova_conf,
+                                                                         owned):
+    """nova's user could edit a unit systemd runs as root: it differs from
+    what would be written, like a file changed by hand."""
+    _home, user = owned
+    root = test_install_units.make_root(tmp_path, "nova")
+    bin_dir = scripts_in(tmp_path / "venv" / "bin")
+    code, _, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
+    assert code == 0, err
+    unit = root / host_files.SRIOV_UNIT
+    shutil.chown(unit, user)
+    code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
+    assert (code, out) == (2, "")
+    assert err == f"error: {unit} differs from what would be written (--force replaces " \
+                  "them); nothing was written.\n"
+    assert unit.stat().st_uid != 0
+    code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
+                             "--force")
+    assert code == 0 and out.count("replaced") == 1, (out, err)
+    assert unit.stat().st_uid == 0

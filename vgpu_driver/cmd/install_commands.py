@@ -16,6 +16,7 @@ whatever the umask.
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import tempfile
 
@@ -132,13 +133,16 @@ def _check_root_only(paths):
 
 
 def _result(target, file):
+    """"unchanged" only for a root-owned regular file with the text and mode
+    it would get: another owner could edit what root runs or sudo reads."""
     try:
-        with open(target, encoding="utf-8") as current:
-            same = current.read() == file.text and \
-                (os.stat(target).st_mode & 0o777) == file.mode
+        st = os.lstat(target)
     except FileNotFoundError:
         return "written"
-    return "unchanged" if same else "replaced"
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) != file.mode:
+        return "replaced"
+    with open(target, encoding="utf-8", errors="replace") as current:
+        return "unchanged" if current.read() == file.text else "replaced"
 
 
 def _check_sudoers(file):
