@@ -22,6 +22,7 @@ from vgpu_driver import host_files
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
 from vgpu_driver import nvml
+from vgpu_driver import root_only
 from vgpu_driver import service_check
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import privsep as privsep_conf
@@ -55,6 +56,7 @@ def read(conf, host, settings, root="/"):
         services=service_check.ServiceFacts(
             libvirt=_libvirt(conf.vgpu.libvirt_uri),
             sudo=_sudo_rule(conf, settings, root),
+            helper_conf=_helper_conf(conf, settings, root),
             state_dir=_state_dir(conf.vgpu.state_dir, settings.user),
             placement=_placement(conf)))
 
@@ -143,6 +145,31 @@ def _sudo_rule(conf, settings, root):
     return service_check.SudoRule(path, expected=expected, actual=actual,
                                   mode=status.st_mode & 0o7777, owner_uid=status.st_uid,
                                   settings=described)
+
+
+def _helper_conf(conf, settings, root):
+    path = os.path.join(root, host_files.PRIVSEP_CONF)
+    if all(_helper_commands(conf)):
+        return service_check.HelperConf(path, not_needed="both [vgpu_driver_sysfs_writer] "
+                                        "and [vgpu_driver_gpu_admin] set helper_command")
+    described = " ".join(settings.config_files) or "no configuration file"
+    try:
+        expected = next(f.text for f in host_files.render(settings)
+                        if f.path == host_files.PRIVSEP_CONF)
+    except exception.VgpuDriverError as exc:
+        return service_check.HelperConf(path, render_error=str(exc))
+    changeable = tuple(root_only.problems(path))
+    try:
+        with open(path, encoding="utf-8") as installed:
+            actual = installed.read()
+    except FileNotFoundError:
+        return service_check.HelperConf(path, expected=expected, settings=described)
+    except (OSError, UnicodeDecodeError) as exc:
+        return service_check.HelperConf(path, expected=expected, settings=described,
+                                        changeable=changeable,
+                                        unreadable=getattr(exc, "strerror", None) or str(exc))
+    return service_check.HelperConf(path, expected=expected, actual=actual,
+                                    changeable=changeable, settings=described)
 
 
 def _state_dir(path, user):

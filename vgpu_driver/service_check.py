@@ -50,6 +50,22 @@ class SudoRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class HelperConf:
+    """The helper's own file (``/etc/vgpu-driver/privsep.conf``), which the
+    sudo rule names: the helper reads it as root, and refuses it unless
+    only root can change it."""
+
+    path: str
+    expected: str | None = None     # what install-units renders
+    actual: str | None = None       # the installed text; None: absent or unreadable
+    unreadable: str | None = None
+    changeable: tuple = ()          # root_only.problems of the path
+    render_error: str | None = None
+    not_needed: str | None = None   # why no privileged helper is started by sudo
+    settings: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class StateDir:
     path: str
     user: str
@@ -64,13 +80,15 @@ class StateDir:
 class ServiceFacts:
     libvirt: Reached
     sudo: SudoRule
+    helper_conf: HelperConf
     state_dir: StateDir
     placement: Reached | None       # None: no Placement configured
 
 
 def check(facts):
     return [check_libvirt(facts.libvirt), check_sudo_rule(facts.sudo),
-            check_state_dir(facts.state_dir), check_placement(facts.placement)]
+            check_helper_conf(facts.helper_conf), check_state_dir(facts.state_dir),
+            check_placement(facts.placement)]
 
 
 def check_libvirt(reached):
@@ -106,6 +124,34 @@ def check_sudo_rule(rule):
                        "--user, --bin-dir and --tmpdir)")
     return Finding("sudo-rule", OK, f"{rule.path} matches what install-units renders for "
                    f"{rule.settings}")
+
+
+def check_helper_conf(conf):
+    """The helper's file is installed, root's alone, and what install-units
+    renders: the helper refuses to start otherwise, and so does every write."""
+    install = "vgpu-manage --config-file <nova-compute's files> install-units"
+    if conf.not_needed:
+        return Finding("helper-conf", OK, f"not used: {conf.not_needed}")
+    if conf.render_error:
+        return Finding("helper-conf", ERROR, f"the file cannot be rendered: "
+                       f"{conf.render_error}", "give host check nova-compute's files "
+                       "(--config-file) and its --user, --bin-dir and --tmpdir")
+    if conf.changeable:
+        return Finding("helper-conf", ERROR, f"the privileged helper refuses {conf.path}: "
+                       f"{'; '.join(conf.changeable)}",
+                       "chown root:root and chmod go-w what is named")
+    if conf.unreadable:
+        return Finding("helper-conf", WARNING, f"{conf.path} cannot be read "
+                       f"({conf.unreadable})", "run host check as root")
+    if conf.actual is None:
+        return Finding("helper-conf", ERROR, f"{conf.path} is missing, so the privileged "
+                       "helper cannot start", install)
+    if conf.actual != conf.expected:
+        return Finding("helper-conf", ERROR, f"{conf.path} differs from what install-units "
+                       f"renders for {conf.settings}", f"{install} --force (with "
+                       "nova-compute's --user, --bin-dir and --tmpdir)")
+    return Finding("helper-conf", OK, f"{conf.path} matches what install-units renders for "
+                   f"{conf.settings}")
 
 
 def check_state_dir(state):

@@ -69,7 +69,7 @@ def test_a_healthy_t4_host_is_all_ok(tmp_path, compute_host):
     assert code == 0, (rows, err)
     assert levels(rows) == {check: {"ok"} for check in (
         "gpu", "vgpu-manager", "iommu", "vfio", "sriov-manage", "configured-boards",
-        "libvirt", "sudo-rule", "state-dir", "placement")}
+        "libvirt", "sudo-rule", "helper-conf", "state-dir", "placement")}
     [placement_row] = [r for r in rows if r["check"] == "placement"]
     assert placement_row["message"].startswith("Placement answers at http://127.0.0.1:")
 

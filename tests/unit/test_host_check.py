@@ -85,14 +85,17 @@ def check(tmp_path, host_root, monkeypatch):
 
 @pytest.fixture
 def sudo_rule(tmp_path, host_root):
-    """The rule install-units renders for the check's settings, installed."""
+    """The rule install-units renders for the check's settings, installed,
+    and the helper's file it names."""
     settings = host_files.Settings(bin_dir=BIN_DIR, user="root",
                                    config_files=(str(tmp_path / "nova.conf"),))
-    rule = next(f for f in host_files.render(settings) if f.path == host_files.SUDOERS)
+    rendered = {f.path: f for f in host_files.render(settings)}
+    for name in (host_files.PRIVSEP_CONF, host_files.SUDOERS):
+        target = host_root / name
+        target.parent.mkdir(parents=True)
+        target.write_text(rendered[name].text)
+        os.chmod(target, rendered[name].mode)
     path = host_root / host_files.SUDOERS
-    path.parent.mkdir(parents=True)
-    path.write_text(rule.text)
-    os.chmod(path, 0o440)
     return path
 
 
@@ -107,7 +110,7 @@ def test_a_healthy_host_is_all_ok_but_placement_unchecked(make_host, check, sudo
     assert checked.code == base.EXIT_OK, checked.rows
     assert set(checked.levels()) == {"gpu", "vgpu-manager", "iommu", "vfio", "sriov-manage",
                                      "configured-boards", "libvirt", "sudo-rule",
-                                     "state-dir", "placement"}
+                                     "helper-conf", "state-dir", "placement"}
     assert {r["level"] for r in checked.rows if r["check"] != "placement"} == {"ok"}
     assert checked.one("placement")["level"] == "warning"
     assert len(checked.of("gpu")) == 8
@@ -306,6 +309,30 @@ def test_the_sudo_rule_missing_different_or_loose(make_host, check, sudo_rule):
         helper_command = /usr/local/bin/start-helper
         """)).one("sudo-rule")
     assert row["level"] == "ok" and row["message"].startswith("not used")
+
+
+def test_the_helpers_file_missing_different_or_changeable(make_host, check, sudo_rule,
+                                                          host_root):
+    """The sudo rule starts the helper with privsep.conf, which it refuses
+    unless only root can change it."""
+    host = make_host("t4x8")
+    path = host_root / host_files.PRIVSEP_CONF
+    assert check(host, T4_CONF).one("helper-conf")["level"] == "ok"
+    os.chmod(path.parent, 0o775)
+    row = check(host, T4_CONF).one("helper-conf")
+    assert (row["level"], row["message"]) == (
+        "error", f"the privileged helper refuses {path}: {path.parent} (owner root, mode "
+                 "0775) can be changed by another user than root")
+    os.chmod(path.parent, 0o755)
+    path.write_text(path.read_text().replace("config_files", "config_file"))
+    row = check(host, T4_CONF).one("helper-conf")
+    assert row["level"] == "error" and row["message"].startswith(
+        f"{path} differs from what install-units renders for ")
+    path.unlink()
+    checked = check(host, T4_CONF)
+    assert checked.code == base.EXIT_PROBLEMS
+    assert checked.one("helper-conf")["message"] == \
+        f"{path} is missing, so the privileged helper cannot start"
 
 
 def test_the_state_directory(make_host, check, sudo_rule, tmp_path):

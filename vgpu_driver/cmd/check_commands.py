@@ -1,9 +1,9 @@
 """``host check``: why this host offers no vGPU, one line per check.
 
 Read-only: it reads sysfs, NVML, the configuration, the installed sudo rule
-and the state directory, and asks libvirt and Placement once; it writes
-nothing.  Exit 0 when no check found an error, 1 when one did, 2 when it
-could not run (one ``error:`` line).
+and the helper's file it names, and the state directory, and asks libvirt
+and Placement once; it writes nothing.  Exit 0 when no check found an
+error, 1 when one did, 2 when it could not run (one ``error:`` line).
 """
 
 
@@ -33,8 +33,8 @@ class HostCheck(base.FailableLister):
                             help="nova-compute's temporary directory, as install-units "
                                  "takes it (default: /tmp).")
         parser.add_argument("--root", default="/",
-                            help="Look for the installed sudo rule under this directory "
-                                 "instead of / (an image being built).")
+                            help="Look for the installed sudo rule and helper file under "
+                                 "this directory instead of / (an image being built).")
         return parser
 
     def take_action(self, parsed_args):
