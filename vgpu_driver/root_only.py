@@ -6,7 +6,9 @@ each link leads to.  Anyone who owns one of them, or may write one
 (group- or other-writable), can put another file in its place.  A
 directory root owns with the sticky bit (``/tmp``) is the exception: in it
 others may add names but not rename or remove root's.  Links themselves
-have no mode that matters; the directory holding one does.
+have no mode that matters, but an owner: in a sticky directory the link's
+owner may replace it (``fs.protected_symlinks`` may stop root following
+it, but is a setting, not a promise), so a link on the way must be root's.
 """
 
 import os
@@ -25,6 +27,11 @@ def _owner(uid):
 
 def _problem(path, st):
     """Why ``path`` (``lstat`` ``st``) is not root's alone, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid == 0:
+            return None
+        return (f"{path} (a link owned by {_owner(st.st_uid)}) can be changed by another "
+                "user than root")
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_uid == 0 and (not writable or sticky_dir):
@@ -35,7 +42,8 @@ def _problem(path, st):
 
 def walk(path):
     """``[(path, lstat)]`` of everything that decides what ``path`` is,
-    links followed by hand; the first missing component ends the walk."""
+    links followed by hand (each link listed too); the first missing
+    component ends the walk."""
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)  # not abspath: ".." after a link
     found = [("/", os.lstat("/"))]
@@ -53,6 +61,7 @@ def walk(path):
         except FileNotFoundError:
             break
         if stat.S_ISLNK(st.st_mode):
+            found.append((candidate, st))
             links += 1
             if links > MAX_LINKS:
                 raise OSError(f"{path}: too many links")
