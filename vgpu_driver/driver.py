@@ -16,13 +16,13 @@ from vgpu_driver import discovery_cache
 from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import host_reconciler
+from vgpu_driver import hosts
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import metrics
 from vgpu_driver import metrics_textfile
 from vgpu_driver import migration
 from vgpu_driver import names
-from vgpu_driver import nvml
 from vgpu_driver import reconcile
 from vgpu_driver import removals
 from vgpu_driver import status
@@ -42,7 +42,7 @@ class VGPUDriver:
         self.mdev_config = mdev_config or mdev_types.from_conf(conf)
         self.metrics_file = (metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
                              if conf.vgpu.metrics_textfile else None)
-        self.host = host or nvml.open_host(conf)
+        self.host = host or hosts.open_host(conf)
         self.journal = journal or claims.Journal(conf.vgpu.state_dir)
         self.domains = domains
         self.manager = mdevs.MdevManager(

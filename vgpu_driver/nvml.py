@@ -6,13 +6,17 @@ default) or of several (mixed-size mode) is NVML state, not a sysfs file:
 NVIDIA's own bindings (``pynvml``, from nvidia-ml-py: the ``nvml`` extra)
 are imported only when a mode is read or set, so hosts without such
 boards need neither them nor NVIDIA's library.  Each call opens and closes
-its own NVML session.  ``bindings`` stands for ``pynvml`` where a fake
-vendor driver answers (:mod:`vgpu_driver.fake.nvml`).
+its own NVML session.  ``bindings`` stands for ``pynvml`` where a test's
+fake vendor driver answers: bindings registered under the
+``vgpu_driver.test_nvml_bindings`` entry point group, loaded only when a
+configuration names a fake host with both test-only options
+(:func:`bindings_for`), so that nothing in production imports them.
 """
 
 import collections
 import contextlib
 import importlib
+import importlib.metadata
 
 from vgpu_driver import exception
 from vgpu_driver import names
@@ -25,6 +29,9 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
 ERROR_IN_USE = 19
+# Where the test-only fake vendor driver registers its bindings.
+TEST_BINDINGS_GROUP = "vgpu_driver.test_nvml_bindings"
+TEST_BINDINGS = "fake-kernel"
 
 _REFUSALS = {
     ERROR_IN_USE: "vGPUs exist on it, and the mode changes only on a GPU without any",
@@ -36,25 +43,17 @@ _REFUSALS = {
 
 
 def bindings_for(conf):
-    """NVIDIA's bindings (None), or on a fake host in a test the fake vendor
-    driver's: only when ``conf`` names one with both test-only options."""
+    """NVIDIA's bindings (None), or on a fake host in a test the bindings
+    registered for it: only when ``conf`` names one with both test-only
+    options."""
     if not (conf.vgpu.test_only_fake_nvml_host and conf.vgpu.test_only_fake_sysfs_root):
         return None
-    from vgpu_driver.fake import nvml as fake_nvml  # a test's stand-in for NVIDIA's
-
-    return fake_nvml.Bindings(conf.vgpu.test_only_fake_nvml_host)
-
-
-def open_host(conf):
-    """The host ``conf``'s ``[vgpu] sysfs_root`` names, asking NVML through
-    :func:`bindings_for` (a fake vendor driver's, on a test host)."""
-    from vgpu_driver import sysfs  # a host's reads call this module: import when used
-
-    host = sysfs.open_host(conf.vgpu.sysfs_root)
-    bindings = bindings_for(conf)
-    if bindings is not None:
-        host.nvml_bindings = bindings
-    return host
+    found = importlib.metadata.entry_points(group=TEST_BINDINGS_GROUP, name=TEST_BINDINGS)
+    if not found:
+        raise exception.NvmlUnavailable(
+            reason=f"no {TEST_BINDINGS!r} bindings are registered under "
+                   f"{TEST_BINDINGS_GROUP!r} (is vgpu-driver installed?)")
+    return next(iter(found)).load()(conf.vgpu.test_only_fake_nvml_host)
 
 
 def _library(bindings):

@@ -28,12 +28,13 @@ from tests import served_host
 from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
+from vgpu_driver import hosts
 from vgpu_driver import privsep
 from vgpu_driver import sriov
 from vgpu_driver import sriov_manage as sriov_manage_mod
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.fake import fakekernel
-from vgpu_driver.sysfs import linux
+from vgpu_driver.sysfs import writes
 
 T4 = "0000:18:00.0"
 A100 = "0000:41:00.0"
@@ -138,7 +139,8 @@ def make_driver(make_conf, host, tmp_path, extra=""):
 
 def test_allocate_reuse_release_and_restore_through_the_daemon(served, make_conf, tmp_path):
     vgpu = make_driver(make_conf, served, tmp_path)
-    assert type(vgpu.host) is linux.LinuxSysfs
+    assert type(vgpu.host) is writes.WritableSysfs
+    assert vgpu.host.writer is privsep.call
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(T4)}
     request = {"rp": {"resources": {"VGPU": 1}}}
     first = vgpu.allocate("i-1", request, providers)
@@ -159,7 +161,7 @@ def test_allocate_reuse_release_and_restore_through_the_daemon(served, make_conf
 
 
 def test_remove_blocked_by_a_guest_then_done(served):
-    host = linux.LinuxSysfs(served.mount)
+    host = hosts.writable(served.mount)
     mdev = str(uuid.uuid4())
     host.create_mdev(T4, "nvidia-222", mdev)
     served.kernel.hold(mdev)
@@ -177,7 +179,7 @@ def test_remove_blocked_by_a_guest_then_done(served):
 
 
 def test_vendor_types_and_mdevs_through_the_daemon(served):
-    host = linux.LinuxSysfs(served.mount)
+    host = hosts.writable(served.mount)
     host.set_vendor_vgpu_type(L40S_VF, 1156)
     assert host.vendor_vf(L40S_VF).current_type == 1156
     with pytest.raises(exception.MdevBusy, match="already has a vGPU type"):
@@ -196,7 +198,7 @@ def test_a_rebooted_a100_is_enabled_by_sriov_manage_not_by_the_daemon(tmp_path, 
     refuses while nvidia holds it (ENOENT), even as root; the daemon has no
     such write any more, and NVIDIA's script (its stand-in) enables the VFs."""
     with served_by_daemon(tmp_path, "a100-sriov-off") as served:
-        host = linux.LinuxSysfs(served.mount)
+        host = hosts.writable(served.mount)
         with pytest.raises(OSError) as refused:
             with open(f"{served.mount}/bus/pci/devices/{A100}/sriov_numvfs", "w") as f:
                 f.write("16")
@@ -267,7 +269,7 @@ def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
     assert tree_bytes(served.state) == before
     assert (tmp_path / "outside" / "remove").read_text() == ""
     # The daemon is still serving after all of them.
-    linux.LinuxSysfs(served.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+    hosts.writable(served.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
 
 
 def test_the_daemon_refuses_a_root_that_is_not_sysfs(tmp_path):
@@ -275,7 +277,7 @@ def test_the_daemon_refuses_a_root_that_is_not_sysfs(tmp_path):
     with served_by_daemon(tmp_path, "t4x8", fake_root=False) as host:
         before = tree_bytes(host.state)
         with pytest.raises(exception.PrivilegedWriteRefused, match="not a sysfs mount"):
-            linux.LinuxSysfs(host.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+            hosts.writable(host.mount).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
         assert tree_bytes(host.state) == before
 
 
@@ -298,14 +300,14 @@ def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):
     try:
         with pytest.raises(exception.PrivilegedHelperUnavailable,
                            match="Cannot start the privileged helper.*sudoers"):
-            linux.LinuxSysfs(str(tmp_path)).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
+            hosts.writable(str(tmp_path)).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
     finally:
         for group in GROUPS:
             cfg.CONF.clear_override("helper_command", group=group)
 
 
 def test_writes_from_several_threads_share_one_daemon(served):
-    host = linux.LinuxSysfs(served.mount)
+    host = hosts.writable(served.mount)
     made = [str(uuid.uuid4()) for _ in range(8)]
     threads = [threading.Thread(target=host.create_mdev, args=(T4, "nvidia-222", m))
                for m in made]
@@ -348,7 +350,7 @@ def test_the_mode_switch_has_its_own_daemon_holding_cap_sys_admin_alone(tmp_path
         daemon_conf = tmp_path / "privsep-daemon.conf"
         assert daemons_by_context(daemon_conf) == {
             "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN}
-        linux.LinuxSysfs(served.mount).set_vendor_vgpu_type(L40S_VF, 1156)
+        hosts.writable(served.mount).set_vendor_vgpu_type(L40S_VF, 1156)
         assert daemons_by_context(daemon_conf) == {
             "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN,
             "vgpu_driver.privsep.sysfs_writer": 1 << CAP_DAC_OVERRIDE}

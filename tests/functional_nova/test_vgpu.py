@@ -63,7 +63,8 @@ class VGPUDriverTestBase(base.ServersTestBase):
         # Each host's sysfs root is a fake kernel, which answers the writes
         # the privileged helper would make on a real host.
         self.useFixture(fixtures.MonkeyPatch("vgpu_driver.sysfs.open_host",
-                                             fakekernel.FakeKernel))
+                                             lambda root, writer=None:
+                                             fakekernel.FakeKernel(root)))
         self.flags(enabled_mdev_types=self.ENABLED_TYPES, group="devices")
         # nova registers [mdev_<type>] when its driver starts; tests set them first.
         nova.conf.devices.register_dynamic_opts(nova.conf.CONF)

@@ -21,8 +21,8 @@ from vgpu_driver import claims
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
 from vgpu_driver import exception
+from vgpu_driver import hosts
 from vgpu_driver import libvirt_host
-from vgpu_driver import nvml
 from vgpu_driver import privsep
 from vgpu_driver import sysfs
 from vgpu_driver.cmd import base
@@ -110,7 +110,7 @@ class ManageApp(app.App):
 
     def open_host(self):
         if self.host_factory is sysfs.open_host:
-            return nvml.open_host(self.conf)
+            return hosts.open_host(self.conf)
         return self.host_factory(self.conf.vgpu.sysfs_root)
 
     def journal(self, snapshot=None, create=False):

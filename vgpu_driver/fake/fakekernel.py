@@ -3,8 +3,9 @@
 :meth:`FakeKernel.build` writes the tree for a host profile (see
 :mod:`vgpu_driver.fake.profiles`); the tree then plays ``/sys`` for any
 reader, :class:`~vgpu_driver.sysfs.linux.LinuxSysfs` and ``mdevctl``
-included.  Reads are inherited unchanged from ``LinuxSysfs``; only the
-kernel's store handlers are emulated, with the kernel's and NVIDIA's rules:
+included.  Reads are inherited unchanged from ``LinuxSysfs``; the writer
+(:class:`~vgpu_driver.sysfs.writes.WritableSysfs`) is the kernel's store
+handlers, emulated, with the kernel's and NVIDIA's rules:
 
 * ``create`` takes a 36 or 37 character UUID (``EINVAL``), refuses a UUID in
   use on any parent (``EEXIST``), a parent being unregistered (``ENODEV``)
@@ -55,13 +56,14 @@ from vgpu_driver.fake import tree
 from vgpu_driver.fake import uevents
 from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
+from vgpu_driver.sysfs import writes
 
 MARKER_DIR = ".vgpu-fake-kernel"
 
 
 class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.MdevParents,
-                 linux.LinuxSysfs):
-    """LinuxSysfs over a fake tree, with the kernel's write handlers.
+                 writes.WritableSysfs):
+    """LinuxSysfs over a fake tree, its writer the kernel's write handlers.
 
     The PCI side (:mod:`vgpu_driver.fake.pci_functions`), the drivers bound
     to it (:mod:`vgpu_driver.fake.drivers`) and the mdev side
@@ -111,7 +113,7 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         return kernel
 
     def __init__(self, root):
-        super().__init__(root)
+        super().__init__(root, writer=self._store)
         with open(os.path.join(self.paths.root, MARKER_DIR, "host.json")) as f:
             self.model = json.load(f)
         self._gpus = {gpu["address"]: gpu for gpu in self.model["gpus"]}
@@ -170,7 +172,7 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
     def nvml_bindings(self):
         return nvml.Bindings(self.paths.root)
 
-    def _privileged(self, entry_point, *args):
+    def _store(self, entry_point, *args):
         """The write the privileged entry point would make, answered here."""
         if entry_point == "set_heterogeneous_mode":     # NVML's, no file
             return driver_nvml.set_heterogeneous_mode(*args, self.nvml_bindings)

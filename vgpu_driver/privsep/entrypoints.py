@@ -45,7 +45,7 @@ def _policy():
 def _sysfs():
     """``(root, host)``: the root held by fd, and a reader of the same tree
     for the policy; a link or mount met on the way is a refusal."""
-    from vgpu_driver.sysfs import linux  # it writes through this package
+    from vgpu_driver.sysfs import linux
 
     conf = context.configuration()
     path = os.path.realpath(conf.vgpu.sysfs_root)

@@ -1,14 +1,22 @@
 """The kernel's mdev ABI seen from user space.
 
-:func:`open_host` returns the production backend, :class:`LinuxSysfs`, for a
-sysfs root.  Tests and demos that want a fake kernel's write behaviour build
-one from :mod:`vgpu_driver.fake` explicitly; production never imports it.
+:func:`open_host` returns the production backend for a sysfs root:
+:class:`~vgpu_driver.sysfs.linux.LinuxSysfs`, which reads, or given a
+``writer``, :class:`~vgpu_driver.sysfs.writes.WritableSysfs`, which also
+writes through it (:mod:`vgpu_driver.hosts` gives it the privileged
+entry points).  Tests and demos that want a fake kernel's write behaviour
+build one from :mod:`vgpu_driver.fake` explicitly; production never
+imports it.
 """
 
 from vgpu_driver.sysfs import paths
 
 
-def open_host(root=paths.DEFAULT_ROOT):
-    from vgpu_driver.sysfs import linux
+def open_host(root=paths.DEFAULT_ROOT, writer=None):
+    if writer is None:
+        from vgpu_driver.sysfs import linux
 
-    return linux.LinuxSysfs(root)
+        return linux.LinuxSysfs(root)
+    from vgpu_driver.sysfs import writes
+
+    return writes.WritableSysfs(root, writer)

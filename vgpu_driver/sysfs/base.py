@@ -133,8 +133,8 @@ class VendorVfioInfo:
     current_type: int
 
 
-class SysfsHost(abc.ABC):
-    """The kernel's mdev ABI: what is there, and the writes that change it."""
+class SysfsReader(abc.ABC):
+    """The kernel's mdev ABI: what is there."""
 
     paths = None
 
@@ -179,6 +179,28 @@ class SysfsHost(abc.ABC):
         ``550.127.06``), or None when no NVIDIA driver is loaded."""
 
     @abc.abstractmethod
+    def mixed_sizes(self, pf_address):
+        """Whether a vendor-VFIO board is in mixed-size mode (NVML's, not a
+        file); raises NvmlUnavailable or MixedSizeModeRefused."""
+
+    @abc.abstractmethod
+    def vgpu_placements(self, pf_address, type_numbers):
+        """``{type number: vgpu_driver.nvml.Placements}`` of a board in
+        mixed-size mode, read together (NVML's, not files); raises as
+        :meth:`mixed_sizes`."""
+
+    @abc.abstractmethod
+    def vgpu_locations(self, pf_address):
+        """``((type number, placement ID), ...)`` of the vGPUs NVML places on
+        a mixed-size board (NVML's, not files), for the operator's map;
+        raises as :meth:`mixed_sizes`."""
+
+
+
+class SysfsHost(SysfsReader):
+    """The kernel's mdev ABI: what is there, and the writes that change it."""
+
+    @abc.abstractmethod
     def create_mdev(self, parent, type_id, uuid):
         """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
 
@@ -197,23 +219,6 @@ class SysfsHost(abc.ABC):
         Raises MdevWriteError; clearing a VF a guest still holds may be
         refused or block, hence ``timeout`` (seconds, as for a remove).
         """
-
-    @abc.abstractmethod
-    def mixed_sizes(self, pf_address):
-        """Whether a vendor-VFIO board is in mixed-size mode (NVML's, not a
-        file); raises NvmlUnavailable or MixedSizeModeRefused."""
-
-    @abc.abstractmethod
-    def vgpu_placements(self, pf_address, type_numbers):
-        """``{type number: vgpu_driver.nvml.Placements}`` of a board in
-        mixed-size mode, read together (NVML's, not files); raises as
-        :meth:`mixed_sizes`."""
-
-    @abc.abstractmethod
-    def vgpu_locations(self, pf_address):
-        """``((type number, placement ID), ...)`` of the vGPUs NVML places on
-        a mixed-size board (NVML's, not files), for the operator's map;
-        raises as :meth:`mixed_sizes`."""
 
     @abc.abstractmethod
     def set_mixed_sizes(self, pf_address, enabled):

@@ -1,0 +1,177 @@
+"""The package's import graph, read statically: production never reaches the
+fake kernel, and production modules import each other without a loop.
+
+Every ``import`` and ``from ... import`` of a module counts, those inside
+functions (lazy ones) included, and so does ``importlib.import_module``
+with a literal name: a lazy import is an import all the same, made when the
+function first runs.
+"""
+
+import ast
+import pathlib
+
+import vgpu_driver
+
+PACKAGE = "vgpu_driver"
+FAKE = "vgpu_driver.fake"
+ROOT = pathlib.Path(vgpu_driver.__file__).parent
+
+# The only production modules allowed to import the fake: the demo and the
+# fake-host commands build and serve a fake kernel by design (they are the
+# entries ``./tools/run-demo.sh`` and ``vgpu-manage fake-host`` run, loaded
+# by cliff from their own entry points); nothing else may import them.
+FAKE_ENTRIES = frozenset({
+    "vgpu_driver.cmd.demo_commands",
+    "vgpu_driver.cmd.demo.compute",
+    "vgpu_driver.cmd.demo.operator",
+    "vgpu_driver.cmd.demo.scenario",
+    "vgpu_driver.cmd.fake_host_commands",
+})
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules():
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _absolute(name, node, current, is_package):
+    if not node.level:
+        return node.module if name is None else name
+    base = current.split(".")
+    drop = node.level - 1 if is_package else node.level
+    base = base[:len(base) - drop]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imported(tree, current, is_package, known):
+    """The package's modules ``tree`` imports, lazily or not."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            # ``from a import b`` imports the module a.b where there is one,
+            # else a name of a (and a's parents, see _with_packages).
+            module = _absolute(None, node, current, is_package)
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in known else module)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(node.args[0].value)
+    return {_known_prefix(name, known) for name in found} - {None, current}
+
+
+def _known_prefix(name, known):
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imported(ast.parse(path.read_text()), name,
+                            path.name == "__init__.py", modules)
+            for name, path in modules.items()}
+
+
+def _is_fake(name):
+    return name == FAKE or name.startswith(FAKE + ".")
+
+
+def _with_packages(graph):
+    """Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first."""
+    full = {}
+    for name, edges in graph.items():
+        parents = set()
+        for target in edges:
+            parts = target.split(".")
+            parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        full[name] = (edges | parents) & set(graph)
+    return full
+
+
+def _path_to_fake(graph, start):
+    """The first chain of imports from ``start`` into the fake, or None."""
+    seen = {start: None}
+    queue = [start]
+    while queue:
+        current = queue.pop(0)
+        for target in sorted(graph[current]):
+            if target in seen:
+                continue
+            seen[target] = current
+            if _is_fake(target) or target in FAKE_ENTRIES:
+                chain = [target]
+                while seen[chain[-1]] is not None:
+                    chain.append(seen[chain[-1]])
+                return " -> ".join(reversed(chain))
+            queue.append(target)
+    return None
+
+
+def _cycles(graph):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_lazy_imports():
+    graph = _graph()
+    # sysfs.open_host imports its backend inside the function.
+    assert "vgpu_driver.sysfs.linux" in graph["vgpu_driver.sysfs"]
+    assert "vgpu_driver.fake.fakekernel" in graph["vgpu_driver.fake.served"]
+
+
+def test_production_never_reaches_the_fake():
+    graph = _with_packages(_graph())
+    production = [name for name in graph
+                  if not _is_fake(name) and name not in FAKE_ENTRIES]
+    paths = [p for p in (_path_to_fake(graph, name) for name in sorted(production)) if p]
+    assert paths == []
+
+
+def test_the_fake_entries_are_what_imports_the_fake():
+    graph = _graph()
+    importers = {name for name, edges in graph.items()
+                 if not _is_fake(name) and any(map(_is_fake, edges))}
+    assert importers <= FAKE_ENTRIES
+    assert "vgpu_driver.cmd.fake_host_commands" in importers
+
+
+def test_no_import_loop_outside_the_fake():
+    graph = _graph()
+    production = {name: {t for t in edges if not _is_fake(t)}
+                  for name, edges in graph.items() if not _is_fake(name)}
+    assert _cycles(production) == []
