@@ -176,6 +176,14 @@ class SysfsRoot:
             return False
         return True
 
+    def listdir(self, relpath):
+        """The names in the directory at ``relpath``, opened beneath the root."""
+        fd = self.open(relpath, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
     def read(self, relpath):
         """A small attribute's text, stripped; '' when it is not there."""
         try:

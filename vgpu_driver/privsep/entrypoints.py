@@ -43,15 +43,12 @@ def _policy():
 
 @contextlib.contextmanager
 def _sysfs():
-    """``(root, host)``: the root held by fd, and a reader of the same tree
-    for the policy; a link or mount met on the way is a refusal."""
-    from vgpu_driver.sysfs import linux
-
+    """The root held by fd; a link or mount met on the way is a refusal."""
     conf = context.configuration()
     path = os.path.realpath(conf.vgpu.sysfs_root)
     try:
         with beneath.SysfsRoot(path, allow_fake=conf.vgpu.test_only_fake_sysfs_root) as root:
-            yield root, linux.LinuxSysfs(path)
+            yield root
     except OSError as exc:
         if exc.errno not in _LINK_REFUSALS:
             raise
@@ -107,18 +104,18 @@ def create_mdev(parent, type_id, uuid):
     parent = names.check_parent_name(parent)
     type_id = names.check_type_id(type_id)
     uuid = names.check_mdev_uuid(uuid)
-    with _sysfs() as (root, host):
+    with _sysfs() as root:
         device = _parent_device(root, parent)
         if names.is_pci_address(parent):
             _require_display_controller(root, device, parent)
-        _policy().check_create(host, parent, type_id)
+        _policy().check_create(root, parent, device, type_id)
         root.write(posixpath.join(device, "mdev_supported_types", type_id, "create"), uuid)
 
 
 @context.sysfs_writer.entrypoint
 def remove_mdev(uuid):
     uuid = names.check_mdev_uuid(uuid)
-    with _sysfs() as (root, host):
+    with _sysfs() as root:
         mdev = root.follow(posixpath.join("bus", "mdev", "devices", uuid), uuid)
         device, name = posixpath.split(mdev)
         parent = posixpath.basename(device)
@@ -128,7 +125,7 @@ def remove_mdev(uuid):
         if names.is_pci_address(parent):
             _require_display_controller(root, device, parent)
         else:
-            _policy().check_free_parent(host, parent)
+            _policy().check_free_parent(root, parent, device)
         root.write(posixpath.join(mdev, "remove"), "1")
 
 
@@ -150,11 +147,11 @@ def _require_nvidia(root, device, address):
 @context.sysfs_writer.entrypoint
 def set_vgpu_type(vf_address, number):
     number = _plain_number(number, "vGPU type number")
-    with _sysfs() as (root, host):
+    with _sysfs() as root:
         address, device = _sriov_function(root, vf_address, "physfn", "virtual")
         _require_nvidia(root, device, address)
         if number:     # 0 clears the type: it frees the VF, as a removal does
-            _policy().check_vgpu_type(host, address, names.vendor_type_id(number))
+            _policy().check_vgpu_type(root, address, device, names.vendor_type_id(number))
         root.write(posixpath.join(device, "nvidia", "current_vgpu_type"), str(number))
 
 
@@ -165,8 +162,8 @@ def set_heterogeneous_mode(pf_address, enabled):
     if not isinstance(enabled, bool):
         raise exception.PrivilegedWriteRefused(
             f"the vGPU mode of {pf_address!r}", f"{enabled!r} is neither True nor False")
-    with _sysfs() as (root, host):
+    with _sysfs() as root:
         address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
         _require_nvidia(root, device, address)
-        _policy().check_vgpu_mode(host, address)
+        _policy().check_vgpu_mode(root, address, device)
     nvml.set_heterogeneous_mode(address, enabled, nvml.bindings_for(context.configuration()))

@@ -3,7 +3,7 @@ enables.
 
 The daemon reads the same files as nova-compute.  A create is allowed only
 for a type ``[devices] enabled_mdev_types`` lists, on a GPU the
-configuration gives that type (``device_addresses`` or ``device_ids`` and
+configuration gives that type (``device_addresses``, or ``device_ids`` and
 ``gpu_count`` resolved against this host, as the inventory resolves them); a vendor
 vGPU type only on an NVIDIA virtual function, and other than "none" only
 the type configured for its GPU; a GPU's vGPU mode (equal or mixed sizes)
@@ -11,14 +11,47 @@ only on a vendor-VFIO board the configuration serves.  A removal, or clearing a 
 frees a device and is not limited by the types: a type change or an orphan
 leaves mdevs of types that are no longer configured.  Every refusal is a
 :class:`~vgpu_driver.exception.PrivilegedWriteRefused` naming its rule.
+
+The policy reads only the GPU the write is on, beneath the root the entry
+point holds (:mod:`.device`), and decides from the configuration.  One rule
+needs the whole host: ``device_ids`` with ``gpu_count`` give a type to the
+first GPUs of a model on the host, so only a configuration that uses them
+has the host discovered (:func:`_resolved`) to count them.
 """
 
-from vgpu_driver import discovery
 from vgpu_driver import exception
-from vgpu_driver import inventory
+from vgpu_driver import names
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.privsep import device
 
-NVIDIA_VENDOR = "0x10de"
+NVIDIA_VENDOR = device.NVIDIA_VENDOR
+
+
+def _can_mix(gpu, type_ids):
+    """As the inventory: NVIDIA's types, on a board whose VFs serve
+    vendor-VFIO vGPUs (or are not there yet to tell)."""
+    return (all(map(names.is_vendor_type_id, type_ids))
+            and gpu.mode in (device.MODE_VENDOR_VFIO, device.MODE_VFS_PENDING))
+
+
+def configured_types(gpu, config):
+    """The types ``config`` gives ``gpu`` (the inventory's rule), or ()."""
+    assigned = config.types_for(gpu.addresses)
+    if len(assigned) > 1 and not _can_mix(gpu, assigned):
+        return ()
+    if assigned:
+        return tuple(assigned)
+    return (config.default_type,) if config.default_type else ()
+
+
+def _resolved(config, root_path):
+    """``config`` with ``device_ids`` resolved against the whole host."""
+    if not any(t.device_ids for t in config.types):
+        return config
+    from vgpu_driver import discovery     # only for a fleet configuration
+    from vgpu_driver.sysfs import linux
+
+    return config.for_host(discovery.discover(linux.LinuxSysfs(root_path)))
 
 
 class WritePolicy:
@@ -30,63 +63,63 @@ class WritePolicy:
         self.config = None if errors else config
         self.config_errors = errors
 
-    def _served(self, host):
-        """``(snapshot, {GPU address: configured types})`` of the host as it is."""
+    def _require_config(self):
         if self.config is None:
             raise exception.PrivilegedWriteRefused(
                 "sysfs", "the configuration has errors, so it enables nothing: "
                          + "; ".join(self.config_errors))
-        snapshot = discovery.discover(host)
-        return snapshot, inventory.configured_types(snapshot, self.config)
 
-    def check_create(self, host, parent, type_id):
+    def _served(self, root, gpu):
+        """The types the configuration gives ``gpu`` (None: no GPU)."""
+        if gpu is None:
+            return ()
+        return configured_types(gpu, _resolved(self.config, root.path))
+
+    def check_create(self, root, parent, parent_device, type_id):
         target = f"{type_id} on {parent}"
         if self.config is not None and type_id not in self.config.enabled:
             raise exception.PrivilegedWriteRefused(
                 target, f"type {type_id} is not enabled ([devices] enabled_mdev_types)")
-        snapshot, served = self._served(host)
-        gpu = snapshot.gpu_of_parent(parent)
-        self._require_type(target, gpu, served, type_id, f"parent {parent}")
+        self._require_config()
+        gpu = device.gpu_of_parent(root, parent, parent_device)
+        self._require_type(target, gpu, self._served(root, gpu), type_id, f"parent {parent}")
 
-    def check_vgpu_mode(self, host, pf_address):
+    def check_vgpu_mode(self, root, pf_address, pf_device):
         """A GPU's vGPU mode switches only on a vendor-VFIO board the
         configuration serves (whose VFs are on: the mode is theirs)."""
-        snapshot, served = self._served(host)
-        gpu = snapshot.gpu(pf_address)
+        self._require_config()
+        gpu = device.physical_gpu(root, pf_address, pf_device)
         target = f"the vGPU mode of {pf_address}"
-        self._require_served(target, gpu, served,
-                             f"GPU {pf_address} is given no vGPU type by the configuration")
-        if gpu.mode != discovery.MODE_VENDOR_VFIO:
+        if not self._served(root, gpu):
+            raise exception.PrivilegedWriteRefused(
+                target, f"GPU {pf_address} is given no vGPU type by the configuration")
+        if gpu.mode != device.MODE_VENDOR_VFIO:
             raise exception.PrivilegedWriteRefused(
                 target, f"GPU {pf_address} serves no vendor-VFIO vGPUs (its VFs are off, or "
                         "it serves mdevs), and only those mix sizes")
 
-    def check_vgpu_type(self, host, vf_address, type_id):
-        snapshot, served = self._served(host)
-        self._require_type(f"vGPU type {type_id} on {vf_address}",
-                           snapshot.gpu_of_parent(vf_address), served, type_id,
-                           f"VF {vf_address}")
+    def check_vgpu_type(self, root, vf_address, vf_device, type_id):
+        self._require_config()
+        gpu = device.gpu_of_parent(root, vf_address, vf_device)
+        self._require_type(f"vGPU type {type_id} on {vf_address}", gpu,
+                           self._served(root, gpu), type_id, f"VF {vf_address}")
 
-    def check_free_parent(self, host, parent):
+    def check_free_parent(self, root, parent, parent_device):
         """A removal on a parent that is not a PCI display controller: only
         on a device the configuration serves (the kernel's mtty sample)."""
-        snapshot, served = self._served(host)
-        self._require_served(
-            f"an mdev of {parent}", snapshot.gpu_of_parent(parent), served,
-            f"parent {parent} is neither a display controller nor a device the "
-            "configuration gives an mdev type")
+        self._require_config()
+        gpu = device.gpu_of_parent(root, parent, parent_device)
+        if not self._served(root, gpu):
+            raise exception.PrivilegedWriteRefused(
+                f"an mdev of {parent}",
+                f"parent {parent} is neither a display controller nor a device the "
+                "configuration gives an mdev type")
 
     @staticmethod
-    def _require_served(target, gpu, served, rule):
-        if gpu is None or gpu.address not in served:
-            raise exception.PrivilegedWriteRefused(target, rule)
-
-    @staticmethod
-    def _require_type(target, gpu, served, type_id, where):
+    def _require_type(target, gpu, configured, type_id, where):
         if gpu is None:
             raise exception.PrivilegedWriteRefused(target, f"{where} is on no GPU of this host")
-        configured = served.get(gpu.address)
-        if configured is None:
+        if not configured:
             raise exception.PrivilegedWriteRefused(
                 target, f"GPU {gpu.address} is given no mdev type by the configuration")
         if type_id not in configured:
