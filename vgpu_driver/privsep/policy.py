@@ -48,7 +48,7 @@ def _resolved(config, root_path):
     """``config`` with ``device_ids`` resolved against the whole host."""
     if not any(t.device_ids for t in config.types):
         return config
-    from vgpu_driver import discovery     # only for a fleet configuration
+    from vgpu_driver import discovery  # only for a fleet configuration
     from vgpu_driver.sysfs import linux
 
     return config.for_host(discovery.discover(linux.LinuxSysfs(root_path)))

@@ -17,7 +17,6 @@ from vgpu_driver import names
 from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs import linux
 
-
 # The writes, by the privileged entry point that makes each one.
 ENTRY_POINTS = ("create_mdev", "remove_mdev", "set_vgpu_type", "set_heterogeneous_mode")
 

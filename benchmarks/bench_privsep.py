@@ -1,0 +1,106 @@
+"""create_mdev through the privileged entry point, against a plain write.
+
+Each write the daemon makes is checked first: the device it writes, and
+whether the configuration enables the write there.  This measures that
+price on the large host of ``bench_discovery.py`` (8 A100 boards with 16
+VFs each, 8 T4s): the entry point ``create_mdev`` as the daemon runs it
+(in-process, as a root ``vgpu-manage`` runs it: the same code, without the
+channel), for a T4 and for a VF of an A100, against the floor of opening
+the same ``create`` attribute and writing the UUID with plain ``os``
+calls.  The tree is a plain directory, so both sides write a file and no
+mdev is made.  Target: entry point / floor <= 2.0 (medians).
+"""
+
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+from oslo_config import cfg
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_discovery  # noqa: E402
+import common  # noqa: E402
+
+from vgpu_driver import conf as vgpu_conf  # noqa: E402
+from vgpu_driver import privsep  # noqa: E402
+
+ROUNDS = 200
+TARGET = 2.0
+T4 = "0000:18:00.0"
+
+
+def _conf(root, a100_pfs, workdir):
+    path = os.path.join(workdir, "nova.conf")
+    with open(path, "w") as f:
+        f.write(f"[devices]\nenabled_mdev_types = {bench_discovery.A100_TYPE}, "
+                f"{bench_discovery.T4_TYPE}\n"
+                f"[mdev_{bench_discovery.A100_TYPE}]\n"
+                f"device_addresses = {', '.join(a100_pfs)}\n"
+                f"[vgpu]\nsysfs_root = {root}\ntest_only_fake_sysfs_root = true\n")
+    conf = cfg.ConfigOpts()
+    vgpu_conf.register_opts(conf)
+    conf([], project="nova", default_config_files=[path])
+    return conf
+
+
+def _plain(root, parent, type_id):
+    path = os.path.join(root, "class", "mdev_bus", parent, "mdev_supported_types",
+                        type_id, "create")
+
+    def write():
+        start = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, str(uuid.uuid4()).encode())
+        finally:
+            os.close(fd)
+        return time.perf_counter() - start
+    return write
+
+
+def _entry_point(parent, type_id):
+    def write():
+        start = time.perf_counter()
+        privsep.create_mdev(parent, type_id, str(uuid.uuid4()))
+        return time.perf_counter() - start
+    return write
+
+
+def _free_vf(kernel, pf):
+    used = {m.parent for m in kernel.list_mdevs()}
+    return next(p.name for p in kernel.list_parents()
+                if p.physfn is not None and str(p.physfn) == pf and p.name not in used)
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
+    profile, a100_pfs = bench_discovery.large_host_profile()
+    with tempfile.TemporaryDirectory() as workdir:
+        root = os.path.join(workdir, "sys")
+        kernel = bench_discovery.build_host(root, profile)
+        privsep.run_in_process(_conf(root, a100_pfs, workdir))
+        cases = (("T4", T4, bench_discovery.T4_TYPE),
+                 ("A100 VF", _free_vf(kernel, a100_pfs[0]), bench_discovery.A100_TYPE))
+        print(f"create_mdev through the entry point vs a plain write, {rounds} rounds")
+        worst = 0.0
+        for label, parent, type_id in cases:
+            common.settle()
+            real, floor = common.interleaved(rounds, _entry_point(parent, type_id),
+                                             _plain(root, parent, type_id))
+            real, floor = common.summary(real), common.summary(floor)
+            ratio = real["median"] / floor["median"]
+            worst = max(worst, ratio)
+            print(f"  {label:8} {parent}: entry point {real['median'] * 1e3:.3f} ms "
+                  f"(min {real['min'] * 1e3:.3f}), plain write "
+                  f"{floor['median'] * 1e3:.3f} ms (min {floor['min'] * 1e3:.3f}), "
+                  f"ratio {ratio:.2f}x")
+        print(f"target: entry point / plain write <= {TARGET:.1f}: "
+              f"{'PASS' if worst <= TARGET else 'MISS'} (worst {worst:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
