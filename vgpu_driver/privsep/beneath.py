@@ -197,6 +197,28 @@ class SysfsRoot:
         finally:
             os.close(fd)
 
+    def links(self, directory, prefix):
+        """``{entry: device directory}`` of the links in ``directory`` whose
+        names start with ``prefix`` (a PF's ``virtfn<N>``), the directory
+        opened once; each target accepted as :meth:`follow` accepts it."""
+        dir_fd = self.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            found = {}
+            for entry in os.listdir(dir_fd):
+                if entry.startswith(prefix):
+                    target = os.readlink(entry, dir_fd=dir_fd)
+                    found[entry] = self._under_devices(directory, entry, target)
+            return found
+        finally:
+            os.close(dir_fd)
+
+    def _under_devices(self, directory, base, target):
+        resolved = posixpath.normpath(posixpath.join(directory, target))
+        if posixpath.isabs(target) or not resolved.startswith(_DEVICES + "/"):
+            raise exception.PrivilegedWriteRefused(
+                posixpath.join(directory, base), f"a link leading outside {self.path}/{_DEVICES}")
+        return resolved
+
     def follow(self, link_relpath, name):
         """The device directory (relative to the root) a sysfs link leads to.
 
@@ -216,11 +238,7 @@ class SysfsRoot:
                 link_relpath, "not a link, where sysfs has one") from None
         finally:
             os.close(dir_fd)
-        resolved = posixpath.normpath(posixpath.join(directory, target))
-        if posixpath.isabs(target) or not resolved.startswith(_DEVICES + "/"):
-            raise exception.PrivilegedWriteRefused(
-                link_relpath, f"a link leading outside {self.path}/{_DEVICES}")
-        return resolved
+        return self._under_devices(directory, base, target)
 
     def write(self, relpath, value):
         """Write ``value`` into the attribute at ``relpath``: one ``write(2)``,

@@ -65,6 +65,7 @@ state = {}
 def fix_configuration(conf):
     """``conf`` from now on (None: none, until fixed again)."""
     state.pop("policy", None)
+    state.pop("root", None)
     if conf is None:
         state.pop("conf", None)
     else:

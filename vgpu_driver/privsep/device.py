@@ -7,7 +7,10 @@ GPU its ``physfn`` leads to; a registered mdev parent or a VF with NVIDIA's
 vendor files is a parent; NVIDIA's files make the board vendor-VFIO; an
 SR-IOV NVIDIA board with no parent yet is pending, and with its VFs off it
 is also named by the addresses they will take.  Only that GPU's functions
-are read: the PF, its ``virtfn`` links and theirs.
+are read: the PF, its ``virtfn`` links and theirs, and the names under
+``class/mdev_bus`` (one directory read).  A VF registered as an mdev parent
+is not also read for NVIDIA's vendor-VFIO files: a board serves one or the
+other.
 """
 
 import collections
@@ -40,6 +43,14 @@ def _is_parent(root, name):
     return root.exists(posixpath.join("class", "mdev_bus", name))
 
 
+def _registered(root):
+    """The names under ``class/mdev_bus`` (none without the mdev core)."""
+    try:
+        return frozenset(root.listdir(posixpath.join("class", "mdev_bus")))
+    except FileNotFoundError:
+        return frozenset()
+
+
 def _is_vendor_vf(root, device):
     """A VF with NVIDIA's vendor files, as :meth:`PciReads.vendor_vf` reads it."""
     vfio = posixpath.join(device, "nvidia")
@@ -49,12 +60,9 @@ def _is_vendor_vf(root, device):
 
 def _vfs(root, pf_device):
     """``[(VF address, VF device)]`` of a PF, by its ``virtfn<N>`` links."""
-    found = []
-    for entry in root.listdir(pf_device):
-        if entry.startswith("virtfn") and entry[6:].isdigit():
-            vf = root.follow(posixpath.join(pf_device, entry), entry)
-            found.append((posixpath.basename(vf), vf))
-    return sorted(found)
+    return sorted((posixpath.basename(vf), vf)
+                  for entry, vf in root.links(pf_device, "virtfn").items()
+                  if entry[6:].isdigit())
 
 
 def _future_vfs(root, address, device):
@@ -77,16 +85,18 @@ def physical_gpu(root, pf_address, pf_device):
     """The GPU whose physical function is at ``pf_device``, or None when
     discovery would see no GPU there."""
     parents, mode = [], None
-    if _is_parent(root, pf_address):
+    vfs = _vfs(root, pf_device)
+    registered = _registered(root) if vfs else ()
+    if pf_address in registered or (not vfs and _is_parent(root, pf_address)):
         parents.append(pf_address)
         mode = MODE_MDEV
-    for vf, vf_device in _vfs(root, pf_device):
-        if _is_vendor_vf(root, vf_device):
-            parents.append(vf)
-            mode = MODE_VENDOR_VFIO
-        elif _is_parent(root, vf):
+    for vf, vf_device in vfs:
+        if vf in registered:        # an mdev parent: NVIDIA's VF files are not there
             parents.append(vf)
             mode = mode or MODE_MDEV
+        elif _is_vendor_vf(root, vf_device):
+            parents.append(vf)
+            mode = MODE_VENDOR_VFIO
     if mode is not None:
         return Gpu(pf_address, mode,
                    (pf_address, *sorted(p for p in parents if p != pf_address)))

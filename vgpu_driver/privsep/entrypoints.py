@@ -41,13 +41,22 @@ def _policy():
     return context.state["policy"]
 
 
+def _root():
+    """``(path, allow_fake)`` of the configured root, resolved once per
+    configuration (as the policy is read once)."""
+    if "root" not in context.state:
+        conf = context.configuration()
+        context.state["root"] = (os.path.realpath(conf.vgpu.sysfs_root),
+                                 conf.vgpu.test_only_fake_sysfs_root)
+    return context.state["root"]
+
+
 @contextlib.contextmanager
 def _sysfs():
     """The root held by fd; a link or mount met on the way is a refusal."""
-    conf = context.configuration()
-    path = os.path.realpath(conf.vgpu.sysfs_root)
+    path, allow_fake = _root()
     try:
-        with beneath.SysfsRoot(path, allow_fake=conf.vgpu.test_only_fake_sysfs_root) as root:
+        with beneath.SysfsRoot(path, allow_fake=allow_fake) as root:
             yield root
     except OSError as exc:
         if exc.errno not in _LINK_REFUSALS:
