@@ -197,6 +197,18 @@ def test_a_gpu_the_configuration_does_not_name(host, configure):
     assert snapshot(host.paths.root) == before
 
 
+def test_a_vf_that_is_no_parent_is_on_no_gpu(host, configure):
+    """A VF neither registered as an mdev parent nor carrying NVIDIA's files
+    is no parent of any GPU: no vendor type is written there."""
+    configure(ENABLED)
+    os.unlink(os.path.join(host.paths.root, "class", "mdev_bus", A100_VF))
+    before = snapshot(host.paths.root)
+    with pytest.raises(exception.PrivilegedWriteRefused,
+                       match=f"VF {A100_VF} is on no GPU of this host"):
+        privsep.set_vgpu_type(A100_VF, 468)
+    assert snapshot(host.paths.root) == before
+
+
 def test_an_mdev_of_a_virtual_parent_not_configured_stays(host, configure):
     configure(confs.FIRST_T4_ONLY)
     mdev = str(uuid.uuid4())
