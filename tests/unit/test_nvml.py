@@ -2,6 +2,7 @@
 answered by the fake host's vendor driver (``vgpu_driver.fake.nvml`` in
 the place of ``pynvml``), and NVIDIA's own bindings where no GPU is."""
 
+import subprocess
 import sys
 
 import pytest
@@ -93,3 +94,28 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
     host.set_vendor_vgpu_type("0000:c1:00.4", 0)
     assert nvml.located_vgpus(L40S) == ((1155, 12),)
+
+
+FAKE_BINDINGS_ONLY_FOR_A_TEST_HOST = """
+import sys
+from oslo_config import cfg
+from vgpu_driver import conf as vgpu_conf, hosts, nvml
+conf = cfg.ConfigOpts()
+vgpu_conf.register_opts(conf)
+conf([], project="nova", default_config_files=[])
+conf.set_override("test_only_fake_nvml_host", sys.argv[1], "vgpu")
+assert nvml.bindings_for(conf) is None, "one test-only option is not enough"
+assert not [m for m in sys.modules if m.startswith("vgpu_driver.fake")]
+conf.set_override("test_only_fake_sysfs_root", True, "vgpu")
+print(type(nvml.bindings_for(conf)).__module__)
+"""
+
+
+def test_the_fake_vendor_driver_loads_only_for_a_test_host(tmp_path):
+    """Production (the host assembly included) imports no fake; the fake's
+    NVML comes through its entry point only when both test-only options
+    name a fake host."""
+    out = subprocess.run([sys.executable, "-c", FAKE_BINDINGS_ONLY_FOR_A_TEST_HOST,
+                          str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "vgpu_driver.fake.nvml"
