@@ -10,6 +10,7 @@ import time
 
 from vgpu_driver import audit as audit_mod
 from vgpu_driver import compute_api
+from vgpu_driver import exception
 from vgpu_driver import placement
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
@@ -84,7 +85,7 @@ class Audit(base.Lister):
         nova cannot say."""
         try:
             return compute_api.moves_on(connection, host)
-        except compute_api.ComputeApiUnavailable as exc:
+        except exception.ComputeApiUnavailable as exc:
             self.app.stderr.write(f"warning: {exc}; an allocation a resize awaiting "
                                   f"confirmation holds shows as drift.\n")
             return {}

@@ -4,6 +4,12 @@ Every error formats ``msg_fmt`` with keyword arguments, so its text names
 what happened and what an operator can do about it.  Errors are turned into
 exit codes (CLI) or nova exceptions (adapter) only at the edges.
 
+Every error of the package is defined here, in the module of its concern
+(``config``, ``writes``, ``host``, ``allocation``, ``journal``,
+``placement``, ``limits``, ``compute``, ``commands``; ``base`` holds the
+base class), with a name no other error has, and is used as
+``exception.<Name>``: this package exports every one.
+
 Tree::
 
     VgpuDriverError
@@ -15,6 +21,10 @@ Tree::
     ├── FakeHostMountPointInUse       fake-host serve's mount point is taken
     ├── MetricsNotWritten             metrics --output cannot write its file
     ├── MetricsNotServed              metrics serve cannot listen where asked
+    ├── InstallFilesRefused           install-units will not write its files
+    ├── DemoFailed                    a demo step failed (names the step)
+    ├── DemoDirNotEmpty               demo --dir is not empty
+    ├── NoValidHost                   the demo's scheduler found no candidate
     ├── NvmlUnavailable               nvidia-ml-py or NVIDIA's library is missing
     ├── MixedSizeModeRefused          NVML refused to switch a GPU's vGPU mode
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
@@ -37,15 +47,27 @@ Tree::
     │       └── VfTypeRefused         a vendor-VFIO VF refused the type (GPU full)
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
+    ├── UnsupportedDeviceApi          a type's device_api has no hostdev model
+    ├── UnmappedMdev                  a migrating guest's mdev the mapping lacks
+    ├── MigrationPreCheckFailed       a live migration with vGPUs refused
+    ├── SourceNotMigratable           this host cannot migrate the vGPUs
     ├── InvalidNodename               a compute node name Placement cannot take
     ├── ProviderNotOurs               a provider sync would write is not vgpu-driver's
+    ├── PlacementError                Placement refused a request
+    ├── Conflict                      HTTP 409: a generation moved, a name is taken
+    ├── PlacementUnavailable          Placement did not answer (retries spent)
+    ├── PlacementAuthUnavailable      Keystone did not answer for Placement
+    ├── PlacementAuthRefused          Keystone refused Placement's credentials
+    ├── MissingCredentials            no usable credentials for Placement
     ├── NovaIncompatible              the installed nova lacks what the adapter hooks
     ├── AllocationOutsideOperation    nova asked for vGPUs where no instance is known
+    ├── ComputeApiUnavailable         nova's API did not list the migrations
     ├── InvalidOption                 a command-line value that cannot be used
     ├── InvalidSysfsRoot              the sysfs root is missing or not sysfs
     ├── SriovRefused                  VFs of this device are not ours to change now
     ├── SriovManageFailed             NVIDIA's sriov-manage is missing or failed
     ├── SriovNotReady                 enabled VFs did not all offer mdev types in time
+    ├── LibvirtUnavailable            libvirt cannot be reached
     ├── JournalError                  the claims journal cannot be used
     │   ├── JournalMissing            no journal (and not asked to create one)
     │   ├── JournalUnreadable         empty, truncated, garbage or failed integrity
@@ -63,20 +85,29 @@ Tree::
 from vgpu_driver.exception.allocation import AllocationError
 from vgpu_driver.exception.allocation import ClaimConflict
 from vgpu_driver.exception.allocation import GpuGone
+from vgpu_driver.exception.allocation import MigrationPreCheckFailed
 from vgpu_driver.exception.allocation import MixedSizeTypeUnknown
 from vgpu_driver.exception.allocation import NoGpuCapacity
+from vgpu_driver.exception.allocation import SourceNotMigratable
 from vgpu_driver.exception.allocation import UnknownProvider
 from vgpu_driver.exception.allocation import UnknownVgpu
+from vgpu_driver.exception.allocation import UnmappedMdev
+from vgpu_driver.exception.allocation import UnsupportedDeviceApi
 from vgpu_driver.exception.allocation import VfTypeRefused
 from vgpu_driver.exception.allocation import WrongTypePresent
 from vgpu_driver.exception.base import VgpuDriverError
+from vgpu_driver.exception.commands import DemoDirNotEmpty
+from vgpu_driver.exception.commands import DemoFailed
 from vgpu_driver.exception.commands import FakeHostExists
 from vgpu_driver.exception.commands import FakeHostMountPointInUse
 from vgpu_driver.exception.commands import FakeHostNotWritten
+from vgpu_driver.exception.commands import InstallFilesRefused
 from vgpu_driver.exception.commands import MetricsNotServed
 from vgpu_driver.exception.commands import MetricsNotWritten
+from vgpu_driver.exception.commands import NoValidHost
 from vgpu_driver.exception.commands import UnknownProfile
 from vgpu_driver.exception.compute import AllocationOutsideOperation
+from vgpu_driver.exception.compute import ComputeApiUnavailable
 from vgpu_driver.exception.compute import NovaIncompatible
 from vgpu_driver.exception.config import ConfigProblem
 from vgpu_driver.exception.config import InvalidConfiguration
@@ -84,6 +115,7 @@ from vgpu_driver.exception.config import InvalidNodename
 from vgpu_driver.exception.config import InvalidOption
 from vgpu_driver.exception.config import InvalidSysfsName
 from vgpu_driver.exception.config import InvalidSysfsRoot
+from vgpu_driver.exception.host import LibvirtUnavailable
 from vgpu_driver.exception.host import MixedSizeModeRefused
 from vgpu_driver.exception.host import NvmlUnavailable
 from vgpu_driver.exception.host import SriovManageFailed
@@ -101,6 +133,12 @@ from vgpu_driver.exception.limits import KeystoneError
 from vgpu_driver.exception.limits import KeystoneRefused
 from vgpu_driver.exception.limits import KeystoneUnavailable
 from vgpu_driver.exception.limits import LimitsNotConfigured
+from vgpu_driver.exception.placement import Conflict
+from vgpu_driver.exception.placement import MissingCredentials
+from vgpu_driver.exception.placement import PlacementAuthRefused
+from vgpu_driver.exception.placement import PlacementAuthUnavailable
+from vgpu_driver.exception.placement import PlacementError
+from vgpu_driver.exception.placement import PlacementUnavailable
 from vgpu_driver.exception.placement import ProviderNotOurs
 from vgpu_driver.exception.writes import ConfigDataRefused
 from vgpu_driver.exception.writes import MdevAlreadyExists
@@ -114,19 +152,24 @@ from vgpu_driver.exception.writes import PrivilegedHelperUnavailable
 from vgpu_driver.exception.writes import PrivilegedWriteRefused
 from vgpu_driver.exception.writes import WritesNeedRoot
 
-__all__ = ["AllocationError", "AllocationOutsideOperation", "ClaimConflict", "ConfigDataRefused",
-           "ConfigProblem", "FakeHostExists", "FakeHostMountPointInUse", "FakeHostNotWritten",
-           "GpuGone", "InvalidConfiguration", "InvalidNodename", "InvalidOption",
-           "InvalidSysfsName", "InvalidSysfsRoot", "JournalError", "JournalMissing",
-           "JournalNotReadable", "JournalNotWritable", "JournalTooNew", "JournalUnreadable",
-           "JournalUnsafe", "KeystoneError", "KeystoneRefused", "KeystoneUnavailable",
-           "LimitsNotConfigured", "MdevAlreadyExists", "MdevBusy", "MdevIOError",
-           "MdevInvalidRequest", "MdevNoCapacity", "MdevParentGone", "MdevWriteError",
-           "MetricsNotServed", "MetricsNotWritten", "MixedSizeModeRefused", "MixedSizeTypeUnknown",
-           "NoGpuCapacity", "NotAStateDirectory", "NovaIncompatible", "NvmlUnavailable",
+__all__ = ["AllocationError", "AllocationOutsideOperation", "ClaimConflict",
+           "ComputeApiUnavailable", "ConfigDataRefused", "ConfigProblem", "Conflict",
+           "DemoDirNotEmpty", "DemoFailed", "FakeHostExists", "FakeHostMountPointInUse",
+           "FakeHostNotWritten", "GpuGone", "InstallFilesRefused", "InvalidConfiguration",
+           "InvalidNodename", "InvalidOption", "InvalidSysfsName", "InvalidSysfsRoot",
+           "JournalError", "JournalMissing", "JournalNotReadable", "JournalNotWritable",
+           "JournalTooNew", "JournalUnreadable", "JournalUnsafe", "KeystoneError",
+           "KeystoneRefused", "KeystoneUnavailable", "LibvirtUnavailable", "LimitsNotConfigured",
+           "MdevAlreadyExists", "MdevBusy", "MdevIOError", "MdevInvalidRequest", "MdevNoCapacity",
+           "MdevParentGone", "MdevWriteError", "MetricsNotServed", "MetricsNotWritten",
+           "MigrationPreCheckFailed", "MissingCredentials", "MixedSizeModeRefused",
+           "MixedSizeTypeUnknown", "NoGpuCapacity", "NoValidHost", "NotAStateDirectory",
+           "NovaIncompatible", "NvmlUnavailable", "PlacementAuthRefused",
+           "PlacementAuthUnavailable", "PlacementError", "PlacementUnavailable",
            "PrivilegedHelperUnavailable", "PrivilegedWriteRefused", "ProviderNotOurs",
-           "SriovManageFailed", "SriovNotReady", "SriovRefused", "UnknownProfile",
-           "UnknownProvider", "UnknownVgpu", "VfTypeRefused", "VgpuDriverError", "WritesNeedRoot",
+           "SourceNotMigratable", "SriovManageFailed", "SriovNotReady", "SriovRefused",
+           "UnknownProfile", "UnknownProvider", "UnknownVgpu", "UnmappedMdev",
+           "UnsupportedDeviceApi", "VfTypeRefused", "VgpuDriverError", "WritesNeedRoot",
            "WrongTypePresent"]
 
 # Each error's name is vgpu_driver.exception.<Name>, whichever module of the

@@ -1,5 +1,5 @@
 """Giving a guest its vGPUs: allocations that cannot be met, vGPUs that are not
-this guest's."""
+this guest's, hostdevs libvirt cannot take, migrations refused."""
 
 from vgpu_driver.exception import base
 
@@ -52,3 +52,22 @@ class UnknownVgpu(base.VgpuDriverError):
 
 class ClaimConflict(base.VgpuDriverError):
     msg_fmt = "mdev %(mdev)s is already claimed by instance %(owner)s."
+
+
+class UnsupportedDeviceApi(base.VgpuDriverError):
+    msg_fmt = ("mdev type device_api %(api)r has no libvirt hostdev model (known: "
+               "%(known)s).")
+
+
+class UnmappedMdev(base.VgpuDriverError):
+    msg_fmt = ("The domain uses mdev %(uuid)s, which the migration mapping does not "
+               "name; the destination claimed %(mapped)s. Refusing to migrate a guest "
+               "that would lose a vGPU.")
+
+
+class MigrationPreCheckFailed(base.VgpuDriverError):
+    msg_fmt = "Cannot live-migrate instance %(instance)s with vGPUs: %(reason)s"
+
+
+class SourceNotMigratable(base.VgpuDriverError):
+    msg_fmt = "Cannot live-migrate the guest's vGPUs from this host: %(reason)s"

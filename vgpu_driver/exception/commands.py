@@ -1,4 +1,5 @@
-"""What vgpu-manage's own commands refuse: fake hosts and metrics."""
+"""What vgpu-manage's own commands refuse: fake hosts, metrics, installed files,
+the demo."""
 
 from vgpu_driver.exception import base
 
@@ -27,3 +28,22 @@ class MetricsNotWritten(base.VgpuDriverError):
 
 class MetricsNotServed(base.VgpuDriverError):
     msg_fmt = "Cannot serve the metrics on %(listen)s: %(reason)s."
+
+
+class InstallFilesRefused(base.VgpuDriverError):
+    msg_fmt = "%(reason)s; nothing was written."
+
+
+class DemoFailed(base.VgpuDriverError):
+    msg_fmt = "demo step '%(step)s' failed: %(reason)s"
+
+
+class DemoDirNotEmpty(base.VgpuDriverError):
+    msg_fmt = "--dir %(path)s is not empty; give a new or empty directory"
+
+
+class NoValidHost(base.VgpuDriverError):
+    """The demo's scheduler found no allocation candidate, as nova's would."""
+
+    msg_fmt = ("Placement has no allocation candidate for %(instance)s "
+               "(GET /allocation_candidates?%(query)s)")

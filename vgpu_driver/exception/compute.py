@@ -1,4 +1,4 @@
-"""nova-compute, as the adapter finds it."""
+"""nova: nova-compute as the adapter finds it, and nova's API."""
 
 from vgpu_driver.exception import base
 
@@ -19,3 +19,8 @@ class AllocationOutsideOperation(base.VgpuDriverError):
                "knows (spawn, resize, migration, hard reboot); refused rather than "
                "handing out vGPUs no claim records. This vgpu-driver supports "
                "%(supported)s.")
+
+
+class ComputeApiUnavailable(base.VgpuDriverError):
+    msg_fmt = ("nova's API did not list the migrations of host %(host)s (%(reason)s); "
+               "moves under way cannot be told apart")

@@ -1,4 +1,4 @@
-"""The host's other parts: NVIDIA's library, SR-IOV and its script."""
+"""The host's other parts: NVIDIA's library, SR-IOV and its script, libvirt."""
 
 from vgpu_driver.exception import base
 
@@ -27,3 +27,8 @@ class SriovNotReady(base.VgpuDriverError):
     msg_fmt = ("%(address)s: after %(waited).0fs, %(ready)d of %(numvfs)d VFs offer mdev "
                "types or NVIDIA's vGPU files; check that the NVIDIA vGPU manager "
                "(nvidia-vgpu-mgr.service) runs and the kernel log, or wait longer (--wait).")
+
+
+class LibvirtUnavailable(base.VgpuDriverError):
+    msg_fmt = ("Cannot reach libvirt at %(uri)s: %(reason)s. Without it, mdevs used by "
+               "guests cannot be told from free ones.")

@@ -22,8 +22,8 @@ and traits these are).
 from vgpu_driver.placement.client import MICROVERSION
 from vgpu_driver.placement.client import Client
 from vgpu_driver.placement.client import Conflict
-from vgpu_driver.placement.client import KeystoneRefused
-from vgpu_driver.placement.client import KeystoneUnavailable
+from vgpu_driver.placement.client import PlacementAuthRefused
+from vgpu_driver.placement.client import PlacementAuthUnavailable
 from vgpu_driver.placement.client import PlacementError
 from vgpu_driver.placement.client import PlacementUnavailable
 from vgpu_driver.placement.client import exact_name_match
@@ -42,8 +42,8 @@ from vgpu_driver.placement.sync import Known
 from vgpu_driver.placement.sync import ProviderSync
 from vgpu_driver.placement.sync import SyncReport
 
-__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "KeystoneRefused",
-           "KeystoneUnavailable", "Known", "MANAGED_TRAIT_PREFIXES", "MICROVERSION",
-           "OWNER_TRAIT", "PlacementError", "PlacementUnavailable", "ProviderSync",
+__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "Known",
+           "MANAGED_TRAIT_PREFIXES", "MICROVERSION", "OWNER_TRAIT", "PlacementAuthRefused",
+           "PlacementAuthUnavailable", "PlacementError", "PlacementUnavailable", "ProviderSync",
            "SyncReport", "exact_name_match", "fully_reserved", "is_managed_trait", "is_ours",
            "is_vanished_gpu_provider", "query_url", "why_unwanted", "with_managed_traits"]
