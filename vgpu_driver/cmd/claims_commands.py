@@ -16,7 +16,7 @@ from vgpu_driver import host_reconciler
 from vgpu_driver import names
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 
 COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "exists", "stuck_for")
 DROP_COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "result", "reason")
@@ -104,7 +104,7 @@ class RestoreClaims(base.FailableLister):
     def take_action(self, parsed_args):
         if parsed_args.instance is not None:
             _instance_uuid(parsed_args.instance)
-        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        _manager, reconciler = self.app.lifecycle(host_view.load_mdev_config(self.app))
         outcomes = reconciler.restore(instance_uuid=parsed_args.instance)
         # Here a parent not there yet is a failure: nobody retries it.
         self.failed = any(o.result in ("failed", "waiting") for o in outcomes)

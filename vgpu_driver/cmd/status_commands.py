@@ -22,7 +22,7 @@ from vgpu_driver import libvirt_host
 from vgpu_driver import status
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 from vgpu_driver.cmd import status_screen
 
 COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
@@ -122,7 +122,7 @@ class Sources:
 
 def read_sources(app):
     """:class:`Sources`: every source read exactly once."""
-    config = host_commands.load_mdev_config(app)
+    config = host_view.load_mdev_config(app)
     host = app.open_host()
     snapshot = discovery.discover(host)
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
