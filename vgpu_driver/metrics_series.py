@@ -11,8 +11,8 @@ from prometheus_client import core
 from vgpu_driver import __version__
 from vgpu_driver import audit
 from vgpu_driver import claims
-from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
+from vgpu_driver import reconciler_state
 
 PREFIX = "vgpu"
 GPU_LABELS = ("gpu", "provider", "type", "resource_class", "model")
@@ -142,11 +142,11 @@ def _claim_families(reading):
 
 def _reconciler_families(reading):
     state = reading.reconciler
-    running = host_reconciler.is_running(state)
+    running = reconciler_state.is_running(state)
     up = _gauge("reconciler_up", "1 while the process that runs the host reconciler "
                 "(nova-compute) is alive.")
     up.add_metric([], 1 if running else 0)
-    stuck = host_reconciler.removals_in_flight(state, reading.now)
+    stuck = reconciler_state.removals_in_flight(state, reading.now)
     removals = _gauge("removals_stuck", "vGPU removals the kernel blocks (a guest's QEMU "
                       "still holds the device).")
     removals.add_metric([], len(stuck))
