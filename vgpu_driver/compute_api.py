@@ -24,11 +24,6 @@ ENDED = frozenset({"confirmed", "reverted", "completed", "done", "cancelled", "e
                    "failed"})
 
 
-class ComputeApiUnavailable(exception.VgpuDriverError):
-    msg_fmt = ("nova's API did not list the migrations of host %(host)s (%(reason)s); "
-               "moves under way cannot be told apart")
-
-
 def moves_from(migrations, host):
     """``{migration uuid: instance uuid}`` of the moves under way to or
     from ``host``, from ``GET /os-migrations``'s entries."""
@@ -54,6 +49,6 @@ def moves_on(connection, host):
                            microversion=MICROVERSION, raise_exc=True)
         migrations = response.json()["migrations"]
     except (ks_exceptions.ClientException, ValueError, KeyError) as exc:
-        raise ComputeApiUnavailable(host=host, reason=f"{type(exc).__name__}: {exc}") \
+        raise exception.ComputeApiUnavailable(host=host, reason=f"{type(exc).__name__}: {exc}") \
             from exc
     return moves_from(migrations, host)

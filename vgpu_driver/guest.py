@@ -14,23 +14,13 @@ XML is never assembled from strings.
 
 from lxml import etree
 
-from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver.exception import UnmappedMdev
+from vgpu_driver.exception import UnsupportedDeviceApi
 
 MODELS = {"vfio-pci": "vfio-pci", "vfio-ccw": "vfio-ccw", "vfio-ap": "vfio-ap"}
 _MDEV_XPATH = "./devices/hostdev[@type='mdev']"
 _PCI_XPATH = "./devices/hostdev[@type='pci']"
-
-
-class UnmappedMdev(exception.VgpuDriverError):
-    msg_fmt = ("The domain uses mdev %(uuid)s, which the migration mapping does not "
-               "name; the destination claimed %(mapped)s. Refusing to migrate a guest "
-               "that would lose a vGPU.")
-
-
-class UnsupportedDeviceApi(exception.VgpuDriverError):
-    msg_fmt = ("mdev type device_api %(api)r has no libvirt hostdev model (known: "
-               "%(known)s).")
 
 
 def parse(xml):

@@ -22,17 +22,17 @@ driver adds, such as settling libvirt's mdev definitions) happens here, in
 * A step's exception is logged with its context, recorded as the last
   error, and the pass goes on with the next step; the worker never dies.
 * What it did is written after every pass to ``reconciler.json`` in the
-  state directory, for ``vgpu-manage status`` (another process) to show.
+  state directory, for ``vgpu-manage status`` (another process) to show
+  (:mod:`vgpu_driver.reconciler_state`).
 """
 
-import dataclasses
 import os
 import threading
 import time
 
 from oslo_log import log as logging
 
-from vgpu_driver import state_files
+from vgpu_driver import reconciler_state
 from vgpu_driver import takeover
 from vgpu_driver import unused_claims
 
@@ -44,24 +44,11 @@ TICK = "tick"
 UDEV = "udev"
 REMOVAL_DONE = "removal-done"
 
-STATE_FILE = "reconciler.json"
-
 # While vGPUs wait for parents and udev cannot say when they come, how
 # often to look again (the vendor enables VFs seconds after boot).
 _WAITING_POLL = 1.0
 # How long a pass waits for the removals it starts (the rest stays in flight).
 _REMOVAL_WAIT = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class PassReport:
-    """One pass: why, when, how long, what the restore found, what failed."""
-
-    reasons: tuple[str, ...]
-    started_at: float
-    duration: float
-    restore: tuple = ()            # reconcile.Outcome of each missing vGPU
-    errors: tuple[str, ...] = ()
 
 
 class HostReconciler:
@@ -80,7 +67,8 @@ class HostReconciler:
         self.changes = changes
         self.discovery = discovery
         self.clock = clock
-        self.state_path = os.path.join(state_dir, STATE_FILE) if state_dir else None
+        self.state_path = (os.path.join(state_dir, reconciler_state.STATE_FILE)
+                           if state_dir else None)
         self._extra_steps = []
         #: ``keeper(instance uuids)`` -> those whose claims no pass drops
         #: though no domain uses them: an operation is under way on them,
@@ -188,8 +176,8 @@ class HostReconciler:
                 if name == "restore":
                     restore = result
             self.passes += 1
-            self.last = PassReport(reasons, started, time.monotonic() - began, restore,
-                                   tuple(errors))
+            self.last = reconciler_state.PassReport(
+                reasons, started, time.monotonic() - began, restore, tuple(errors))
             self._save_state()
         return self.last
 
@@ -298,89 +286,9 @@ class HostReconciler:
 
     def state(self):
         """What ``reconciler.json`` holds: JSON-ready."""
-        last = self.last
         with self._cond:
             queued = sorted(self._reasons)
-        return {
-            "pid": os.getpid(),
-            "written_at": self.clock(),
-            "passes": self.passes,
-            "errors": self.errors,
-            "queued": queued,
-            "last_pass": None if last is None else {
-                "reasons": list(last.reasons), "started_at": last.started_at,
-                "duration": last.duration, "errors": list(last.errors)},
-            "last_error": None if self.last_error is None else dict(
-                zip(("at", "step", "message"), self.last_error, strict=True)),
-            "last_update": None if self.last_update is None else dict(
-                zip(("started_at", "duration"), self.last_update, strict=True)),
-            "removals_in_flight": self.manager.removals.in_flight(),
-            "waiting_for_parent": dict(self.waiting),
-        }
+        return reconciler_state.record(self, queued)
 
     def _save_state(self):
-        if self.state_path is None:
-            return
-        try:
-            state_files.write(self.state_path, self.state())
-        except OSError as exc:
-            LOG.warning("Could not write %s: %s", self.state_path, exc)
-
-
-def read_state(state_dir):
-    """What the host reconciler last wrote (None if it never ran here)."""
-    return state_files.read(os.path.join(state_dir, STATE_FILE))
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True     # someone else's process: it exists
-    return True
-
-
-def is_running(state):
-    """Whether the process that wrote ``state`` (:func:`read_state`) still runs."""
-    return bool(state) and "unreadable" not in state and _alive(
-        int(state.get("pid", 0)) or -1)
-
-
-def removals_in_flight(state, now):
-    """``{vgpu: seconds its removal has been blocked}`` from what the host
-    reconciler wrote, if the process that wrote it still runs."""
-    if not is_running(state):
-        return {}
-    return {vgpu: max(now - started, 0.0)
-            for vgpu, started in state.get("removals_in_flight", {}).items()}
-
-
-def describe(state, now):
-    """One line about the host reconciler, for ``status`` (None if it never
-    ran on this host: nova-compute starts it)."""
-    if state is None:
-        return None
-    if "unreadable" in state:
-        return f"reconciler: state unreadable ({state['unreadable']})"
-    if not is_running(state):
-        return (f"reconciler: not running (its service, pid {state.get('pid')}, is gone; "
-                f"last written {now - state.get('written_at', now):.0f}s ago)")
-    parts = [f"reconciler: {state.get('passes', 0)} pass(es)"]
-    last = state.get("last_pass")
-    if last:
-        parts.append(f"last {now - last['started_at']:.0f}s ago for "
-                     f"{', '.join(last['reasons'])} in {last['duration'] * 1000:.0f} ms")
-    parts.append(f"queue {len(state.get('queued', []))}")
-    stuck = removals_in_flight(state, now)
-    if stuck:
-        parts.append(f"{len(stuck)} stuck removal(s), oldest {max(stuck.values()):.0f}s")
-    waiting = state.get("waiting_for_parent", {})
-    if waiting:
-        parts.append(f"{len(waiting)} vGPU(s) waiting for their parent")
-    error = state.get("last_error")
-    if error:
-        parts.append(f"last error {now - error['at']:.0f}s ago in {error['step']}: "
-                     f"{error['message']}")
-    return "; ".join(parts)
+        reconciler_state.save(self.state_path, self.state())

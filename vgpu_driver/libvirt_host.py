@@ -22,18 +22,13 @@ from types import MappingProxyType
 from oslo_log import log as logging
 
 from vgpu_driver import domains
-from vgpu_driver import exception
 from vgpu_driver import guest
+from vgpu_driver.exception import LibvirtUnavailable
 
 LOG = logging.getLogger(__name__)
 
 _event_loop_lock = threading.Lock()
 _event_loop_started = False
-
-
-class LibvirtUnavailable(exception.VgpuDriverError):
-    msg_fmt = ("Cannot reach libvirt at %(uri)s: %(reason)s. Without it, mdevs used by "
-               "guests cannot be told from free ones.")
 
 
 def _libvirt(uri):

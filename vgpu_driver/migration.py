@@ -19,11 +19,12 @@ from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import discovery
-from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
+from vgpu_driver.exception import MigrationPreCheckFailed
+from vgpu_driver.exception import SourceNotMigratable
 from vgpu_driver.placement import ownership
 
 LOG = logging.getLogger(__name__)
@@ -33,14 +34,6 @@ MIN_KERNEL = (5, 18, 0)   # VFIO migration's v2 protocol
 # supports the P2P quiescent state (QEMU reads that from the device when the
 # guest starts; one without it blocks the migration as it begins).
 MIN_QEMU_SEVERAL_VFIO = (8, 2, 0)
-
-
-class MigrationPreCheckFailed(exception.VgpuDriverError):
-    msg_fmt = "Cannot live-migrate instance %(instance)s with vGPUs: %(reason)s"
-
-
-class SourceNotMigratable(exception.VgpuDriverError):
-    msg_fmt = "Cannot live-migrate the guest's vGPUs from this host: %(reason)s"
 
 
 def _dotted(version):

@@ -12,7 +12,7 @@ them side by side, so the view cannot disagree with ``inventory``,
 import dataclasses
 
 from vgpu_driver import claims
-from vgpu_driver import host_reconciler
+from vgpu_driver import reconciler_state
 from vgpu_driver import sriov
 
 BAR_WIDTH = 10
@@ -215,5 +215,5 @@ def of_host(nodename, snapshot, tree, claim_list, users, reconciler, now, maps=N
     ``now``: ``status`` and the metrics build the same view this way (``maps``:
     see :func:`assemble`)."""
     return assemble(nodename, snapshot, tree, claim_list, users, sriov.functions_in(snapshot),
-                    stuck=host_reconciler.removals_in_flight(reconciler, now),
-                    reconciler=host_reconciler.describe(reconciler, now), maps=maps)
+                    stuck=reconciler_state.removals_in_flight(reconciler, now),
+                    reconciler=reconciler_state.describe(reconciler, now), maps=maps)

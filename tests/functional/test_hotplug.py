@@ -23,6 +23,7 @@ from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.fake import fakekernel
+from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import udev
 
@@ -251,7 +252,7 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
 def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path):
     host = make_host("a100-sriov")
     vgpu = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
-    assert isinstance(vgpu.changes, udev.Polling)
+    assert isinstance(vgpu.changes, changes.Polling)
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     got = vgpu.allocate("g", {"rp": {"resources": {"VGPU": 1}}}, providers)
     vgpu.domains.define("g", got)

@@ -14,8 +14,8 @@ from tests.unit import test_cli_status
 from tests.unit import test_host_reconciler
 from vgpu_driver import audit
 from vgpu_driver import claims
-from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
+from vgpu_driver import reconciler_state
 from vgpu_driver.cmd import manage
 from vgpu_driver.cmd import metrics_commands
 
@@ -192,7 +192,7 @@ def test_reconciler_series_come_from_nova_computes_reconciler(
                             "--state-dir", str(tmp_path / "state"),
                             "--libvirt-uri", "test:///default", "metrics"]) == 0
     found = samples(out.getvalue())
-    state = host_reconciler.read_state(str(tmp_path / "state"))
+    state = reconciler_state.read(str(tmp_path / "state"))
     assert value(found, "vgpu_reconciler_up") == 1
     assert value(found, "vgpu_removals_stuck") == 1
     assert value(found, "vgpu_removals_stuck_oldest_seconds") >= 0
@@ -244,7 +244,7 @@ def test_unreadable_state_files_are_warned_of_not_hidden(busy_t4, cli, tmp_path)
     host, ids, inst, uri = busy_t4
     state = tmp_path / "state"
     (state / audit.RECORD_FILE).write_text("{half a record")
-    (state / host_reconciler.STATE_FILE).write_text("")
+    (state / reconciler_state.STATE_FILE).write_text("")
     code, out, err = cli("--sysfs-root", host.paths.root, "metrics", uri=uri)
     assert code == 0
     warnings = err.splitlines()
@@ -255,4 +255,4 @@ def test_unreadable_state_files_are_warned_of_not_hidden(busy_t4, cli, tmp_path)
     assert value(found, "vgpu_reconciler_up") == 0
     assert not [k for k in found if k[0] == "vgpu_placement_drift"]
     assert (state / audit.RECORD_FILE).read_text() == "{half a record"
-    assert (state / host_reconciler.STATE_FILE).read_text() == ""
+    assert (state / reconciler_state.STATE_FILE).read_text() == ""

@@ -15,6 +15,7 @@ import uuid
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import host_reconciler
+from vgpu_driver import reconciler_state
 from vgpu_driver.cmd import manage
 
 A100 = "0000:41:00.0"
@@ -78,9 +79,9 @@ def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(
     assert [c.state for c in vgpu.journal.claims()] == [claims.RELEASING]
 
     # Shown as stuck, with its age, to another process.
-    state = host_reconciler.read_state(vgpu.conf.vgpu.state_dir)
-    assert list(host_reconciler.removals_in_flight(state, time.time())) == [held]
-    assert "1 stuck removal(s)" in host_reconciler.describe(state, time.time())
+    state = reconciler_state.read(vgpu.conf.vgpu.state_dir)
+    assert list(reconciler_state.removals_in_flight(state, time.time())) == [held]
+    assert "1 stuck removal(s)" in reconciler_state.describe(state, time.time())
 
     host.release(held)                        # QEMU exits: the writer returns
     assert wait_for(lambda: not vgpu.manager.removals.in_flight())
@@ -215,9 +216,9 @@ def test_a_failing_step_is_logged_and_the_pass_and_worker_go_on(
     monkeypatch.undo()
     assert vgpu.worker.run_now(host_reconciler.PERIODIC)
     assert vgpu.worker.last.errors == ()
-    state = host_reconciler.read_state(vgpu.conf.vgpu.state_dir)
+    state = reconciler_state.read(vgpu.conf.vgpu.state_dir)
     assert state["last_error"]["step"] == "stale types" and state["passes"] >= 3
-    assert "last error" in host_reconciler.describe(state, time.time())
+    assert "last error" in reconciler_state.describe(state, time.time())
 
 
 def test_reasons_arriving_during_a_pass_make_one_more_pass(make_host, make_driver):

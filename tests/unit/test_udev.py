@@ -1,6 +1,7 @@
 """What a udev event means for the GPUs, and the polling stand-in."""
 
 from vgpu_driver.fake import uevents
+from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import udev
 
@@ -43,10 +44,10 @@ def test_no_udev_means_polling_and_says_why(make_host):
     assert udev.start(host, "off").reason == "[vgpu] hotplug_events is off"
     # A tree that is not the kernel's sysfs: udev speaks of other devices.
     polling = udev.start(linux.LinuxSysfs(host.paths.root), "auto")
-    assert isinstance(polling, udev.Polling) and "is not the kernel's" in polling.reason
+    assert isinstance(polling, changes.Polling) and "is not the kernel's" in polling.reason
     assert polling.take_changes().everything
     assert polling.waiter().wait(0.01) is False
-    assert isinstance(udev.start(object(), "udev"), udev.Polling)
+    assert isinstance(udev.start(object(), "udev"), changes.Polling)
 
 
 def test_the_udev_message_header_is_libudevs():

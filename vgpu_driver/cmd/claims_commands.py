@@ -12,11 +12,11 @@ from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import exception
-from vgpu_driver import host_reconciler
 from vgpu_driver import names
+from vgpu_driver import reconciler_state
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 
 COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "exists", "stuck_for")
 DROP_COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "result", "reason")
@@ -59,7 +59,7 @@ class InitClaims(base.Command):
 
     def take_action(self, parsed_args):
         claims.check_new_state_dir(self.app.conf.vgpu.state_dir,
-                                   also_ours=(host_reconciler.STATE_FILE,
+                                   also_ours=(reconciler_state.STATE_FILE,
                                               audit.RECORD_FILE))
         journal = self.app.journal(create=True)
         count = len(journal.claims())
@@ -83,8 +83,8 @@ class ListClaims(base.Lister):
         journal = self.app.journal()
         present = {v.id for v in snapshot.vgpus}
         now = time.time()
-        stuck = host_reconciler.removals_in_flight(
-            host_reconciler.read_state(self.app.conf.vgpu.state_dir), now)
+        stuck = reconciler_state.removals_in_flight(
+            reconciler_state.read(self.app.conf.vgpu.state_dir), now)
         rows = [(c.instance_uuid, c.mdev_uuid, c.gpu, c.type_id, c.state,
                  round(now - c.created_at, 1), c.mdev_uuid in present,
                  round(stuck[c.mdev_uuid], 1) if c.mdev_uuid in stuck else None)
@@ -104,7 +104,7 @@ class RestoreClaims(base.FailableLister):
     def take_action(self, parsed_args):
         if parsed_args.instance is not None:
             _instance_uuid(parsed_args.instance)
-        _manager, reconciler = self.app.lifecycle(host_commands.load_mdev_config(self.app))
+        _manager, reconciler = self.app.lifecycle(host_view.load_mdev_config(self.app))
         outcomes = reconciler.restore(instance_uuid=parsed_args.instance)
         # Here a parent not there yet is a failure: nobody retries it.
         self.failed = any(o.result in ("failed", "waiting") for o in outcomes)

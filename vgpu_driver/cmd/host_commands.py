@@ -2,14 +2,12 @@
 
 
 from vgpu_driver import discovery
-from vgpu_driver import exception
 from vgpu_driver import host_probe
-from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.cmd import host_view
 
 
 class ListTypes(base.Lister):
@@ -69,58 +67,6 @@ class ListMdevs(base.Lister):
         return cols, [columns.optional(r) for r in rows]
 
 
-def load_mdev_config(app):
-    config, problems = mdev_types.load(app.conf)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise exception.InvalidConfiguration(errors)
-    for problem in problems:
-        app.LOG.warning("%s", problem)
-    return config
-
-
-def in_use(app, snapshot, view=False):
-    """vGPU ids (mdev UUIDs, VF addresses) guests or claims reference, or None
-    when libvirt is unreachable.  ``view``: a read-only view, which works
-    without a journal (see ``view_journal``)."""
-    journal = app.view_journal(snapshot) if view else app.journal(snapshot)
-    claimed = {c.mdev_uuid for c in journal.claims()} if journal else set()
-    try:
-        return claimed | set(app.domains().mdev_users())
-    except libvirt_host.LibvirtUnavailable as exc:
-        app.LOG.warning("%s", exc)
-        return None
-
-
-def desired_tree(app, sync=None):
-    """``(ProviderTree, snapshot)``: the providers this host's GPUs should have.
-
-    With ``sync`` (a ProviderSync), claims Placement does not count are
-    reserved, as nova-compute reserves them.
-    """
-    config = load_mdev_config(app)
-    host = app.open_host()
-    snapshot = discovery.discover(host)
-    boards = inventory.read_boards(host, snapshot, config)
-    unallocated = _claims_placement_lacks(app, snapshot, sync, boards) if sync else None
-    return (inventory.compute(snapshot, config, app.options.nodename,
-                              in_use(app, snapshot, view=sync is None), unallocated, boards),
-            snapshot)
-
-
-def _claims_placement_lacks(app, snapshot, sync, boards):
-    journal = app.journal(snapshot)
-    claim_list = journal.claims() if journal else []
-    if not claim_list:
-        return {}
-    nodename = app.options.nodename
-    sync.observe(inventory.ProviderTree(root_name=nodename, providers=()))
-    return inventory.claims_placement_lacks(
-        claim_list, nodename,
-        lambda name: sync.allocations(name) if name in sync.known else {},
-        inventory.claim_units(boards))
-
-
 def _types_text(provider):
     """A provider's type; a mixed-size board's types, each with its MiB."""
     if not provider.mixed:
@@ -132,7 +78,7 @@ class ShowInventory(base.Lister):
     """Show the provider each physical GPU gets, as it would be reported."""
 
     def take_action(self, parsed_args):
-        tree, snapshot = desired_tree(self.app)
+        tree, snapshot = host_view.desired_tree(self.app)
         unoffered = host_probe.unoffered_gpus(self.app.open_host(), snapshot)
         if unoffered:
             self.app.stderr.write(f"warning: {unoffered}\n")

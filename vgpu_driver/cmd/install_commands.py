@@ -32,10 +32,6 @@ NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.servi
               "systemctl enable --now vgpu-driver-metrics.service)")
 
 
-class InstallFilesRefused(exception.VgpuDriverError):
-    msg_fmt = "%(reason)s; nothing was written."
-
-
 class InstallUnits(base.Lister):
     """Write the systemd units and the sudo rule for this host; list what was written."""
 
@@ -65,11 +61,11 @@ class InstallUnits(base.Lister):
         files = host_files.render(settings)
         root = parsed_args.root
         if not os.path.isdir(root):
-            raise InstallFilesRefused(reason=f"--root {root} is not a directory")
+            raise exception.InstallFilesRefused(reason=f"--root {root} is not a directory")
         _check_user(root, settings.user)
         missing = host_files.missing_scripts(settings.bin_dir)
         if missing:
-            raise InstallFilesRefused(
+            raise exception.InstallFilesRefused(
                 reason=f"{settings.bin_dir} has no {', '.join(missing)} (give --bin-dir, "
                        f"the bin/ of the environment nova and vgpu-driver are in)")
         _check_root_only(host_files.root_reads(settings) +
@@ -79,8 +75,9 @@ class InstallUnits(base.Lister):
         replaced = [target for _f, target, result in plan if result == "replaced"]
         if replaced and not parsed_args.force:
             verb = "differs" if len(replaced) == 1 else "differ"
-            raise InstallFilesRefused(reason=f"{', '.join(replaced)} {verb} from what "
-                                             f"would be written (--force replaces them)")
+            raise exception.InstallFilesRefused(
+                reason=f"{', '.join(replaced)} {verb} from what would be written (--force "
+                       f"replaces them)")
         _check_sudoers(files[0])
         rows = []
         for file, target, result in plan:
@@ -126,7 +123,7 @@ def _check_root_only(paths):
         for each in [path] + root_only.interpreter_paths(path):
             found += [p for p in root_only.problems(each) if p not in found]
     if found:
-        raise InstallFilesRefused(
+        raise exception.InstallFilesRefused(
             reason="root would run or read what another user can replace: " + "; ".join(found)
                    + " (install vgpu-driver's environment and configuration as root, "
                      "writable by root alone)")
@@ -150,8 +147,8 @@ def _check_sudoers(file):
     visudo = shutil.which("visudo") or next(
         (p for p in ("/usr/sbin/visudo", "/sbin/visudo") if os.access(p, os.X_OK)), None)
     if visudo is None:
-        raise InstallFilesRefused(reason="visudo is not installed, so the sudo rule "
-                                         "cannot be checked (install sudo first)")
+        raise exception.InstallFilesRefused(reason="visudo is not installed, so the sudo rule "
+                                                   "cannot be checked (install sudo first)")
     with tempfile.NamedTemporaryFile("w", suffix=".sudoers", encoding="utf-8") as draft:
         draft.write(file.text)
         draft.flush()
@@ -159,7 +156,7 @@ def _check_sudoers(file):
                                  text=True, check=False)
     if checked.returncode != 0:
         detail = " ".join((checked.stderr or checked.stdout).split())
-        raise InstallFilesRefused(reason=f"visudo refused the sudo rule: {detail}")
+        raise exception.InstallFilesRefused(reason=f"visudo refused the sudo rule: {detail}")
 
 
 def _write(target, file):

@@ -11,7 +11,7 @@ import logging
 from vgpu_driver import limits
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 from vgpu_driver.conf import limits as limits_conf
 
 COLUMNS = ("resource_name", "default_limit", "status")
@@ -26,7 +26,7 @@ def _registered_limits(app):
 
 
 def _names(app):
-    return limits.resource_names(host_commands.load_mdev_config(app))
+    return limits.resource_names(host_view.load_mdev_config(app))
 
 
 def _listing(rows):

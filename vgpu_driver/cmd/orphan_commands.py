@@ -9,7 +9,7 @@ from vgpu_driver import discovery
 from vgpu_driver import reconcile
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 
 COLUMNS = ("uuid", "parent", "gpu", "type", "kind", "age")
 
@@ -21,7 +21,7 @@ def _reconciler(app):
     if app.journal(discovery.discover(app.open_host())) is None:
         app.domains().mdev_users()   # still refuse to run blind
         return None
-    return app.lifecycle(host_commands.load_mdev_config(app))[1]
+    return app.lifecycle(host_view.load_mdev_config(app))[1]
 
 
 def _add_grace(parser):

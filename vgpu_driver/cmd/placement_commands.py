@@ -10,10 +10,11 @@ import time
 
 from vgpu_driver import audit as audit_mod
 from vgpu_driver import compute_api
+from vgpu_driver import exception
 from vgpu_driver import placement
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 from vgpu_driver.conf import placement as placement_conf
 
 
@@ -34,7 +35,7 @@ class Sync(base.Lister):
 
     def take_action(self, parsed_args):
         sync = _sync(self.app)
-        tree, _snapshot = host_commands.desired_tree(self.app, sync)
+        tree, _snapshot = host_view.desired_tree(self.app, sync)
         report = sync.sync(tree, dry_run=parsed_args.dry_run)
         verb = "would make" if parsed_args.dry_run else "made"
         self.app.stderr.write(
@@ -57,7 +58,7 @@ class Audit(base.Lister):
     def take_action(self, parsed_args):
         connection = placement_conf.connection(self.app.conf)
         sync = _sync(self.app, connection)
-        tree, snapshot = host_commands.desired_tree(self.app, sync)
+        tree, snapshot = host_view.desired_tree(self.app, sync)
         journal = self.app.journal(snapshot)
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
@@ -84,7 +85,7 @@ class Audit(base.Lister):
         nova cannot say."""
         try:
             return compute_api.moves_on(connection, host)
-        except compute_api.ComputeApiUnavailable as exc:
+        except exception.ComputeApiUnavailable as exc:
             self.app.stderr.write(f"warning: {exc}; an allocation a resize awaiting "
                                   f"confirmation holds shows as drift.\n")
             return {}

@@ -17,7 +17,7 @@ from vgpu_driver import sriov
 from vgpu_driver import sriov_manage
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 from vgpu_driver.sysfs import udev
 
 DEFAULT_WAIT = 60.0
@@ -68,7 +68,7 @@ class Status(base.Lister):
 def _configured(app, host):
     """SR-IOV GPUs the config gives a type (device_addresses, device_ids)."""
     snapshot = discovery.discover(host)
-    served = inventory.configured_types(snapshot, host_commands.load_mdev_config(app))
+    served = inventory.configured_types(snapshot, host_view.load_mdev_config(app))
     return [gpu.address for gpu in snapshot.gpus
             if discovery.is_sriov_gpu(gpu.pci) and gpu.address in served]
 
@@ -151,7 +151,7 @@ class Enable(base.Command):
         several types go to mixed-size mode, which NVIDIA's driver forgets
         at every enablement (and cannot take before the VFs come)."""
         served = inventory.configured_types(discovery.discover(host),
-                                            host_commands.load_mdev_config(self.app))
+                                            host_view.load_mdev_config(self.app))
         for address in addresses:
             types = served.get(address, ())
             if len(types) < 2:

@@ -16,13 +16,13 @@ from cliff import columns as cliff_columns
 from vgpu_driver import discovery
 from vgpu_driver import framebuffer
 from vgpu_driver import host_probe
-from vgpu_driver import host_reconciler
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
+from vgpu_driver import reconciler_state
 from vgpu_driver import status
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
-from vgpu_driver.cmd import host_commands
+from vgpu_driver.cmd import host_view
 from vgpu_driver.cmd import status_screen
 
 COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
@@ -122,7 +122,7 @@ class Sources:
 
 def read_sources(app):
     """:class:`Sources`: every source read exactly once."""
-    config = host_commands.load_mdev_config(app)
+    config = host_view.load_mdev_config(app)
     host = app.open_host()
     snapshot = discovery.discover(host)
     inventory.check_nodename(app.options.nodename, snapshot)  # before the journal opens
@@ -134,7 +134,7 @@ def read_sources(app):
     boards = inventory.read_boards(host, snapshot, config)
     tree = inventory.compute(snapshot, config, app.options.nodename,
                              status.in_use(claim_list, users), boards=boards)
-    worker = host_reconciler.read_state(app.conf.vgpu.state_dir) if journal else None
+    worker = reconciler_state.read(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
     view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now,
                           maps=framebuffer.map_boards(host, snapshot, tree, boards))

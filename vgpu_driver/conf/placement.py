@@ -45,12 +45,6 @@ def _unique(options):
     return unique
 
 
-class MissingCredentials(exception.VgpuDriverError):
-    msg_fmt = ("No usable credentials for Placement (%(reason)s): set [placement] auth_type, "
-               "auth_url, username, password, project_name ... as for nova-compute, or the "
-               "OS_* variables / OS_CLOUD.")
-
-
 def connection(conf):
     """An openstacksdk Connection to Placement from ``[placement]`` or OS_*;
     MissingCredentials names what is lacking."""
@@ -60,7 +54,7 @@ def connection(conf):
     try:
         return _connection(conf, openstack)
     except (ks_exceptions.ClientException, sdk_exceptions.SDKException) as exc:
-        raise MissingCredentials(reason=str(exc)) from exc
+        raise exception.MissingCredentials(reason=str(exc)) from exc
 
 
 def _connection(conf, openstack):

@@ -14,20 +14,23 @@ the host's vGPU manager changes; any other trait on a provider (an
 operator's) is kept.
 
 The package's parts: :mod:`~vgpu_driver.placement.client` (requests,
-retries, microversion), :mod:`~vgpu_driver.placement.sync` (generations,
-minimal writes) and :mod:`~vgpu_driver.placement.ownership` (whose providers
-and traits these are).
+retries, microversion), :mod:`~vgpu_driver.placement.observed` (the tree
+as Placement holds it, read by generation), :mod:`~vgpu_driver.placement.sync`
+(minimal writes) and :mod:`~vgpu_driver.placement.ownership` (whose
+providers and traits these are).
 """
 
 from vgpu_driver.placement.client import MICROVERSION
 from vgpu_driver.placement.client import Client
 from vgpu_driver.placement.client import Conflict
-from vgpu_driver.placement.client import KeystoneRefused
-from vgpu_driver.placement.client import KeystoneUnavailable
+from vgpu_driver.placement.client import PlacementAuthRefused
+from vgpu_driver.placement.client import PlacementAuthUnavailable
 from vgpu_driver.placement.client import PlacementError
 from vgpu_driver.placement.client import PlacementUnavailable
 from vgpu_driver.placement.client import exact_name_match
 from vgpu_driver.placement.client import query_url
+from vgpu_driver.placement.observed import Known
+from vgpu_driver.placement.observed import SyncReport
 from vgpu_driver.placement.ownership import FOREIGN_OWNER_TRAITS
 from vgpu_driver.placement.ownership import MANAGED_TRAIT_PREFIXES
 from vgpu_driver.placement.ownership import OWNER_TRAIT
@@ -38,12 +41,10 @@ from vgpu_driver.placement.ownership import is_ours
 from vgpu_driver.placement.ownership import is_vanished_gpu_provider
 from vgpu_driver.placement.ownership import why_unwanted
 from vgpu_driver.placement.ownership import with_managed_traits
-from vgpu_driver.placement.sync import Known
 from vgpu_driver.placement.sync import ProviderSync
-from vgpu_driver.placement.sync import SyncReport
 
-__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "KeystoneRefused",
-           "KeystoneUnavailable", "Known", "MANAGED_TRAIT_PREFIXES", "MICROVERSION",
-           "OWNER_TRAIT", "PlacementError", "PlacementUnavailable", "ProviderSync",
+__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "Known",
+           "MANAGED_TRAIT_PREFIXES", "MICROVERSION", "OWNER_TRAIT", "PlacementAuthRefused",
+           "PlacementAuthUnavailable", "PlacementError", "PlacementUnavailable", "ProviderSync",
            "SyncReport", "exact_name_match", "fully_reserved", "is_managed_trait", "is_ours",
            "is_vanished_gpu_provider", "query_url", "why_unwanted", "with_managed_traits"]

@@ -13,35 +13,13 @@ from urllib import parse
 from keystoneauth1 import adapter as ks_adapter
 from keystoneauth1 import exceptions as ks_exceptions
 
-from vgpu_driver import exception
+from vgpu_driver.exception import Conflict
+from vgpu_driver.exception import PlacementAuthRefused
+from vgpu_driver.exception import PlacementAuthUnavailable
+from vgpu_driver.exception import PlacementError
+from vgpu_driver.exception import PlacementUnavailable
 
 MICROVERSION = "1.39"
-
-
-class PlacementError(exception.VgpuDriverError):
-    msg_fmt = "Placement refused %(method)s %(url)s: HTTP %(status)s %(detail)s"
-
-
-class PlacementUnavailable(exception.VgpuDriverError):
-    msg_fmt = ("Placement did not answer %(method)s %(url)s after %(attempts)d attempts "
-               "(%(reason)s); nothing more was written. Check the [placement] options "
-               "and that Placement is up.")
-
-
-class Conflict(exception.VgpuDriverError):
-    """HTTP 409: a generation moved under us (retried), or a name is taken."""
-
-    msg_fmt = "Placement refused %(method)s %(url)s: HTTP 409 %(detail)s"
-
-
-class KeystoneUnavailable(exception.VgpuDriverError):
-    msg_fmt = ("Keystone did not answer at %(auth_url)s (%(reason)s); nothing was sent to "
-               "Placement. Check [placement] auth_url and that Keystone is up.")
-
-
-class KeystoneRefused(exception.VgpuDriverError):
-    msg_fmt = ("Keystone refused the credentials for Placement at %(auth_url)s (%(reason)s); "
-               "check the [placement] auth options (username, password, project).")
 
 
 class Client:
@@ -75,11 +53,11 @@ class Client:
         try:
             self.proxy.get_token()
         except ks_exceptions.ConnectionError as exc:
-            raise KeystoneUnavailable(auth_url=auth_url,
-                                      reason=f"{type(exc).__name__}: {exc}") from exc
+            raise PlacementAuthUnavailable(auth_url=auth_url,
+                                           reason=f"{type(exc).__name__}: {exc}") from exc
         except ks_exceptions.ClientException as exc:
-            raise KeystoneRefused(auth_url=auth_url,
-                                  reason=f"{type(exc).__name__}: {exc}") from exc
+            raise PlacementAuthRefused(auth_url=auth_url,
+                                       reason=f"{type(exc).__name__}: {exc}") from exc
         self._authenticated = True
 
     def request(self, method, url, body=None, report=None):

@@ -1,158 +1,35 @@
 """The desired provider tree -> Placement, with the fewest requests.
 
-:class:`ProviderSync` keeps the last known generation, inventory and traits
-of each provider, so a sync that changes nothing costs one read and no
-write.  Writes honour generations: a 409 re-reads that provider and tries
-again (bounded, with backoff).  The first request of a sync is a read, so an
-unreachable Placement is found before anything is written.  So is a provider
-the sync would write that is not vgpu-driver's (:meth:`ProviderSync.clashes`):
+:class:`ProviderSync` writes on what it last read of each provider
+(:class:`~vgpu_driver.placement.observed.ObservedTree`), so a sync that
+changes nothing costs one read and no write.  Writes honour generations: a 409
+re-reads that provider and tries again (bounded, with backoff).  The first
+request of a sync is a read, so an unreachable Placement is found before
+anything is written.  So is a provider the sync would write that is not
+vgpu-driver's (found by the reads of :mod:`~vgpu_driver.placement.observed`):
 the sync then writes nothing.
 """
 
-import dataclasses
 import time
 
 from oslo_log import log as logging
 
 from vgpu_driver import exception
-from vgpu_driver.placement import client as placement_client
+from vgpu_driver.placement import observed
 from vgpu_driver.placement import ownership
 
 LOG = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class Known:
-    uuid: str
-    generation: int
-    inventories: dict
-    traits: frozenset
-    parent_uuid: str | None = None
-
-
-@dataclasses.dataclass
-class SyncReport:
-    reads: int = 0
-    writes: int = 0
-    planned: list = dataclasses.field(default_factory=list)   # (method, url, body)
-    created: list = dataclasses.field(default_factory=list)
-    updated: list = dataclasses.field(default_factory=list)
-    deleted: list = dataclasses.field(default_factory=list)
-    kept: list = dataclasses.field(default_factory=list)      # (name, consumers)
-
-
-class ProviderSync:
+class ProviderSync(observed.ObservedTree):
     """Keeps one compute node's GPU providers in Placement as desired."""
 
     def __init__(self, client, conflict_attempts=5, sleep=time.sleep):
-        self.client = client
+        super().__init__(client)
         self.conflict_attempts = conflict_attempts
         self.sleep = sleep
-        self.known = {}          # provider name -> Known
-        self.root_uuid = None
-        self._foreign_root = None  # the provider named as the root, when it has a parent
         self._traits = set()     # custom traits known to exist
         self._resource_classes = set()  # custom resource classes known to exist
-
-    # -- reading ------------------------------------------------------------------------
-
-    def _get(self, url, report):
-        return self.client.request("GET", url, report=report)
-
-    def _load(self, name, uuid, generation, parent_uuid, report):
-        base = f"/resource_providers/{uuid}"
-        inventories = self._get(f"{base}/inventories", report)["inventories"]
-        traits = self._get(f"{base}/traits", report)["traits"]
-        self.known[name] = Known(uuid, generation, inventories, frozenset(traits),
-                                 parent_uuid)
-
-    def observe(self, tree, report=None):
-        """Bring ``known`` up to date with Placement (one read when nothing moved)."""
-        return self._observe(tree, report if report is not None else SyncReport())
-
-    def allocations(self, name, report=None):
-        """``{consumer: {resource class: units}}`` on one known provider."""
-        answer = self._get(f"/resource_providers/{self.known[name].uuid}/allocations",
-                           report if report is not None else SyncReport())
-        return {consumer: dict(data["resources"])
-                for consumer, data in answer["allocations"].items()}
-
-    def _find_by_name(self, name, report):
-        """The provider named exactly ``name``, or None."""
-        found = self._get(placement_client.query_url("/resource_providers", name=name),
-                          report)["resource_providers"]
-        return placement_client.exact_name_match(found, name)
-
-    def _observe(self, tree, report):
-        """One read of the tree; re-read only providers whose generation moved."""
-        if self.root_uuid is None:
-            root = self._find_by_name(tree.root_name, report)
-            self._foreign_root = root if root and root["parent_provider_uuid"] else None
-            if root is None or self._foreign_root is not None:
-                return []
-            self.root_uuid = root["uuid"]
-        url = placement_client.query_url("/resource_providers", in_tree=self.root_uuid)
-        listed = self._get(url, report)["resource_providers"]
-        seen = {p["name"] for p in listed}
-        for name in [n for n in self.known if n not in seen]:
-            del self.known[name]
-        for rp in listed:
-            known = self.known.get(rp["name"])
-            if known is None or known.generation != rp["generation"]:
-                self._load(rp["name"], rp["uuid"], rp["generation"],
-                           rp["parent_provider_uuid"], report)
-        return listed
-
-    # -- ownership ------------------------------------------------------------------------
-
-    def clashes(self, tree, report=None):
-        """The providers a sync of ``tree`` would write that are not ours, as
-        :class:`~vgpu_driver.placement.ownership.Clash` rows (reads only;
-        after :meth:`observe`).
-
-        The root must be a root; each GPU provider's name, when Placement has
-        it, must be on a provider of this host's tree that is ours
-        (:func:`~vgpu_driver.placement.ownership.is_ours`), never on another
-        tree's provider.  Names missing from the tree are looked up, so a
-        host's first sync reads once per GPU.
-        """
-        report = report if report is not None else SyncReport()
-        if self._foreign_root is not None:
-            return [self._clash(tree.root_name, "it would be this host's root provider but "
-                                "is another provider's child", self._foreign_root, None,
-                                report)]
-        found = []
-        for provider in tree.providers:
-            known = self.known.get(provider.name)
-            if known is not None:
-                if not ownership.is_ours(known.parent_uuid, self.root_uuid, known.inventories,
-                                         known.traits, tree.mdev_classes):
-                    rp = self._get(f"/resource_providers/{known.uuid}", report)
-                    found.append(self._clash(provider.name, "it is not vgpu-driver's", rp,
-                                             known.traits, report))
-                continue
-            rp = self._find_by_name(provider.name, report)
-            if rp is not None:
-                found.append(self._clash(
-                    provider.name, "it is the root of another provider tree"
-                    if rp["parent_provider_uuid"] is None else "it is in another provider tree",
-                    rp, None, report))
-        return found
-
-    def _clash(self, name, reason, rp, traits, report):
-        if traits is None:
-            traits = self._get(f"/resource_providers/{rp['uuid']}/traits", report)["traits"]
-        if rp["parent_provider_uuid"] is None:
-            where = "a root provider"
-        else:
-            parent = self._name_of(rp["parent_provider_uuid"], report)
-            where = f"parent {parent}"
-            if rp["root_provider_uuid"] != rp["parent_provider_uuid"]:
-                where += f", root {self._name_of(rp['root_provider_uuid'], report)}"
-        return ownership.Clash(name, reason, where, tuple(sorted(traits)))
-
-    def _name_of(self, uuid, report):
-        return self._get(f"/resource_providers/{uuid}", report)["name"]
 
     def _refuse(self, clash):
         raise exception.ProviderNotOurs(**clash.kwargs())
@@ -170,7 +47,7 @@ class ProviderSync:
         for attempt in range(1, self.conflict_attempts + 1):
             try:
                 return write(self.known[name])
-            except placement_client.Conflict:
+            except exception.Conflict:
                 if attempt == self.conflict_attempts:
                     raise
                 LOG.info("Generation conflict on %s; re-reading it (attempt %d)", name,
@@ -223,7 +100,7 @@ class ProviderSync:
             body["parent_provider_uuid"] = parent_uuid
         try:
             answer = self._write(report, dry_run, "POST", "/resource_providers", body)
-        except placement_client.Conflict as exc:
+        except exception.Conflict as exc:
             if "placement.duplicate_name" not in str(exc):
                 raise
             # Created by an earlier attempt whose answer was lost: adopt it,
@@ -235,7 +112,7 @@ class ProviderSync:
                 self._refuse(self._clash(name, "it was created meanwhile, outside this "
                                          "host's tree", answer, None, report))
         uuid = answer["uuid"] if answer else f"<new {name}>"
-        self.known[name] = Known(uuid, answer["generation"] if answer else 0, {},
+        self.known[name] = observed.Known(uuid, answer["generation"] if answer else 0, {},
                                  frozenset(), parent_uuid)
         report.created.append(name)
         return uuid
@@ -244,7 +121,7 @@ class ProviderSync:
 
     def sync(self, tree, dry_run=False):
         """Make Placement match ``tree``; returns a SyncReport."""
-        report = SyncReport()
+        report = observed.SyncReport()
         self._observe(tree, report)
         for clash in self.clashes(tree, report):
             self._refuse(clash)
@@ -285,7 +162,7 @@ class ProviderSync:
         def write(known):
             try:
                 self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
-            except placement_client.PlacementError as exc:
+            except exception.PlacementError as exc:
                 if exc.kwargs.get("status") != 404:
                     raise
                 # Gone already: an earlier attempt's answer was lost.

@@ -14,12 +14,11 @@ GPU that parent belongs to.  Two kinds of reader use it:
 
 Where udev cannot be used (no pyudev, no netlink socket, no udev daemon in
 this namespace, a sysfs root that is not the kernel's), :func:`start`
-returns a :class:`Polling` stand-in whose changes always say "read
-everything" and whose waiters just sleep: every caller keeps working,
-only slower, and the reason is logged once.
+returns a :class:`~vgpu_driver.sysfs.changes.Polling` stand-in whose
+changes always say "read everything" and whose waiters just sleep: every
+caller keeps working, only slower, and the reason is logged once.
 """
 
-import dataclasses
 import errno
 import os
 import select
@@ -29,6 +28,7 @@ import time
 from oslo_log import log as logging
 
 from vgpu_driver import names
+from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import paths as sysfs_paths
 
@@ -44,27 +44,6 @@ _SETTLE_SECONDS = 0.5
 _SETTLE_STEP = 0.01
 
 
-@dataclasses.dataclass(frozen=True)
-class Changes:
-    """What changed since the last :meth:`take_changes`.
-
-    ``everything`` means events may have been lost (none are watched, the
-    socket overflowed, the monitor stopped): only a full read is right.
-    ``parents`` are mdev parent (device) names, ``gpus`` physical GPU
-    addresses, each as sysfs names them.
-    """
-
-    everything: bool = False
-    parents: frozenset = frozenset()
-    gpus: frozenset = frozenset()
-
-    def __bool__(self):
-        return self.everything or bool(self.parents or self.gpus)
-
-
-EVERYTHING = Changes(everything=True)
-
-
 class _Waiter:
     """``wait(timeout)``: True as soon as something changed since the last
     return (or since the waiter was made), False after ``timeout``."""
@@ -76,35 +55,6 @@ class _Waiter:
     def wait(self, timeout):
         self._seen, changed = self._monitor.wait_after(self._seen, timeout)
         return changed
-
-
-class _SleepingWaiter:
-    """The polling stand-in: nothing tells, so sleep the whole time."""
-
-    def __init__(self):
-        self._stop = threading.Event()
-
-    def wait(self, timeout):
-        self._stop.wait(max(timeout, 0))
-        return False
-
-
-class Polling:
-    """No events: every refresh reads everything, every wait sleeps."""
-
-    running = False
-
-    def __init__(self, reason=""):
-        self.reason = reason
-
-    def take_changes(self):
-        return EVERYTHING
-
-    def waiter(self):
-        return _SleepingWaiter()
-
-    def stop(self):
-        pass
 
 
 def parse_event(root, subsystem, devpath, properties):
@@ -255,13 +205,13 @@ class UdevMonitor:
         self._settle()
         with self._cond:
             if self._lost or not self.running:
-                changes = EVERYTHING
+                found = changes.EVERYTHING
             else:
-                changes = Changes(parents=frozenset(self._parents),
-                                  gpus=frozenset(self._gpus))
+                found = changes.Changes(parents=frozenset(self._parents),
+                                        gpus=frozenset(self._gpus))
             self._parents, self._gpus = set(), set()
             self._lost = not self.running
-            return changes
+            return found
 
     def wait_after(self, seen, timeout):
         """``(generation, changed)``: blocks until the generation passes
@@ -330,4 +280,4 @@ def start(host, mode="auto"):
     if reason not in _logged:
         _logged.add(reason)
         LOG.info("GPU changes are found by polling sysfs, not by udev: %s", reason)
-    return Polling(reason)
+    return changes.Polling(reason)

@@ -18,9 +18,9 @@ import uuid
 
 from lxml import etree
 
-from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import placement
+from vgpu_driver.exception import NoValidHost
 
 PROJECT = "demo-project"
 USER = "demo-user"
@@ -35,11 +35,6 @@ def _inventory(total, reserved=0, allocation_ratio=1.0):
 NODE_INVENTORY = {"VCPU": _inventory(64, allocation_ratio=4.0),
                   "MEMORY_MB": _inventory(524288, reserved=512),
                   "DISK_GB": _inventory(1800)}
-
-
-class NoValidHost(exception.VgpuDriverError):
-    msg_fmt = ("Placement has no allocation candidate for %(instance)s "
-               "(GET /allocation_candidates?%(query)s)")
 
 
 @dataclasses.dataclass(frozen=True)

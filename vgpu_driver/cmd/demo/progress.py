@@ -17,6 +17,7 @@ import time
 from cliff.formatters import table as cliff_table
 
 from vgpu_driver import exception
+from vgpu_driver.exception import DemoFailed
 
 # Loggers whose INFO lines (migrations, each HTTP request) would bury the story.
 CHATTY_LOGGERS = ("alembic", "placement", "oslo_db", "keystoneauth", "openstack",
@@ -25,10 +26,6 @@ CHATTY_LOGGERS = ("alembic", "placement", "oslo_db", "keystoneauth", "openstack"
 # A missing module, and the extra that brings it.
 EXTRAS = {"placement": "embedded-placement", "openstack": "placement",
           "libvirt": "libvirt"}
-
-
-class DemoFailed(exception.VgpuDriverError):
-    msg_fmt = "demo step '%(step)s' failed: %(reason)s"
 
 
 def reason(exc):

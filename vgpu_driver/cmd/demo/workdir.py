@@ -9,11 +9,7 @@ can remove all of it.
 import os
 import tempfile
 
-from vgpu_driver import exception
-
-
-class DemoDirNotEmpty(exception.VgpuDriverError):
-    msg_fmt = "--dir %(path)s is not empty; give a new or empty directory"
+from vgpu_driver.exception import DemoDirNotEmpty
 
 
 def make(wanted):
