@@ -44,23 +44,36 @@ class MdevReads:
         when its link points to no device."""
         link = self.paths.parent(name)
         device_path = attrs.resolve_link(link) or link
-        if not os.path.isdir(device_path):
+        types = self._read_types(device_path)
+        if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
             return None
-        types = tuple(self._read_types(device_path))
         address = physfn = None
         if names.is_pci_address(name):
             address = names.parse_pci_address(name)
-            pf_path = attrs.resolve_link(os.path.join(device_path, "physfn"))
-            if pf_path is not None:
-                physfn = names.parse_pci_address(os.path.basename(pf_path),
-                                                 f"{name}/physfn")
+            pf = attrs.link_name(f"{device_path}/physfn")
+            if pf is not None:
+                physfn = names.parse_pci_address(pf, f"{name}/physfn")
         return base.ParentInfo(name=name, device_path=device_path, types=types,
                                address=address, physfn=physfn)
 
     def _read_types(self, device_path):
-        types_dir = os.path.join(device_path, "mdev_supported_types")
-        for entry in attrs.sorted_entries(types_dir):
+        """The parent's types, or None when ``device_path`` is no directory.
+
+        Listing the types directory is the first read; only when it fails
+        is the device itself looked at (one stat saved per parent).
+        """
+        types_dir = device_path + "/mdev_supported_types"
+        try:
+            entries = sorted(os.listdir(types_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.isdir(device_path):
+                return None
+            entries = []
+        return tuple(self._types_in(types_dir, entries))
+
+    def _types_in(self, types_dir, entries):
+        for entry in entries:
             try:
                 type_id = names.check_type_id(entry, types_dir)
             except exception.InvalidSysfsName as exc:

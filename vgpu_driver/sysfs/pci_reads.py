@@ -68,21 +68,27 @@ class PciReads:
         virtfns = []
         for entry in os.listdir(dev):
             match = _VIRTFN_RE.match(entry)
-            target = match and attrs.resolve_link(os.path.join(dev, entry))
+            # A VF's link names its address: its last component is enough.
+            target = match and attrs.link_name(f"{dev}/{entry}")
             if target:
                 virtfns.append((int(match[1]), names.parse_pci_address(
-                    os.path.basename(target), f"{address}/{entry}")))
+                    target, f"{address}/{entry}")))
+        totalvfs = _read_int(dev, "sriov_totalvfs")
+        numvfs = _read_int(dev, "sriov_numvfs")
+        # Where the VFs will be matters only while they are off
+        # (PhysicalGPU.addresses); with them on, their links say it.
+        future = bool(totalvfs) and not numvfs
         return base.PciDeviceInfo(
             address=address,
-            vendor=attrs.read_attr(os.path.join(dev, "vendor")),
-            device=attrs.read_attr(os.path.join(dev, "device")),
+            vendor=attrs.read_attr(f"{dev}/vendor"),
+            device=attrs.read_attr(f"{dev}/device"),
             numa_node=_read_int(dev, "numa_node"),
-            sriov_totalvfs=_read_int(dev, "sriov_totalvfs"),
-            sriov_numvfs=_read_int(dev, "sriov_numvfs"),
+            sriov_totalvfs=totalvfs,
+            sriov_numvfs=numvfs,
             virtfns=tuple(vf for _, vf in sorted(virtfns)),
-            pci_class=attrs.read_attr(os.path.join(dev, "class")),
-            sriov_offset=_read_int(dev, "sriov_offset"),
-            sriov_stride=_read_int(dev, "sriov_stride"))
+            pci_class=attrs.read_attr(f"{dev}/class"),
+            sriov_offset=_read_int(dev, "sriov_offset") if future else None,
+            sriov_stride=_read_int(dev, "sriov_stride") if future else None)
 
     def vgpu_manager_version(self):
         """``module/nvidia/version``: the vGPU manager is NVIDIA's kernel
@@ -154,4 +160,8 @@ class PciReads:
 def _read_int(dev, name):
     """A numeric attribute of a PCI function; garbage is logged naming the
     file (and read as absent), not taken silently for "no SR-IOV"."""
-    return attrs.read_parsed(os.path.join(dev, name), lambda text: int(text, 0), [])
+    return attrs.read_parsed(f"{dev}/{name}", _parse_int, [])
+
+
+def _parse_int(text):
+    return int(text, 0)
