@@ -75,6 +75,8 @@ class ParentInfo:
     types: tuple[MdevTypeInfo, ...]
     address: object = None
     physfn: object = None
+    # Types listed but not read (a read limited to the types asked for).
+    unread: tuple[str, ...] = ()
 
     def type(self, type_id):
         for mdev_type in self.types:
@@ -139,8 +141,10 @@ class SysfsHost(abc.ABC):
     paths = None
 
     @abc.abstractmethod
-    def list_parents(self):
-        """All mdev parents with their types, sorted by name."""
+    def list_parents(self, wanted=None):
+        """All mdev parents with their types, sorted by name; with
+        ``wanted`` (type ids), only those types' attributes are read, the
+        others' ids kept in ``ParentInfo.unread``."""
 
     @abc.abstractmethod
     def list_mdevs(self):
