@@ -200,8 +200,18 @@ def discover(host, wanted=None):
     configured ones (:attr:`MdevConfig.enabled`).
     """
     mdevs = tuple(host.list_mdevs())
-    return assemble(host, mdevs, host.list_parents(wanted), host.list_vendor_vfio(),
-                    host.pci_device, host.list_sriov_pfs(), host.vgpu_manager_version())
+    parents = host.list_parents(wanted)
+    vendor_vfs = host.list_vendor_vfio()
+    return assemble(host, mdevs, parents, vendor_vfs, host.pci_device,
+                    host.list_sriov_pfs(known_vfs(parents, vendor_vfs)),
+                    host.vgpu_manager_version())
+
+
+def known_vfs(parent_infos, vendor_vfs):
+    """The addresses of this pass's parents and vendor-VFIO functions that
+    are VFs (they have a ``physfn`` link): no SR-IOV PF is among them."""
+    return frozenset([*(p.name for p in parent_infos if p.physfn is not None),
+                      *(str(vf.address) for vf in vendor_vfs if vf.physfn is not None)])
 
 
 def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs,

@@ -81,7 +81,7 @@ class CachedDiscovery:
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
         self._pci = {}
-        self._sriov_pfs = host.list_sriov_pfs()
+        self._sriov_pfs = host.list_sriov_pfs(discovery.known_vfs(infos, vendor_vfs))
         self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
                                             self._sriov_pfs, host.vgpu_manager_version())
         self._full_at = now

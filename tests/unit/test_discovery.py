@@ -115,3 +115,28 @@ def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, re
     root = make_root(tmp_path)
     with pytest.raises(exception.InvalidSysfsRoot, match=reason):
         linux.LinuxSysfs(str(root))
+
+
+def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host):
+    """A VF has no SR-IOV files (drivers/pci/iov.c shows them on PFs only):
+    the VFs read as parents in the same pass are not opened for them, and
+    the PF is still found."""
+    host = make_host("a100-sriov")
+    reader = sysfs.open_host(host.paths.root)
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.fsdecode(path))
+        return real_open(path, *args, **kwargs)
+
+    os.open = counting_open
+    try:
+        snapshot = discovery.discover(reader)
+    finally:
+        os.open = real_open
+    vfs = {p.name for p in snapshot.gpu("0000:41:00.0").parents}
+    probed = {os.path.basename(os.path.dirname(p)) for p in opened
+              if p.endswith("/sriov_totalvfs")}
+    assert len(vfs) == 16 and not probed & vfs
+    assert "0000:41:00.0" in probed and snapshot.gpu("0000:41:00.0").sriov

@@ -155,10 +155,11 @@ class SysfsHost(abc.ABC):
         """A :class:`PciDeviceInfo` for an address, or None if absent."""
 
     @abc.abstractmethod
-    def list_sriov_pfs(self):
+    def list_sriov_pfs(self, vfs=frozenset()):
         """:class:`PciDeviceInfo` of every physical function that can have
         SR-IOV VFs (GPUs or not), by address: with its VFs off, a GPU is
-        no mdev parent and only this tells it is there."""
+        no mdev parent and only this tells it is there.  ``vfs``: addresses
+        read as VFs in the same pass, which no PF can be, not probed."""
 
     @abc.abstractmethod
     def list_vendor_vfio(self):

@@ -97,12 +97,17 @@ class PciReads:
         return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version,
                                  [])
 
-    def list_sriov_pfs(self):
+    def list_sriov_pfs(self, vfs=frozenset()):
         found = []
-        for entry in attrs.sorted_entries(self.paths.pci_base()):
-            # One failed open per function that is no SR-IOV PF (VFs included).
+        pci_base = self.paths.pci_base()
+        for entry in attrs.sorted_entries(pci_base):
+            # One failed open per function that is no SR-IOV PF, but none for
+            # the VFs the caller knows: the kernel gives a VF no SR-IOV files
+            # (drivers/pci/iov.c shows them only where dev_is_pf()).
+            if entry in vfs:
+                continue
             if names.is_pci_address(entry) and attrs.read_attr(
-                    f"{self.paths.pci_base()}/{entry}/sriov_totalvfs") is not None:
+                    f"{pci_base}/{entry}/sriov_totalvfs") is not None:
                 info = self.pci_device(entry)
                 if info is not None:
                     found.append(info)
@@ -121,7 +126,7 @@ class PciReads:
     def vendor_vf(self, address):
         address = names.parse_pci_address(str(address))
         vfio_dir = self.paths.vendor_vfio_dir(address)
-        current_path = os.path.join(vfio_dir, "current_vgpu_type")
+        current_path = f"{vfio_dir}/current_vgpu_type"
         text = attrs.read_attr(current_path)
         if text is None:
             # Not a VF with NVIDIA's files: one failed open per PCI function.
