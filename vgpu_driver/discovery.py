@@ -32,12 +32,26 @@ class Parent:
     types: tuple[base.MdevTypeInfo, ...]
     mdevs: tuple[base.MdevInfo, ...] = ()
     current_vgpu_type: str | None = None
+    # Types the parent lists whose attributes were not read (see discover).
+    unread: tuple[str, ...] = ()
+
+    @property
+    def type_ids(self):
+        """Every type the parent lists, read or not: as listed when all
+        were read, else sorted (as sysfs lists them)."""
+        if not self.unread:
+            return tuple(t.type_id for t in self.types)
+        return tuple(sorted({*(t.type_id for t in self.types), *self.unread}))
 
     def type(self, type_id):
         for mdev_type in self.types:
             if mdev_type.type_id == type_id:
                 return mdev_type
         return None
+
+    def lists(self, type_id):
+        """Whether the parent lists ``type_id``, its attributes read or not."""
+        return type_id in self.unread or self.type(type_id) is not None
 
     @property
     def busy(self):
@@ -177,11 +191,27 @@ def gpu_key(host, parent):
     return _gpu_key(host, parent)[0]
 
 
-def discover(host):
-    """Read the host once and return a :class:`HostSnapshot`."""
+def discover(host, wanted=None):
+    """Read the host once and return a :class:`HostSnapshot`.
+
+    ``wanted`` (type ids): read only those types' attributes (each parent's
+    other types keep only their ids, :attr:`Parent.unread`), for a caller
+    that looks at no other type: the inventory, whose types are the
+    configured ones (:attr:`MdevConfig.enabled`).
+    """
     mdevs = tuple(host.list_mdevs())
-    return assemble(host, mdevs, host.list_parents(), host.list_vendor_vfio(),
-                    host.pci_device, host.list_sriov_pfs(), host.vgpu_manager_version())
+    parents = host.list_parents(wanted)
+    vendor_vfs = host.list_vendor_vfio()
+    return assemble(host, mdevs, parents, vendor_vfs, host.pci_device,
+                    host.list_sriov_pfs(known_vfs(parents, vendor_vfs)),
+                    host.vgpu_manager_version())
+
+
+def known_vfs(parent_infos, vendor_vfs):
+    """The addresses of this pass's parents and vendor-VFIO functions that
+    are VFs (they have a ``physfn`` link): no SR-IOV PF is among them."""
+    return frozenset([*(p.name for p in parent_infos if p.physfn is not None),
+                      *(str(vf.address) for vf in vendor_vfs if vf.physfn is not None)])
 
 
 def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs,
@@ -198,7 +228,8 @@ def assemble(host, mdevs, parent_infos, vendor_vfs, pci_device, sriov_pfs,
         key, mode = _gpu_key(host, info)
         modes[key] = mode
         grouped[key].append(Parent(name=info.name, types=info.types,
-                                   mdevs=tuple(by_parent.get(info.name, ()))))
+                                   mdevs=tuple(by_parent.get(info.name, ())),
+                                   unread=info.unread))
     for key, parents in _vendor_vfio_parents(vendor_vfs).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)

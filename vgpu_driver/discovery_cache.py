@@ -29,10 +29,13 @@ LOG = logging.getLogger(__name__)
 
 
 class CachedDiscovery:
-    def __init__(self, host, monitor, full_every=600.0, clock=time.monotonic):
+    def __init__(self, host, monitor, full_every=600.0, clock=time.monotonic, wanted=None):
         """``monitor``: a :mod:`~vgpu_driver.sysfs.udev` monitor (or its
-        polling stand-in, whose changes always say "everything")."""
+        polling stand-in, whose changes always say "everything");
+        ``wanted``: the type ids whose attributes are read (all when None),
+        as :func:`vgpu_driver.discovery.discover` takes them."""
         self.host = host
+        self.wanted = wanted
         self.monitor = monitor
         self.full_every = full_every
         self.clock = clock
@@ -71,14 +74,14 @@ class CachedDiscovery:
     def _read_all(self, now):
         host = self.host
         mdevs = tuple(host.list_mdevs())
-        infos = host.list_parents()
+        infos = host.list_parents(self.wanted)
         vendor_vfs = host.list_vendor_vfio()
         self._mdevs = {mdev.uuid: mdev for mdev in mdevs}
         self._parents = {info.name: info for info in infos}
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
         self._pci = {}
-        self._sriov_pfs = host.list_sriov_pfs()
+        self._sriov_pfs = host.list_sriov_pfs(discovery.known_vfs(infos, vendor_vfs))
         self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
                                             self._sriov_pfs, host.vgpu_manager_version())
         self._full_at = now
@@ -152,7 +155,7 @@ class CachedDiscovery:
         return tuple(found.values())
 
     def _reread(self, name):
-        info = self.host.read_parent(name)
+        info = self.host.read_parent(name, self.wanted)
         if info is None:
             self._forget(name)
             return None

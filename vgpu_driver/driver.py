@@ -55,8 +55,11 @@ class VGPUDriver:
         #: What udev says changed (or the polling stand-in), and the
         #: discovery it lets re-read only that.
         self.changes = udev.start(self.host, conf.vgpu.hotplug_events)
+        # The inventory and the reconciler look at the configured types
+        # only: the others' attributes are not read at each update.
         self.discovery = discovery_cache.CachedDiscovery(
-            self.host, self.changes, full_every=conf.vgpu.full_refresh_interval)
+            self.host, self.changes, full_every=conf.vgpu.full_refresh_interval,
+            wanted=frozenset(self.mdev_config.enabled))
         #: The one worker for everything the host changes on its own.
         self.worker = host_reconciler.HostReconciler(
             self.reconciler, conf, changes=self.changes, discovery=self.discovery,

@@ -454,7 +454,7 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
         type_info = gpu.type_info(type_id)
         if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
                 and not _hidden_by_other_vgpus(gpu, type_id):
-            offered = sorted({t.type_id for p in gpu.parents for t in p.types})
+            offered = sorted({t for p in gpu.parents for t in p.type_ids})
             unserved.append((gpu.address, f"does not offer {type_id} (offers: "
                                           f"{', '.join(offered) or 'nothing'})"))
             continue

@@ -281,7 +281,7 @@ class Reconciler:
             return None
         if claim.is_vf:
             return self._restore_vf(gpu, claim)
-        parents = [p.name for p in gpu.parents if p.type(claim.type_id)]
+        parents = [p.name for p in gpu.parents if p.lists(claim.type_id)]
         if claim.parent not in parents and gpu.sriov:
             return None  # its VF is not back yet: the vendor enables VFs after boot
         if not parents:

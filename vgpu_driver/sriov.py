@@ -79,7 +79,7 @@ class PhysicalFunction:
 def _vf(address, parent):
     if parent is None:
         return VirtualFunction(str(address), (), False)
-    return VirtualFunction(str(address), tuple(t.type_id for t in parent.types), True,
+    return VirtualFunction(str(address), parent.type_ids, True,
                            tuple(m.uuid for m in parent.mdevs), parent.current_vgpu_type)
 
 

@@ -115,3 +115,57 @@ def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, re
     root = make_root(tmp_path)
     with pytest.raises(exception.InvalidSysfsRoot, match=reason):
         linux.LinuxSysfs(str(root))
+
+
+def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host):
+    """A VF has no SR-IOV files (drivers/pci/iov.c shows them on PFs only):
+    the VFs read as parents in the same pass are not opened for them, and
+    the PF is still found."""
+    host = make_host("a100-sriov")
+    reader = sysfs.open_host(host.paths.root)
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.fsdecode(path))
+        return real_open(path, *args, **kwargs)
+
+    os.open = counting_open
+    try:
+        snapshot = discovery.discover(reader)
+    finally:
+        os.open = real_open
+    vfs = {p.name for p in snapshot.gpu("0000:41:00.0").parents}
+    probed = {os.path.basename(os.path.dirname(p)) for p in opened
+              if p.endswith("/sriov_totalvfs")}
+    assert len(vfs) == 16 and not probed & vfs
+    assert "0000:41:00.0" in probed and snapshot.gpu("0000:41:00.0").sriov
+
+
+def test_a_read_for_some_types_reads_only_theirs(make_host):
+    """The inventory's read opens the attributes of the configured types
+    only; the others are still listed, and the tree is the same."""
+    host = make_host("a100-sriov")
+    reader = sysfs.open_host(host.paths.root)
+    full = discovery.discover(reader)
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.fsdecode(path))
+        return real_open(path, *args, **kwargs)
+
+    os.open = counting_open
+    try:
+        some = discovery.discover(reader, frozenset({"nvidia-468"}))
+    finally:
+        os.open = real_open
+    type_files = [p for p in opened if "/mdev_supported_types/" in p]
+    assert type_files and all("/mdev_supported_types/nvidia-468/" in p for p in type_files)
+    for gpu_full, gpu_some in zip(full.gpus, some.gpus, strict=True):
+        for p_full, p_some in zip(gpu_full.parents, gpu_some.parents, strict=True):
+            assert p_some.type_ids == p_full.type_ids
+            assert [t.type_id for t in p_some.types] == ["nvidia-468"]
+            assert p_some.type("nvidia-468") == p_full.type("nvidia-468")
+            assert all(p_some.lists(t) for t in p_full.type_ids)
+            assert not p_some.lists("nvidia-999")

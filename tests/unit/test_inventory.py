@@ -20,7 +20,11 @@ T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
 def tree_of(make_conf):
     def compute(host, conf_text, nodename="cn1", in_use=None):
         config = mdev_types.from_conf(make_conf(conf_text))
-        return inventory.compute(discovery.discover(host), config, nodename, in_use)
+        tree = inventory.compute(discovery.discover(host), config, nodename, in_use)
+        # The update's read, of the configured types only, gives the same tree.
+        assert inventory.compute(discovery.discover(host, frozenset(config.enabled)),
+                                 config, nodename, in_use) == tree
+        return tree
     return compute
 
 

@@ -64,7 +64,7 @@ class MdevParentStrategy(_Strategy):
                 if mdevs is None:
                     return None
                 available = self.host.available_instances(parent.name, type_id) \
-                    if parent.type(type_id) else 0
+                    if parent.lists(type_id) else 0
                 if self.host.parent_mdev_uuids(parent.name) == [u for u, _ in mdevs]:
                     break
                 mdevs = self.host.parent_mdevs(parent.name)

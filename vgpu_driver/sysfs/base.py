@@ -75,6 +75,8 @@ class ParentInfo:
     types: tuple[MdevTypeInfo, ...]
     address: object = None
     physfn: object = None
+    # Types listed but not read (a read limited to the types asked for).
+    unread: tuple[str, ...] = ()
 
     def type(self, type_id):
         for mdev_type in self.types:
@@ -139,8 +141,10 @@ class SysfsReader(abc.ABC):
     paths = None
 
     @abc.abstractmethod
-    def list_parents(self):
-        """All mdev parents with their types, sorted by name."""
+    def list_parents(self, wanted=None):
+        """All mdev parents with their types, sorted by name; with
+        ``wanted`` (type ids), only those types' attributes are read, the
+        others' ids kept in ``ParentInfo.unread``."""
 
     @abc.abstractmethod
     def list_mdevs(self):
@@ -151,10 +155,11 @@ class SysfsReader(abc.ABC):
         """A :class:`PciDeviceInfo` for an address, or None if absent."""
 
     @abc.abstractmethod
-    def list_sriov_pfs(self):
+    def list_sriov_pfs(self, vfs=frozenset()):
         """:class:`PciDeviceInfo` of every physical function that can have
         SR-IOV VFs (GPUs or not), by address: with its VFs off, a GPU is
-        no mdev parent and only this tells it is there."""
+        no mdev parent and only this tells it is there.  ``vfs``: addresses
+        read as VFs in the same pass, which no PF can be, not probed."""
 
     @abc.abstractmethod
     def list_vendor_vfio(self):

@@ -25,8 +25,8 @@ LOG = logging.getLogger(__name__)
 class MdevReads:
     """Reads of ``class/mdev_bus`` and ``bus/mdev/devices`` and what they link to."""
 
-    def list_parents(self):
-        parents = (self.read_parent(name) for name in self.parent_names())
+    def list_parents(self, wanted=None):
+        parents = (self.read_parent(name, wanted) for name in self.parent_names())
         return [parent for parent in parents if parent is not None]
 
     def parent_names(self):
@@ -39,33 +39,54 @@ class MdevReads:
                 LOG.warning("Skipping parent: %s", exc)
         return found
 
-    def read_parent(self, name):
-        """One parent's :class:`ParentInfo` (its types read now), or None
-        when its link points to no device."""
+    def read_parent(self, name, wanted=None):
+        """One parent's :class:`ParentInfo` (its types read now: with
+        ``wanted``, only those type ids), or None when its link points to
+        no device."""
         link = self.paths.parent(name)
         device_path = attrs.resolve_link(link) or link
-        if not os.path.isdir(device_path):
+        types, unread = self._read_types(device_path, wanted)
+        if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
             return None
-        types = tuple(self._read_types(device_path))
         address = physfn = None
         if names.is_pci_address(name):
             address = names.parse_pci_address(name)
-            pf_path = attrs.resolve_link(os.path.join(device_path, "physfn"))
-            if pf_path is not None:
-                physfn = names.parse_pci_address(os.path.basename(pf_path),
-                                                 f"{name}/physfn")
+            pf = attrs.link_name(f"{device_path}/physfn")
+            if pf is not None:
+                physfn = names.parse_pci_address(pf, f"{name}/physfn")
         return base.ParentInfo(name=name, device_path=device_path, types=types,
-                               address=address, physfn=physfn)
+                               address=address, physfn=physfn, unread=unread)
 
-    def _read_types(self, device_path):
-        types_dir = os.path.join(device_path, "mdev_supported_types")
-        for entry in attrs.sorted_entries(types_dir):
+    def _read_types(self, device_path, wanted=None):
+        """``(types read, ids of types listed but not wanted)``, or
+        ``(None, ())`` when ``device_path`` is no directory.
+
+        Listing the types directory is the first read; only when it fails
+        is the device itself looked at (one stat saved per parent).  Four
+        attributes per type are most of a full read: a caller that looks
+        at a few types (the inventory: the configured ones) reads those.
+        """
+        types_dir = device_path + "/mdev_supported_types"
+        try:
+            entries = sorted(os.listdir(types_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.isdir(device_path):
+                return None, ()
+            entries = []
+        type_ids = []
+        for entry in entries:
             try:
-                type_id = names.check_type_id(entry, types_dir)
+                type_ids.append(names.check_type_id(entry, types_dir))
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping type: %s", exc)
-                continue
+        if wanted is None:
+            return tuple(self._types_in(types_dir, type_ids)), ()
+        return (tuple(self._types_in(types_dir, [t for t in type_ids if t in wanted])),
+                tuple(t for t in type_ids if t not in wanted))
+
+    def _types_in(self, types_dir, type_ids):
+        for type_id in type_ids:
             # Plain concatenation: this loop runs for every type of every parent.
             prefix = f"{types_dir}/{type_id}/"
             unreadable = []
@@ -97,7 +118,7 @@ class MdevReads:
     def read_mdev(self, uuid):
         """One mdev's :class:`MdevInfo`, or None once it is gone."""
         mdev_path = attrs.resolve_link(self.paths.mdev(uuid))
-        type_id = attrs.link_name(os.path.join(mdev_path, "mdev_type")) if mdev_path else None
+        type_id = attrs.link_name(f"{mdev_path}/mdev_type") if mdev_path else None
         if type_id is None:
             # Removed while we looked: the kernel drops both links at once.
             return None

@@ -32,27 +32,32 @@ def check_root(root):
 class SysfsPaths:
     def __init__(self, root=DEFAULT_ROOT):
         self.root = os.path.abspath(root)
+        # Joined once: a full read builds a path under them per function,
+        # parent and mdev.
+        self._parent_base = self.join("class", "mdev_bus")
+        self._mdev_base = self.join("bus", "mdev", "devices")
+        self._pci_base = self.join("bus", "pci", "devices")
 
     def join(self, *parts):
         return os.path.join(self.root, *parts)
 
     def parent_base(self):
         """``class/mdev_bus``: one link per registered mdev parent."""
-        return self.join("class", "mdev_bus")
+        return self._parent_base
 
     def mdev_base(self):
         """``bus/mdev/devices``: one link per existing mdev."""
-        return self.join("bus", "mdev", "devices")
+        return self._mdev_base
 
     def pci_base(self):
         """``bus/pci/devices``: one link per PCI function."""
-        return self.join("bus", "pci", "devices")
+        return self._pci_base
 
     def virtual_base(self):
         return self.join("devices", "virtual")
 
     def parent(self, name):
-        return os.path.join(self.parent_base(), name)
+        return f"{self._parent_base}/{name}"
 
     def parent_types(self, name):
         return os.path.join(self.parent(name), "mdev_supported_types")
@@ -61,14 +66,14 @@ class SysfsPaths:
         return os.path.join(self.parent_types(name), type_id)
 
     def mdev(self, uuid):
-        return os.path.join(self.mdev_base(), uuid)
+        return f"{self._mdev_base}/{uuid}"
 
     def pci_device(self, address):
-        return os.path.join(self.pci_base(), str(address))
+        return f"{self._pci_base}/{address}"
 
     def vendor_vfio_dir(self, address):
         """NVIDIA's vendor-specific VFIO directory of a VF."""
-        return os.path.join(self.pci_device(address), "nvidia")
+        return f"{self._pci_base}/{address}/nvidia"
 
     def pci_driver(self, address):
         """A PCI function's ``driver`` link (absent: no driver bound)."""

@@ -68,21 +68,27 @@ class PciReads:
         virtfns = []
         for entry in os.listdir(dev):
             match = _VIRTFN_RE.match(entry)
-            target = match and attrs.resolve_link(os.path.join(dev, entry))
+            # A VF's link names its address: its last component is enough.
+            target = match and attrs.link_name(f"{dev}/{entry}")
             if target:
                 virtfns.append((int(match[1]), names.parse_pci_address(
-                    os.path.basename(target), f"{address}/{entry}")))
+                    target, f"{address}/{entry}")))
+        totalvfs = _read_int(dev, "sriov_totalvfs")
+        numvfs = _read_int(dev, "sriov_numvfs")
+        # Where the VFs will be matters only while they are off
+        # (PhysicalGPU.addresses); with them on, their links say it.
+        future = bool(totalvfs) and not numvfs
         return base.PciDeviceInfo(
             address=address,
-            vendor=attrs.read_attr(os.path.join(dev, "vendor")),
-            device=attrs.read_attr(os.path.join(dev, "device")),
+            vendor=attrs.read_attr(f"{dev}/vendor"),
+            device=attrs.read_attr(f"{dev}/device"),
             numa_node=_read_int(dev, "numa_node"),
-            sriov_totalvfs=_read_int(dev, "sriov_totalvfs"),
-            sriov_numvfs=_read_int(dev, "sriov_numvfs"),
+            sriov_totalvfs=totalvfs,
+            sriov_numvfs=numvfs,
             virtfns=tuple(vf for _, vf in sorted(virtfns)),
-            pci_class=attrs.read_attr(os.path.join(dev, "class")),
-            sriov_offset=_read_int(dev, "sriov_offset"),
-            sriov_stride=_read_int(dev, "sriov_stride"))
+            pci_class=attrs.read_attr(f"{dev}/class"),
+            sriov_offset=_read_int(dev, "sriov_offset") if future else None,
+            sriov_stride=_read_int(dev, "sriov_stride") if future else None)
 
     def vgpu_manager_version(self):
         """``module/nvidia/version``: the vGPU manager is NVIDIA's kernel
@@ -91,12 +97,17 @@ class PciReads:
         return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version,
                                  [])
 
-    def list_sriov_pfs(self):
+    def list_sriov_pfs(self, vfs=frozenset()):
         found = []
-        for entry in attrs.sorted_entries(self.paths.pci_base()):
-            # One failed open per function that is no SR-IOV PF (VFs included).
+        pci_base = self.paths.pci_base()
+        for entry in attrs.sorted_entries(pci_base):
+            # One failed open per function that is no SR-IOV PF, but none for
+            # the VFs the caller knows: the kernel gives a VF no SR-IOV files
+            # (drivers/pci/iov.c shows them only where dev_is_pf()).
+            if entry in vfs:
+                continue
             if names.is_pci_address(entry) and attrs.read_attr(
-                    f"{self.paths.pci_base()}/{entry}/sriov_totalvfs") is not None:
+                    f"{pci_base}/{entry}/sriov_totalvfs") is not None:
                 info = self.pci_device(entry)
                 if info is not None:
                     found.append(info)
@@ -115,7 +126,7 @@ class PciReads:
     def vendor_vf(self, address):
         address = names.parse_pci_address(str(address))
         vfio_dir = self.paths.vendor_vfio_dir(address)
-        current_path = os.path.join(vfio_dir, "current_vgpu_type")
+        current_path = f"{vfio_dir}/current_vgpu_type"
         text = attrs.read_attr(current_path)
         if text is None:
             # Not a VF with NVIDIA's files: one failed open per PCI function.
@@ -154,4 +165,8 @@ class PciReads:
 def _read_int(dev, name):
     """A numeric attribute of a PCI function; garbage is logged naming the
     file (and read as absent), not taken silently for "no SR-IOV"."""
-    return attrs.read_parsed(os.path.join(dev, name), lambda text: int(text, 0), [])
+    return attrs.read_parsed(f"{dev}/{name}", _parse_int, [])
+
+
+def _parse_int(text):
+    return int(text, 0)
