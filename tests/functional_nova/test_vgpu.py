@@ -23,7 +23,6 @@ from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
 from tests.functional_nova import libvirt_nodedevs
-from tests.functional_nova import waits
 from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import driver as core
@@ -52,7 +51,7 @@ def _keep_nova_thread_pools():
 _keep_nova_thread_pools()
 
 
-class VGPUDriverTestBase(waits.FinePolling, base.ServersTestBase):
+class VGPUDriverTestBase(base.ServersTestBase):
     microversion = "latest"
     ADMIN_API = True
     ENABLED_TYPES = "nvidia-468"
