@@ -4,11 +4,13 @@ import errno
 import os
 import threading
 import time
+import types
 import uuid
 
 import pytest
 
 from vgpu_driver import exception
+from vgpu_driver.fake import mdev_parents
 from vgpu_driver.sysfs import linux
 
 A100_VFS = [f"0000:41:{d:02x}.{f}" for d in range(3) for f in range(8)][4:20]
@@ -235,14 +237,21 @@ class TestRemove:
         assert host.list_mdevs() == []
         assert not os.path.lexists(host.paths.mdev(uid))
 
-    def test_remove_blocks_while_a_guest_holds_the_device(self, make_host):
+    def test_remove_blocks_while_a_guest_holds_the_device(self, make_host, monkeypatch):
         host = make_host("t4x8")
         uid = new_uuid()
         host.create_mdev("0000:18:00.0", "nvidia-222", uid)
         host.hold(uid)
+        waiting = threading.Event()
+
+        def sleep(seconds):  # the remover found the device held and waits
+            waiting.set()
+            time.sleep(seconds)
+
+        monkeypatch.setattr(mdev_parents, "time", types.SimpleNamespace(sleep=sleep))
         remover = threading.Thread(target=host.remove_mdev, args=(uid,))
         remover.start()
-        time.sleep(0.3)
+        assert waiting.wait(5), "the remove did not wait for the guest"
         assert remover.is_alive() and [m.uuid for m in host.list_mdevs()] == [uid]
         host.release(uid)
         remover.join(timeout=5)

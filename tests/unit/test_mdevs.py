@@ -1,7 +1,6 @@
 """Allocation, release and reconciliation on fake hosts, claims first."""
 
 import errno
-import time
 import uuid
 from types import MappingProxyType
 
@@ -19,6 +18,11 @@ from vgpu_driver.conf import mdev_types
 A100 = "0000:41:00.0"
 A100_VFS = [f"0000:41:{d:02x}.{f}" for d in range(3) for f in range(8)][4:20]
 T4A, T4B = "0000:18:00.0", "0000:19:00.0"
+
+
+def removed(life):
+    """Wait until the removal writers the kernel blocked have ended."""
+    assert life.manager.removals.join(5), life.manager.removals.in_flight()
 
 
 def new_uuid():
@@ -199,7 +203,7 @@ class TestRelease:
         assert [c.state for c in life.journal.claims()] == [claims.RELEASING]
         assert life.allocate("next", T4A) != got  # not handed out meanwhile
         life.host.release(got[0])
-        time.sleep(0.3)  # the blocked remove completes once the guest lets go
+        removed(life)  # the blocked remove completes once the guest lets go
         assert life.reconciler.finish_releases() == got
         assert got[0] not in {m.uuid for m in life.host.list_mdevs()}
 
@@ -214,7 +218,7 @@ class TestRelease:
         again = life.allocate(instance, T4A)
         assert again != old
         life.host.release(old[0])
-        time.sleep(0.3)
+        removed(life)
         assert life.reconciler.finish_releases() == old
         assert {m.uuid for m in life.host.list_mdevs()} == set(again)
         assert [(c.mdev_uuid, c.state) for c in life.journal.claims()] == [
@@ -234,7 +238,7 @@ class TestRelease:
         assert {c.mdev_uuid: c.state for c in life.journal.claims()} == {
             old[0]: claims.RELEASING, new[0]: claims.ATTACHED}
         life.host.release(old[0])
-        time.sleep(0.3)
+        removed(life)
         assert life.reconciler.finish_releases() == old
         assert [c.mdev_uuid for c in life.journal.claims()] == new
 
