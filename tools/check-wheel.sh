@@ -29,6 +29,11 @@ if grep -E "[A-Za-z]+Warning\b|^ *warning:" "$WORK/build.log"; then
 fi
 wheel=$(ls "$WORK"/dist/vgpu_driver-*.whl)
 echo "    $(basename "$wheel")"
+if ! "$PYTHON" -m zipfile -l "$wheel" | grep -q "^vgpu_driver/py.typed "; then
+    echo "error: the wheel lacks vgpu_driver/py.typed (PEP 561)" >&2
+    exit 1
+fi
+echo "    with vgpu_driver/py.typed"
 
 echo "==> installing it with libvirt,placement,embedded-placement into a clean venv"
 "$PYTHON" -m venv "$WORK/venv"
