@@ -60,7 +60,7 @@ def host_usage(snapshot, claim_list, domain_users, providers=None):
     for mdev, ref in domain_users.items():
         if mdev not in holders and mdev in gpu_of:
             holders[mdev] = (gpu_of[mdev], ref.uuid)
-    usage = collections.Counter()
+    usage: collections.Counter[tuple[str, str]] = collections.Counter()
     for mdev, (gpu, consumer) in holders.items():
         provider = (providers or {}).get(gpu)
         usage[gpu, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
@@ -135,7 +135,7 @@ def _with_allocation_drift(drifts, compared, usage, moves):
 def _allocation_drift(provider, allocations, usage, moves):
     drifts = []
     name = provider.name
-    allocated = collections.Counter()
+    allocated: collections.Counter[str] = collections.Counter()
     for consumer, resources in allocations.items():
         allocated[moves.get(consumer, consumer)] += resources.get(provider.resource_class, 0)
     here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}

@@ -95,7 +95,8 @@ class HostStatus:
         reserved = sum(g.reserved for g in served if not g.mixed)
         in_flight = sum(len(g.claims) for g in self.gpus)
         if self.guests_known:
-            instances = {guest.instance for g in self.gpus for guest in g.guests}
+            instances = {guest.instance for g in self.gpus
+                         for guest in g.guests}  # type: ignore[union-attr]  # all known
             guests = f"{len(instances)} guest(s)"
         else:
             guests = "guests unknown (libvirt unreachable)"
@@ -141,7 +142,7 @@ def in_use(claim_list, users):
 def _vgpus_by_gpu(snapshot, claim_list):
     """``{gpu address: vgpu ids}``: those that exist there, and those a claim
     places there (a claim may come before its mdev)."""
-    found = {gpu.address: set() for gpu in snapshot.gpus}
+    found: dict[str, set[str]] = {gpu.address: set() for gpu in snapshot.gpus}
     for vgpu in snapshot.vgpus:
         gpu = snapshot.gpu_of_parent(vgpu.parent)
         if gpu is not None:

@@ -17,13 +17,19 @@ guests that already hold vGPUs, so:
 Nothing here talks to nova or Placement.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.inventory import GpuProvider
 
 LOG = logging.getLogger(__name__)
 
@@ -42,7 +48,7 @@ class Move:
     """An existing provider whose inventory and allocations go to ``target``."""
 
     source: ExistingProvider
-    target: object   # inventory.GpuProvider
+    target: GpuProvider
     address: str     # the device the source provider was named after
 
 
@@ -127,7 +133,7 @@ def move_allocations(allocations, plan, target_uuids):
     serves.  Returns ``{consumer: {gpu address: units}}``.
     """
     by_source = plan.by_source_uuid()
-    moved = {}
+    moved: dict[str, dict[str, int]] = {}
     for consumer, record in allocations.items():
         allocs = record.get("allocations", {})
         for rp_uuid in [u for u in allocs if u in by_source]:
@@ -162,7 +168,7 @@ def mismatches(moved, held):
 
 def held_per_gpu(claim_list):
     """``{instance: {gpu address: mdevs}}`` from claims (not those going away)."""
-    held = {}
+    held: dict[str, dict[str, int]] = {}
     for claim in claim_list:
         if claim.state == claims.RELEASING:
             continue

@@ -68,7 +68,7 @@ def gpu_device_id(gpu):
 def problems(type_configs, option):
     """Config errors no host can fix: ambiguous ids, counts without ids."""
     found = []
-    uncounted = {}
+    uncounted: dict[str, str] = {}
     for type_config in type_configs:
         if type_config.gpu_count is not None and not type_config.device_ids:
             found.append(exception.ConfigProblem(
@@ -112,7 +112,7 @@ class _Counts:
 def shared_by_device_id(type_configs):
     """``{device id: (type id, ...)}`` of the ids several NVIDIA types take
     without a ``gpu_count``: their GPUs serve them all (mixed sizes)."""
-    takers = {}
+    takers: dict[str, list[str]] = {}
     for type_config in type_configs:
         if type_config.gpu_count is None and names.is_vendor_type_id(type_config.type_id):
             for device_id in type_config.device_ids:

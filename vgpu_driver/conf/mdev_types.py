@@ -218,7 +218,7 @@ def _device_ids(conf, group, problems):
 
 def load(conf):
     """Read the mdev options: returns ``(MdevConfig, [ConfigProblem])``."""
-    problems = []
+    problems: list[exception.ConfigProblem] = []
     enabled = _enabled_types(conf, problems)
     for type_id in enabled:
         group = devices.group_name(type_id)
@@ -228,7 +228,9 @@ def load(conf):
         for opt in devices.mdev_type_opts(type_id):
             if opt.dest not in conf[group]:
                 conf.register_opt(opt, group=group)
-    type_configs, listing, default_type = [], {}, None
+    type_configs: list[TypeConfig] = []
+    listing: dict[str, tuple[str, ...]] = {}
+    default_type: str | None = None
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)
         type_configs.append(type_config)
