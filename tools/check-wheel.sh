@@ -29,7 +29,8 @@ if grep -E "[A-Za-z]+Warning\b|^ *warning:" "$WORK/build.log"; then
 fi
 wheel=$(ls "$WORK"/dist/vgpu_driver-*.whl)
 echo "    $(basename "$wheel")"
-if ! "$PYTHON" -m zipfile -l "$wheel" | grep -q "^vgpu_driver/py.typed "; then
+# (grep reads the whole listing: with pipefail, -q would fail the pipe.)
+if ! "$PYTHON" -m zipfile -l "$wheel" | grep "^vgpu_driver/py.typed " >/dev/null; then
     echo "error: the wheel lacks vgpu_driver/py.typed (PEP 561)" >&2
     exit 1
 fi
