@@ -29,6 +29,12 @@ if grep -E "[A-Za-z]+Warning\b|^ *warning:" "$WORK/build.log"; then
 fi
 wheel=$(ls "$WORK"/dist/vgpu_driver-*.whl)
 echo "    $(basename "$wheel")"
+# (grep reads the whole listing: with pipefail, -q would fail the pipe.)
+if ! "$PYTHON" -m zipfile -l "$wheel" | grep "^vgpu_driver/py.typed " >/dev/null; then
+    echo "error: the wheel lacks vgpu_driver/py.typed (PEP 561)" >&2
+    exit 1
+fi
+echo "    with vgpu_driver/py.typed"
 
 echo "==> installing it with libvirt,placement,embedded-placement into a clean venv"
 "$PYTHON" -m venv "$WORK/venv"

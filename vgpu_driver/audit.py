@@ -15,13 +15,27 @@
   for an operator to sort out.
 """
 
+from __future__ import annotations
+
 import collections
 import dataclasses
 import os
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import claims
 from vgpu_driver import placement
 from vgpu_driver import state_files
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.domains import DomainRef
+    from vgpu_driver.inventory import GpuProvider
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.placement.sync import ProviderSync
 
 HELD_STATES = (claims.CLAIMED, claims.ATTACHED, claims.MIGRATING_IN)
 KINDS = ("allocation-without-mdev", "mdev-without-allocation", "stale-provider",
@@ -39,7 +53,10 @@ class Drift:
     detail: str
 
 
-def host_usage(snapshot, claim_list, domain_users, providers=None):
+def host_usage(snapshot: HostSnapshot, claim_list: Iterable[claims.Claim],
+               domain_users: Mapping[str, DomainRef],
+               providers: Mapping[str, GpuProvider] | None = None,
+               ) -> collections.Counter[tuple[str, str]]:
     """``{(gpu, consumer): units}`` from claims and guests' domains: what a
     vGPU counts for in its GPU's provider of ``providers`` (``{gpu:
     GpuProvider}``; one each without), framebuffer MiB on a mixed-size board.
@@ -47,12 +64,13 @@ def host_usage(snapshot, claim_list, domain_users, providers=None):
     A vGPU is an mdev or a vendor-VFIO VF set to a type; a domain's other
     PCI hostdevs are no vGPU of any GPU here, and not counted.
     """
-    gpu_of, type_of = {}, {}
+    gpu_of: dict[str, str] = {}
+    type_of: dict[str, str] = {}
     for vgpu in snapshot.vgpus:
         gpu = snapshot.gpu_of_parent(vgpu.parent)
         if gpu is not None:
             gpu_of[vgpu.id], type_of[vgpu.id] = gpu.address, vgpu.type_id
-    holders = {}
+    holders: dict[str, tuple[str, str]] = {}
     for claim in claim_list:
         if claim.state in HELD_STATES:
             holders[claim.mdev_uuid] = (claim.gpu, claim.instance_uuid)
@@ -60,21 +78,24 @@ def host_usage(snapshot, claim_list, domain_users, providers=None):
     for mdev, ref in domain_users.items():
         if mdev not in holders and mdev in gpu_of:
             holders[mdev] = (gpu_of[mdev], ref.uuid)
-    usage = collections.Counter()
+    usage: collections.Counter[tuple[str, str]] = collections.Counter()
     for mdev, (gpu, consumer) in holders.items():
         provider = (providers or {}).get(gpu)
         usage[gpu, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
     return usage
 
 
-def _inventory_detail(have, want):
-    def short(inventories):
+def _inventory_detail(have: Mapping[str, Mapping[str, Any]],
+                      want: Mapping[str, Mapping[str, Any]]) -> str:
+    def short(inventories: Mapping[str, Mapping[str, Any]]) -> str:
         return ", ".join(f"{rc} total={i['total']} reserved={i['reserved']}"
                          for rc, i in sorted(inventories.items())) or "none"
     return f"Placement has {short(have)}; the host computes {short(want)}"
 
 
-def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
+def audit(sync: ProviderSync, tree: ProviderTree, snapshot: HostSnapshot,
+          claim_list: Iterable[claims.Claim], domain_users: Mapping[str, DomainRef],
+          moves: Callable[[], Mapping[str, str]] | None = None) -> list[Drift]:
     """Every difference between the host and Placement, as Drift rows.
 
     ``moves`` gives ``{migration uuid: instance uuid}`` of nova's moves
@@ -99,7 +120,8 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users,
                        {p.gpu: p for p in tree.providers})
-    compared = []          # (position in drifts, provider, its allocations)
+    # (position in drifts, provider, its allocations)
+    compared: list[tuple[int, GpuProvider, dict[str, dict[str, int]]]] = []
     for name, provider in sorted(desired.items()):
         known = sync.known.get(name)
         if known is None:
@@ -118,7 +140,10 @@ def audit(sync, tree, snapshot, claim_list, domain_users, moves=None):
     return _with_allocation_drift(drifts, compared, usage, moves)
 
 
-def _with_allocation_drift(drifts, compared, usage, moves):
+def _with_allocation_drift(drifts: list[Drift],
+                           compared: list[tuple[int, GpuProvider, dict[str, dict[str, int]]]],
+                           usage: Mapping[tuple[str, str], int],
+                           moves: Callable[[], Mapping[str, str]] | None) -> list[Drift]:
     """``drifts`` with each provider's allocation drift at its place; moves
     asked for only when there is some (Placement is read once either way)."""
     found = [_allocation_drift(p, allocations, usage, {}) for _, p, allocations in compared]
@@ -132,10 +157,12 @@ def _with_allocation_drift(drifts, compared, usage, moves):
     return merged
 
 
-def _allocation_drift(provider, allocations, usage, moves):
-    drifts = []
+def _allocation_drift(provider: GpuProvider, allocations: Mapping[str, Mapping[str, int]],
+                      usage: Mapping[tuple[str, str], int],
+                      moves: Mapping[str, str]) -> list[Drift]:
+    drifts: list[Drift] = []
     name = provider.name
-    allocated = collections.Counter()
+    allocated: collections.Counter[str] = collections.Counter()
     for consumer, resources in allocations.items():
         allocated[moves.get(consumer, consumer)] += resources.get(provider.resource_class, 0)
     here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}
@@ -153,11 +180,11 @@ def _allocation_drift(provider, allocations, usage, moves):
     return drifts
 
 
-def _held(provider, units):
+def _held(provider: GpuProvider, units: int) -> str:
     return f"{units} MiB of vGPUs" if provider.mixed else f"{units} mdev(s)"
 
 
-def write_record(state_dir, drifts, now):
+def write_record(state_dir: str, drifts: Iterable[Drift], now: float) -> None:
     """Leave how much drift of each kind this audit found, and when, for
     ``vgpu-manage metrics`` to export (OSError if it cannot be written)."""
     found = collections.Counter(d.kind for d in drifts)
@@ -165,6 +192,6 @@ def write_record(state_dir, drifts, now):
                       {"at": now, "drift": {kind: found.get(kind, 0) for kind in KINDS}})
 
 
-def read_record(state_dir):
+def read_record(state_dir: str) -> Any:
     """What the last audit on this host found (None if none ran here)."""
     return state_files.read(os.path.join(state_dir, RECORD_FILE))

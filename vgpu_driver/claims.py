@@ -19,12 +19,20 @@ a VF to one claim, as it does an mdev, and journals written before VFs were
 allocated read unchanged: the schema is the same.
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Iterator
+from typing import Any
+from typing import TypeVar
 
 from vgpu_driver import exception
 from vgpu_driver import journal_files
@@ -35,6 +43,8 @@ ATTACHED = "attached"
 MIGRATING_IN = "migrating_in"
 RELEASING = "releasing"
 STATES = (CLAIMED, ATTACHED, MIGRATING_IN, RELEASING)
+
+_T = TypeVar("_T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS claims (
@@ -76,13 +86,14 @@ class Claim:
     updated_at: float
 
     @property
-    def is_vf(self):
+    def is_vf(self) -> bool:
         """A vendor-VFIO vGPU: the VF itself, not an mdev."""
         return names.is_vf_vgpu_id(self.mdev_uuid)
 
 
-def _claim(row):
-    return Claim(*row[:6], bool(row[6]), *row[7:])
+def _claim(row: Any) -> Claim:
+    # A row of _COLUMNS: nine values, the seventh an int.
+    return Claim(*row[:6], bool(row[6]), *row[7:])  # type: ignore[call-arg]
 
 
 # The longest sqlite itself may wait for another writer, sleeping in C, at a
@@ -91,18 +102,18 @@ def _claim(row):
 BUSY_POLL = 0.05
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
-_PROCESS_LOCKS = {}
+_PROCESS_LOCKS: dict[tuple[int, str], threading.RLock] = {}
 _PROCESS_LOCKS_GUARD = threading.Lock()
 
 
-def _process_lock(path):
+def _process_lock(path: str) -> threading.RLock:
     """This process's lock for one journal (a forked child gets fresh ones)."""
     key = (os.getpid(), path)
     with _PROCESS_LOCKS_GUARD:
         return _PROCESS_LOCKS.setdefault(key, threading.RLock())
 
 
-def _patiently(action, patience):
+def _patiently(action: Callable[[], _T], patience: float) -> _T:
     """``action()``, retried while the database is busy for up to ``patience``
     seconds, sleeping between tries in Python (see :data:`BUSY_POLL`)."""
     deadline = time.monotonic() + patience
@@ -116,11 +127,11 @@ def _patiently(action, patience):
         time.sleep(BUSY_POLL)
 
 
-def _begin_immediate(db, patience):
+def _begin_immediate(db: sqlite3.Connection, patience: float) -> None:
     _patiently(lambda: db.execute("BEGIN IMMEDIATE"), patience)
 
 
-def _make_state_dir(state_dir, path):
+def _make_state_dir(state_dir: str, path: str) -> None:
     try:
         os.makedirs(state_dir, mode=0o750, exist_ok=True)
     except OSError as exc:
@@ -128,7 +139,7 @@ def _make_state_dir(state_dir, path):
             path=path, reason=f"cannot create {state_dir}: {exc.strerror}") from exc
 
 
-def _check_state_dir(state_dir, path):
+def _check_state_dir(state_dir: str, path: str) -> None:
     """Refuse a state dir that is not there: reading it as empty would make
     every claimed mdev look free."""
     if not os.path.isdir(state_dir):
@@ -137,7 +148,7 @@ def _check_state_dir(state_dir, path):
         raise exception.JournalMissing(path=path, reason=reason)
 
 
-def check_new_state_dir(state_dir, also_ours=()):
+def check_new_state_dir(state_dir: str, also_ours: Iterable[str] = ()) -> None:
     """Refuse to start a journal in a directory that holds other programs'
     files: ``claims init`` with a mistyped ``--state-dir`` (``/var/lib/nova``,
     a home directory) would otherwise put the host's claims among them.
@@ -163,7 +174,7 @@ class Journal:
 
     FILENAME = "claims.sqlite"
 
-    def __init__(self, state_dir, busy_timeout=30.0, create=True):
+    def __init__(self, state_dir: str, busy_timeout: float = 30.0, create: bool = True) -> None:
         """Open the journal, checked; ``create`` makes the state directory
         and a new journal when they are missing (nova-compute's start-up),
         and needs to write it.  Without it a missing journal raises
@@ -177,7 +188,7 @@ class Journal:
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._place = journal_files.Place.of(state_dir, self.path)
-        self.read_only = None
+        self.read_only: str | None = None
         if not os.access(state_dir, os.X_OK, effective_ids=True):
             raise exception.JournalNotReadable(
                 path=self.path, user=journal_files.this_process(),
@@ -199,7 +210,7 @@ class Journal:
         except sqlite3.DatabaseError as exc:
             raise journal_files.refused(self.path, exc) from exc
 
-    def _access(self, found, create):
+    def _access(self, found: dict[str, os.stat_result | None], create: bool) -> str | None:
         why = journal_files.why_not_readable(self._place, found)
         if why:
             raise exception.JournalNotReadable(path=self.path,
@@ -211,7 +222,7 @@ class Journal:
             journal_files.notice_read_only(self.path, why)
         return why
 
-    def _not_writable(self, why):
+    def _not_writable(self, why: str) -> exception.JournalNotWritable:
         owner = self._place.owner
         if self.read_only:
             fix = f"Run this as root or as {owner}."
@@ -225,7 +236,7 @@ class Journal:
         return exception.JournalNotWritable(path=self.path, user=journal_files.this_process(),
                                             reason=why, fix=fix)
 
-    def _open_checked(self, create, created, size):
+    def _open_checked(self, create: bool, created: bool, size: int) -> None:
         """Integrity and version checked read-only (a refused file is left
         byte for byte as it was), then the schema brought to this version."""
         version, has_claims = 0, False
@@ -253,15 +264,15 @@ class Journal:
         if version < SCHEMA_VERSION:
             self._migrate(db, schema)
 
-    def _check_read_only(self):
+    def _check_read_only(self) -> tuple[int, set[str]]:
         """``(schema version, its table names)`` of a journal that passes
         sqlite's integrity check and is not newer than this code."""
-        def check(db):
+        def check(db: sqlite3.Connection) -> tuple[int, set[str]]:
             verdict = db.execute("PRAGMA quick_check").fetchone()[0]
             if verdict != "ok":
                 raise exception.JournalUnreadable(path=self.path,
                                                   reason=f"integrity check: {verdict}")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+            version: int = db.execute("PRAGMA user_version").fetchone()[0]
             tables = {row[0] for row in db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             return version, tables
@@ -279,7 +290,7 @@ class Journal:
             raise exception.JournalTooNew(path=self.path, found=version, known=SCHEMA_VERSION)
         return version, tables
 
-    def _migrate(self, db, version):
+    def _migrate(self, db: sqlite3.Connection, version: int) -> None:
         with _process_lock(self.path):
             _begin_immediate(db, self._busy_timeout)
             try:
@@ -293,17 +304,18 @@ class Journal:
             db.execute("COMMIT")
 
     @property
-    def schema_version(self):
-        return self._read(lambda db: db.execute("PRAGMA user_version").fetchone()[0])
+    def schema_version(self) -> int:
+        version: int = self._read(lambda db: db.execute("PRAGMA user_version").fetchone()[0])
+        return version
 
-    def _read(self, action):
+    def _read(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         """``action(db)`` on this thread's connection, or, read-only, on one
         that writes nothing (see :func:`journal_files.read`)."""
         if self.read_only:
             return journal_files.read(self._place, action)
         return action(self._db())
 
-    def _db(self):
+    def _db(self) -> sqlite3.Connection:
         """This thread's connection, kept open: opening one per transaction
         costs a WAL checkpoint each time.  A forked child opens its own."""
         if self.read_only:
@@ -318,9 +330,10 @@ class Journal:
             # Claims must survive power loss too: a reboot restores from them.
             db.execute("PRAGMA synchronous=FULL")
             local.db, local.pid = db, os.getpid()
-        return local.db
+        db_: sqlite3.Connection = local.db
+        return db_
 
-    def close(self):
+    def close(self) -> None:
         """Close this thread's connection (the next use opens another): a
         process that reads once per request leaves no file open behind."""
         db = getattr(self._local, "db", None)
@@ -329,7 +342,7 @@ class Journal:
         self._local.__dict__.clear()
 
     @contextlib.contextmanager
-    def transaction(self):
+    def transaction(self) -> Iterator[Transaction]:
         """A write transaction holding the host-wide allocation lock.
 
         Threads of this process queue on a lock of their own first, so only
@@ -349,7 +362,7 @@ class Journal:
                 raise
             db.execute("COMMIT")
 
-    def claims(self, instance_uuid=None):
+    def claims(self, instance_uuid: str | None = None) -> list[Claim]:
         return _patiently(lambda: self._read(lambda db: Transaction(db).claims(instance_uuid)),
                           self._busy_timeout)
 
@@ -357,21 +370,21 @@ class Journal:
 class Transaction:
     """Reads and writes of one transaction (see :meth:`Journal.transaction`)."""
 
-    def __init__(self, db):
+    def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
-    def claims(self, instance_uuid=None):
+    def claims(self, instance_uuid: str | None = None) -> list[Claim]:
         query = f"SELECT {_COLUMNS} FROM claims"
-        args = ()
+        args: tuple[str, ...] = ()
         if instance_uuid is not None:
             query += " WHERE instance_uuid = ?"
             args = (instance_uuid,)
         return [_claim(row) for row in self._db.execute(query + " ORDER BY mdev_uuid", args)]
 
-    def by_mdev(self):
+    def by_mdev(self) -> dict[str, Claim]:
         return {c.mdev_uuid: c for c in self.claims()}
 
-    def on_gpu_or_of(self, gpus, instance_uuid):
+    def on_gpu_or_of(self, gpus: Collection[str], instance_uuid: str) -> dict[str, Claim]:
         """Claims on any of ``gpus`` or held by ``instance_uuid``: all an
         allocation on those GPUs needs to look at, whatever the host's size."""
         marks = ", ".join("?" * len(gpus))
@@ -380,8 +393,8 @@ class Transaction:
             (*gpus, instance_uuid))
         return {row[0]: _claim(row) for row in rows}
 
-    def add(self, instance_uuid, mdev_uuid, gpu, parent, type_id, state=CLAIMED,
-            created=False):
+    def add(self, instance_uuid: str, mdev_uuid: str, gpu: str, parent: str, type_id: str,
+            state: str = CLAIMED, created: bool = False) -> None:
         mdev_uuid = names.check_vgpu_id(mdev_uuid)
         if state not in STATES:
             raise ValueError(state)
@@ -397,13 +410,15 @@ class Transaction:
             raise exception.ClaimConflict(mdev=mdev_uuid,
                                           owner=owner[0] if owner else "?") from None
 
-    def set_state(self, instance_uuid, state, mdev_uuids=None, from_states=None):
+    def set_state(self, instance_uuid: str, state: str,
+                  mdev_uuids: Collection[str] | None = None,
+                  from_states: Collection[str] | None = None) -> int:
         """Move the instance's claims (those of ``mdev_uuids``, and only
         those now in ``from_states``, if given) to ``state``; how many."""
         if state not in STATES or not set(from_states or ()) <= set(STATES):
             raise ValueError(state)
         query = "UPDATE claims SET state = ?, updated_at = ? WHERE instance_uuid = ?"
-        args = [state, time.time(), instance_uuid]
+        args: list[object] = [state, time.time(), instance_uuid]
         if mdev_uuids is not None:
             query += f" AND mdev_uuid IN ({', '.join('?' * len(mdev_uuids))})"
             args += list(mdev_uuids)
@@ -412,15 +427,18 @@ class Transaction:
             args += list(from_states)
         return self._db.execute(query, args).rowcount
 
-    def move(self, mdev_uuid, parent):
+    def move(self, mdev_uuid: str, parent: str) -> None:
         """Record that an mdev now lives on another parent of its GPU."""
         self._db.execute("UPDATE claims SET parent = ?, updated_at = ? WHERE mdev_uuid = ?",
                          (parent, time.time(), mdev_uuid))
 
-    def remove(self, instance_uuid=None, mdev_uuids=None, state=None):
+    def remove(self, instance_uuid: str | None = None,
+               mdev_uuids: Collection[str] | None = None,
+               state: str | None = None) -> list[Claim]:
         """Delete claims of an instance and/or of given mdevs (only those in
         ``state`` if given); returns them."""
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[str] = []
         if state is not None:
             clauses.append("state = ?")
             args.append(state)
@@ -438,14 +456,14 @@ class Transaction:
         self._db.execute(f"DELETE FROM claims WHERE {where}", args)
         return gone
 
-    def remove_exact(self, claims):
+    def remove_exact(self, claims: Iterable[Claim]) -> list[Claim]:
         """Delete these claims only if each is unchanged (same instance, vGPU,
         state and last update); returns those deleted.
 
         A check made on an earlier read then never removes a claim someone
         else took, or that moved on (attached, migrating) since.
         """
-        gone = []
+        gone: list[Claim] = []
         for claim in claims:
             cursor = self._db.execute(
                 "DELETE FROM claims WHERE mdev_uuid = ? AND instance_uuid = ? AND state = ?"

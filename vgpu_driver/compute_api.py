@@ -9,6 +9,10 @@ that link, and only through its API (``GET /os-migrations``, whose entries
 carry their UUID from microversion 2.59); nova itself is never imported.
 """
 
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+
 from keystoneauth1 import adapter as ks_adapter
 from keystoneauth1 import exceptions as ks_exceptions
 
@@ -24,7 +28,7 @@ ENDED = frozenset({"confirmed", "reverted", "completed", "done", "cancelled", "e
                    "failed"})
 
 
-def moves_from(migrations, host):
+def moves_from(migrations: Iterable[Mapping[str, Any]], host: str) -> dict[str, str]:
     """``{migration uuid: instance uuid}`` of the moves under way to or
     from ``host``, from ``GET /os-migrations``'s entries."""
     return {m["uuid"]: m["instance_uuid"] for m in migrations
@@ -32,7 +36,7 @@ def moves_from(migrations, host):
             and host in (m.get("source_compute"), m.get("dest_compute"))}
 
 
-def moves_on(connection, host):
+def moves_on(connection: Any, host: str) -> dict[str, str]:
     """The moves under way on ``host``, asked of nova's API through the
     session of ``connection`` (an openstacksdk Connection).
 

@@ -143,9 +143,10 @@ class VGPUDriver:
                 audit.read_record(self.conf.vgpu.state_dir), self.conf.vgpu, now)
         except Exception:
             LOG.exception("Cannot compute the metrics for %s; the inventory update goes "
-                          "on without them", self.metrics_file.path)
+                          "on without them",
+                          self.metrics_file.path)  # type: ignore[union-attr]  # only called with one
             return
-        self.metrics_file.write(reading)
+        self.metrics_file.write(reading)  # type: ignore[union-attr]  # only called with one
 
     def reconcile_claims(self):
         """A host reconciler's pass now: finish removals the kernel refused

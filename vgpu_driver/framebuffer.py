@@ -21,13 +21,27 @@ two updates can still both pass Placement: the board refuses the second
 at claim time and nova reschedules it.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
 import string
 import types
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.nvml import Placements
+    from vgpu_driver.sysfs.base import SysfsHost
 
 RESOURCE_CLASS = "CUSTOM_VGPU_FRAMEBUFFER_MIB"
 SLOT_MIB = 1024
@@ -43,25 +57,26 @@ class FramebufferInventory:
     max_unit: int
     step_size: int
 
-    def as_placement(self):
+    def as_placement(self) -> dict[str, Any]:
         return {"total": self.total, "reserved": self.reserved, "min_unit": self.min_unit,
                 "max_unit": self.max_unit, "step_size": self.step_size,
                 "allocation_ratio": 1.0}
 
     @property
-    def capacity(self):
+    def capacity(self) -> int:
         """What Placement may still grant on top of what is in use."""
         return self.total - self.reserved
 
 
-def covered(placements):
+def covered(placements: Mapping[str, Placements]) -> set[int]:
     """The slots the creatable placements of ``placements`` (a mapping of
     type to :class:`vgpu_driver.nvml.Placements`) cover."""
     return {slot for found in placements.values() for start in found.creatable
             for slot in range(start, start + found.size)}
 
 
-def inventory(board_slots, placements, used_slots, free_vfs):
+def inventory(board_slots: int, placements: Mapping[str, Placements], used_slots: int,
+              free_vfs: int) -> FramebufferInventory:
     """The inventory of a board of ``board_slots`` slots whose vGPUs take
     ``used_slots``; ``placements``: ``{type: Placements}`` of each configured
     type, read together; ``free_vfs``: VFs without a vGPU (one per vGPU)."""
@@ -86,12 +101,12 @@ class BoardReading:
     could not be asked."""
 
     mixed: bool = False
-    placements: types.MappingProxyType = dataclasses.field(
+    placements: types.MappingProxyType[str, Placements] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}))
     error: str | None = None
 
 
-def read_board(host, gpu, type_ids):
+def read_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str]) -> BoardReading:
     """The :class:`BoardReading` of ``gpu`` for ``type_ids`` and the types
     its VFs hold, in one pass (NVML's mode first: no placements without it)."""
     held = {p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
@@ -107,11 +122,13 @@ def read_board(host, gpu, type_ids):
         {names.vendor_type_id(number): placed for number, placed in found.items()}))
 
 
-def read_boards(host, snapshot, served):
+def read_boards(host: SysfsHost, snapshot: HostSnapshot,
+                served: Mapping[str, Collection[str]],
+                ) -> types.MappingProxyType[str, BoardReading]:
     """``{board address: BoardReading}`` of the vendor-VFIO boards ``served``
     (``{gpu address: (type id, ...)}``, see
     :func:`vgpu_driver.inventory.configured_types`) gives several types."""
-    readings = {}
+    readings: dict[str, BoardReading] = {}
     for gpu in snapshot.gpus:
         type_ids = served.get(gpu.address, ())
         if len(type_ids) > 1 and gpu.parents:
@@ -119,11 +136,12 @@ def read_boards(host, snapshot, served):
     return types.MappingProxyType(readings)
 
 
-def board_slots(placements):
+def board_slots(placements: Mapping[str, Placements]) -> int:
     """A board's slots as far as the placements of ``placements`` (``{type:
     Placements}``) reach: its framebuffer as the configured types see it."""
-    return max(start + found.size for found in placements.values()
-               for start in found.supported)
+    reach: int = max(start + found.size for found in placements.values()
+                     for start in found.supported)
+    return reach
 
 
 # What a slot of a BoardMap holds, besides a vGPU's mark.
@@ -149,22 +167,23 @@ class BoardMap:
     not place; ``error`` when NVML could not be asked."""
 
     slots: str = ""
-    vgpus: tuple = ()
+    vgpus: tuple[LocatedVgpu, ...] = ()
     unlocated: int = 0
     error: str | None = None
 
-    def legend(self):
+    def legend(self) -> str:
         return " ".join(f"{v.mark}={v.type_id}@{v.placement}" for v in self.vgpus)
 
 
-def board_map(reading, type_ids, located, typed_vfs):
+def board_map(reading: BoardReading, type_ids: Iterable[str],
+              located: Iterable[tuple[int, int]], typed_vfs: int) -> BoardMap:
     """The :class:`BoardMap` of a board whose NVML ``reading`` covers
     ``type_ids`` (its configured types), from ``located`` (``((type number,
     placement ID), ...)``, :meth:`SysfsHost.vgpu_locations`) and the number
     of its typed VFs."""
     configured = {t: reading.placements[t] for t in type_ids}
-    slots = [None] * board_slots(configured)
-    vgpus = []
+    slots: list[str | None] = [None] * board_slots(configured)
+    vgpus: list[LocatedVgpu] = []
     for number, placement in located:
         found = reading.placements.get(names.vendor_type_id(number))
         if found is None or len(vgpus) == len(MARKS) or placement + found.size > len(slots):
@@ -181,7 +200,8 @@ def board_map(reading, type_ids, located, typed_vfs):
     return BoardMap(slots=drawn, vgpus=tuple(vgpus), unlocated=unlocated)
 
 
-def map_board(host, gpu, type_ids, reading):
+def map_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str],
+              reading: BoardReading) -> BoardMap:
     """:func:`board_map` of ``gpu``, asking NVML where its vGPUs are."""
     try:
         located = host.vgpu_locations(gpu.address)
@@ -191,11 +211,12 @@ def map_board(host, gpu, type_ids, reading):
     return board_map(reading, type_ids, located, typed)
 
 
-def map_boards(host, snapshot, tree, boards):
+def map_boards(host: SysfsHost, snapshot: HostSnapshot, tree: ProviderTree,
+               boards: Mapping[str, BoardReading]) -> types.MappingProxyType[str, BoardMap]:
     """``{board address: BoardMap}`` of the boards that have a mixed-size
     provider in ``tree`` (:class:`vgpu_driver.inventory.ProviderTree`),
     ``boards`` being what :func:`read_boards` said of them."""
-    maps = {}
+    maps: dict[str, BoardMap] = {}
     for gpu in snapshot.gpus:
         provider = tree.by_gpu(gpu.address)
         if provider is not None and provider.mixed:

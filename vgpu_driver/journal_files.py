@@ -16,12 +16,18 @@ A process that cannot write the journal reads it through connections that
 write nothing (:func:`read`), which work with side files of another user.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import grp
 import os
 import pwd
 import sqlite3
 import stat
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import TypeVar
 from urllib import parse
 
 from oslo_log import log as logging
@@ -33,27 +39,31 @@ LOG = logging.getLogger(__name__)
 MODE = 0o640
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
+_T = TypeVar("_T")
+# ``{suffix: stat or None}`` of the journal ('') and its side files.
+Found = Mapping[str, "os.stat_result | None"]
 
-def user(uid):
+
+def user(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
 
 
-def _group(gid):
+def _group(gid: int) -> str:
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return f"gid {gid}"
 
 
-def describe(st):
+def describe(st: os.stat_result) -> str:
     """``owner:group, mode 0640`` of a stat result."""
     return f"{user(st.st_uid)}:{_group(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def this_process():
+def this_process() -> str:
     """Who this process is, as an error names it."""
     return f"uid {os.geteuid()} ({user(os.geteuid())})"
 
@@ -67,15 +77,15 @@ class Place:
     directory: os.stat_result
 
     @classmethod
-    def of(cls, state_dir, path):
+    def of(cls, state_dir: str, path: str) -> Place:
         return cls(state_dir, path, os.stat(state_dir))
 
     @property
-    def owner(self):
+    def owner(self) -> str:
         return user(self.directory.st_uid)
 
 
-def inspect(place, path):
+def inspect(place: Place, path: str) -> os.stat_result | None:
     """``path``'s stat, checked by fd (None when it is not there).
 
     Opened ``O_PATH | O_NOFOLLOW``: a link is seen as itself, nothing is
@@ -95,7 +105,7 @@ def inspect(place, path):
     return found
 
 
-def _refusal(place, path, found):
+def _refusal(place: Place, path: str, found: os.stat_result) -> str | None:
     if stat.S_ISLNK(found.st_mode):
         try:
             return f"it is a link (to {os.readlink(path)!r})"
@@ -108,6 +118,7 @@ def _refusal(place, path, found):
     if found.st_uid not in (0, place.directory.st_uid):
         return (f"it belongs to {user(found.st_uid)}, neither the state directory's "
                 f"owner ({place.owner}) nor root")
+    now: os.stat_result | None
     try:
         now = os.lstat(path)
     except FileNotFoundError:
@@ -117,12 +128,12 @@ def _refusal(place, path, found):
     return None
 
 
-def inspect_all(place):
+def inspect_all(place: Place) -> dict[str, os.stat_result | None]:
     """``{suffix: stat or None}`` of the journal ('') and its side files."""
     return {suffix: inspect(place, place.path + suffix) for suffix in ("", *SIDE_FILES)}
 
 
-def create(place):
+def create(place: Place) -> bool:
     """Create the journal's (empty) file for sqlite, following no link and
     given to the directory's owner; False if something is already there."""
     try:
@@ -137,7 +148,7 @@ def create(place):
     return True
 
 
-def give(fd, directory):
+def give(fd: int, directory: os.stat_result) -> None:
     """The file of ``fd`` to the owner and group of its ``directory`` (a
     stat result), mode 0640.  Another user than root can only pick a group
     it is in."""
@@ -149,14 +160,14 @@ def give(fd, directory):
     os.fchmod(fd, MODE)
 
 
-def give_to_owner(place, found):
+def give_to_owner(place: Place, found: Found) -> list[str]:
     """Root only: give the directory's owner the journal files root made
     (by an earlier ``claims init``, or a command killed with its side
     files open), which nova-compute could not write.  Run before sqlite
     opens the journal in this process (closing an fd drops its locks)."""
     if os.geteuid() != 0 or place.directory.st_uid == 0:
         return []
-    given = []
+    given: list[str] = []
     for suffix, st in found.items():
         if st is None or (st.st_uid, st.st_gid) == (place.directory.st_uid,
                                                     place.directory.st_gid):
@@ -179,7 +190,7 @@ def give_to_owner(place, found):
     return given
 
 
-def why_not_writable(place, found):
+def why_not_writable(place: Place, found: Found) -> str | None:
     """Why this process cannot write the journal, or None if it can: it
     needs the directory (to make side files) and every file there."""
     if not os.access(place.state_dir, os.W_OK | os.X_OK, effective_ids=True):
@@ -190,7 +201,7 @@ def why_not_writable(place, found):
     return None
 
 
-def why_not_readable(place, found):
+def why_not_readable(place: Place, found: Found) -> str | None:
     """Why this process cannot read the journal, or None if it can (side
     files too: a reader of a journal being written reads its WAL)."""
     for suffix, st in found.items():
@@ -200,15 +211,16 @@ def why_not_readable(place, found):
     return None
 
 
-def _may(path, mode):
+def _may(path: str, mode: int) -> bool:
     return os.access(path, mode, effective_ids=True, follow_symlinks=False)
 
 
-def connect(place, mode, **kwargs):
+def connect(place: Place, mode: str, **kwargs: Any) -> sqlite3.Connection:
     """A sqlite connection to the checked journal (``mode``: sqlite's URI
     parameters, ``rw`` or ``ro``...); refused if sqlite reached another file."""
     before = inspect(place, place.path)
-    db = sqlite3.connect(f"file:{parse.quote(place.path)}?{mode}", uri=True, **kwargs)
+    db: sqlite3.Connection = sqlite3.connect(f"file:{parse.quote(place.path)}?{mode}",
+                                             uri=True, **kwargs)
     try:
         opened = db.execute("PRAGMA database_list").fetchone()[2]
         after = inspect(place, place.path)
@@ -224,7 +236,7 @@ def connect(place, mode, **kwargs):
     return db
 
 
-def read(place, action, tries=3):
+def read(place: Place, action: Callable[[sqlite3.Connection], _T], tries: int = 3) -> _T:
     """``action(db)`` on a connection that writes nothing, for a process
     that cannot write the journal.
 
@@ -254,7 +266,7 @@ def read(place, action, tries=3):
     raise sqlite3.OperationalError("the journal kept changing while it was read")
 
 
-def _version(path):
+def _version(path: str) -> tuple[int, int, int]:
     found = os.lstat(path)
     return found.st_ino, found.st_size, found.st_mtime_ns
 
@@ -262,7 +274,7 @@ def _version(path):
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-def refused(path, exc):
+def refused(path: str, exc: sqlite3.Error) -> exception.JournalError:
     """The typed error of a sqlite error met while opening: only a broken
     file is "unusable" (whose advice is to move it away); anything else
     (permissions, a file sqlite cannot open, the disk) leaves it be."""
@@ -273,10 +285,10 @@ def refused(path, exc):
                                                     f"left as it was")
 
 
-_NOTICED = set()
+_NOTICED: set[tuple[int, str]] = set()
 
 
-def notice_read_only(path, why):
+def notice_read_only(path: str, why: str) -> None:
     """Once per process and journal: a reader that cannot write says so."""
     if (os.getpid(), path) not in _NOTICED:
         _NOTICED.add((os.getpid(), path))

@@ -8,11 +8,20 @@ reads them and creates the missing ones, never changing one that exists.
 Everything goes through openstacksdk's identity API.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
 
 from keystoneauth1 import exceptions as ks_exceptions
 
 from vgpu_driver import exception
+
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
 
 OK = "ok"
 MISSING = "missing"
@@ -27,7 +36,7 @@ class LimitRow:
     status: str
 
 
-def resource_names(mdev_config):
+def resource_names(mdev_config: MdevConfig) -> list[str]:
     """``class:<RC>`` for VGPU and every configured ``mdev_class``."""
     return sorted(f"class:{rc}" for rc in mdev_config.mdev_classes | {"VGPU"})
 
@@ -35,7 +44,7 @@ def resource_names(mdev_config):
 class RegisteredLimits:
     """The registered limits of one endpoint's service and region."""
 
-    def __init__(self, connection, endpoint_id):
+    def __init__(self, connection: Any, endpoint_id: str) -> None:
         self._url = _auth_url(connection)
         # The proxy authenticates and discovers versions as it is built.
         self.identity = self._call("authenticate", lambda: connection.identity)
@@ -46,16 +55,17 @@ class RegisteredLimits:
                               lambda: self.identity.get_endpoint(endpoint_id))
         self.service_id, self.region_id = endpoint.service_id, endpoint.region_id
 
-    def check(self, names):
+    def check(self, names: Iterable[str]) -> list[LimitRow]:
         """One :class:`LimitRow` per name, ``ok`` or ``missing``."""
         existing = self._existing()
         return [LimitRow(name, existing.get(name), OK if name in existing else MISSING)
                 for name in names]
 
-    def apply(self, names, default_limit, dry_run=False):
+    def apply(self, names: Iterable[str], default_limit: int,
+              dry_run: bool = False) -> list[LimitRow]:
         """Create the missing limits with ``default_limit``; rows of what was
         (or would be) created.  Existing limits are left as they are."""
-        rows = []
+        rows: list[LimitRow] = []
         for row in self.check(names):
             if row.status == OK:
                 continue
@@ -68,13 +78,14 @@ class RegisteredLimits:
                                  WOULD_CREATE if dry_run else CREATED))
         return rows
 
-    def _existing(self):
+    def _existing(self) -> dict[str, int]:
         limits = self._call("list registered limits", lambda: list(
             self.identity.registered_limits(service_id=self.service_id,
                                             region_id=self.region_id)))
         return {limit.resource_name: limit.default_limit for limit in limits}
 
-    def _call(self, action, function, *args, **kwargs):
+    def _call(self, action: str, function: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
         import openstack.exceptions as sdk_exceptions
 
         try:
@@ -95,13 +106,14 @@ class RegisteredLimits:
             raise exception.KeystoneRefused(action=action, reason=_first_line(exc)) from exc
 
 
-def _auth_url(connection):
+def _auth_url(connection: Any) -> str:
     try:
-        return connection.session.auth.auth_url
+        url: str = connection.session.auth.auth_url
+        return url
     except AttributeError:
         return "the configured auth_url"
 
 
-def _first_line(exc):
+def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]

@@ -10,6 +10,8 @@ was just reported to Placement.  A write that fails is logged and never
 fails the update: Placement matters more than a graph.
 """
 
+from __future__ import annotations
+
 import os
 
 from oslo_log import log as logging
@@ -22,7 +24,7 @@ OPTION = "[vgpu] metrics_textfile"
 SUFFIX = ".prom"        # the only files node_exporter's textfile collector reads
 
 
-def problems(path):
+def problems(path: str) -> list[exception.ConfigProblem]:
     """:class:`~vgpu_driver.exception.ConfigProblem` for a ``metrics_textfile``
     that cannot work; none when it is empty (not written)."""
     if not path:
@@ -44,14 +46,14 @@ class TextfileWriter:
     """Writes each update's :class:`~vgpu_driver.metrics.Reading` to ``path``,
     replaced whole (a temporary file beside it, renamed over it)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         found = problems(path)
         if found:
             raise exception.InvalidConfiguration(found)
         self.path = path
-        self._failing = None      # the last failure's text, logged once
+        self._failing: str | None = None      # the last failure's text, logged once
 
-    def write(self, reading):
+    def write(self, reading: metrics.Reading) -> None:
         """``reading`` into the file; a failure is logged when it first
         happens (and when it changes), and when it stops."""
         try:

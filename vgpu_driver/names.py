@@ -10,9 +10,12 @@ refused, never trimmed into another name, so what passes is exactly what is
 used as a path component and as a claims journal key.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import re
 import uuid as uuid_mod
+from collections.abc import Iterable
 
 from vgpu_driver import exception
 
@@ -29,7 +32,7 @@ _UUID_RE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
 
 
-def _whole(pattern, value):
+def _whole(pattern: re.Pattern[str], value: object) -> re.Match[str] | None:
     """The match of ``pattern`` over all of ``value``; None for anything else,
     non-strings included (``$`` would let a trailing newline through)."""
     return pattern.fullmatch(value) if isinstance(value, str) else None
@@ -42,16 +45,16 @@ class PciAddress:
     slot: int
     function: int
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
 
     @property
-    def provider_suffix(self):
+    def provider_suffix(self) -> str:
         """The ``pci_dddd_bb_ss_f`` part of a provider name (as nova names it)."""
         return (f"pci_{self.domain:04x}_{self.bus:02x}_{self.slot:02x}_"
                 f"{self.function:x}")
 
-    def offset(self, n):
+    def offset(self, n: int) -> PciAddress:
         """The address ``n`` routing IDs further on (how VFs are numbered)."""
         devfn = (self.slot << 3 | self.function) + n
         bus = self.bus + (devfn >> 8)
@@ -59,7 +62,7 @@ class PciAddress:
         return PciAddress(self.domain, bus, devfn >> 3, devfn & 7)
 
 
-def parse_pci_address(value, source=None):
+def parse_pci_address(value: object, source: str | None = None) -> PciAddress:
     """``dddd:bb:ss.f`` (any case) as a :class:`PciAddress`; ``str()`` of it is
     the canonical lower-case form.  Surrounding blanks are refused: sysfs
     entries and link targets never carry them; attribute reads, oslo.config
@@ -72,11 +75,11 @@ def parse_pci_address(value, source=None):
                       int(match["slot"], 16), int(match["function"], 16))
 
 
-def is_pci_address(value):
+def is_pci_address(value: object) -> bool:
     return _whole(_PCI_RE, value) is not None
 
 
-def parse_device_address(value, source=None):
+def parse_device_address(value: str, source: str | None = None) -> str:
     """A ``device_addresses`` entry: a PCI address or a virtual device name.
 
     Returns the canonical string (PCI addresses lower-cased).
@@ -86,7 +89,7 @@ def parse_device_address(value, source=None):
     return str(parse_pci_address(value, source))
 
 
-def virtual_device_path(name):
+def virtual_device_path(name: str) -> tuple[str, str]:
     """``mtty_mtty`` -> ``("mtty", "mtty")`` (under devices/virtual)."""
     match = _whole(_VIRTUAL_RE, name)
     if not match:
@@ -94,13 +97,13 @@ def virtual_device_path(name):
     return match["cls"], match["dev"]
 
 
-def check_type_id(value, source=None):
+def check_type_id(value: str, source: str | None = None) -> str:
     if not _whole(_TYPE_RE, value):
         raise exception.InvalidSysfsName("mdev type id", value, source)
     return value
 
 
-def check_parent_name(value, source=None):
+def check_parent_name(value: str, source: str | None = None) -> str:
     """A name under class/mdev_bus: a PCI address or a plain device name."""
     if is_pci_address(value):
         return value.lower()
@@ -109,22 +112,22 @@ def check_parent_name(value, source=None):
     raise exception.InvalidSysfsName("mdev parent name", value, source)
 
 
-def is_mdev_uuid(value):
+def is_mdev_uuid(value: object) -> bool:
     return _whole(_UUID_RE, value) is not None
 
 
-def check_mdev_uuid(value, source=None):
+def check_mdev_uuid(value: str, source: str | None = None) -> str:
     """A canonical lower-case UUID, the only form the kernel names mdevs by."""
     if not is_mdev_uuid(value):
         raise exception.InvalidSysfsName("mdev UUID", value, source)
     return value
 
 
-def new_mdev_uuid():
+def new_mdev_uuid() -> str:
     return str(uuid_mod.uuid4())
 
 
-def check_vgpu_id(value, source=None):
+def check_vgpu_id(value: str, source: str | None = None) -> str:
     """What claims and domains name a vGPU by, in its canonical form.
 
     An mdev is named by its UUID.  On NVIDIA's vendor-specific VFIO framework
@@ -138,7 +141,7 @@ def check_vgpu_id(value, source=None):
     raise exception.InvalidSysfsName("vGPU id (mdev UUID or VF PCI address)", value, source)
 
 
-def is_vf_vgpu_id(value):
+def is_vf_vgpu_id(value: object) -> bool:
     """True for the id of a vendor-VFIO vGPU (a VF's PCI address)."""
     return is_pci_address(value)
 
@@ -146,7 +149,7 @@ def is_vf_vgpu_id(value):
 _VENDOR_TYPE_RE = re.compile(r"nvidia-(?P<number>[1-9][0-9]{0,8})", re.ASCII)
 
 
-def vendor_type_id(number):
+def vendor_type_id(number: int) -> str:
     """The type id a vendor-VFIO type number is known by (``1156`` -> ``nvidia-1156``),
     named like the mdev types NVIDIA's older drivers list.
 
@@ -157,12 +160,12 @@ def vendor_type_id(number):
     return f"nvidia-{number}"
 
 
-def is_vendor_type_id(type_id):
+def is_vendor_type_id(type_id: object) -> bool:
     """True for a vendor-VFIO type id (``nvidia-<number>``)."""
     return bool(_whole(_VENDOR_TYPE_RE, type_id))
 
 
-def vendor_type_number(type_id, source=None):
+def vendor_type_number(type_id: str, source: str | None = None) -> int:
     """``nvidia-1156`` -> 1156: the only kind of value written to ``current_vgpu_type``."""
     match = _whole(_VENDOR_TYPE_RE, type_id)
     if not match:
@@ -170,7 +173,7 @@ def vendor_type_number(type_id, source=None):
     return int(match["number"])
 
 
-def trait_fragment(text):
+def trait_fragment(text: str) -> str:
     """Upper-case text with every run of other characters folded to ``_``."""
     return re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_")
 
@@ -179,7 +182,7 @@ def trait_fragment(text):
 PROVIDER_NAME_MAX = 200
 
 
-def check_nodename(nodename, suffixes=()):
+def check_nodename(nodename: str, suffixes: Iterable[str] = ()) -> str:
     """A compute node name every provider name built on it can carry.
 
     Checked before anything is written: Placement would take the root

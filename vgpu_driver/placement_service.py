@@ -143,7 +143,7 @@ class EmbeddedPlacement:
 
     @property
     def endpoint(self):
-        host, port = self._server.server_address[:2]
+        host, port = self._server.server_address[:2]  # type: ignore[union-attr]  # started
         return f"http://{host}:{port}"
 
     def connection(self):

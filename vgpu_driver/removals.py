@@ -16,9 +16,12 @@ blocks, creations always find a free worker; the rest wait their turn as
 ``releasing`` claims, which is what they are.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 from oslo_log import log as logging
 
@@ -43,17 +46,18 @@ class Removal:
 
 
 class _Writer:
-    def __init__(self, vgpu, destroy, started_at, on_done):
+    def __init__(self, vgpu: str, destroy: Callable[[str], object], started_at: float,
+                 on_done: Callable[[str], object]) -> None:
         self.vgpu = vgpu
         self.started_at = started_at
-        self.error = None
+        self.error: str | None = None
         self.finished = threading.Event()
         self._destroy = destroy
         self._on_done = on_done
         self.thread = threading.Thread(target=self._run, name=f"vgpu-remove-{vgpu}",
                                        daemon=True)
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             self._destroy(self.vgpu)
         except exception.VgpuDriverError as exc:
@@ -69,16 +73,17 @@ class _Writer:
 class Removals:
     """The removal writers of one process, one per vGPU at most."""
 
-    def __init__(self, limit=2, clock=time.time):
+    def __init__(self, limit: int = 2, clock: Callable[[], float] = time.time) -> None:
         self.limit = max(int(limit), 1)
         self.clock = clock
-        self._writers = {}
+        self._writers: dict[str, _Writer] = {}
         self._cond = threading.Condition()
         #: Called with the vGPU id whenever a writer returns (the reconciler
         #: is told, so a removal that outlived its caller is finished).
-        self.on_done = lambda vgpu: None
+        self.on_done: Callable[[str], object] = lambda vgpu: None
 
-    def remove(self, vgpu, destroy, wait):
+    def remove(self, vgpu: str, destroy: Callable[[str], object],
+               wait: float) -> Removal | None:
         """Remove ``vgpu`` with ``destroy(vgpu)``; its :class:`Removal`
         after waiting at most ``wait`` seconds, for a free writer and then
         for the write (None if no writer was free in time: ``limit``
@@ -104,15 +109,15 @@ class Removals:
         writer.finished.wait(max(deadline - time.monotonic(), 0))
         return self._collect(writer)
 
-    def _running(self):
+    def _running(self) -> int:
         return sum(not w.finished.is_set() for w in self._writers.values())
 
-    def _finished(self, vgpu):
+    def _finished(self, vgpu: str) -> None:
         with self._cond:
             self._cond.notify_all()
         self.on_done(vgpu)
 
-    def _collect(self, writer):
+    def _collect(self, writer: _Writer) -> Removal:
         """The writer's outcome; a finished writer is forgotten once told."""
         with self._cond:
             if not writer.finished.is_set():
@@ -122,13 +127,13 @@ class Removals:
         state = DONE if writer.error is None else FAILED
         return Removal(writer.vgpu, state, writer.started_at, writer.error)
 
-    def in_flight(self):
+    def in_flight(self) -> dict[str, float]:
         """``{vgpu: started_at}`` of the writers still blocked."""
         with self._cond:
             return {v: w.started_at for v, w in self._writers.items()
                     if not w.finished.is_set()}
 
-    def join(self, timeout):
+    def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every writer (tests, shutdown)."""
         deadline = time.monotonic() + timeout
         for writer in list(self._writers.values()):

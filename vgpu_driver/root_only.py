@@ -11,6 +11,8 @@ owner may replace it (``fs.protected_symlinks`` may stop root following
 it, but is a setting, not a promise), so a link on the way must be root's.
 """
 
+from __future__ import annotations
+
 import os
 import pwd
 import stat
@@ -18,14 +20,14 @@ import stat
 MAX_LINKS = 40
 
 
-def _owner(uid):
+def _owner(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
 
 
-def _problem(path, st):
+def _problem(path: str, st: os.stat_result) -> str | None:
     """Why ``path`` (``lstat`` ``st``) is not root's alone, or None."""
     if stat.S_ISLNK(st.st_mode):
         if st.st_uid == 0:
@@ -40,7 +42,7 @@ def _problem(path, st):
             "can be changed by another user than root")
 
 
-def walk(path):
+def walk(path: str) -> list[tuple[str, os.stat_result]]:
     """``[(path, lstat)]`` of everything that decides what ``path`` is,
     links followed by hand (each link listed too); the first missing
     component ends the walk."""
@@ -75,9 +77,9 @@ def walk(path):
     return found
 
 
-def problems(path):
+def problems(path: str) -> list[str]:
     """Each component of ``path`` another user than root can change."""
-    seen = []
+    seen: list[str] = []
     for each, st in walk(path):
         problem = _problem(each, st)
         if problem is not None and problem not in seen:
@@ -85,7 +87,7 @@ def problems(path):
     return seen
 
 
-def interpreter_paths(script):
+def interpreter_paths(script: str) -> list[str]:
     """The absolute paths of a script's ``#!`` line, and of the
     interpreter of pip's ``#!/bin/sh`` trampoline (``'''exec' PYTHON``),
     written for interpreter paths a ``#!`` line cannot hold."""

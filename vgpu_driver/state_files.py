@@ -9,17 +9,20 @@ and root writes there too: the temporary file is created following no link
 0640 (see :mod:`vgpu_driver.journal_files`), and a reader follows no link.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import stat
 import threading
+from typing import Any
 
 from vgpu_driver import journal_files
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write(path, data):
+def write(path: str, data: Any) -> None:
     """Replace ``path`` by ``data`` as JSON; OSError if it cannot be.  Of
     two writers at once, the last to finish wins, each file whole."""
     # One temporary name per thread: two writers never share one.
@@ -37,7 +40,7 @@ def write(path, data):
         raise
 
 
-def _create(tmp):
+def _create(tmp: str) -> int:
     """A new file at ``tmp``; what is there already (left by a process
     killed with this pid, or put there) is removed, never followed."""
     try:
@@ -47,7 +50,7 @@ def _create(tmp):
         return os.open(tmp, _CREATE, journal_files.MODE)
 
 
-def read(path):
+def read(path: str) -> Any:
     """What ``path`` holds: None when it does not exist, ``{"unreadable":
     why}`` when it cannot be read or parsed (a link is not followed)."""
     try:

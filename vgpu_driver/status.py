@@ -9,11 +9,24 @@ them side by side, so the view cannot disagree with ``inventory``,
 ``claims list`` or ``mdev list``.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import claims
 from vgpu_driver import reconciler_state
 from vgpu_driver import sriov
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.domains import DomainRef
+    from vgpu_driver.framebuffer import BoardMap
+    from vgpu_driver.inventory import ProviderTree
 
 BAR_WIDTH = 10
 MIB = "MiB"
@@ -65,14 +78,14 @@ class GpuStatus:
     # framebuffer MiB (its inventory's unit).
     unit: str = "vGPUs"
     # A mixed-size board's framebuffer.BoardMap: where its vGPUs sit.
-    board_map: object = None
+    board_map: BoardMap | None = None
 
     @property
-    def bar(self):
+    def bar(self) -> str:
         return bar(self.used, self.total)
 
     @property
-    def mixed(self):
+    def mixed(self) -> bool:
         return self.unit == MIB
 
 
@@ -83,10 +96,10 @@ class HostStatus:
     reconciler: str | None = None   # one line about the host reconciler
 
     @property
-    def guests_known(self):
+    def guests_known(self) -> bool:
         return all(g.guests is not None for g in self.gpus)
 
-    def summary(self):
+    def summary(self) -> str:
         """One line about the whole host."""
         served = [g for g in self.gpus if g.provider]
         counted = [g for g in self.gpus if not g.mixed]
@@ -95,7 +108,8 @@ class HostStatus:
         reserved = sum(g.reserved for g in served if not g.mixed)
         in_flight = sum(len(g.claims) for g in self.gpus)
         if self.guests_known:
-            instances = {guest.instance for g in self.gpus for guest in g.guests}
+            instances = {guest.instance for g in self.gpus
+                         for guest in g.guests}  # type: ignore[union-attr]  # all known
             guests = f"{len(instances)} guest(s)"
         else:
             guests = "guests unknown (libvirt unreachable)"
@@ -116,7 +130,7 @@ class HostStatus:
         return line
 
 
-def bar(used, total, width=BAR_WIDTH):
+def bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     """``[#####.....] 5/10``: one ``#`` per used tenth, at least one when any
     is used and at least one ``.`` while any is free; full when over."""
     if total <= 0:
@@ -130,7 +144,8 @@ def bar(used, total, width=BAR_WIDTH):
     return f"[{'#' * filled}{'.' * (width - filled)}] {used}/{total}"
 
 
-def in_use(claim_list, users):
+def in_use(claim_list: Iterable[claims.Claim],
+           users: Collection[str] | None) -> set[str] | None:
     """vGPU ids claims or guests reference, as ``inventory`` tells a draining
     GPU from a blocked one; None when the guests are unknown."""
     if users is None:
@@ -138,10 +153,11 @@ def in_use(claim_list, users):
     return {c.mdev_uuid for c in claim_list} | set(users)
 
 
-def _vgpus_by_gpu(snapshot, claim_list):
+def _vgpus_by_gpu(snapshot: HostSnapshot,
+                  claim_list: Iterable[claims.Claim]) -> dict[str, set[str]]:
     """``{gpu address: vgpu ids}``: those that exist there, and those a claim
     places there (a claim may come before its mdev)."""
-    found = {gpu.address: set() for gpu in snapshot.gpus}
+    found: dict[str, set[str]] = {gpu.address: set() for gpu in snapshot.gpus}
     for vgpu in snapshot.vgpus:
         gpu = snapshot.gpu_of_parent(vgpu.parent)
         if gpu is not None:
@@ -151,14 +167,17 @@ def _vgpus_by_gpu(snapshot, claim_list):
     return found
 
 
-def _sriov_state(function):
+def _sriov_state(function: sriov.PhysicalFunction | None) -> SriovState | None:
     if function is None:
         return None
     return SriovState(function.state, function.numvfs, function.totalvfs)
 
 
-def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=None,
-             reconciler=None, maps=None):
+def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
+             claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
+             functions: Iterable[sriov.PhysicalFunction] = (),
+             stuck: Mapping[str, float] | None = None, reconciler: str | None = None,
+             maps: Mapping[str, BoardMap] | None = None) -> HostStatus:
     """The :class:`HostStatus` of one host.
 
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
@@ -178,11 +197,11 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
     claimed = {c.mdev_uuid for c in claim_list}
     type_of = {v.id: v.type_id for v in snapshot.vgpus} | {
         c.mdev_uuid: c.type_id for c in claim_list}
-    rows = []
+    rows: list[GpuStatus] = []
     for gpu in snapshot.gpus:
         ids = sorted(vgpus[gpu.address])
         provider = tree.by_gpu(gpu.address)
-        guests = None
+        guests: tuple[Guest, ...] | None = None
         if users is not None:
             guests = tuple(Guest(i, users[i].uuid, users[i].name) for i in ids if i in users)
         in_flight = tuple(sorted(
@@ -209,7 +228,10 @@ def assemble(nodename, snapshot, tree, claim_list, users, functions=(), stuck=No
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
 
 
-def of_host(nodename, snapshot, tree, claim_list, users, reconciler, now, maps=None):
+def of_host(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
+            claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
+            reconciler: Any, now: float, maps: Mapping[str, BoardMap] | None = None,
+            ) -> HostStatus:
     """:func:`assemble` with the SR-IOV functions of ``snapshot`` and what
     the host reconciler's ``reconciler`` state (as it writes it) says at
     ``now``: ``status`` and the metrics build the same view this way (``maps``:

@@ -17,13 +17,25 @@ guests that already hold vGPUs, so:
 Nothing here talks to nova or Placement.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.inventory import GpuProvider
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.mdevs import MdevManager
 
 LOG = logging.getLogger(__name__)
 
@@ -42,7 +54,7 @@ class Move:
     """An existing provider whose inventory and allocations go to ``target``."""
 
     source: ExistingProvider
-    target: object   # inventory.GpuProvider
+    target: GpuProvider
     address: str     # the device the source provider was named after
 
 
@@ -50,19 +62,19 @@ class Move:
 class Plan:
     moves: tuple[Move, ...] = ()
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.moves)
 
-    def by_source_uuid(self):
+    def by_source_uuid(self) -> dict[str, Move]:
         return {m.source.uuid: m for m in self.moves}
 
     @property
-    def targets(self):
+    def targets(self) -> tuple[GpuProvider, ...]:
         """The GPU providers that receive something, each once, by name."""
         return tuple({m.target.name: m.target for m in self.moves}.values())
 
 
-def device_address(nodename, provider_name):
+def device_address(nodename: str, provider_name: str) -> str | None:
     """The device a ``<nodename>_<device>`` provider was named after.
 
     ``cn1_pci_0000_41_00_4`` -> ``0000:41:00.4``; a virtual parent keeps its
@@ -83,7 +95,9 @@ def device_address(nodename, provider_name):
         return None
 
 
-def _target(nodename, provider, desired, snapshot, mdev_classes):
+def _target(nodename: str, provider: ExistingProvider, desired: Mapping[str, GpuProvider],
+            snapshot: HostSnapshot, mdev_classes: frozenset[str],
+            ) -> tuple[GpuProvider, str] | None:
     """``(GpuProvider, address)`` that takes ``provider``'s place, or None."""
     if provider.name in desired or not provider.resource_classes:
         return None
@@ -93,13 +107,14 @@ def _target(nodename, provider, desired, snapshot, mdev_classes):
         return None
     address = device_address(nodename, provider.name)
     gpu = snapshot.gpu(address) if address else None
-    if gpu is None:
+    if gpu is None or address is None:   # (no address, no GPU: for the checker)
         return None
     target = next((p for p in desired.values() if p.gpu == gpu.address), None)
     return (target, address) if target is not None else None
 
 
-def plan(nodename, desired_tree, snapshot, existing):
+def plan(nodename: str, desired_tree: ProviderTree, snapshot: HostSnapshot,
+         existing: Iterable[ExistingProvider]) -> Plan:
     """Which ``existing`` providers a provider of ``desired_tree`` replaces.
 
     A provider named after a parent of a GPU we serve (nova's per-VF
@@ -109,7 +124,7 @@ def plan(nodename, desired_tree, snapshot, existing):
     updated in place.
     """
     desired = {p.name: p for p in desired_tree.providers}
-    moves = []
+    moves: list[Move] = []
     for provider in sorted(existing, key=lambda p: p.name):
         found = _target(nodename, provider, desired, snapshot, desired_tree.mdev_classes)
         if found is not None:
@@ -117,7 +132,8 @@ def plan(nodename, desired_tree, snapshot, existing):
     return Plan(tuple(moves))
 
 
-def move_allocations(allocations, plan, target_uuids):
+def move_allocations(allocations: dict[str, dict[str, Any]], plan: Plan,
+                     target_uuids: Mapping[str, str]) -> dict[str, dict[str, int]]:
     """Move every consumer's units from replaced providers to their GPU's.
 
     ``allocations`` is Placement's ``{consumer: {"allocations": {rp_uuid:
@@ -127,7 +143,7 @@ def move_allocations(allocations, plan, target_uuids):
     serves.  Returns ``{consumer: {gpu address: units}}``.
     """
     by_source = plan.by_source_uuid()
-    moved = {}
+    moved: dict[str, dict[str, int]] = {}
     for consumer, record in allocations.items():
         allocs = record.get("allocations", {})
         for rp_uuid in [u for u in allocs if u in by_source]:
@@ -144,14 +160,15 @@ def move_allocations(allocations, plan, target_uuids):
     return moved
 
 
-def mismatches(moved, held):
+def mismatches(moved: Mapping[str, Mapping[str, int]],
+               held: Mapping[str, Mapping[str, int]]) -> list[tuple[str, str, int, int]]:
     """Consumers whose moved units differ from the mdevs they hold per GPU.
 
     ``held`` is ``{consumer: {gpu address: mdevs}}`` (from the claims).
     Returns ``[(consumer, gpu, units, mdevs)]``; a migration's consumer, or a
     guest whose domain is gone, shows up here.
     """
-    found = []
+    found: list[tuple[str, str, int, int]] = []
     for consumer, per_gpu in sorted(moved.items()):
         for gpu, units in sorted(per_gpu.items()):
             mdevs = held.get(consumer, {}).get(gpu, 0)
@@ -160,9 +177,9 @@ def mismatches(moved, held):
     return found
 
 
-def held_per_gpu(claim_list):
+def held_per_gpu(claim_list: Iterable[claims.Claim]) -> dict[str, dict[str, int]]:
     """``{instance: {gpu address: mdevs}}`` from claims (not those going away)."""
-    held = {}
+    held: dict[str, dict[str, int]] = {}
     for claim in claim_list:
         if claim.state == claims.RELEASING:
             continue
@@ -171,7 +188,7 @@ def held_per_gpu(claim_list):
     return held
 
 
-def adopt(manager):
+def adopt(manager: MdevManager) -> list[claims.Claim]:
     """Claim, ``attached``, the vGPUs guests use that no claim records.
 
     Another driver made them (nova's, before the switch; for a vendor-VFIO
@@ -180,7 +197,7 @@ def adopt(manager):
     domain's UUID is the instance's).  Returns the new claims.
     """
     snapshot = manager.snapshot(refresh=True)
-    adopted = []
+    adopted: list[str] = []
     with manager.journal.transaction() as txn:
         claimed = txn.by_mdev()
         users = manager.domains.mdev_users()

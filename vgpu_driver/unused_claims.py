@@ -17,20 +17,31 @@ defines it from its claims).  Only the compute driver knows either: with
 no keeper, nothing is released.
 """
 
+from __future__ import annotations
+
 import collections
+from collections.abc import Callable
+from collections.abc import Container
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
+
+if TYPE_CHECKING:
+    from vgpu_driver.mdevs import MdevManager
 
 LOG = logging.getLogger(__name__)
 
 _UNUSED_STATES = (claims_mod.CLAIMED, claims_mod.ATTACHED)
 
 
-def candidates(claim_list, users, now, grace):
+def candidates(claim_list: Iterable[claims_mod.Claim], users: Container[str], now: float,
+               grace: float) -> dict[str, list[claims_mod.Claim]]:
     """The claims no domain uses, older than ``grace``, per instance."""
-    found = collections.defaultdict(list)
+    found: collections.defaultdict[str, list[claims_mod.Claim]] = \
+        collections.defaultdict(list)
     for claim in claim_list:
         if (claim.state in _UNUSED_STATES and claim.mdev_uuid not in users
                 and now - claim.updated_at > grace):
@@ -38,7 +49,8 @@ def candidates(claim_list, users, now, grace):
     return dict(found)
 
 
-def release(manager, keeper, grace, now):
+def release(manager: MdevManager, keeper: Callable[[set[str]], Container[str]] | None,
+            grace: float, now: float) -> list[claims_mod.Claim]:
     """Release the unused claims of instances ``keeper`` does not keep;
     returns the released claims.
 
@@ -57,7 +69,7 @@ def release(manager, keeper, grace, now):
     stale = [c for uuid in sorted(found) if uuid not in kept for c in found[uuid]]
     if not stale:
         return []
-    going = []
+    going: list[str] = []
     with manager.journal.transaction() as txn:
         current = set(txn.claims())
         stale = [c for c in stale if c in current]

@@ -6,6 +6,8 @@ groups are registered by :func:`vgpu_driver.conf.mdev_types.load`, once the
 enabled types are known.
 """
 
+from oslo_config import cfg
+
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import limits
 from vgpu_driver.conf import placement
@@ -14,7 +16,7 @@ from vgpu_driver.conf import vgpu
 __all__ = ["register_opts"]
 
 
-def register_opts(conf):
+def register_opts(conf: cfg.ConfigOpts) -> None:
     devices.register_opts(conf)
     vgpu.register_opts(conf)
     placement.register_opts(conf)

@@ -3,7 +3,7 @@
 from oslo_config import cfg
 
 
-def devices_group():
+def devices_group() -> cfg.OptGroup:
     """A new group object per ConfigOpts (see ``conf.vgpu.vgpu_group``)."""
     return cfg.OptGroup(
         "devices",
@@ -33,7 +33,7 @@ result.
 ]
 
 
-def mdev_type_opts(type_id):
+def mdev_type_opts(type_id: str) -> list[cfg.Opt]:
     """The options of one ``[mdev_<type>]`` group."""
     return [
         cfg.ListOpt(
@@ -105,16 +105,16 @@ type's description, free VFs on SR-IOV boards) always applies.
     ]
 
 
-def group_name(type_id):
+def group_name(type_id: str) -> str:
     return f"mdev_{type_id}"
 
 
-def register_opts(conf):
+def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_group(devices_group())
     conf.register_opts(devices_opts, group="devices")
 
 
-def template_group():
+def template_group() -> tuple[cfg.OptGroup, list[cfg.Opt]]:
     """A documented stand-in for the dynamic groups, for the sample config."""
     group = cfg.OptGroup(
         "mdev_<type>",

@@ -20,11 +20,23 @@ both are NVIDIA types (``nvidia-<number>``): the GPUs then serve them all,
 mixing sizes on one board (see :func:`shared_by_device_id`).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import re
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_types import TypeConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import PhysicalGPU
 
 _DEVICE_ID = re.compile(r"^(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})$")
 
@@ -42,11 +54,11 @@ class Assignment:
     shared: tuple[str, ...] = ()
 
     @property
-    def types(self):
+    def types(self) -> tuple[str, ...]:
         return self.shared or ((self.type_id,) if self.type_id else ())
 
 
-def parse_device_id(raw):
+def parse_device_id(raw: object) -> str:
     """``vendor:device`` as ``10de:1eb8``; ValueError when it is not one."""
     match = _DEVICE_ID.match(str(raw).strip().lower())
     if not match:
@@ -54,7 +66,7 @@ def parse_device_id(raw):
     return f"{match.group(1)}:{match.group(2)}"
 
 
-def gpu_device_id(gpu):
+def gpu_device_id(gpu: PhysicalGPU) -> str | None:
     """The physical function's ``vendor:device`` (an SR-IOV board is one GPU)."""
     pci = gpu.pci
     if pci is None or not pci.vendor or not pci.device:
@@ -65,10 +77,11 @@ def gpu_device_id(gpu):
         return None
 
 
-def problems(type_configs, option):
+def problems(type_configs: Iterable[TypeConfig], option: Callable[[str, str], str],
+             ) -> list[exception.ConfigProblem]:
     """Config errors no host can fix: ambiguous ids, counts without ids."""
-    found = []
-    uncounted = {}
+    found: list[exception.ConfigProblem] = []
+    uncounted: dict[str, str] = {}
     for type_config in type_configs:
         if type_config.gpu_count is not None and not type_config.device_ids:
             found.append(exception.ConfigProblem(
@@ -92,16 +105,16 @@ def problems(type_configs, option):
 class _Counts:
     """GPUs given to each type so far, against its ``gpu_count``."""
 
-    def __init__(self, config, explicit):
+    def __init__(self, config: MdevConfig, explicit: Mapping[str, str | None]) -> None:
         self._config = config
         self._taken = {t.type_id: sum(1 for v in explicit.values() if v == t.type_id)
                        for t in config.types}
 
-    def room(self, type_config):
+    def room(self, type_config: TypeConfig) -> bool:
         count = type_config.gpu_count
         return count is None or self._taken[type_config.type_id] < count
 
-    def take(self, type_config):
+    def take(self, type_config: TypeConfig) -> str:
         self._taken[type_config.type_id] += 1
         count = type_config.gpu_count
         return (f"device_ids {', '.join(type_config.device_ids)}"
@@ -109,10 +122,10 @@ class _Counts:
                    if count is not None else ""))
 
 
-def shared_by_device_id(type_configs):
+def shared_by_device_id(type_configs: Iterable[TypeConfig]) -> dict[str, tuple[str, ...]]:
     """``{device id: (type id, ...)}`` of the ids several NVIDIA types take
     without a ``gpu_count``: their GPUs serve them all (mixed sizes)."""
-    takers = {}
+    takers: dict[str, list[str]] = {}
     for type_config in type_configs:
         if type_config.gpu_count is None and names.is_vendor_type_id(type_config.type_id):
             for device_id in type_config.device_ids:
@@ -121,36 +134,38 @@ def shared_by_device_id(type_configs):
             if len(types) > 1}
 
 
-def _assignment(config, gpu, type_config, how):
+def _assignment(config: MdevConfig, gpu: PhysicalGPU, type_config: TypeConfig,
+                how: str) -> Assignment:
     """The Assignment of ``gpu`` to ``type_config``, with the types it
     shares the board with when its device id is shared."""
     device_id = gpu_device_id(gpu)
-    shared = shared_by_device_id(config.types).get(device_id, ()) \
-        if type_config.gpu_count is None else ()
+    # No device id (None) finds no board.
+    shared: tuple[str, ...] = shared_by_device_id(config.types).get(
+        device_id, ()) if type_config.gpu_count is None else ()  # type: ignore[arg-type]
     if type_config.type_id not in shared:
         shared = ()
     return Assignment(gpu.address, device_id, type_config.type_id,
                       how + (" (a mixed-size board)" if shared else ""), shared)
 
 
-def _explicit(config, gpu):
+def _explicit(config: MdevConfig, gpu: PhysicalGPU) -> str | None:
     found = config.explicit_types(gpu.addresses)
     return found[0] if len(found) == 1 else None
 
 
-def _candidates(config, device_id):
+def _candidates(config: MdevConfig, device_id: str | None) -> list[TypeConfig]:
     """Types whose device_ids match: counted first, in enabled order."""
     matching = [t for t in config.types if device_id and device_id in t.device_ids]
     return sorted(matching, key=lambda t: t.gpu_count is None)
 
 
-def resolve(config, snapshot):
+def resolve(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, Assignment]:
     """``{gpu address: Assignment}`` for GPUs that matched some device_ids."""
     free = [g for g in snapshot.gpus if not config.explicit_types(g.addresses)]
     explicit = {g.address: _explicit(config, g) for g in snapshot.gpus
                 if _explicit(config, g)}
     counts = _Counts(config, explicit)
-    result = {}
+    result: dict[str, Assignment] = {}
     for gpu in free:
         held = gpu.vgpu_types_in_use()
         for type_config in _candidates(config, gpu_device_id(gpu)):
@@ -175,13 +190,14 @@ def resolve(config, snapshot):
     return result
 
 
-def gpu_map(config, snapshot):
+def gpu_map(config: MdevConfig, snapshot: HostSnapshot,
+            ) -> list[tuple[str, str | None, tuple[str, ...], str]]:
     """``[(gpu, device_id, (type id, ...), how)]`` for every GPU of the host:
     no type, one, or the NVIDIA types of a mixed-size board.
 
     ``config`` is resolved for ``snapshot`` (``MdevConfig.for_host``).
     """
-    rows = []
+    rows: list[tuple[str, str | None, tuple[str, ...], str]] = []
     for gpu in snapshot.gpus:
         explicit = config.explicit_types(gpu.addresses)
         assignment = config.by_model.get(gpu.address)

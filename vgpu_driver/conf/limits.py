@@ -9,6 +9,7 @@ so it checks exactly the limits nova-compute's API would look up.
 """
 
 import urllib.parse
+from typing import Any
 
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
@@ -29,26 +30,26 @@ limits ``vgpu-manage limits`` checks and creates.
 ]
 
 
-def oslo_limit_group():
+def oslo_limit_group() -> cfg.OptGroup:
     return cfg.OptGroup(GROUP, title="Unified limits",
                         help="How to reach Keystone's unified limits, as nova does.")
 
 
-def register_opts(conf):
+def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_group(oslo_limit_group())
     conf.register_opts(limit_opts, group=GROUP)
     ks_loading.register_session_conf_options(conf, GROUP)
     ks_loading.register_auth_conf_options(conf, GROUP)
 
 
-def list_opts():
+def list_opts() -> list[tuple[cfg.OptGroup, list[Any]]]:
     options = (limit_opts + ks_loading.get_session_conf_options()
                + ks_loading.get_auth_common_conf_options()
                + ks_loading.get_auth_plugin_conf_options("password"))
     return [(oslo_limit_group(), placement._unique(options))]
 
 
-def connection(conf):
+def connection(conf: cfg.ConfigOpts) -> tuple[Any, str]:
     """``(openstacksdk Connection, endpoint_id)`` from ``[oslo_limit]``."""
     import openstack
 

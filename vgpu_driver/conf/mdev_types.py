@@ -6,8 +6,13 @@ Errors make :func:`from_conf` raise (nova-compute must not start on them);
 warnings are logged and shown by ``vgpu-manage config check``.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Iterable
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+from typing import Any
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -17,6 +22,9 @@ from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
 
 LOG = logging.getLogger(__name__)
 
@@ -39,42 +47,42 @@ class MdevConfig:
 
     types: tuple[TypeConfig, ...] = ()
     default_type: str | None = None
-    by_address: MappingProxyType = dataclasses.field(
+    by_address: MappingProxyType[str, str] = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
     # {address: (type id, ...)}: the NVIDIA types sharing a mixed-size
     # board, in enabled_mdev_types order (by_address holds the rest).
-    mixed_by_address: MappingProxyType = dataclasses.field(
+    mixed_by_address: MappingProxyType[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
     # After for_host(): {GPU address: fleet.Assignment} of GPUs matched by
     # device_ids (type_id None: matched, but every matching type is full).
-    by_model: MappingProxyType = dataclasses.field(
+    by_model: MappingProxyType[str, fleet.Assignment] = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
 
-    def type_config(self, type_id):
+    def type_config(self, type_id: str) -> TypeConfig | None:
         for type_config in self.types:
             if type_config.type_id == type_id:
                 return type_config
         return None
 
-    def listed_types(self, address):
+    def listed_types(self, address: str) -> tuple[str, ...]:
         """The types whose device_addresses list ``address``."""
         if address in self.by_address:
             return (self.by_address[address],)
         return self.mixed_by_address.get(address, ())
 
-    def explicit_types(self, addresses):
+    def explicit_types(self, addresses: Iterable[str]) -> list[str]:
         """The distinct types whose device_addresses list any of ``addresses``."""
         return sorted({t for a in addresses for t in self.listed_types(a)})
 
     @property
-    def mixed_types(self):
+    def mixed_types(self) -> frozenset[str]:
         """The types that share a board with another type (mixed-size
         boards), by address or by device id."""
         return frozenset(t for shared in (self.mixed_by_address,
                                           fleet.shared_by_device_id(self.types))
                          for types in shared.values() for t in types)
 
-    def types_for(self, addresses):
+    def types_for(self, addresses: Iterable[str]) -> list[str]:
         """The distinct types the config assigns to any of ``addresses``
         (through device_ids too, once resolved by :meth:`for_host`)."""
         found = set(self.explicit_types(addresses))
@@ -82,12 +90,12 @@ class MdevConfig:
                      for t in self.by_model[a].types)
         return sorted(found)
 
-    def fleet_reason(self, address):
+    def fleet_reason(self, address: str) -> str | None:
         """Why a GPU matching device_ids serves none of their types, or None."""
         assignment = self.by_model.get(address)
         return assignment.how if assignment and assignment.type_id is None else None
 
-    def for_host(self, snapshot):
+    def for_host(self, snapshot: HostSnapshot) -> MdevConfig:
         """This config with device_ids resolved against one host's GPUs."""
         if not any(t.device_ids for t in self.types):
             return self
@@ -95,11 +103,11 @@ class MdevConfig:
             self, by_model=MappingProxyType(fleet.resolve(self, snapshot)))
 
     @property
-    def enabled(self):
+    def enabled(self) -> tuple[str, ...]:
         return tuple(t.type_id for t in self.types)
 
     @property
-    def mdev_classes(self):
+    def mdev_classes(self) -> frozenset[str]:
         """The resource classes the enabled types are allocated in: a
         mixed-size board's vGPUs are allocated in framebuffer MiB."""
         classes = {t.mdev_class for t in self.types if t.type_id not in self.mixed_types}
@@ -108,11 +116,12 @@ class MdevConfig:
         return frozenset(classes)
 
 
-def _option(group, name):
+def _option(group: str, name: str) -> str:
     return f"[{group}] {name}"
 
 
-def _read(conf, group, name, problems):
+def _read(conf: cfg.ConfigOpts, group: str, name: str,
+          problems: list[exception.ConfigProblem]) -> Any:
     """An option's value, or None with a problem when oslo.config rejects it."""
     try:
         return conf[group][name]
@@ -123,25 +132,28 @@ def _read(conf, group, name, problems):
         return None
 
 
-def _raw_value(conf, group, name):
+def _raw_value(conf: cfg.ConfigOpts, group: str, name: str) -> Any:
     """The text as written, for problem reports (oslo hides it on errors)."""
     try:
-        value, _loc = conf._namespace._get_file_value([(group, name)])
+        # No namespace yet (no file parsed) fails as any other miss does.
+        value, _loc = conf._namespace._get_file_value(  # type: ignore[union-attr]
+            [(group, name)])
         return value[-1] if isinstance(value, list) else value
     except Exception:  # noqa: BLE001 - best effort, reporting only
         return None
 
 
-def _written(conf, group, name):
+def _written(conf: cfg.ConfigOpts, group: str, name: str) -> bool:
     """Whether a configuration file sets ``[group] name`` itself."""
     try:
-        conf._namespace._get_file_value([(group, name)])
+        conf._namespace._get_file_value([(group, name)])  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - not found is KeyError; best effort, reporting only
         return False
     return True
 
 
-def _enabled_types(conf, problems):
+def _enabled_types(conf: cfg.ConfigOpts, problems: list[exception.ConfigProblem],
+                   ) -> list[str]:
     if _written(conf, "devices", "enabled_mdev_types") and \
             _written(conf, "devices", "enabled_vgpu_types"):
         problems.append(exception.ConfigProblem(
@@ -149,7 +161,7 @@ def _enabled_types(conf, problems):
             _raw_value(conf, "devices", "enabled_vgpu_types"),
             "ignored: enabled_mdev_types is set too and wins; remove the old name",
             "warning"))
-    enabled = []
+    enabled: list[str] = []
     for type_id in conf.devices.enabled_mdev_types:
         try:
             names.check_type_id(type_id)
@@ -167,9 +179,10 @@ def _enabled_types(conf, problems):
     return enabled
 
 
-def _type_config(conf, type_id, problems):
+def _type_config(conf: cfg.ConfigOpts, type_id: str,
+                 problems: list[exception.ConfigProblem]) -> TypeConfig:
     group = devices.group_name(type_id)
-    addresses = []
+    addresses: list[str] = []
     for raw in _read(conf, group, "device_addresses", problems) or []:
         try:
             address = names.parse_device_address(raw)
@@ -201,8 +214,9 @@ def _type_config(conf, type_id, problems):
                       display, ramfb, device_ids, gpu_count)
 
 
-def _device_ids(conf, group, problems):
-    found = []
+def _device_ids(conf: cfg.ConfigOpts, group: str,
+                problems: list[exception.ConfigProblem]) -> tuple[str, ...]:
+    found: list[str] = []
     for raw in _read(conf, group, "device_ids", problems) or []:
         try:
             device_id = fleet.parse_device_id(raw)
@@ -216,9 +230,9 @@ def _device_ids(conf, group, problems):
     return tuple(found)
 
 
-def load(conf):
+def load(conf: cfg.ConfigOpts) -> tuple[MdevConfig, list[exception.ConfigProblem]]:
     """Read the mdev options: returns ``(MdevConfig, [ConfigProblem])``."""
-    problems = []
+    problems: list[exception.ConfigProblem] = []
     enabled = _enabled_types(conf, problems)
     for type_id in enabled:
         group = devices.group_name(type_id)
@@ -228,7 +242,9 @@ def load(conf):
         for opt in devices.mdev_type_opts(type_id):
             if opt.dest not in conf[group]:
                 conf.register_opt(opt, group=group)
-    type_configs, listing, default_type = [], {}, None
+    type_configs: list[TypeConfig] = []
+    listing: dict[str, tuple[str, ...]] = {}
+    default_type: str | None = None
     for type_id in enabled:
         type_config = _type_config(conf, type_id, problems)
         type_configs.append(type_config)
@@ -264,12 +280,13 @@ def load(conf):
     return config, problems
 
 
-def _mixed_size_problems(type_configs, sharing):
+def _mixed_size_problems(type_configs: Iterable[TypeConfig],
+                         sharing: Iterable[Iterable[str]]) -> list[exception.ConfigProblem]:
     """Options a type sharing a mixed-size board (``sharing``: the tuples
     of types that share one) cannot honour: the board is one framebuffer
     inventory, neither a class of the type's own nor a count of its vGPUs."""
     shared = {t for types in sharing for t in types}
-    problems = []
+    problems: list[exception.ConfigProblem] = []
     for type_config in type_configs:
         if type_config.type_id not in shared:
             continue
@@ -287,7 +304,7 @@ def _mixed_size_problems(type_configs, sharing):
     return problems
 
 
-def from_conf(conf):
+def from_conf(conf: cfg.ConfigOpts) -> MdevConfig:
     """The config, after logging warnings; raises InvalidConfiguration on errors."""
     config, problems = load(conf)
     errors = [p for p in problems if p.severity == "error"]

@@ -1,5 +1,7 @@
 """Option listing for oslo-config-generator (entry point ``vgpu_driver``)."""
 
+from typing import Any
+
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import limits
 from vgpu_driver.conf import placement
@@ -7,7 +9,7 @@ from vgpu_driver.conf import privsep
 from vgpu_driver.conf import vgpu
 
 
-def list_opts():
+def list_opts() -> list[tuple[Any, list[Any]]]:
     template_group, template_opts = devices.template_group()
     return [
         (devices.devices_group(), devices.devices_opts),

@@ -6,6 +6,9 @@ running inside nova uses nova's credentials.  Without ``auth_type`` the
 standard ``OS_*`` variables or ``clouds.yaml`` (``OS_CLOUD``) are used.
 """
 
+from collections.abc import Iterable
+from typing import Any
+
 from keystoneauth1 import exceptions as ks_exceptions
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
@@ -15,12 +18,12 @@ from vgpu_driver import exception
 GROUP = "placement"
 
 
-def placement_group():
+def placement_group() -> cfg.OptGroup:
     return cfg.OptGroup(GROUP, title="Placement",
                         help="How to reach the Placement service.")
 
 
-def register_opts(conf):
+def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_group(placement_group())
     ks_loading.register_session_conf_options(conf, GROUP)
     ks_loading.register_auth_conf_options(conf, GROUP)
@@ -28,7 +31,7 @@ def register_opts(conf):
     conf.set_default("service_type", "placement", group=GROUP)
 
 
-def list_opts():
+def list_opts() -> list[tuple[cfg.OptGroup, list[Any]]]:
     options = (ks_loading.get_session_conf_options()
                + ks_loading.get_auth_common_conf_options()
                + ks_loading.get_auth_plugin_conf_options("password")
@@ -36,8 +39,9 @@ def list_opts():
     return [(placement_group(), _unique(options))]
 
 
-def _unique(options):
-    seen, unique = set(), []
+def _unique(options: Iterable[Any]) -> list[Any]:
+    seen: set[str] = set()
+    unique: list[Any] = []
     for option in options:
         if option.dest not in seen:
             seen.add(option.dest)
@@ -45,7 +49,7 @@ def _unique(options):
     return unique
 
 
-def connection(conf):
+def connection(conf: cfg.ConfigOpts) -> Any:
     """An openstacksdk Connection to Placement from ``[placement]`` or OS_*;
     MissingCredentials names what is lacking."""
     import openstack
@@ -57,7 +61,7 @@ def connection(conf):
         raise exception.MissingCredentials(reason=str(exc)) from exc
 
 
-def _connection(conf, openstack):
+def _connection(conf: cfg.ConfigOpts, openstack: Any) -> Any:
     if conf[GROUP].auth_type:
         auth = ks_loading.load_auth_from_conf_options(conf, GROUP)
         session = ks_loading.load_session_from_conf_options(conf, GROUP, auth=auth)

@@ -17,7 +17,7 @@ GROUP = "vgpu_driver_sysfs_writer"
 GPU_ADMIN_GROUP = "vgpu_driver_gpu_admin"
 
 
-def list_opts():
+def list_opts() -> list[tuple[cfg.OptGroup, list[cfg.Opt]]]:
     group = cfg.OptGroup(
         GROUP, title="vgpu-driver privileged helper",
         help="The oslo.privsep daemon that makes vgpu-driver's sysfs writes "

@@ -5,7 +5,7 @@ from oslo_config import cfg
 from vgpu_driver.sysfs import paths
 
 
-def vgpu_group():
+def vgpu_group() -> cfg.OptGroup:
     """A new group object per ConfigOpts.
 
     ConfigOpts.register_group only copies a group shallowly, so one group
@@ -213,6 +213,6 @@ it.
 ]
 
 
-def register_opts(conf):
+def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_group(vgpu_group())
     conf.register_opts(vgpu_opts, group="vgpu")

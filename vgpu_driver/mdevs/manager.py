@@ -9,6 +9,14 @@ helper).  If anything goes wrong after the claims are written, the claims
 this call added are dropped again; those the instance held before stay.
 """
 
+from __future__ import annotations
+
+from collections.abc import Container
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+
 from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
@@ -18,14 +26,24 @@ from vgpu_driver import removals as removals_mod
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.domains import DomainReferences
+    from vgpu_driver.inventory import GpuProvider
+    from vgpu_driver.sysfs.linux import LinuxSysfs
+
 LOG = logging.getLogger(__name__)
 
 
 class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
-    def __init__(self, host, journal, domains, mdev_config, *, remove_on_release=False,
-                 remove_timeout=30.0, removals=None):
+    def __init__(self, host: LinuxSysfs, journal: claims_mod.Journal,
+                 domains: DomainReferences, mdev_config: MdevConfig, *,
+                 remove_on_release: bool = False, remove_timeout: float = 30.0,
+                 removals: removals_mod.Removals | None = None) -> None:
         self.host = host
         self.journal = journal
         self.domains = domains
@@ -34,29 +52,30 @@ class MdevManager:
         self.remove_timeout = remove_timeout
         #: The removal writers in flight (one per vGPU at most).
         self.removals = removals or removals_mod.Removals()
-        self._snapshot = None
+        self._snapshot: HostSnapshot | None = None
         # vGPUs whose removal waits for a domain to let go, already logged.
-        self._held_by_domain = set()
+        self._held_by_domain: set[str] = set()
 
     # -- the host's structure, cached: which parents each GPU has ---------------------
 
-    def snapshot(self, refresh=False):
+    def snapshot(self, refresh: bool = False) -> HostSnapshot:
         if refresh or self._snapshot is None:
             self._snapshot = discovery.discover(self.host)
         return self._snapshot
 
-    def use_snapshot(self, snapshot):
+    def use_snapshot(self, snapshot: HostSnapshot) -> HostSnapshot:
         """Take a snapshot read elsewhere (the cached discovery) as current."""
         self._snapshot = snapshot
         return snapshot
 
-    def _for_gpu(self, gpu):
+    def _for_gpu(self, gpu: PhysicalGPU) -> strategies._Strategy:
         return strategies.for_gpu(gpu, self.host, self.domains, self.config)
 
-    def _for_vgpu(self, vgpu_id):
+    def _for_vgpu(self, vgpu_id: str) -> strategies._Strategy:
         return strategies.for_vgpu(vgpu_id, self.host, self.domains, self.config)
 
-    def _gpu_state(self, instance, address, type_id, users):
+    def _gpu_state(self, instance: str, address: str, type_id: str,
+                   users: Container[str]) -> planner.GpuState:
         """The GPU's live state for the planner; refreshes a stale cache."""
         for refresh in (False, True):
             gpu = self.snapshot(refresh=refresh).gpu(address)
@@ -70,8 +89,9 @@ class MdevManager:
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(self, instance_uuid, allocations, providers, state=claims_mod.CLAIMED,
-                 type_traits=None):
+    def allocate(self, instance_uuid: str, allocations: Mapping[str, Mapping[str, Any]],
+                 providers: Mapping[str, GpuProvider], state: str = claims_mod.CLAIMED,
+                 type_traits: Iterable[str] | None = None) -> list[str]:
         """The mdev UUIDs for an instance's allocation, claimed and present.
 
         ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
@@ -110,15 +130,17 @@ class MdevManager:
                            f"{p.parent})" for p in plan))
         return [item.mdev_uuid for item in plan]
 
-    def _plan(self, instance, requests, claimed, users):
+    def _plan(self, instance: str, requests: Iterable[planner.Request],
+              claimed: Mapping[str, claims_mod.Claim],
+              users: Container[str]) -> list[planner.Planned]:
         """Each GPU read, then planned, in turn: a refusal stops the reading."""
-        plan = []
+        plan: list[planner.Planned] = []
         for request in requests:
             state = self._gpu_state(instance, request.gpu, request.type_id, users)
             plan += planner.plan_gpu(instance, request, state, claimed, users)
         return plan
 
-    def _undo(self, instance_uuid, added):
+    def _undo(self, instance_uuid: str, added: list[planner.Planned]) -> None:
         """Drop the claims a failed allocation added; what it created stays free."""
         if not added:
             return
@@ -128,7 +150,7 @@ class MdevManager:
 
     # -- after the guest is defined, and when it goes ---------------------------------------
 
-    def mark_attached(self, instance_uuid):
+    def mark_attached(self, instance_uuid: str) -> int:
         """The instance's domain now uses its claimed (or migrated-in)
         vGPUs.  A ``releasing`` claim stays so: its vGPU is going (a removal
         the kernel still blocks, from a move away from this host that the
@@ -138,7 +160,7 @@ class MdevManager:
                                  from_states=(claims_mod.CLAIMED, claims_mod.MIGRATING_IN,
                                               claims_mod.ATTACHED))
 
-    def release(self, instance_uuid):
+    def release(self, instance_uuid: str) -> list[str]:
         """Forget an instance's claims; remove its vGPUs if so configured.
 
         Kept, an mdev (or a VF with its type) is free for the next guest.
@@ -159,7 +181,7 @@ class MdevManager:
             txn.set_state(instance_uuid, claims_mod.RELEASING, going)
         return kept + self.finish_release(going)
 
-    def finish_release(self, mdev_uuids, wait=None):
+    def finish_release(self, mdev_uuids: Iterable[str], wait: float | None = None) -> list[str]:
         """Remove vGPUs held ``releasing`` and drop their claims once gone.
 
         A vendor-VFIO vGPU goes by clearing its VF's type (writing 0).  Each
@@ -171,8 +193,8 @@ class MdevManager:
         wait = self.remove_timeout if wait is None else wait
         called = self.removals.clock()
         users = self.domains.mdev_users()
-        done = []
-        started = {}
+        done: list[str] = []
+        started: dict[str, removals_mod.Removal | None] = {}
         for uuid in mdev_uuids:
             if uuid in users:
                 self._wait_for_domain(uuid, users[uuid].name)
@@ -194,7 +216,7 @@ class MdevManager:
                 txn.remove(mdev_uuids=done, state=claims_mod.RELEASING)
         return done
 
-    def _wait_for_domain(self, uuid, domain):
+    def _wait_for_domain(self, uuid: str, domain: str) -> None:
         """A domain still uses a vGPU its guest released (a guest that left
         is undefined after nova tells us): its claim stays ``releasing``,
         and a later pass of the host reconciler removes it once the domain
@@ -203,12 +225,12 @@ class MdevManager:
             self._held_by_domain.add(uuid)
             LOG.info("vGPU %s is removed once domain %s no longer uses it", uuid, domain)
 
-    def _destroy(self, vgpu_id):
+    def _destroy(self, vgpu_id: str) -> None:
         # No timeout: the writer is the removal's own thread, and the
         # kernel's block cannot be cut short anyway.
         self._for_vgpu(vgpu_id).destroy(vgpu_id, None)
 
-    def _removed(self, uuid, removal):
+    def _removed(self, uuid: str, removal: removals_mod.Removal | None) -> bool:
         if removal is None:
             LOG.info("vGPU %s waits for its removal: %d others are in flight",
                      uuid, self.removals.limit)

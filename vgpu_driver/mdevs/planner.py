@@ -13,12 +13,24 @@ Choices are deterministic: free vGPUs and parents in the order the state
 lists them (name order), the plan sorted by vGPU id.
 """
 
+from __future__ import annotations
+
 import collections.abc
 import dataclasses
+from collections.abc import Collection
+from collections.abc import Container
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NoReturn
 
 from vgpu_driver import claims
 from vgpu_driver import exception
 from vgpu_driver import inventory
+
+if TYPE_CHECKING:
+    from vgpu_driver.inventory import GpuProvider
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +84,9 @@ class Request:
     units: int
 
 
-def requests_of(instance, allocations, providers, mdev_classes, type_traits=None):
+def requests_of(instance: str, allocations: Mapping[str, Mapping[str, Any]],
+                providers: Mapping[str, GpuProvider], mdev_classes: Collection[str],
+                type_traits: Iterable[str] | None = None) -> list[Request]:
     """The :class:`Request` list of the vGPU classes in a Placement allocation.
 
     ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
@@ -81,7 +95,7 @@ def requests_of(instance, allocations, providers, mdev_classes, type_traits=None
     refused, not ignored.  ``type_traits``: the type traits the instance's
     flavor requires, which name the type on a mixed-size board.
     """
-    requests = []
+    requests: list[Request] = []
     for rp_uuid, allocation in sorted(allocations.items()):
         resources = allocation.get("resources", {})
         units = sum(n for rc, n in resources.items() if rc in mdev_classes)
@@ -98,7 +112,8 @@ def requests_of(instance, allocations, providers, mdev_classes, type_traits=None
     return requests
 
 
-def mixed_size_request(instance, provider, mib, type_traits=None):
+def mixed_size_request(instance: str, provider: GpuProvider, mib: int,
+                       type_traits: Iterable[str] | None = None) -> Request:
     """The :class:`Request` of ``mib`` framebuffer MiB on a mixed-size board.
 
     The type is the one of the board's that ``type_traits`` name; without
@@ -127,14 +142,15 @@ def mixed_size_request(instance, provider, mib, type_traits=None):
 class _Referenced:
     """``uuid in referenced``: by a domain or a claim, without merging both."""
 
-    def __init__(self, users, claimed):
+    def __init__(self, users: Container[str], claimed: Container[str]) -> None:
         self._users, self._claimed = users, claimed
 
-    def __contains__(self, uuid):
+    def __contains__(self, uuid: object) -> bool:
         return uuid in self._users or uuid in self._claimed
 
 
-def plan_gpu(instance, request, state, claimed, users):
+def plan_gpu(instance: str, request: Request, state: GpuState,
+             claimed: Mapping[str, claims.Claim], users: Container[str]) -> list[Planned]:
     """The vGPUs ``instance`` gets on one GPU, sorted by id.
 
     ``claimed`` is ``{vgpu id: Claim}`` holding at least every claim on the
@@ -170,17 +186,18 @@ def plan_gpu(instance, request, state, claimed, users):
     return sorted(plan, key=lambda item: item.mdev_uuid)
 
 
-def creatable(state, type_id, claimed, existing):
+def creatable(state: GpuState, type_id: str, claimed: Mapping[str, claims.Claim],
+              existing: Container[str]) -> list[str]:
     """Parents to create on, one entry per vGPU that still fits, in order.
 
     Claims whose vGPU is not created yet hold their place: the kernel's
     counts do not know about them.
     """
-    pending = {}
+    pending: dict[str, int] = {}
     for claim in claimed.values():
         if claim.gpu == state.address and claim.mdev_uuid not in existing:
             pending[claim.parent] = pending.get(claim.parent, 0) + 1
-    slots = []
+    slots: list[str] = []
     for parent in state.parents:
         room = parent.available - pending.get(parent.name, 0)
         slots += [parent.name] * max(room, 0)
@@ -190,16 +207,19 @@ def creatable(state, type_id, claimed, existing):
     return slots
 
 
-def new_claims(plan, claimed, instance):
+def new_claims(plan: Iterable[Planned], claimed: Mapping[str, claims.Claim],
+               instance: str) -> list[Planned]:
     """The planned vGPUs ``instance`` does not hold a claim on yet: the
     claims an allocation adds, and the only ones its failure takes back."""
     held = {u for u, c in claimed.items() if c.instance_uuid == instance}
     return [item for item in plan if item.mdev_uuid not in held]
 
 
-def _refuse(instance, state, type_id, units, free, creatable, claimed, used):
+def _refuse(instance: str, state: GpuState, type_id: str, units: int, free: int,
+            creatable: int, claimed: Mapping[str, claims.Claim],
+            used: Container[str]) -> NoReturn:
     """Raise the refusal that says why: other types in use, or no room."""
-    others = {}
+    others: dict[str, list[str]] = {}
     for parent in state.parents:
         for uuid, t in parent.vgpus:
             if t != type_id:

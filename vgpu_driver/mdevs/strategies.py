@@ -14,11 +14,23 @@ Strategies are cheap and made per use, from the manager's current host,
 domain source and config.
 """
 
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import TYPE_CHECKING
+from typing import ClassVar
+
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import names
 from vgpu_driver.mdevs import planner
+
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.domains import DomainReferences
+    from vgpu_driver.sysfs.linux import LinuxSysfs
 
 _CONSISTENT_READ_TRIES = 5
 
@@ -26,12 +38,14 @@ _CONSISTENT_READ_TRIES = 5
 class _Strategy:
     """What both modes share: the GPU's state for the planner."""
 
-    kind = None   # how vGPUs of a type are named in a refusal
+    kind: ClassVar[str]   # each mode's: how vGPUs of a type are named in a refusal
 
-    def __init__(self, host, domains, config):
+    def __init__(self, host: LinuxSysfs, domains: DomainReferences,
+                 config: MdevConfig) -> None:
         self.host, self.domains, self.config = host, domains, config
 
-    def gpu_state(self, instance, gpu, type_id, users):
+    def gpu_state(self, instance: str, gpu: PhysicalGPU, type_id: str,
+                  users: Container[str]) -> planner.GpuState | None:
         """The planner's :class:`~planner.GpuState`; None if a parent vanished."""
         parents = self.parent_states(instance, gpu, type_id, users)
         if parents is None:
@@ -40,9 +54,22 @@ class _Strategy:
                                 self.kind, self.new_vgpu_id,
                                 mixes_types=type_id in self.config.mixed_types)
 
-    def limit(self, gpu, type_id):
+    if TYPE_CHECKING:
+        # What each mode provides.
+        def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
+                          users: Container[str]) -> list[planner.ParentState] | None: ...
+
+        @staticmethod
+        def new_vgpu_id(parent: str) -> str: ...
+
+        def create(self, instance: str, item: planner.Planned) -> None: ...
+
+        def destroy(self, vgpu_id: str, timeout: float | None) -> None: ...
+
+    def limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
         """The most vGPUs of the type the GPU can host, when known."""
-        return inventory.per_gpu_limit(gpu, gpu.type_info(type_id))
+        limit: int | None = inventory.per_gpu_limit(gpu, gpu.type_info(type_id))
+        return limit
 
 
 class MdevParentStrategy(_Strategy):
@@ -50,14 +77,15 @@ class MdevParentStrategy(_Strategy):
 
     kind = "mdev(s) of"
 
-    def parent_states(self, instance, gpu, type_id, users):
+    def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
+                      users: Container[str]) -> list[planner.ParentState] | None:
         """Each parent's mdevs and room for ``type_id``; None if one vanished.
 
         Creations run outside the journal lock, so one may land between the
         two reads of a parent; its count is then consistent only if the mdev
         list is the same before and after reading ``available_instances``.
         """
-        states = []
+        states: list[planner.ParentState] = []
         for parent in gpu.parents:
             mdevs = self.host.parent_mdevs(parent.name)
             for _attempt in range(_CONSISTENT_READ_TRIES):
@@ -72,10 +100,10 @@ class MdevParentStrategy(_Strategy):
         return states
 
     @staticmethod
-    def new_vgpu_id(parent):
+    def new_vgpu_id(parent: str) -> str:
         return names.new_mdev_uuid()
 
-    def create(self, instance, item):
+    def create(self, instance: str, item: planner.Planned) -> None:
         try:
             self.host.create_mdev(item.parent, item.type_id, item.mdev_uuid)
         except exception.MdevAlreadyExists:
@@ -83,7 +111,7 @@ class MdevParentStrategy(_Strategy):
             if item.mdev_uuid not in {u for u, _ in self.host.parent_mdevs(item.parent) or ()}:
                 raise
 
-    def destroy(self, vgpu_id, timeout):
+    def destroy(self, vgpu_id: str, timeout: float | None) -> None:
         """Remove the mdev; nothing if it is gone already."""
         if self.host.mdev_created_at(vgpu_id) is not None:
             self.host.remove_mdev(vgpu_id, timeout=timeout)
@@ -94,7 +122,8 @@ class VendorVfioStrategy(_Strategy):
 
     kind = "VF(s) set to"
 
-    def parent_states(self, instance, gpu, type_id, users):
+    def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
+                      users: Container[str]) -> list[planner.ParentState] | None:
         """Each VF as a parent; None if one vanished.
 
         A typed VF holds one vGPU, itself.  An untyped one has room for
@@ -103,7 +132,7 @@ class VendorVfioStrategy(_Strategy):
         """
         self._check_users_seen(instance, gpu.address)
         number = _type_number(type_id)
-        states = []
+        states: list[planner.ParentState] = []
         for parent in gpu.parents:
             vf = self.host.vendor_vf(parent.name)
             if vf is None:
@@ -116,7 +145,7 @@ class VendorVfioStrategy(_Strategy):
             states.append(planner.ParentState(parent.name, (), int(room)))
         return states
 
-    def _check_users_seen(self, instance, address):
+    def _check_users_seen(self, instance: str, address: str) -> None:
         """A VF handed out must stay visible as its guest's: else its claim
         looks stale once attached, and the VF free to the next allocation."""
         if not self.domains.sees_pci_hostdevs:
@@ -126,7 +155,7 @@ class VendorVfioStrategy(_Strategy):
                        "host's domain source does not report PCI hostdevs, so the "
                        "guests using them cannot be told")
 
-    def limit(self, gpu, type_id):
+    def limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
         """As sysfs tells it, capped by the type's ``max_instances``.
 
         sysfs does not tell the per-GPU limit of vendor-VFIO types, and a
@@ -142,11 +171,11 @@ class VendorVfioStrategy(_Strategy):
         return limit
 
     @staticmethod
-    def new_vgpu_id(parent):
+    def new_vgpu_id(parent: str) -> str:
         """The VF is the vGPU: its address is the id."""
         return parent
 
-    def create(self, instance, item):
+    def create(self, instance: str, item: planner.Planned) -> None:
         """Give a claimed VF its type; a GPU found full is the allocation's refusal."""
         number = names.vendor_type_number(item.type_id)
         try:
@@ -162,26 +191,30 @@ class VendorVfioStrategy(_Strategy):
                                           reason=exc.kwargs.get("reason", str(exc))
                                           ) from exc
 
-    def destroy(self, vgpu_id, timeout):
+    def destroy(self, vgpu_id: str, timeout: float | None) -> None:
         """Clear the VF's type (write 0); nothing if it has none or is gone."""
         vf = self.host.vendor_vf(vgpu_id)
         if vf is not None and vf.current_type:
             self.host.set_vendor_vgpu_type(vgpu_id, 0, timeout=timeout)
 
 
-def for_gpu(gpu, host, domains, config):
+def for_gpu(gpu: PhysicalGPU, host: LinuxSysfs, domains: DomainReferences,
+            config: MdevConfig) -> _Strategy:
     """The strategy of a GPU's mode (mdev and virtual parents alike)."""
-    cls = VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO else MdevParentStrategy
+    cls: type[_Strategy] = (VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO
+                            else MdevParentStrategy)
     return cls(host, domains, config)
 
 
-def for_vgpu(vgpu_id, host, domains, config):
+def for_vgpu(vgpu_id: str, host: LinuxSysfs, domains: DomainReferences,
+             config: MdevConfig) -> _Strategy:
     """The strategy that made a vGPU, told by its id: a VF's address or an mdev UUID."""
-    cls = VendorVfioStrategy if names.is_vf_vgpu_id(vgpu_id) else MdevParentStrategy
+    cls: type[_Strategy] = (VendorVfioStrategy if names.is_vf_vgpu_id(vgpu_id)
+                            else MdevParentStrategy)
     return cls(host, domains, config)
 
 
-def _type_number(type_id):
+def _type_number(type_id: str) -> int | None:
     """The number a vendor-VFIO type is written as; None for a type that is
     not one (nothing then lists it, so no VF takes it)."""
     try:

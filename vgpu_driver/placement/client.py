@@ -7,7 +7,12 @@ fault is named as Keystone's.  Answers are checked, not trusted
 (:func:`exact_name_match`).
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import Any
 from urllib import parse
 
 from keystoneauth1 import adapter as ks_adapter
@@ -32,7 +37,8 @@ class Client:
     there with an unhelpful error.)
     """
 
-    def __init__(self, connection, attempts=4, backoff=0.2, sleep=time.sleep):
+    def __init__(self, connection: Any, attempts: int = 4, backoff: float = 0.2,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
         config = connection.config
         self.proxy = ks_adapter.Adapter(
             session=connection.session, service_type="placement",
@@ -44,7 +50,7 @@ class Client:
         self.sleep = sleep
         self._authenticated = False
 
-    def _authenticate(self):
+    def _authenticate(self) -> None:
         """Get a token first, so a Keystone fault is named as Keystone's and
         not taken for Placement's."""
         if self._authenticated:
@@ -60,7 +66,7 @@ class Client:
                                        reason=f"{type(exc).__name__}: {exc}") from exc
         self._authenticated = True
 
-    def request(self, method, url, body=None, report=None):
+    def request(self, method: str, url: str, body: Any = None, report: object = None) -> Any:
         """The JSON answer (or None); raises Conflict, PlacementError, or
         PlacementUnavailable once retries are spent."""
         self._authenticate()
@@ -91,13 +97,14 @@ class Client:
 
 
 
-def query_url(path, **params):
+def query_url(path: str, **params: Any) -> str:
     """``path`` with its query parameters URL-encoded: a name holding ``+``,
     ``&`` or ``#`` must reach Placement as written."""
     return f"{path}?{parse.urlencode(params)}"
 
 
-def exact_name_match(providers, name):
+def exact_name_match(providers: Iterable[dict[str, Any]], name: str,
+                     ) -> dict[str, Any] | None:
     """The one provider of ``providers`` named exactly ``name``, or None: an
     answer is never trusted to hold only what the query asked for."""
     matches = [p for p in providers if p.get("name") == name]

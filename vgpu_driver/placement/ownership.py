@@ -12,9 +12,19 @@ node that looks like one of ours but has no GPU any more is pruned, unless
 another service's trait says it is theirs.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.inventory import ProviderTree
 
 # On NVIDIA GPUs' providers: the host's vGPU manager version.
 MANAGER_TRAIT_PREFIX = "CUSTOM_NVIDIA_VGPU_MANAGER_"
@@ -28,13 +38,14 @@ FOREIGN_OWNER_TRAITS = frozenset({"COMPUTE_MANAGED_PCI_DEVICE", "OWNER_CYBORG"})
 OWNER_TRAIT = "CUSTOM_OWNER_VGPU_DRIVER"
 
 
-def is_managed_trait(trait):
+def is_managed_trait(trait: str) -> bool:
     """A trait vgpu-driver sets (an operator's is not): its owner trait, the
     GPU type's traits and the vGPU manager's."""
     return trait == OWNER_TRAIT or trait.startswith(MANAGED_TRAIT_PREFIXES)
 
 
-def is_ours(parent_uuid, root_uuid, inventories, traits, mdev_classes):
+def is_ours(parent_uuid: str | None, root_uuid: str, inventories: Iterable[str],
+            traits: Collection[str], mdev_classes: Iterable[str]) -> bool:
     """Whether a provider of the host's tree named as one of its GPU
     providers is vgpu-driver's to write.
 
@@ -56,24 +67,26 @@ class Clash:
     name: str
     reason: str
     where: str        # "parent X, root Y", or "a root provider"
-    traits: tuple
+    traits: tuple[str, ...]
 
-    def kwargs(self):
+    def kwargs(self) -> dict[str, str]:
         return {"name": self.name, "reason": self.reason, "where": self.where,
                 "traits": ", ".join(self.traits) or "none"}
 
-    def detail(self):
+    def detail(self) -> str:
         return (f"{self.reason} ({self.where}, traits {', '.join(self.traits) or 'none'}); "
                 "sync refuses to write it")
 
 
-def with_managed_traits(traits, managed):
+def with_managed_traits(traits: Iterable[str], managed: Iterable[str]) -> set[str]:
     """``traits`` with the managed ones replaced by ``managed``; any other
     trait (an operator's) is kept."""
     return {t for t in traits if not is_managed_trait(t)} | set(managed)
 
 
-def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, traits):
+def is_vanished_gpu_provider(tree: ProviderTree, name: str, parent_uuid: str | None,
+                             root_uuid: str, inventories: Iterable[str],
+                             traits: Iterable[str]) -> bool:
     """Whether a provider stands for a GPU of ``tree``'s host that is gone: a
     child of the root, named ``<root>_...``, that ``tree`` no longer has.
 
@@ -89,7 +102,7 @@ def is_vanished_gpu_provider(tree, name, parent_uuid, root_uuid, inventories, tr
             and not set(traits) & FOREIGN_OWNER_TRAITS)
 
 
-def why_unwanted(tree, name):
+def why_unwanted(tree: ProviderTree, name: str) -> str:
     """Why a provider of ours is no longer wanted: its GPU is gone, or it is
     there but no longer configured (listed in ``tree.unserved``)."""
     prefix = f"{tree.root_name}_"
@@ -101,12 +114,13 @@ def why_unwanted(tree, name):
     return "its GPU is gone"
 
 
-def _provider_suffix(address):
+def _provider_suffix(address: str) -> str:
     return names.parse_pci_address(address).provider_suffix if names.is_pci_address(
         address) else address
 
 
-def fully_reserved(inventories):
+def fully_reserved(inventories: Mapping[str, Mapping[str, Any]],
+                   ) -> dict[str, dict[str, Any]]:
     """The same inventories with everything reserved: a vanished GPU's
     provider that guests still hold takes no new allocation."""
     return {rc: {**inv, "reserved": inv["total"]} for rc, inv in inventories.items()}
