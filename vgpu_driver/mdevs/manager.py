@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.domains import DomainReferences
     from vgpu_driver.inventory import GpuProvider
-    from vgpu_driver.sysfs.linux import LinuxSysfs
+    from vgpu_driver.sysfs.writes import WritableSysfs
 
 LOG = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ LOG = logging.getLogger(__name__)
 class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
-    def __init__(self, host: LinuxSysfs, journal: claims_mod.Journal,
+    def __init__(self, host: WritableSysfs, journal: claims_mod.Journal,
                  domains: DomainReferences, mdev_config: MdevConfig, *,
                  remove_on_release: bool = False, remove_timeout: float = 30.0,
                  removals: removals_mod.Removals | None = None) -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_types import MdevConfig
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.domains import DomainReferences
-    from vgpu_driver.sysfs.linux import LinuxSysfs
+    from vgpu_driver.sysfs.writes import WritableSysfs
 
 _CONSISTENT_READ_TRIES = 5
 
@@ -40,7 +40,7 @@ class _Strategy:
 
     kind: ClassVar[str]   # each mode's: how vGPUs of a type are named in a refusal
 
-    def __init__(self, host: LinuxSysfs, domains: DomainReferences,
+    def __init__(self, host: WritableSysfs, domains: DomainReferences,
                  config: MdevConfig) -> None:
         self.host, self.domains, self.config = host, domains, config
 
@@ -198,7 +198,7 @@ class VendorVfioStrategy(_Strategy):
             self.host.set_vendor_vgpu_type(vgpu_id, 0, timeout=timeout)
 
 
-def for_gpu(gpu: PhysicalGPU, host: LinuxSysfs, domains: DomainReferences,
+def for_gpu(gpu: PhysicalGPU, host: WritableSysfs, domains: DomainReferences,
             config: MdevConfig) -> _Strategy:
     """The strategy of a GPU's mode (mdev and virtual parents alike)."""
     cls: type[_Strategy] = (VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO
@@ -206,7 +206,7 @@ def for_gpu(gpu: PhysicalGPU, host: LinuxSysfs, domains: DomainReferences,
     return cls(host, domains, config)
 
 
-def for_vgpu(vgpu_id: str, host: LinuxSysfs, domains: DomainReferences,
+def for_vgpu(vgpu_id: str, host: WritableSysfs, domains: DomainReferences,
              config: MdevConfig) -> _Strategy:
     """The strategy that made a vGPU, told by its id: a VF's address or an mdev UUID."""
     cls: type[_Strategy] = (VendorVfioStrategy if names.is_vf_vgpu_id(vgpu_id)

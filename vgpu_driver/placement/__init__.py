@@ -20,13 +20,13 @@ as Placement holds it, read by generation), :mod:`~vgpu_driver.placement.sync`
 providers and traits these are).
 """
 
+from vgpu_driver.exception import Conflict
+from vgpu_driver.exception import PlacementAuthRefused
+from vgpu_driver.exception import PlacementAuthUnavailable
+from vgpu_driver.exception import PlacementError
+from vgpu_driver.exception import PlacementUnavailable
 from vgpu_driver.placement.client import MICROVERSION
 from vgpu_driver.placement.client import Client
-from vgpu_driver.placement.client import Conflict
-from vgpu_driver.placement.client import PlacementAuthRefused
-from vgpu_driver.placement.client import PlacementAuthUnavailable
-from vgpu_driver.placement.client import PlacementError
-from vgpu_driver.placement.client import PlacementUnavailable
 from vgpu_driver.placement.client import exact_name_match
 from vgpu_driver.placement.client import query_url
 from vgpu_driver.placement.observed import Known
