@@ -74,11 +74,10 @@ def mdev_uuids(root):
             if h.find("source/address") is not None]
 
 
-def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
-    """Add an mdev hostdev for ``uuid`` (no-op if the domain has it already)."""
+def mdev_hostdev(uuid, device_api="vfio-pci", display=None, ramfb=None):
+    """The ``<hostdev>`` element of an mdev: the one writer of it, for
+    nova's path and the demo alike."""
     uuid = names.check_mdev_uuid(uuid)
-    if uuid in mdev_uuids(root):
-        return root
     if device_api not in MODELS:
         raise UnsupportedDeviceApi(api=device_api, known=", ".join(sorted(MODELS)))
     hostdev = etree.Element("hostdev", mode="subsystem", type="mdev",
@@ -89,8 +88,34 @@ def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
         hostdev.set("ramfb", "on" if ramfb else "off")
     source = etree.SubElement(hostdev, "source")
     etree.SubElement(source, "address", uuid=uuid)
-    _append(_devices(root), hostdev)
+    return hostdev
+
+
+def pci_hostdev(address):
+    """The ``<hostdev>`` element passing a vendor-VFIO VF through
+    (``managed='no'``: the host binds it)."""
+    hostdev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
+    source = etree.SubElement(hostdev, "source")
+    etree.SubElement(source, "address", **_pci_address_attrs(address))
+    return hostdev
+
+
+def add_hostdev(root, hostdev):
+    """Add a hostdev element (from :func:`mdev_hostdev` or
+    :func:`pci_hostdev`) unless the domain has one for its vGPU already."""
+    address = hostdev.find("source/address")
+    if hostdev.get("type") == "mdev":
+        present = address.get("uuid") in mdev_uuids(root)
+    else:
+        present = _pci_address(address) in pci_vfs(root)
+    if not present:
+        _append(_devices(root), hostdev)
     return root
+
+
+def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
+    """Add an mdev hostdev for ``uuid`` (no-op if the domain has it already)."""
+    return add_hostdev(root, mdev_hostdev(uuid, device_api, display, ramfb))
 
 
 def remove_mdev(root, uuid):
@@ -155,14 +180,8 @@ def vgpu_ids(root):
 
 
 def add_pci_vf(root, address):
-    """Pass a vendor-VFIO VF through (``managed='no'``: the host binds it)."""
-    if str(names.parse_pci_address(str(address))) in pci_vfs(root):
-        return root
-    hostdev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
-    source = etree.SubElement(hostdev, "source")
-    etree.SubElement(source, "address", **_pci_address_attrs(address))
-    _append(_devices(root), hostdev)
-    return root
+    """Pass a vendor-VFIO VF through (no-op if the domain has it already)."""
+    return add_hostdev(root, pci_hostdev(address))
 
 
 def remove_pci_vf(root, address):

@@ -16,7 +16,6 @@ import nova.conf
 from keystoneauth1 import exceptions as ks_exceptions
 from nova import context as nova_context
 from nova import exception as nova_exception
-from nova.virt.libvirt import config as vconfig
 from oslo_log import log as logging
 from oslo_utils import excutils
 
@@ -26,7 +25,6 @@ from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import host_reconciler
-from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
@@ -34,6 +32,7 @@ from vgpu_driver.nova import abandoned
 from vgpu_driver.nova import compat
 from vgpu_driver.nova import events
 from vgpu_driver.nova import flavors
+from vgpu_driver.nova import hostdevs as nova_hostdevs
 from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import operations
@@ -335,19 +334,11 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         return guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
 
     def _guest_add_mdevs(self, guest, chosen_mdevs):
-        """nova writes mdev hostdevs; a vendor-VFIO vGPU is its VF, passed
-        through as a PCI hostdev the host has bound (``managed='no'``)."""
-        vfs = [v for v in chosen_mdevs if names.is_pci_address(v)]
-        super()._guest_add_mdevs(guest, [m for m in chosen_mdevs if m not in vfs])
-        for vf in vfs:
-            address = names.parse_pci_address(vf)
-            hostdev = vconfig.LibvirtConfigGuestHostdevPCI()
-            hostdev.managed = "no"
-            hostdev.domain = f"{address.domain:04x}"
-            hostdev.bus = f"{address.bus:02x}"
-            hostdev.slot = f"{address.slot:02x}"
-            hostdev.function = f"{address.function:x}"
-            guest.add_device(hostdev)
+        """The hostdevs the core writes (the demo's too): an mdev hostdev
+        as its type wants it, a vendor-VFIO vGPU's VF as a PCI hostdev
+        the host has bound (``managed='no'``)."""
+        for element in self.vgpu.hostdevs(chosen_mdevs):
+            guest.add_device(nova_hostdevs.config_of(element))
 
     def _get_all_assigned_mediated_devices(self, instance=None):
         """nova's view (the domains) plus our claims: an instance keeps its
