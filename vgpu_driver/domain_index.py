@@ -79,6 +79,17 @@ class DomainIndex(domains.DomainReferences):
         entry = self._current()[0].get(domain_uuid)
         return entry[1] if entry else ()
 
+    def domain_uuids(self):
+        """The UUIDs of every defined domain, by the index."""
+        return frozenset(self._current()[0])
+
+    def domain_now(self, domain_uuid):
+        """The vGPU ids one domain references as libvirt has it now: it is
+        read again first (a caller that just defined or changed it need not
+        wait for the event)."""
+        self.domain_changed(domain_uuid)
+        return self.domain_mdevs(domain_uuid)
+
     def _current(self):
         """Both maps, brought up to date.  On any error nothing is published
         and no change is forgotten: the caller fails rather than act on a

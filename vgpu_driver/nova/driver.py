@@ -23,7 +23,6 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
-from vgpu_driver import guest as guest_xml
 from vgpu_driver import host_reconciler
 from vgpu_driver import sriov
 from vgpu_driver.conf import mdev_types
@@ -171,7 +170,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         rest = set(instance_uuids) - busy
         if not rest:
             return busy
-        defined = {g.uuid for g in self._host.list_guests(only_running=False)}
+        defined = self._domains.domain_uuids()
         return busy | operations.kept_without_domain(rest - defined,
                                                      self._host.get_hostname())
 
@@ -326,12 +325,9 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         return result
 
     def _instance_mdevs(self, instance):
-        """The vGPUs (mdevs, vendor-VFIO VFs) the instance's domain here uses."""
-        try:
-            guest = self._host.get_guest(instance)
-        except nova_exception.InstanceNotFound:
-            return []
-        return guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
+        """The vGPUs (mdevs, vendor-VFIO VFs) the instance's domain here
+        uses, by the domain index (that domain read again now)."""
+        return list(self._domains.domain_now(instance.uuid))
 
     def _guest_add_mdevs(self, guest, chosen_mdevs):
         """The hostdevs the core writes (the demo's too): an mdev hostdev
@@ -514,7 +510,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         and nobody will come back for; their instance UUIDs."""
         found = abandoned.abandoned(
             self.vgpu.journal.claims(),
-            {g.uuid for g in self._host.list_guests(only_running=False)},
+            self._domains.domain_uuids(),
+            # Whether a domain runs is nova's to say; the index knows who uses what.
             {g.uuid for g in self._host.list_guests(only_running=True)},
             self._host.get_hostname(), CONF.vgpu.claim_grace)
         for instance in found:
