@@ -33,7 +33,7 @@ class Compute:
             types=tuple(mdev_types.TypeConfig(t) for t in types), default_type=types[0],
             by_address=MappingProxyType({}))
         uri = libvirt_domains.node_file(root / f"{name}-node.xml", [])
-        self.libvirt = libvirt_host.LibvirtHost(uri, use_events=False)
+        self.libvirt = libvirt_host.LibvirtHost(uri)
         self.restart()
 
     def restart(self):

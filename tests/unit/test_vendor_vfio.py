@@ -293,7 +293,7 @@ class TestDomainsAndTools:
         uri = libvirt_domains.node_file(tmp_path / "node.xml", [
             libvirt_domains.domain_xml("with-vf", vfs=[VFS[2]]),
             libvirt_domains.domain_xml("with-both", [mdev], vfs=[VFS[3]])])
-        host = libvirt_host.LibvirtHost(uri, use_events=False)
+        host = libvirt_host.LibvirtHost(uri)
         users = host.mdev_users()
         assert host.sees_pci_hostdevs
         assert {k: v.name for k, v in users.items()} == {
