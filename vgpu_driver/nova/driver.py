@@ -9,6 +9,7 @@ and live migration (:mod:`vgpu_driver.nova.live_migration`).  Everything
 else is nova's.
 """
 
+import collections
 import contextlib
 import threading
 
@@ -48,11 +49,12 @@ vgpu_conf.register_opts(CONF)
 
 
 class _Operation(threading.local):
-    """The instance a nova operation works on, per thread (nova's calls into
-    ``_allocate_mdevs`` and ``destroy`` don't say)."""
+    """The instance a nova operation works on, per thread: nova's call into
+    ``_allocate_mdevs(allocations)`` does not say which.  (``destroy``
+    names its instance: whether it keeps the claims is asked by instance,
+    :meth:`LibvirtVGPUDriver._keeps_claims`.)"""
 
     instance = None
-    keep_claims = False
 
 
 def _set_inventory(reportclient, context, rp_uuid, inventory):
@@ -81,6 +83,10 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
+        # Instances under an operation that destroys their domain to define
+        # it again (hard reboot, rescue...): their destroy keeps the claims.
+        self._keeping = collections.Counter()
+        self._keeping_lock = threading.Lock()
         # Instances under a nova operation: the host reconciler leaves their
         # claims alone (:mod:`vgpu_driver.nova.operations`).
         self.operations = operations.OperationGuard(lambda: self._host.get_hostname())
@@ -306,16 +312,27 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     @contextlib.contextmanager
     def _operating_on(self, instance, keep_claims=False):
         """Within a nova operation on ``instance``: ``_allocate_mdevs`` claims
-        for it, and with ``keep_claims`` an inner ``destroy`` keeps its claims
+        for it, and with ``keep_claims`` a ``destroy`` of it keeps its claims
         (nova destroys the domain to define it again)."""
         self._operation.instance = instance
-        self._operation.keep_claims = keep_claims
+        if keep_claims:
+            with self._keeping_lock:
+                self._keeping[instance.uuid] += 1
         try:
             with self.operations.running(instance.uuid):
                 yield
         finally:
             self._operation.instance = None
-            self._operation.keep_claims = False
+            if keep_claims:
+                with self._keeping_lock:
+                    self._keeping[instance.uuid] -= 1
+                    if not self._keeping[instance.uuid]:
+                        del self._keeping[instance.uuid]
+
+    def _keeps_claims(self, instance_uuid):
+        """Whether an operation that defines the instance again is under way."""
+        with self._keeping_lock:
+            return instance_uuid in self._keeping
 
     def _for_instance(self, instance, operation, *args, keep_claims=False, **kwargs):
         """Run a nova operation whose _allocate_mdevs claims for ``instance``."""
@@ -491,7 +508,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 destroy_disks=True, destroy_secrets=True):
         super().destroy(context, instance, network_info, block_device_info=block_device_info,
                         destroy_disks=destroy_disks, destroy_secrets=destroy_secrets)
-        if not self._operation.keep_claims:
+        if not self._keeps_claims(instance.uuid):
             self.vgpu.release(instance.uuid)
 
     # -- vGPUs nobody comes back for -------------------------------------------------------
