@@ -22,12 +22,6 @@ _MDEV_XPATH = "./devices/hostdev[@type='mdev']"
 _PCI_XPATH = "./devices/hostdev[@type='pci']"
 
 
-class UnmappedMdev(exception.VgpuDriverError):
-    msg_fmt = ("The domain uses mdev %(uuid)s, which the migration mapping does not "
-               "name; the destination claimed %(mapped)s. Refusing to migrate a guest "
-               "that would lose a vGPU.")
-
-
 class UnsupportedDeviceApi(exception.VgpuDriverError):
     msg_fmt = ("mdev type device_api %(api)r has no libvirt hostdev model (known: "
                "%(known)s).")
@@ -193,36 +187,3 @@ def remove_pci_vf(root, address):
             _drop(hostdev)
             found = True
     return found
-
-
-def rewrite_pci_vfs(root, mapping):
-    """Point each PCI hostdev whose address ``mapping`` names at its mapped
-    address, all at once; other PCI hostdevs (not vGPUs) stay as they are."""
-    mapping = {str(names.parse_pci_address(k)): str(names.parse_pci_address(v))
-               for k, v in mapping.items()}
-    targets = []
-    for hostdev in root.findall(_PCI_XPATH):
-        address = hostdev.find("source/address")
-        current = _pci_address(address) if address is not None else None
-        if current in mapping:
-            targets.append((address, mapping[current]))
-    for address, new in targets:
-        for key, value in _pci_address_attrs(new).items():
-            address.set(key, value)
-    return root
-
-
-def rewrite_mdevs(root, mapping):
-    """Point every mdev hostdev at ``mapping[uuid]`` (migration to another host).
-
-    Raises UnmappedMdev, before changing anything, if one is not mapped.
-    """
-    mapping = {k.lower(): v for k, v in mapping.items()}
-    addresses = [h.find("source/address") for h in root.findall(_MDEV_XPATH)]
-    for address in addresses:
-        if address.get("uuid", "").lower() not in mapping:
-            raise UnmappedMdev(uuid=address.get("uuid"),
-                               mapped=", ".join(sorted(mapping)) or "nothing")
-    for address in addresses:
-        address.set("uuid", names.check_mdev_uuid(mapping[address.get("uuid").lower()]))
-    return root

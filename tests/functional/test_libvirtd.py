@@ -22,6 +22,7 @@ import libvirt
 import pytest
 from lxml import etree
 
+from tests import libvirt_domains
 from tests import libvirt_events
 from tests import libvirt_schema
 from tests import libvirtd as private_libvirtd
@@ -249,7 +250,8 @@ def test_libvirt_keeps_the_mdevs_our_code_added(define, domain_type):
 
 def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
         define, domain_type, hosts):
-    """Editing libvirt's own XML with remove_mdev/rewrite_mdevs and redefining it works.
+    """Editing libvirt's own XML (remove_mdev; a live migration's rewrite)
+    and redefining it works.
 
     That is how the driver changes a guest's mdevs (and a migration's
     destination XML is made); each redefinition is a libvirt event the
@@ -272,9 +274,8 @@ def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
     assert guest.mdev_uuids(read_back(dom, INACTIVE)[1]) == [second]
     wait_until(lambda: first not in host.mdev_users(), "redefine without an mdev")
 
-    _, back = read_back(dom, INACTIVE)
-    guest.rewrite_mdevs(back, {second: moved})
-    dom = define(guest.to_string(back))
+    xml, _ = read_back(dom, INACTIVE)
+    dom = define(libvirt_domains.migrated_xml(xml, {second: moved}))
     assert guest.mdev_uuids(read_back(dom, INACTIVE)[1]) == [moved]
     wait_until(lambda: moved in host.mdev_users() and second not in host.mdev_users(),
                "redefine with a rewritten mdev")
