@@ -57,10 +57,10 @@ from vgpu_driver import nvml
 from vgpu_driver import placement
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
-from vgpu_driver.domains import InProcessDomains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import nvml as fake_nvml
 from vgpu_driver.fake import profiles
+from vgpu_driver.fake.domains import InProcessDomains
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 from vgpu_driver.placement_service import EmbeddedPlacement

@@ -60,11 +60,11 @@ import common
 from oslo_config import cfg
 
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import driver as core
 from vgpu_driver import inventory
 from vgpu_driver import nova_alias
 from vgpu_driver.conf import vgpu as vgpu_conf
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import udev

@@ -4,9 +4,10 @@ Every connection a process opens to ``test:///default`` shares one driver
 state, and each gets the events of what the others do.  (A file URI such as
 ``test:///path/node.xml`` does not: each ``libvirt.open`` of it loads its own
 copy, so nothing defined on one connection is seen on another.)  So the
-benchmark defines guests on its connection and
-:class:`~vgpu_driver.libvirt_host.LibvirtHost` opens its own, as
-nova-compute's connection and vgpu-driver's do on a real host.  The shared
+benchmark defines guests on its connection and the index
+(:class:`~vgpu_driver.domain_index.DomainIndex`, fed by the events of a
+connection of its own as nova-compute feeds it: ``tests/libvirt_events.py``)
+reads through its own.  The shared
 state outlives the connections, so :func:`open_empty` clears it first.
 
 The callers import libvirt first and exit with a hint when it is missing.
@@ -16,10 +17,13 @@ import threading
 import time
 import uuid
 
+import common
 import libvirt
 
 from vgpu_driver import guest
 from vgpu_driver import libvirt_host
+
+libvirt_events = common.load_test_helper("libvirt_events")
 
 URI = "test:///default"
 EVENT_TIMEOUT = 10.0
@@ -155,27 +159,31 @@ def wait_for(host, mdev_uuid, present, timeout=EVENT_TIMEOUT):
         time.sleep(0.0002)
 
 
-class TimedHost(libvirt_host.LibvirtHost):
-    """:class:`LibvirtHost` that also times its event handler, for the report.
+class TimedHost(libvirt_events.EventedIndex):
+    """The event-fed index, also timing how it applies events, for the report.
 
-    ``update_ms`` holds how long each event took to handle; ``applied`` maps
-    a domain UUID to the :func:`time.perf_counter` at which the index that
-    reflects its last event was in place.
+    An event only notes its domain; the lookup after it reads that domain
+    and publishes the new maps.  ``update_ms`` holds how long each such
+    application took; ``applied`` maps a domain UUID to the
+    :func:`time.perf_counter` at which the maps that reflect its last event
+    were in place.
     """
 
     def __init__(self, uri=URI):
         self.update_ms = []
         self.applied = {}
-        super().__init__(uri)
+        self._applying = []
+        # No timed full re-read: every change here reaches the index by its event.
+        super().__init__(uri, max_staleness=float("inf"))
 
-    def _on_event(self, conn, dom, *args):
+    def _take_changes(self):
+        self._applying = super()._take_changes()
+        return self._applying
+
+    def _apply_changes(self, conn):
         start = time.perf_counter()
-        super()._on_event(conn, dom, *args)
+        super()._apply_changes(conn)
         end = time.perf_counter()
         self.update_ms.append((end - start) * 1000)
-        self.applied[dom.UUIDString()] = end
-
-    def close(self):
-        """Deregister the callbacks, and close the connection too."""
-        super().close()
-        self.conn.close()
+        for dom_uuid in self._applying:
+            self.applied[dom_uuid] = end

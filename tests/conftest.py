@@ -8,10 +8,10 @@ import pytest
 from oslo_config import cfg
 
 from vgpu_driver import conf as vgpu_conf
-from vgpu_driver import domains as domains_mod
 from vgpu_driver import driver
 from vgpu_driver import privsep
 from vgpu_driver.cmd import manage
+from vgpu_driver.fake import domains as domains_mod
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 from vgpu_driver.privsep import beneath

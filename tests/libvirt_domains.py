@@ -31,3 +31,24 @@ def node_file(path, domains):
         node.append(guest.parse(xml))
     path.write_bytes(etree.tostring(node))
     return f"test://{path}"
+
+
+def migrated_xml(xml, mapping):
+    """The domain XML as nova's live migration sends it to the destination:
+    each mdev hostdev's UUID and each mapped PCI hostdev's address replaced
+    by ``mapping``'s (nova's ``_update_mdev_xml`` and PCI rewrite, from the
+    ``target_mdevs`` and ``pci_dev_map_src_dst`` the destination gave it);
+    nova refuses an mdev the mapping does not name."""
+    root = guest.parse(xml)
+    for hostdev in root.findall("devices/hostdev"):
+        address = hostdev.find("source/address")
+        if hostdev.get("type") == "mdev":
+            address.set("uuid", mapping[address.get("uuid")])
+            continue
+        vf = guest.pci_vfs(etree.fromstring(
+            f"<domain><devices>{etree.tostring(hostdev, encoding='unicode')}</devices></domain>"))
+        if vf and vf[0] in mapping:
+            new = guest.pci_hostdev(mapping[vf[0]]).find("source/address")
+            for key, value in new.attrib.items():
+                address.set(key, value)
+    return guest.to_string(root)

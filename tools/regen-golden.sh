@@ -22,4 +22,11 @@ for lane in py3:tests/unit functional:tests/functional; do
             -- pytest -q -p no:cacheprovider $modules
     fi
 done
+# nova's lane (testtools): the modules by dotted name.
+modules=$(grep -lw assert_golden tests/functional_nova/*.py | sed 's,/,.,g; s,\.py$,,' || true)
+if [ -n "$modules" ]; then
+    # shellcheck disable=SC2086 # one module per word
+    "$TOX" exec -e functional-nova -x testenv.pass_env+=VGPU_REGENERATE_GOLDEN \
+        -- env OS_NOVA_DISABLE_EVENTLET_PATCHING=1 python -m testtools.run $modules
+fi
 git status --short -- tests/golden

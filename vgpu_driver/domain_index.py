@@ -27,9 +27,20 @@ import time
 from types import MappingProxyType
 
 from vgpu_driver import domains
-from vgpu_driver import libvirt_host
+from vgpu_driver import guest
 
 _NEVER = (None, float("-inf"))
+
+
+def read_domain(dom):
+    """``(DomainRef, vgpu ids)`` of one domain: one XML read."""
+    ref = domains.DomainRef(dom.UUIDString(), dom.name())
+    return ref, tuple(guest.vgpu_ids(guest.parse(dom.XMLDesc(0))))
+
+
+def index_users(by_domain):
+    """``{vgpu id: DomainRef}`` from ``{domain uuid: (DomainRef, vgpu ids)}``."""
+    return {mdev: ref for ref, mdevs in by_domain.values() for mdev in mdevs}
 
 
 class DomainIndex(domains.DomainReferences):
@@ -79,6 +90,23 @@ class DomainIndex(domains.DomainReferences):
         entry = self._current()[0].get(domain_uuid)
         return entry[1] if entry else ()
 
+    def domain_uuids(self):
+        """The UUIDs of every defined domain, by the index."""
+        return frozenset(self._current()[0])
+
+    def domain_now(self, domain_uuid):
+        """The vGPU ids one domain references as libvirt has it now: it is
+        read again first (a caller that just defined or changed it need not
+        wait for the event)."""
+        self.domain_changed(domain_uuid)
+        return self.domain_mdevs(domain_uuid)
+
+    def refresh(self):
+        """Read every domain again now (a full re-read, as at first use)."""
+        with self._lock:
+            evented, conn = self._evented, self._connection()
+            self._refresh(conn, conn if conn is evented else None)
+
     def _current(self):
         """Both maps, brought up to date.  On any error nothing is published
         and no change is forgotten: the caller fails rather than act on a
@@ -114,7 +142,7 @@ class DomainIndex(domains.DomainReferences):
             entry = self._read_listed(dom)
             if entry is not None:
                 by_domain[entry[0].uuid] = entry
-        self._maps = (by_domain, MappingProxyType(libvirt_host.index_users(by_domain)))
+        self._maps = (by_domain, MappingProxyType(index_users(by_domain)))
         self._listed = (evented, started)
 
     def _apply_changes(self, conn):
@@ -140,11 +168,11 @@ class DomainIndex(domains.DomainReferences):
     def _read(self, conn, uuid):
         """The domain's entry, or None once it is no longer defined."""
         return self._unless_undefined(
-            lambda: libvirt_host.read_domain(conn.lookupByUUIDString(uuid)))
+            lambda: read_domain(conn.lookupByUUIDString(uuid)))
 
     def _read_listed(self, dom):
         """A listed domain's entry, or None if undefined since the listing."""
-        return self._unless_undefined(lambda: libvirt_host.read_domain(dom))
+        return self._unless_undefined(lambda: read_domain(dom))
 
     def _unless_undefined(self, read):
         try:

@@ -3,14 +3,13 @@
 A guest references an mdev by an mdev hostdev (its UUID), and a vGPU of
 NVIDIA's vendor-specific VFIO framework by a PCI hostdev of its VF (the VF's
 address): both kinds of id are keys of one index, as they are of the claims.
-The source is an interface so the lifecycle can be driven by libvirt on a
-host and by a plain in-process registry in tests and tools.
+The source is an interface: on a host it is libvirt's
+(:class:`vgpu_driver.domain_index.DomainIndex`); tests and benchmarks use
+the in-process registry :class:`vgpu_driver.fake.domains.InProcessDomains`.
 """
 
 import abc
 import dataclasses
-import threading
-from types import MappingProxyType
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,37 +34,3 @@ class DomainReferences(abc.ABC):
         Keys are mdev UUIDs and, where :attr:`sees_pci_hostdevs`, the PCI
         addresses of PCI hostdevs.
         """
-
-
-class InProcessDomains(DomainReferences):
-    """A registry of domains and their vGPUs, kept in memory (thread-safe).
-
-    A domain is defined with the ids of its vGPUs (mdev UUIDs, VF addresses).
-    The index is rebuilt on each change and handed out read-only, so a
-    lookup costs nothing however many domains there are.
-    """
-
-    sees_pci_hostdevs = True
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._domains = {}
-        self._index = MappingProxyType({})
-
-    def _reindex(self):
-        self._index = MappingProxyType({
-            mdev: DomainRef(uuid, name)
-            for uuid, (name, mdevs) in self._domains.items() for mdev in mdevs})
-
-    def define(self, uuid, mdev_uuids, name=None):
-        with self._lock:
-            self._domains[uuid] = (name or f"instance-{uuid[:8]}", tuple(mdev_uuids))
-            self._reindex()
-
-    def undefine(self, uuid):
-        with self._lock:
-            self._domains.pop(uuid, None)
-            self._reindex()
-
-    def mdev_users(self):
-        return self._index

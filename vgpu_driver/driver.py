@@ -202,21 +202,30 @@ class VGPUDriver:
         return self.manager.finish_release([c.mdev_uuid for c in stale])
 
     def add_hostdevs(self, domain_xml, mdev_uuids):
-        """The domain XML with a hostdev per vGPU, as each one's type wants it.
+        """The domain XML with a hostdev per vGPU (:meth:`hostdevs`)."""
+        root = guest.parse(domain_xml)
+        for hostdev in self.hostdevs(mdev_uuids):
+            guest.add_hostdev(root, hostdev)
+        return guest.to_string(root)
+
+    def hostdevs(self, mdev_uuids):
+        """A ``<hostdev>`` element per vGPU, as each one's type wants it: the
+        one writer of them, nova's path (:mod:`vgpu_driver.nova.hostdevs`)
+        and the demo alike.
 
         An mdev gets an mdev hostdev, its model from the type's
         ``device_api`` and ``display``/``ramfb`` from ``[mdev_<type>]``; a
         vendor-VFIO vGPU is its VF, passed through as an unmanaged PCI
         hostdev (the VF stays bound to NVIDIA's driver, which serves it).
         """
-        root = guest.parse(domain_xml)
         snapshot = self.manager.snapshot(refresh=True)
         by_uuid = {m.uuid: m for m in snapshot.mdevs}
+        elements = []
         for uuid in mdev_uuids:
             if names.is_vf_vgpu_id(uuid):
                 if snapshot.gpu_of_parent(names.check_vgpu_id(uuid)) is None:
                     raise exception.UnknownVgpu(vgpu=uuid)
-                guest.add_pci_vf(root, uuid)
+                elements.append(guest.pci_hostdev(uuid))
                 continue
             mdev = by_uuid.get(uuid)
             if mdev is None:
@@ -224,8 +233,8 @@ class VGPUDriver:
             gpu = snapshot.gpu_of_parent(mdev.parent)
             info = gpu.type_info(mdev.type_id) if gpu else None
             type_config = self.mdev_config.type_config(mdev.type_id)
-            guest.add_mdev(root, uuid,
-                           device_api=(info.device_api if info else None) or "vfio-pci",
-                           display=type_config.display if type_config else None,
-                           ramfb=type_config.ramfb if type_config else None)
-        return guest.to_string(root)
+            elements.append(guest.mdev_hostdev(
+                uuid, device_api=(info.device_api if info else None) or "vfio-pci",
+                display=type_config.display if type_config else None,
+                ramfb=type_config.ramfb if type_config else None))
+        return elements

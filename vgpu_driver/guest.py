@@ -15,7 +15,6 @@ XML is never assembled from strings.
 from lxml import etree
 
 from vgpu_driver import names
-from vgpu_driver.exception import UnmappedMdev
 from vgpu_driver.exception import UnsupportedDeviceApi
 
 MODELS = {"vfio-pci": "vfio-pci", "vfio-ccw": "vfio-ccw", "vfio-ap": "vfio-ap"}
@@ -64,11 +63,10 @@ def mdev_uuids(root):
             if h.find("source/address") is not None]
 
 
-def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
-    """Add an mdev hostdev for ``uuid`` (no-op if the domain has it already)."""
+def mdev_hostdev(uuid, device_api="vfio-pci", display=None, ramfb=None):
+    """The ``<hostdev>`` element of an mdev: the one writer of it, for
+    nova's path and the demo alike."""
     uuid = names.check_mdev_uuid(uuid)
-    if uuid in mdev_uuids(root):
-        return root
     if device_api not in MODELS:
         raise UnsupportedDeviceApi(api=device_api, known=", ".join(sorted(MODELS)))
     hostdev = etree.Element("hostdev", mode="subsystem", type="mdev",
@@ -79,8 +77,34 @@ def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
         hostdev.set("ramfb", "on" if ramfb else "off")
     source = etree.SubElement(hostdev, "source")
     etree.SubElement(source, "address", uuid=uuid)
-    _append(_devices(root), hostdev)
+    return hostdev
+
+
+def pci_hostdev(address):
+    """The ``<hostdev>`` element passing a vendor-VFIO VF through
+    (``managed='no'``: the host binds it)."""
+    hostdev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
+    source = etree.SubElement(hostdev, "source")
+    etree.SubElement(source, "address", **_pci_address_attrs(address))
+    return hostdev
+
+
+def add_hostdev(root, hostdev):
+    """Add a hostdev element (from :func:`mdev_hostdev` or
+    :func:`pci_hostdev`) unless the domain has one for its vGPU already."""
+    address = hostdev.find("source/address")
+    if hostdev.get("type") == "mdev":
+        present = address.get("uuid") in mdev_uuids(root)
+    else:
+        present = _pci_address(address) in pci_vfs(root)
+    if not present:
+        _append(_devices(root), hostdev)
     return root
+
+
+def add_mdev(root, uuid, device_api="vfio-pci", display=None, ramfb=None):
+    """Add an mdev hostdev for ``uuid`` (no-op if the domain has it already)."""
+    return add_hostdev(root, mdev_hostdev(uuid, device_api, display, ramfb))
 
 
 def remove_mdev(root, uuid):
@@ -145,14 +169,8 @@ def vgpu_ids(root):
 
 
 def add_pci_vf(root, address):
-    """Pass a vendor-VFIO VF through (``managed='no'``: the host binds it)."""
-    if str(names.parse_pci_address(str(address))) in pci_vfs(root):
-        return root
-    hostdev = etree.Element("hostdev", mode="subsystem", type="pci", managed="no")
-    source = etree.SubElement(hostdev, "source")
-    etree.SubElement(source, "address", **_pci_address_attrs(address))
-    _append(_devices(root), hostdev)
-    return root
+    """Pass a vendor-VFIO VF through (no-op if the domain has it already)."""
+    return add_hostdev(root, pci_hostdev(address))
 
 
 def remove_pci_vf(root, address):
@@ -164,36 +182,3 @@ def remove_pci_vf(root, address):
             _drop(hostdev)
             found = True
     return found
-
-
-def rewrite_pci_vfs(root, mapping):
-    """Point each PCI hostdev whose address ``mapping`` names at its mapped
-    address, all at once; other PCI hostdevs (not vGPUs) stay as they are."""
-    mapping = {str(names.parse_pci_address(k)): str(names.parse_pci_address(v))
-               for k, v in mapping.items()}
-    targets = []
-    for hostdev in root.findall(_PCI_XPATH):
-        address = hostdev.find("source/address")
-        current = _pci_address(address) if address is not None else None
-        if current in mapping:
-            targets.append((address, mapping[current]))
-    for address, new in targets:
-        for key, value in _pci_address_attrs(new).items():
-            address.set(key, value)
-    return root
-
-
-def rewrite_mdevs(root, mapping):
-    """Point every mdev hostdev at ``mapping[uuid]`` (migration to another host).
-
-    Raises UnmappedMdev, before changing anything, if one is not mapped.
-    """
-    mapping = {k.lower(): v for k, v in mapping.items()}
-    addresses = [h.find("source/address") for h in root.findall(_MDEV_XPATH)]
-    for address in addresses:
-        if address.get("uuid", "").lower() not in mapping:
-            raise UnmappedMdev(uuid=address.get("uuid"),
-                               mapped=", ".join(sorted(mapping)) or "nothing")
-    for address in addresses:
-        address.set("uuid", names.check_mdev_uuid(mapping[address.get("uuid").lower()]))
-    return root

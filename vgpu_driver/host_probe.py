@@ -99,7 +99,7 @@ def _executable(path):
 
 def _libvirt(uri):
     try:
-        connection = libvirt_host.LibvirtHost(uri, use_events=False)
+        connection = libvirt_host.LibvirtHost(uri)
     except exception.VgpuDriverError as exc:
         return service_check.Reached(uri, error=exc.kwargs.get("reason") or str(exc))
     try:

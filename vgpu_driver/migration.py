@@ -6,9 +6,10 @@ post-copy).  Destination: check that the source's vGPU types are served
 here, claim vGPUs for them (journal state ``migrating_in``, so a restart
 during the migration keeps them; a VF gets its type when claimed), and
 return the mapping source id -> destination id, an mdev for an mdev and a
-VF for a VF.  Source: rewrite the domain XML with that mapping (mdev UUIDs,
-and the addresses of the VFs' PCI hostdevs), refusing any mdev it does not
-name.  Rollback drops the destination claims and removes the vGPUs that
+VF for a VF.  nova rewrites the domain XML it sends with that mapping
+(``target_mdevs`` for mdev UUIDs, ``pci_dev_map_src_dst`` for the VFs' PCI
+hostdevs; :mod:`vgpu_driver.nova.live_migration`) and refuses an mdev it
+does not name.  Rollback drops the destination claims and removes the vGPUs that
 were created for this attempt only; success turns the claims into ordinary
 ``attached`` ones.
 """
@@ -19,7 +20,6 @@ from oslo_log import log as logging
 
 from vgpu_driver import claims
 from vgpu_driver import discovery
-from vgpu_driver import guest
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
@@ -174,15 +174,6 @@ class Migrations:
             raise SourceNotMigratable(
                 reason=f"vGPUs {', '.join(missing)} of the guest are not on this host")
         return {u: types[u] for u in mdev_uuids}
-
-    @staticmethod
-    def rewrite_xml(domain_xml, mapping):
-        """The domain XML to send, every vGPU mapped to the destination's:
-        mdev hostdevs by UUID, vendor-VFIO VFs by their PCI address."""
-        vfs = {k: v for k, v in mapping.items() if names.is_vf_vgpu_id(k)}
-        mdevs = {k: v for k, v in mapping.items() if k not in vfs}
-        root = guest.rewrite_mdevs(guest.parse(domain_xml), mdevs)
-        return guest.to_string(guest.rewrite_pci_vfs(root, vfs))
 
     # -- destination ---------------------------------------------------------------------
 

@@ -17,11 +17,11 @@ import pytest
 from tests import served_host
 from vgpu_driver import discovery
 from vgpu_driver import discovery_cache
-from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver import sriov
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux

@@ -1,6 +1,6 @@
 """A real libvirtd accepts the domain XML our code writes, and our index follows it.
 
-The unit tests check ``guest`` and ``LibvirtHost`` against libvirt's in-process
+The unit tests check ``guest`` and the domain index against libvirt's in-process
 test driver, which parses domain XML but does not apply the qemu driver's
 rules.  Here a private ``libvirtd`` (see ``tests/libvirtd.py``: its own socket,
 config and log, state directories bind-mounted in a private mount namespace
@@ -22,6 +22,8 @@ import libvirt
 import pytest
 from lxml import etree
 
+from tests import libvirt_domains
+from tests import libvirt_events
 from tests import libvirt_schema
 from tests import libvirtd as private_libvirtd
 from vgpu_driver import guest
@@ -109,7 +111,7 @@ def daemon(tmp_path_factory):
     if not os.access(private_libvirtd.LIBVIRTD, os.X_OK):
         pytest.fail(f"{private_libvirtd.LIBVIRTD} is missing: install the Debian packages "
                     "bindep.txt lists for 'test' (tools/bootstrap.sh does, as root)")
-    libvirt_host.start_event_loop()  # before any connection, so all can get events
+    libvirt_events.start_event_loop()  # before any connection, so all can get events
     server = private_libvirtd.Libvirtd(tmp_path_factory.mktemp("libvirtd"))
     server.start()
     try:
@@ -154,17 +156,19 @@ def domain_type(conn):
 
 @pytest.fixture
 def hosts(daemon):
-    """Make ``LibvirtHost`` indexes on the daemon; their connections close after."""
+    """Make domain indexes on the daemon, fed by its events as nova-compute
+    feeds them (``events=False``: ``LibvirtHost``, a full read per lookup,
+    as ``vgpu-manage`` reads); their connections close after."""
     made = []
 
-    def make(**kwargs):
-        made.append(libvirt_host.LibvirtHost(daemon.uri, **kwargs))
+    def make(events=True, **kwargs):
+        made.append(libvirt_events.EventedIndex(daemon.uri, **kwargs) if events
+                    else libvirt_host.LibvirtHost(daemon.uri, **kwargs))
         return made[-1]
 
     yield make
     for host in made:
         host.close()
-        host.conn.close()
 
 
 @pytest.fixture
@@ -246,7 +250,8 @@ def test_libvirt_keeps_the_mdevs_our_code_added(define, domain_type):
 
 def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
         define, domain_type, hosts):
-    """Editing libvirt's own XML with remove_mdev/rewrite_mdevs and redefining it works.
+    """Editing libvirt's own XML (remove_mdev; a live migration's rewrite)
+    and redefining it works.
 
     That is how the driver changes a guest's mdevs (and a migration's
     destination XML is made); each redefinition is a libvirt event the
@@ -269,9 +274,8 @@ def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
     assert guest.mdev_uuids(read_back(dom, INACTIVE)[1]) == [second]
     wait_until(lambda: first not in host.mdev_users(), "redefine without an mdev")
 
-    _, back = read_back(dom, INACTIVE)
-    guest.rewrite_mdevs(back, {second: moved})
-    dom = define(guest.to_string(back))
+    xml, _ = read_back(dom, INACTIVE)
+    dom = define(libvirt_domains.migrated_xml(xml, {second: moved}))
     assert guest.mdev_uuids(read_back(dom, INACTIVE)[1]) == [moved]
     wait_until(lambda: moved in host.mdev_users() and second not in host.mdev_users(),
                "redefine with a rewritten mdev")
@@ -298,7 +302,7 @@ def test_attach_and_detach_change_the_persistent_config(define, domain_type, hos
     xml, back = read_back(dom, INACTIVE)
     libvirt_schema.assert_valid_domain(xml)
     assert guest.mdev_uuids(back) == [kept, attached]
-    scan = hosts(use_events=False)
+    scan = hosts(events=False)
     assert not scan.event_driven
     assert scan.mdev_users()[attached].uuid == dom.UUIDString()
 
@@ -369,7 +373,7 @@ def _version(argv, pattern):
 
 def test_versions_are_the_daemons(daemon, hosts):
     """versions() reports what the running libvirtd and QEMU binaries say of themselves."""
-    versions = hosts(use_events=False).versions()
+    versions = hosts(events=False).versions()
     libvirtd = _version([private_libvirtd.LIBVIRTD, "--version"], r"(\d+)\.(\d+)\.(\d+)")
     qemu = _version(["/usr/bin/qemu-system-x86_64", "--version"],
                     r"version (\d+)\.(\d+)\.(\d+)")

@@ -15,13 +15,13 @@ from tests import confs
 from vgpu_driver import audit
 from vgpu_driver import compute_api
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import placement as placement_conf
+from vgpu_driver.fake import domains
 
 A100 = "0000:41:00.0"
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"

@@ -25,7 +25,6 @@ from oslo_config import cfg
 from tests import confs
 from tests import conftest
 from tests import served_host
-from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import hosts
@@ -33,6 +32,7 @@ from vgpu_driver import privsep
 from vgpu_driver import sriov
 from vgpu_driver import sriov_manage as sriov_manage_mod
 from vgpu_driver.conf import privsep as privsep_conf
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import writes
 

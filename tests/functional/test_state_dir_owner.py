@@ -30,10 +30,10 @@ from oslo_config import cfg
 from tests.functional import test_install_units
 from vgpu_driver import claims
 from vgpu_driver import conf as vgpu_conf
-from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import host_files
 from vgpu_driver.cmd import manage
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 

@@ -11,12 +11,12 @@ from types import MappingProxyType
 import pytest
 
 from vgpu_driver import claims
-from vgpu_driver import domains
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 

@@ -12,8 +12,8 @@ import pytest
 from tests import libvirt_domains
 from vgpu_driver import claims
 from vgpu_driver import discovery
+from vgpu_driver import domain_index
 from vgpu_driver import inventory
-from vgpu_driver import libvirt_host
 from vgpu_driver import status
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
@@ -227,13 +227,13 @@ def test_each_source_is_read_once(busy_t4, cli, monkeypatch):
     counting(monkeypatch, discovery, "discover", counts)
     counting(monkeypatch, inventory, "compute", counts)
     counting(monkeypatch, claims.Journal, "claims", counts)
-    counting(monkeypatch, libvirt_host.LibvirtHost, "refresh", counts)
+    counting(monkeypatch, domain_index.DomainIndex, "_refresh", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_mdevs", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_parents", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_sriov_pfs", counts)
     code, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "json", uri=uri)
     assert code == 0 and len(json.loads(out)) == 8
-    assert counts == {"discover": 1, "compute": 1, "claims": 1, "refresh": 1,
+    assert counts == {"discover": 1, "compute": 1, "claims": 1, "_refresh": 1,
                       "list_mdevs": 1, "list_parents": 1, "list_sriov_pfs": 1}
 
 

@@ -393,3 +393,17 @@ def test_domain_mdevs_names_one_domains_vgpus(host, mdevs):
     assert set(host.index.domain_mdevs(dom)) == {mdevs[2], mdevs[3]}
     assert host.index.domain_mdevs(host.conn.lookupByName("plain").UUIDString()) == ()
     assert host.index.domain_mdevs(new_id()) == ()
+
+
+def test_domain_now_reads_a_domain_whose_event_has_not_come(tmp_path):
+    """The nova adapter asks the index which vGPUs a domain it just defined
+    uses: that domain is read again, event or not; ``domain_uuids`` names
+    every defined domain, with vGPUs or without."""
+    host = Host(tmp_path, [("plain", [])]).evented()
+    assert len(host.index.domain_uuids()) == 1
+    mdev = new_id()
+    guest = host.define("g", [mdev], notify=False)
+    assert host.index.domain_mdevs(guest) == ()       # no event yet: not seen
+    assert host.index.domain_now(guest) == (mdev,)
+    assert guest in host.index.domain_uuids()
+    assert host.index.mdev_users()[mdev].uuid == guest

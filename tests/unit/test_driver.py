@@ -3,8 +3,8 @@
 import time
 import uuid
 
-from vgpu_driver import domains
 from vgpu_driver import driver
+from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 
 A100 = "0000:41:00.0"

@@ -8,11 +8,11 @@ import pytest
 from tests import confs
 from tests.unit.test_cli import run  # noqa: F401 - the vgpu-manage fixture
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import inventory
 from vgpu_driver.conf import fleet
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.fake import domains
 
 T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
       "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"]

@@ -101,19 +101,6 @@ def test_vendor_vfio_vf_is_a_pci_hostdev_unmanaged():
     assert guest.remove_pci_vf(root, "0000:c1:00.4") and guest.pci_vfs(root) == []
 
 
-def test_rewrite_for_migration_maps_every_mdev_or_changes_nothing():
-    root = load("with-hostdevs.xml")
-    guest.add_mdev(root, UUID1)
-    before = canonical(root)
-    with pytest.raises(guest.UnmappedMdev, match=UUID1):
-        guest.rewrite_mdevs(root, {"b3145c68-91f6-4f51-88dc-2120f019e4aa": UUID2})
-    assert canonical(root) == before
-    guest.rewrite_mdevs(root, {"B3145C68-91F6-4F51-88DC-2120F019E4AA": UUID2,
-                               UUID1: "9b5055c2-a334-4216-ab3e-d2e604a78bb7"})
-    assert guest.mdev_uuids(root) == [UUID2, "9b5055c2-a334-4216-ab3e-d2e604a78bb7"]
-    libvirt_schema.assert_valid_domain(guest.to_string(root))
-
-
 def test_a_domain_without_devices_gets_them():
     root = guest.parse("<domain type='test'><name>bare</name><memory>1024</memory>"
                        "<os><type>hvm</type></os></domain>")

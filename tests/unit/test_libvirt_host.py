@@ -1,4 +1,6 @@
-"""The mdev index over libvirt's domains, against libvirt's own test driver."""
+"""The domain index over libvirt's domains, against libvirt's own test driver:
+fed by events as nova-compute feeds it (:mod:`tests.libvirt_events`), and
+without events as ``vgpu-manage`` reads it (:class:`LibvirtHost`)."""
 
 import time
 import uuid
@@ -7,6 +9,7 @@ import libvirt
 import pytest
 
 from tests import libvirt_domains
+from tests import libvirt_events
 from vgpu_driver import libvirt_host
 
 
@@ -17,23 +20,9 @@ def wait_until(predicate, timeout=5.0):
         time.sleep(0.005)
 
 
-MARKER = str(uuid.uuid4())
-
-
-def later_event_seen(host):
-    """The index once it handled an event made now: libvirt delivers a
-    connection's events in order, so every earlier one was handled too."""
-    marker = host.conn.createXML(libvirt_domains.domain_xml("marker", [MARKER]), 0)
-    wait_until(lambda: MARKER in host.mdev_users())
-    users = dict(host.mdev_users())
-    marker.destroy()  # a running transient guest: gone once stopped
-    wait_until(lambda: MARKER not in host.mdev_users())
-    return users
-
-
 @pytest.fixture(scope="module")
 def events():
-    libvirt_host.start_event_loop()
+    libvirt_events.start_event_loop()
 
 
 @pytest.fixture
@@ -47,7 +36,7 @@ def big_host(tmp_path):
 
 def test_index_of_500_domains_matches_their_xml(big_host, events):
     uri, mdevs = big_host
-    host = libvirt_host.LibvirtHost(uri)
+    host = libvirt_events.EventedIndex(uri)
     users = host.mdev_users()
     assert host.event_driven
     assert set(users) == {m for i, m in enumerate(mdevs) if i % 10}
@@ -56,7 +45,7 @@ def test_index_of_500_domains_matches_their_xml(big_host, events):
 
 def test_free_set_follows_define_and_undefine(big_host, events):
     uri, mdevs = big_host
-    host = libvirt_host.LibvirtHost(uri)
+    host = libvirt_events.EventedIndex(uri)
     conn = host.conn  # the same in-memory test driver instance
     new = str(uuid.uuid4())
     dom = conn.defineXML(libvirt_domains.domain_xml("late-guest", [new]))
@@ -71,8 +60,10 @@ def test_free_set_follows_define_and_undefine(big_host, events):
     wait_until(lambda: other not in host.mdev_users())
     # Undefined while running, a guest is transient and still holds its mdev.
     victim = conn.lookupByName("guest-7")
+    heard = host.heard[victim.UUIDString()]
     victim.undefine()
-    assert mdevs[7] in later_event_seen(host)
+    wait_until(lambda: host.heard[victim.UUIDString()] > heard)
+    assert mdevs[7] in host.mdev_users()
     victim.destroy()
     wait_until(lambda: mdevs[7] not in host.mdev_users())
     assert len(host.mdev_users()) == 449
@@ -83,17 +74,18 @@ def test_running_and_shut_off_domains_both_count(tmp_path, events):
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [
         libvirt_domains.domain_xml("running", [used_running]),
         libvirt_domains.domain_xml("off", [used_off])])
-    host = libvirt_host.LibvirtHost(uri)
+    host = libvirt_events.EventedIndex(uri)
     off = host.conn.lookupByName("off")
     off.destroy()  # the node file's domains start running
     assert host.conn.lookupByName("running").isActive() and not off.isActive()
-    # Once a later event is in, the stop event was handled: it kept the guest.
-    assert set(later_event_seen(host)) - {MARKER} == {used_running, used_off}
+    # The stop event has come: it must not drop the guest.
+    wait_until(lambda: host.heard[off.UUIDString()] > 0)
+    assert set(host.mdev_users()) == {used_running, used_off}
 
 
 def test_without_an_event_loop_every_lookup_rescans(tmp_path):
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [])
-    host = libvirt_host.LibvirtHost(uri, use_events=False)
+    host = libvirt_host.LibvirtHost(uri)
     assert not host.event_driven
     mdev = str(uuid.uuid4())
     host.conn.defineXML(libvirt_domains.domain_xml("g", [mdev]))
@@ -101,7 +93,7 @@ def test_without_an_event_loop_every_lookup_rescans(tmp_path):
 
 
 def test_versions_and_unreachable_libvirt():
-    host = libvirt_host.LibvirtHost("test:///default", use_events=False)
+    host = libvirt_host.LibvirtHost("test:///default")
     versions = host.versions()
     assert versions["libvirt"] == libvirt_host.version_tuple(libvirt.getVersion())
     assert versions["kernel"] >= (3, 0, 0)

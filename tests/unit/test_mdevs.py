@@ -8,12 +8,12 @@ import pytest
 
 from vgpu_driver import claims
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.fake import domains
 
 A100 = "0000:41:00.0"
 A100_VFS = [f"0000:41:{d:02x}.{f}" for d in range(3) for f in range(8)][4:20]

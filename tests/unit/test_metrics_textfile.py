@@ -31,7 +31,7 @@ sysfs_root = {host.paths.root}
 state_dir = {tmp_path / "state"}
 metrics_textfile = {textfile}
 """)
-    return driver.VGPUDriver(conf, libvirt_host.LibvirtHost(uri, use_events=False),
+    return driver.VGPUDriver(conf, libvirt_host.LibvirtHost(uri),
                              host=fakekernel.FakeKernel(host.paths.root))
 
 

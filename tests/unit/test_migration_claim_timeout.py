@@ -33,7 +33,7 @@ def make_driver(make_conf, host, tmp_path, extra=""):
     node = tmp_path / "node.xml"
     uri = (f"test://{node}" if node.exists()
            else libvirt_domains.node_file(node, []))
-    domains = libvirt_host.LibvirtHost(uri, use_events=False)
+    domains = libvirt_host.LibvirtHost(uri)
     return driver.VGPUDriver(conf, domains, host=fakekernel.FakeKernel(host.paths.root))
 
 

@@ -18,7 +18,6 @@ from tests.unit.test_mdevs import Lifecycle
 from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import discovery
-from vgpu_driver import domains
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import guest
@@ -26,6 +25,7 @@ from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver import takeover
 from vgpu_driver.conf import mdev_types
+from vgpu_driver.fake import domains
 
 L40S = "0000:c1:00.0"
 VFS = [str(names.parse_pci_address(L40S).offset(4 + i)) for i in range(16)]
@@ -293,7 +293,7 @@ class TestDomainsAndTools:
         uri = libvirt_domains.node_file(tmp_path / "node.xml", [
             libvirt_domains.domain_xml("with-vf", vfs=[VFS[2]]),
             libvirt_domains.domain_xml("with-both", [mdev], vfs=[VFS[3]])])
-        host = libvirt_host.LibvirtHost(uri, use_events=False)
+        host = libvirt_host.LibvirtHost(uri)
         users = host.mdev_users()
         assert host.sees_pci_hostdevs
         assert {k: v.name for k, v in users.items()} == {

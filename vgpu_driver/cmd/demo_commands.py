@@ -100,7 +100,7 @@ class Demo(progress.Progress, base.Command):
         with self.step("starting the driver (init_host): unused mdevs of types their GPU "
                        "no longer serves are removed"):
             conf = scenario.load_conf(conf_path)
-            domains = libvirt_host.LibvirtHost(conf.vgpu.libvirt_uri, use_events=False)
+            domains = libvirt_host.LibvirtHost(conf.vgpu.libvirt_uri)
             node = compute.MiniCompute(
                 driver.VGPUDriver(conf, domains,
                                   host=fakekernel.FakeKernel(conf.vgpu.sysfs_root)),

@@ -143,7 +143,7 @@ class ManageApp(app.App):
             return None
 
     def domains(self):
-        return libvirt_host.LibvirtHost(self.conf.vgpu.libvirt_uri, use_events=False)
+        return libvirt_host.LibvirtHost(self.conf.vgpu.libvirt_uri)
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""

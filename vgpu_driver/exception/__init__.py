@@ -48,7 +48,6 @@ Tree::
     ├── UnknownVgpu                   no such mdev or vendor-VFIO VF on this host
     ├── ClaimConflict                 an mdev (or VF) is claimed by another instance
     ├── UnsupportedDeviceApi          a type's device_api has no hostdev model
-    ├── UnmappedMdev                  a migrating guest's mdev the mapping lacks
     ├── MigrationPreCheckFailed       a live migration with vGPUs refused
     ├── SourceNotMigratable           this host cannot migrate the vGPUs
     ├── InvalidNodename               a compute node name Placement cannot take
@@ -91,7 +90,6 @@ from vgpu_driver.exception.allocation import NoGpuCapacity
 from vgpu_driver.exception.allocation import SourceNotMigratable
 from vgpu_driver.exception.allocation import UnknownProvider
 from vgpu_driver.exception.allocation import UnknownVgpu
-from vgpu_driver.exception.allocation import UnmappedMdev
 from vgpu_driver.exception.allocation import UnsupportedDeviceApi
 from vgpu_driver.exception.allocation import VfTypeRefused
 from vgpu_driver.exception.allocation import WrongTypePresent
@@ -168,7 +166,7 @@ __all__ = ["AllocationError", "AllocationOutsideOperation", "ClaimConflict",
            "PlacementAuthUnavailable", "PlacementError", "PlacementUnavailable",
            "PrivilegedHelperUnavailable", "PrivilegedWriteRefused", "ProviderNotOurs",
            "SourceNotMigratable", "SriovManageFailed", "SriovNotReady", "SriovRefused",
-           "UnknownProfile", "UnknownProvider", "UnknownVgpu", "UnmappedMdev",
+           "UnknownProfile", "UnknownProvider", "UnknownVgpu",
            "UnsupportedDeviceApi", "VfTypeRefused", "VgpuDriverError", "WritesNeedRoot",
            "WrongTypePresent"]
 

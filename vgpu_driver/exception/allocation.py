@@ -59,12 +59,6 @@ class UnsupportedDeviceApi(base.VgpuDriverError):
                "%(known)s).")
 
 
-class UnmappedMdev(base.VgpuDriverError):
-    msg_fmt = ("The domain uses mdev %(uuid)s, which the migration mapping does not "
-               "name; the destination claimed %(mapped)s. Refusing to migrate a guest "
-               "that would lose a vGPU.")
-
-
 class MigrationPreCheckFailed(base.VgpuDriverError):
     msg_fmt = "Cannot live-migrate instance %(instance)s with vGPUs: %(reason)s"
 

@@ -83,7 +83,6 @@ HOOKS = (
     Hook(_HOST, "_event_lifecycle_callback", ("conn", "dom")),
     Hook(_HOST, "_event_device_removed_callback", ("conn", "dom")),
     Hook(_HOST, "get_connection", ("self",)),
-    Hook(_HOST, "get_guest", ("self", "instance")),
     Hook(_HOST, "list_guests", ("self", "only_running")),
     Hook(_HOST, "get_hostname", ("self",)),
     # What the adapter reads or builds of nova's.

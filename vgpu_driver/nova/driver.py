@@ -9,6 +9,7 @@ and live migration (:mod:`vgpu_driver.nova.live_migration`).  Everything
 else is nova's.
 """
 
+import collections
 import contextlib
 import threading
 
@@ -16,7 +17,6 @@ import nova.conf
 from keystoneauth1 import exceptions as ks_exceptions
 from nova import context as nova_context
 from nova import exception as nova_exception
-from nova.virt.libvirt import config as vconfig
 from oslo_log import log as logging
 from oslo_utils import excutils
 
@@ -24,9 +24,7 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
-from vgpu_driver import guest as guest_xml
 from vgpu_driver import host_reconciler
-from vgpu_driver import names
 from vgpu_driver import sriov
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
@@ -34,6 +32,7 @@ from vgpu_driver.nova import abandoned
 from vgpu_driver.nova import compat
 from vgpu_driver.nova import events
 from vgpu_driver.nova import flavors
+from vgpu_driver.nova import hostdevs as nova_hostdevs
 from vgpu_driver.nova import live_migration
 from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import operations
@@ -50,11 +49,12 @@ vgpu_conf.register_opts(CONF)
 
 
 class _Operation(threading.local):
-    """The instance a nova operation works on, per thread (nova's calls into
-    ``_allocate_mdevs`` and ``destroy`` don't say)."""
+    """The instance a nova operation works on, per thread: nova's call into
+    ``_allocate_mdevs(allocations)`` does not say which.  (``destroy``
+    names its instance: whether it keeps the claims is asked by instance,
+    :meth:`LibvirtVGPUDriver._keeps_claims`.)"""
 
     instance = None
-    keep_claims = False
 
 
 def _set_inventory(reportclient, context, rp_uuid, inventory):
@@ -83,6 +83,10 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         self._definitions = None
         self._gpu_tree = None
         self._operation = _Operation()
+        # Instances under an operation that destroys their domain to define
+        # it again (hard reboot, rescue...): their destroy keeps the claims.
+        self._keeping = collections.Counter()
+        self._keeping_lock = threading.Lock()
         # Instances under a nova operation: the host reconciler leaves their
         # claims alone (:mod:`vgpu_driver.nova.operations`).
         self.operations = operations.OperationGuard(lambda: self._host.get_hostname())
@@ -172,7 +176,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         rest = set(instance_uuids) - busy
         if not rest:
             return busy
-        defined = {g.uuid for g in self._host.list_guests(only_running=False)}
+        defined = self._domains.domain_uuids()
         return busy | operations.kept_without_domain(rest - defined,
                                                      self._host.get_hostname())
 
@@ -308,16 +312,27 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
     @contextlib.contextmanager
     def _operating_on(self, instance, keep_claims=False):
         """Within a nova operation on ``instance``: ``_allocate_mdevs`` claims
-        for it, and with ``keep_claims`` an inner ``destroy`` keeps its claims
+        for it, and with ``keep_claims`` a ``destroy`` of it keeps its claims
         (nova destroys the domain to define it again)."""
         self._operation.instance = instance
-        self._operation.keep_claims = keep_claims
+        if keep_claims:
+            with self._keeping_lock:
+                self._keeping[instance.uuid] += 1
         try:
             with self.operations.running(instance.uuid):
                 yield
         finally:
             self._operation.instance = None
-            self._operation.keep_claims = False
+            if keep_claims:
+                with self._keeping_lock:
+                    self._keeping[instance.uuid] -= 1
+                    if not self._keeping[instance.uuid]:
+                        del self._keeping[instance.uuid]
+
+    def _keeps_claims(self, instance_uuid):
+        """Whether an operation that defines the instance again is under way."""
+        with self._keeping_lock:
+            return instance_uuid in self._keeping
 
     def _for_instance(self, instance, operation, *args, keep_claims=False, **kwargs):
         """Run a nova operation whose _allocate_mdevs claims for ``instance``."""
@@ -327,27 +342,16 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         return result
 
     def _instance_mdevs(self, instance):
-        """The vGPUs (mdevs, vendor-VFIO VFs) the instance's domain here uses."""
-        try:
-            guest = self._host.get_guest(instance)
-        except nova_exception.InstanceNotFound:
-            return []
-        return guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
+        """The vGPUs (mdevs, vendor-VFIO VFs) the instance's domain here
+        uses, by the domain index (that domain read again now)."""
+        return list(self._domains.domain_now(instance.uuid))
 
     def _guest_add_mdevs(self, guest, chosen_mdevs):
-        """nova writes mdev hostdevs; a vendor-VFIO vGPU is its VF, passed
-        through as a PCI hostdev the host has bound (``managed='no'``)."""
-        vfs = [v for v in chosen_mdevs if names.is_pci_address(v)]
-        super()._guest_add_mdevs(guest, [m for m in chosen_mdevs if m not in vfs])
-        for vf in vfs:
-            address = names.parse_pci_address(vf)
-            hostdev = vconfig.LibvirtConfigGuestHostdevPCI()
-            hostdev.managed = "no"
-            hostdev.domain = f"{address.domain:04x}"
-            hostdev.bus = f"{address.bus:02x}"
-            hostdev.slot = f"{address.slot:02x}"
-            hostdev.function = f"{address.function:x}"
-            guest.add_device(hostdev)
+        """The hostdevs the core writes (the demo's too): an mdev hostdev
+        as its type wants it, a vendor-VFIO vGPU's VF as a PCI hostdev
+        the host has bound (``managed='no'``)."""
+        for element in self.vgpu.hostdevs(chosen_mdevs):
+            guest.add_device(nova_hostdevs.config_of(element))
 
     def _get_all_assigned_mediated_devices(self, instance=None):
         """nova's view (the domains) plus our claims: an instance keeps its
@@ -504,7 +508,7 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
                 destroy_disks=True, destroy_secrets=True):
         super().destroy(context, instance, network_info, block_device_info=block_device_info,
                         destroy_disks=destroy_disks, destroy_secrets=destroy_secrets)
-        if not self._operation.keep_claims:
+        if not self._keeps_claims(instance.uuid):
             self.vgpu.release(instance.uuid)
 
     # -- vGPUs nobody comes back for -------------------------------------------------------
@@ -523,7 +527,8 @@ class LibvirtVGPUDriver(live_migration.LiveMigration):
         and nobody will come back for; their instance UUIDs."""
         found = abandoned.abandoned(
             self.vgpu.journal.claims(),
-            {g.uuid for g in self._host.list_guests(only_running=False)},
+            self._domains.domain_uuids(),
+            # Whether a domain runs is nova's to say; the index knows who uses what.
             {g.uuid for g in self._host.list_guests(only_running=True)},
             self._host.get_hostname(), CONF.vgpu.claim_grace)
         for instance in found:
