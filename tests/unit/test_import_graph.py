@@ -4,7 +4,9 @@ fake kernel, and production modules import each other without a loop.
 Every ``import`` and ``from ... import`` of a module counts, those inside
 functions (lazy ones) included, and so does ``importlib.import_module``
 with a literal name: a lazy import is an import all the same, made when the
-function first runs.
+function first runs.  Imports under ``if TYPE_CHECKING:`` never run: they
+count toward the fake (production names nothing of it, even for the type
+checker) but not toward loops (annotations may name each other's types).
 """
 
 import ast
@@ -50,10 +52,23 @@ def _absolute(name, node, current, is_package):
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _imported(tree, current, is_package, known):
-    """The package's modules ``tree`` imports, lazily or not."""
+def _type_checking_only(tree):
+    """The nodes under ``if TYPE_CHECKING:`` blocks."""
     found = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found.update(id(n) for block in node.body for n in ast.walk(block))
+    return found
+
+
+def _imported(tree, current, is_package, known, at_run_time=False):
+    """The package's modules ``tree`` imports, lazily or not; only those
+    imported when it runs with ``at_run_time``."""
+    found = set()
+    skipped = _type_checking_only(tree) if at_run_time else set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -75,10 +90,10 @@ def _known_prefix(name, known):
     return name or None
 
 
-def _graph():
+def _graph(at_run_time=False):
     modules = _modules()
     return {name: _imported(ast.parse(path.read_text()), name,
-                            path.name == "__init__.py", modules)
+                            path.name == "__init__.py", modules, at_run_time)
             for name, path in modules.items()}
 
 
@@ -170,8 +185,14 @@ def test_the_fake_entries_are_what_imports_the_fake():
     assert importers == FAKE_ENTRIES
 
 
+def test_the_graph_tells_imports_for_the_type_checker_apart():
+    # framebuffer names the inventory's types only for the type checker.
+    assert "vgpu_driver.inventory" in _graph()["vgpu_driver.framebuffer"]
+    assert "vgpu_driver.inventory" not in _graph(at_run_time=True)["vgpu_driver.framebuffer"]
+
+
 def test_no_import_loop_outside_the_fake():
-    graph = _graph()
+    graph = _graph(at_run_time=True)
     production = {name: {t for t in edges if not _is_fake(t)}
                   for name, edges in graph.items() if not _is_fake(name)}
     assert _cycles(production) == []
