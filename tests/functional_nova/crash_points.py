@@ -1,8 +1,10 @@
 """nova-compute killed while libvirt defines a guest's domain.
 
 Every operation that gives a guest a domain (spawn, hard reboot, power-on,
-resume, rescue, a resize's finish and revert, unshelve) defines it through
-nova's ``Host.write_instance_config``.  The kill is :class:`Killed` raised
+resume, rescue and unrescue, a resize's finish and revert, unshelve)
+defines it through nova's ``Host.write_instance_config``; a live
+migration's destination does not (libvirt defines the domain there as the
+migration ends, with ``VIR_MIGRATE_PERSIST_DEST``).  The kill is :class:`Killed` raised
 there, a ``BaseException`` that none of nova's error handling (``except
 Exception``) or the driver's runs for, as none runs in a killed process;
 the caller then starts the compute again on the same host, as systemd
@@ -13,6 +15,9 @@ import contextlib
 
 import fixtures
 from nova.compute import task_states
+from nova.virt.libvirt import host as libvirt_host
+
+_REAL_DEFINE = libvirt_host.Host.write_instance_config
 
 # The compute manager's method for each operation killed, and the task
 # state nova's API sets before it casts it.
@@ -20,6 +25,10 @@ OPERATIONS = {
     "hard_reboot": ("reboot_instance", task_states.REBOOTING_HARD,
                     {"block_device_info": None, "reboot_type": "HARD"}),
     "start": ("start_instance", task_states.POWERING_ON, {}),
+    "resume": ("resume_instance", task_states.RESUMING, {}),
+    "rescue": ("rescue_instance", task_states.RESCUING,
+               {"rescue_password": None, "rescue_image_ref": None, "clean_shutdown": True}),
+    "unrescue": ("unrescue_instance", task_states.UNRESCUING, {}),
 }
 
 
@@ -28,10 +37,18 @@ class Killed(BaseException):
 
 
 @contextlib.contextmanager
-def killed_in_define():
-    """While it lasts, a compute defining a domain is killed."""
+def killed_in_define(host=None, seen=None):
+    """While it lasts, a compute defining a domain is killed (the compute
+    whose nova ``Host`` is ``host``, when given: another compute defines as
+    usual); ``seen(xml)`` is called before the kill."""
+    real = _REAL_DEFINE
+
     def define(this, xml):
-        raise Killed("nova-compute killed while libvirt defined a domain")
+        if host is None or this is host:
+            if seen is not None:
+                seen(xml)
+            raise Killed("nova-compute killed while libvirt defined a domain")
+        return real(this, xml)
 
     with fixtures.MonkeyPatch("nova.virt.libvirt.host.Host.write_instance_config", define):
         yield
@@ -51,3 +68,30 @@ def kill_during(manager, context, instance, operation):
         except Killed:
             return True
     return False
+
+
+def kill_in_cast(compute, method, call):
+    """Run ``call``, an API request whose work reaches ``compute`` through
+    a cast to its manager's ``method`` (``finish_resize``,
+    ``finish_revert_resize``, ``unshelve_instance``); ``compute`` is killed
+    when it defines a domain there.  Whether it was.
+
+    nova's harness runs casts as calls: the kill ends the cast alone, whose
+    sender goes on as it does when a compute dies under a real cast.
+    """
+    killed = []
+    real = getattr(compute.manager, method)
+
+    def cast(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except Killed:
+            killed.append(method)
+
+    with fixtures.MonkeyPatch(f"{type(compute.manager).__module__}."
+                              f"{type(compute.manager).__name__}.{method}",
+                              lambda this, *a, **k: cast(*a, **k)
+                              if this is compute.manager else real.__func__(this, *a, **k)):
+        with killed_in_define(compute.driver._host):
+            call()
+    return bool(killed)
