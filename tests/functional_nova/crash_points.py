@@ -37,16 +37,14 @@ class Killed(BaseException):
 
 
 @contextlib.contextmanager
-def killed_in_define(host=None, seen=None):
-    """While it lasts, a compute defining a domain is killed (the compute
-    whose nova ``Host`` is ``host``, when given: another compute defines as
-    usual); ``seen(xml)`` is called before the kill."""
+def killed_in_define(hosts=None):
+    """While it lasts, a compute defining a domain is killed (a compute
+    whose nova ``Host`` is in ``hosts``, when given: another defines as
+    usual)."""
     real = _REAL_DEFINE
 
     def define(this, xml):
-        if host is None or this is host:
-            if seen is not None:
-                seen(xml)
+        if hosts is None or any(this is host for host in hosts):
             raise Killed("nova-compute killed while libvirt defined a domain")
         return real(this, xml)
 
@@ -70,28 +68,34 @@ def kill_during(manager, context, instance, operation):
     return False
 
 
-def kill_in_cast(compute, method, call):
-    """Run ``call``, an API request whose work reaches ``compute`` through
-    a cast to its manager's ``method`` (``finish_resize``,
-    ``finish_revert_resize``, ``unshelve_instance``); ``compute`` is killed
-    when it defines a domain there.  Whether it was.
+def kill_in_cast(computes, method, call):
+    """Run ``call``, an API request whose work reaches a compute of
+    ``computes`` (``{name: service}``) through a cast to its manager's
+    ``method`` (``finish_resize``, ``finish_revert_resize``,
+    ``unshelve_instance``); that compute is killed when it defines a domain
+    there.  The name of the compute killed, or None.
 
     nova's harness runs casts as calls: the kill ends the cast alone, whose
     sender goes on as it does when a compute dies under a real cast.
     """
     killed = []
-    real = getattr(compute.manager, method)
 
-    def cast(*args, **kwargs):
-        try:
-            return real(*args, **kwargs)
-        except Killed:
-            killed.append(method)
+    def cast_to(name, real):
+        def cast(*args, **kwargs):
+            try:
+                return real(*args, **kwargs)
+            except Killed:
+                killed.append(name)
+        return cast
 
-    with fixtures.MonkeyPatch(f"{type(compute.manager).__module__}."
-                              f"{type(compute.manager).__name__}.{method}",
-                              lambda this, *a, **k: cast(*a, **k)
-                              if this is compute.manager else real.__func__(this, *a, **k)):
-        with killed_in_define(compute.driver._host):
+    managers = [c.manager for c in computes.values()]
+    for name, compute in computes.items():
+        # The RPC server finds the method on the manager object first.
+        setattr(compute.manager, method, cast_to(name, getattr(compute.manager, method)))
+    try:
+        with killed_in_define([c.driver._host for c in computes.values()]):
             call()
-    return bool(killed)
+    finally:
+        for manager in managers:
+            delattr(manager, method)
+    return killed[0] if killed else None

@@ -13,11 +13,13 @@ vGPU; a guest nova gives up on loses its claim after the grace.
 
 import os
 
+import fixtures
 from nova.virt.libvirt import utils as libvirt_utils
 
 from tests.functional_nova import crash_points
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_crash_recovery
+from tests.functional_nova import test_fault_outcomes
 from tests.functional_nova import test_suspend
 from vgpu_driver import claims
 
@@ -95,8 +97,8 @@ class UnshelveCrashTests(RecoveryMixin, test_crash_recovery.CrashTestBase):
     def test_killed_in_an_unshelve(self):
         server = self._wait_for_state_change(self.act(self.boot(), {"shelve": None}),
                                              "SHELVED_OFFLOADED")
-        self.assertTrue(crash_points.kill_in_cast(
-            self.computes["host1"], "unshelve_instance",
+        self.assertEqual("host1", crash_points.kill_in_cast(
+            self.computes, "unshelve_instance",
             lambda: self.api.post_server_action(server["id"], {"unshelve": None})))
         self.restart("host1")
         held = self.claims("host1", server)
@@ -123,8 +125,8 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
         source its domain; the recovery defines the guest with that claim."""
         server = self.boot(flavor=self.a100_typed)
         source = self.domains("host1")[server["id"]]
-        self.assertTrue(crash_points.kill_in_cast(
-            self.computes["host2"], "finish_resize",
+        self.assertEqual("host2", crash_points.kill_in_cast(
+            self.computes, "finish_resize",
             lambda: self.api.post_server_action(server["id"],
                                                 {"resize": {"flavorRef": self.any_type}})))
         self.restart("host2")
@@ -147,8 +149,8 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
         mdevs = self.domains("host1")[server["id"]]
         server = self.act(server, {"resize": {"flavorRef": self.any_type}})
         self.assertEqual("VERIFY_RESIZE", server["status"])
-        self.assertTrue(crash_points.kill_in_cast(
-            self.computes["host1"], "finish_revert_resize",
+        self.assertEqual("host1", crash_points.kill_in_cast(
+            self.computes, "finish_revert_resize",
             lambda: self.api.post_server_action(server["id"], {"revertResize": None})))
         self.restart("host1")
         self.assert_settled(server, "REVERT_RESIZE", "resize_reverting", "host1",
@@ -159,3 +161,34 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
         self.assert_usage_matches_holders()
         self.delete_all()
         self.assert_nothing_left()
+
+
+class FailedBootDefineTests(test_crash_recovery.CrashTestBase):
+    """A boot whose define raises on the only host that fits: the driver
+    releases its claim and re-raises, nova deletes the instance's
+    allocation (``force=True``) before it reschedules, finds no other host,
+    and sets the server to ERROR with no host; with the compute restarted
+    meanwhile and the server deleted, no claim, vGPU or allocation is left.
+    An allocation left so is one whose delete nova's reschedule failed to
+    send (Placement failing): nova's, for ``nova-manage placement audit``."""
+
+    def test_a_boot_whose_define_raised_leaves_nothing_once_deleted(self):
+        with fixtures.MonkeyPatch(
+                "nova.virt.libvirt.host.Host.write_instance_config",
+                test_fault_outcomes._always_fail(RuntimeError("injected"))):
+            server = self._create_server(flavor_id=self.a100, networks="none",
+                                         host="host1", expected_state="ERROR")
+        self.assertIn("Exhausted all hosts", server["fault"]["message"])
+        self.assertEqual(([], {}), (self.claims("host1"), self.vgpus("host1")))
+        self.assertEqual({}, self.placement.get(
+            f"/allocations/{server['id']}").body["allocations"])
+        self.restart("host1")
+        self.later()
+        self.assertEqual({}, self.placement.get(
+            f"/allocations/{server['id']}").body["allocations"])
+        self.delete_all()
+        self.assert_nothing_left()
+        for rp in self.placement.get("/resource_providers").body["resource_providers"]:
+            usages = self.placement.get(
+                f"/resource_providers/{rp['uuid']}/usages").body["usages"]
+            self.assertEqual({}, {rc: n for rc, n in usages.items() if n}, rp["name"])
