@@ -34,9 +34,10 @@ class LiveMdevHotplug(fixtures.Fixture):
     the running domain's devices in the saved image, and a start from the
     image has only those, and one whose image was removed
     (``managedSaveRemove``, whose flags libvirt-python defaults to 0 as a
-    hard reboot relies on) boots with its whole definition; a live attach of an mdev the host does not have
-    fails with VIR_ERR_DEVICE_MISSING; and an mdev ``<hostdev>`` always says
-    ``managed='no'`` (nova cannot write back one that does not).
+    hard reboot relies on) boots with its whole definition; a live attach
+    of an mdev the host does not have fails with VIR_ERR_DEVICE_MISSING;
+    and an mdev ``<hostdev>`` always says ``managed='no'`` (nova cannot
+    write back one that does not).
     ``host_mdevs()`` gives the UUIDs the host has.
     """
 
