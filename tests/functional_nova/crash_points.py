@@ -1,8 +1,10 @@
 """nova-compute killed while libvirt defines a guest's domain.
 
 Every operation that gives a guest a domain (spawn, hard reboot, power-on,
-resume, rescue, a resize's finish and revert, unshelve) defines it through
-nova's ``Host.write_instance_config``.  The kill is :class:`Killed` raised
+resume, rescue and unrescue, a resize's finish and revert, unshelve)
+defines it through nova's ``Host.write_instance_config``; a live
+migration's destination does not (libvirt defines the domain there as the
+migration ends, with ``VIR_MIGRATE_PERSIST_DEST``).  The kill is :class:`Killed` raised
 there, a ``BaseException`` that none of nova's error handling (``except
 Exception``) or the driver's runs for, as none runs in a killed process;
 the caller then starts the compute again on the same host, as systemd
@@ -13,6 +15,9 @@ import contextlib
 
 import fixtures
 from nova.compute import task_states
+from nova.virt.libvirt import host as libvirt_host
+
+_REAL_DEFINE = libvirt_host.Host.write_instance_config
 
 # The compute manager's method for each operation killed, and the task
 # state nova's API sets before it casts it.
@@ -20,6 +25,10 @@ OPERATIONS = {
     "hard_reboot": ("reboot_instance", task_states.REBOOTING_HARD,
                     {"block_device_info": None, "reboot_type": "HARD"}),
     "start": ("start_instance", task_states.POWERING_ON, {}),
+    "resume": ("resume_instance", task_states.RESUMING, {}),
+    "rescue": ("rescue_instance", task_states.RESCUING,
+               {"rescue_password": None, "rescue_image_ref": None, "clean_shutdown": True}),
+    "unrescue": ("unrescue_instance", task_states.UNRESCUING, {}),
 }
 
 
@@ -28,10 +37,16 @@ class Killed(BaseException):
 
 
 @contextlib.contextmanager
-def killed_in_define():
-    """While it lasts, a compute defining a domain is killed."""
+def killed_in_define(hosts=None):
+    """While it lasts, a compute defining a domain is killed (a compute
+    whose nova ``Host`` is in ``hosts``, when given: another defines as
+    usual)."""
+    real = _REAL_DEFINE
+
     def define(this, xml):
-        raise Killed("nova-compute killed while libvirt defined a domain")
+        if hosts is None or any(this is host for host in hosts):
+            raise Killed("nova-compute killed while libvirt defined a domain")
+        return real(this, xml)
 
     with fixtures.MonkeyPatch("nova.virt.libvirt.host.Host.write_instance_config", define):
         yield
@@ -51,3 +66,36 @@ def kill_during(manager, context, instance, operation):
         except Killed:
             return True
     return False
+
+
+def kill_in_cast(computes, method, call):
+    """Run ``call``, an API request whose work reaches a compute of
+    ``computes`` (``{name: service}``) through a cast to its manager's
+    ``method`` (``finish_resize``, ``finish_revert_resize``,
+    ``unshelve_instance``); that compute is killed when it defines a domain
+    there.  The name of the compute killed, or None.
+
+    nova's harness runs casts as calls: the kill ends the cast alone, whose
+    sender goes on as it does when a compute dies under a real cast.
+    """
+    killed = []
+
+    def cast_to(name, real):
+        def cast(*args, **kwargs):
+            try:
+                return real(*args, **kwargs)
+            except Killed:
+                killed.append(name)
+        return cast
+
+    managers = [c.manager for c in computes.values()]
+    for name, compute in computes.items():
+        # The RPC server finds the method on the manager object first.
+        setattr(compute.manager, method, cast_to(name, getattr(compute.manager, method)))
+    try:
+        with killed_in_define([c.driver._host for c in computes.values()]):
+            call()
+    finally:
+        for manager in managers:
+            delattr(manager, method)
+    return killed[0] if killed else None

@@ -32,9 +32,12 @@ class LiveMdevHotplug(fixtures.Fixture):
     mdev.  Here, as in libvirt: a live detach hides the mdev from the running
     domain's XML and leaves it in the persistent one; a managed save keeps
     the running domain's devices in the saved image, and a start from the
-    image has only those; a live attach of an mdev the host does not have
-    fails with VIR_ERR_DEVICE_MISSING; and an mdev ``<hostdev>`` always says
-    ``managed='no'`` (nova cannot write back one that does not).
+    image has only those, and one whose image was removed
+    (``managedSaveRemove``, whose flags libvirt-python defaults to 0 as a
+    hard reboot relies on) boots with its whole definition; a live attach
+    of an mdev the host does not have fails with VIR_ERR_DEVICE_MISSING;
+    and an mdev ``<hostdev>`` always says ``managed='no'`` (nova cannot
+    write back one that does not).
     ``host_mdevs()`` gives the UUIDs the host has.
     """
 
@@ -45,7 +48,7 @@ class LiveMdevHotplug(fixtures.Fixture):
 
     def _setUp(self):
         for name in ("detachDevice", "attachDevice", "XMLDesc", "managedSave",
-                     "createWithFlags"):
+                     "managedSaveRemove", "createWithFlags"):
             self.useFixture(fixtures.MonkeyPatch(
                 f"{Domain.__module__}.Domain.{name}",
                 getattr(self, f"_{name}")(getattr(Domain, name))))
@@ -96,6 +99,12 @@ class LiveMdevHotplug(fixtures.Fixture):
             self.saved_images[dom.name()] = set(self._hidden(dom))
             return real(dom, flags)
         return save
+
+    def _managedSaveRemove(self, real):
+        def remove(dom, flags=0):
+            self.saved_images.pop(dom.name(), None)
+            return real(dom, flags)
+        return remove
 
     def _createWithFlags(self, real):
         def start(dom, flags):

@@ -13,7 +13,9 @@ vGPUs again from its allocation if it is rebooted.
 The host reconciler's periodic pass lets them go: the claims (and the
 domain) of an instance whose domain here does not run, that nova places on
 another node, has deleted, or holds in ERROR here with no domain and no
-task under way, and that no move from or to this node is under way for.
+task under way, and that no move from or to this node is under way for (a
+deleted instance has none, though a move killed before it finished leaves
+its migration record unfinished for ever).
 Claims younger than ``[vgpu] claim_grace`` are left alone.
 """
 
@@ -51,7 +53,10 @@ def abandoned(claims, defined, running, nodename, grace, now=None):
         instance = known.get(uuid)
         if instance is not None and _kept(instance, nodename, uuid in defined):
             continue
-        if _moving(context, uuid, nodename):
+        # A deleted guest has no move under way, whatever its migration
+        # record says (a finish killed mid-way leaves it unfinished).
+        deleted = instance is not None and instance.deleted
+        if not deleted and _moving(context, uuid, nodename):
             continue
         found.append(instance or objects.Instance(uuid=uuid))
     return found
