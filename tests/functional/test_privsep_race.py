@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 from vgpu_driver import exception
@@ -85,7 +86,11 @@ def test_a_directory_swapped_for_a_link_never_moves_a_write(tmp_path, make_conf,
     outcomes = {"written": 0, "refused": 0}
     try:
         assert swapper.stdout.readline().strip() == "ready"
-        while sum(outcomes.values()) < MIN_WRITES or outcomes["written"] < 10:
+        # Writes take well under a millisecond: go on until the swaps have
+        # met one (or a minute has passed, and the assertions below say so).
+        deadline = time.monotonic() + 60
+        while (sum(outcomes.values()) < MIN_WRITES or outcomes["written"] < 10
+               or not outcomes["refused"]) and time.monotonic() < deadline:
             for call in ((privsep.create_mdev, T4, "nvidia-222", str(uuid.uuid4())),
                          (privsep.remove_mdev, held)):
                 try:
