@@ -52,7 +52,10 @@ EXPECTED = {
 HOSTS = ("compute-t4", "compute-a100")
 
 UNAVAILABLE = postgres.unavailable()
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
+# One cluster per run, not one per pytest-xdist worker: the module's tests
+# share a worker.
+pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or ""),
+              pytest.mark.xdist_group("postgres")]
 
 
 def _config(nodename):
