@@ -26,10 +26,6 @@ from vgpu_driver.cmd import manage
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
-# The module's tests share one worker: its world is built once per run, not
-# once per pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("bad-input-world")
-
 A100 = "0000:41:00.0"
 CONF = "[devices]\nenabled_mdev_types = nvidia-468\n"
 KEYSTONE_DOWN = ("[placement]\nauth_type = password\nauth_url = http://127.0.0.1:9/v3\n"

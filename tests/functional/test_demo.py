@@ -37,10 +37,6 @@ from vgpu_driver.cmd.demo import compute
 from vgpu_driver.cmd.demo import scenario
 from vgpu_driver.fake import fakekernel
 
-# The module's tests share one worker: the demo is run once per run, not
-# once per pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("demo")
-
 NODE = "demo-host"
 FLAVORS = [scenario.FLAVORS[flavor] for _name, flavor in scenario.BOOTS]
 A100 = "0000:41:00.0"

@@ -41,10 +41,6 @@ from vgpu_driver import discovery
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
-# The module's tests share one worker: the demo's transcript is made once
-# per run, not once per pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("demo-transcript")
-
 DOC = pathlib.Path(__file__).resolve().parents[2] / "doc" / "source"
 SETUP = re.compile(r"^\.\. example: (\S+)\s*$")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

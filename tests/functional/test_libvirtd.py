@@ -31,11 +31,6 @@ PREFIX = "vgpu-functest-"
 INACTIVE = libvirt.VIR_DOMAIN_XML_INACTIVE
 CONFIG = libvirt.VIR_DOMAIN_AFFECT_CONFIG
 EVENT_WAIT = 5.0
-# One daemon per run: under pytest-xdist the module's tests share one worker.
-# Its namespace binds private directories on libvirt's state paths, making
-# /run/libvirt where it is missing and removing it after; a second daemon in
-# another worker would find the path made (or removed) under it.
-pytestmark = pytest.mark.xdist_group("libvirtd")
 
 # What nova writes for a small guest, trimmed.  The VNC server listens on a
 # UNIX socket: ``display='on'`` needs a graphics device (libvirt refuses the

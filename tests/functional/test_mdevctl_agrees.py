@@ -23,8 +23,7 @@ from vgpu_driver import sysfs
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
-# mdevctl's view is read once per run, not once per pytest-xdist worker.
-pytestmark = [pytest.mark.mdevctl, pytest.mark.xdist_group("mdevctl")]
+pytestmark = pytest.mark.mdevctl
 
 # l40s-vfio uses NVIDIA's vendor-specific VFIO files, not mdevs: nothing for
 # mdevctl to read (see test_vendor_vfio_host_shows_no_mdev_parents).

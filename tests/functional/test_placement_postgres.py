@@ -52,10 +52,7 @@ EXPECTED = {
 HOSTS = ("compute-t4", "compute-a100")
 
 UNAVAILABLE = postgres.unavailable()
-# One cluster per run, not one per pytest-xdist worker: the module's tests
-# share a worker.
-pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or ""),
-              pytest.mark.xdist_group("postgres")]
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
 
 
 def _config(nodename):

@@ -37,10 +37,6 @@ from vgpu_driver.cmd import manage
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
-# The module's tests share one worker: its system users are made once per
-# run, not once per pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("state-dir-users")
-
 A100 = "0000:41:00.0"
 VF = "0000:41:00.4"
 INSTANCE = "6a1b3c4d-0000-4000-8000-000000000001"
