@@ -199,10 +199,8 @@ def test_the_rule_it_writes_allows_exactly_nova_computes_command(
                            "--user", system_user)
     assert code == 0, err
     installed = pathlib.Path(f"/etc/sudoers.d/vgpu-driver-test-{system_user}")
-    fd = os.open(installed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+    test_sudoers.install_rule(installed, (root / host_files.SUDOERS).read_text())
     try:
-        with os.fdopen(fd, "w") as rule:
-            rule.write((root / host_files.SUDOERS).read_text())
         result = test_sudoers._run("visudo", "-c")
         assert result.returncode == 0, result.stdout + result.stderr
         def allowed(words):

@@ -189,10 +189,8 @@ def test_a_tmpdir_with_a_trailing_slash_gives_a_rule_sudo_matches(
     text = (root / host_files.SUDOERS).read_text()
     assert "--privsep_sock_path /var/tmp/tmp[a-z0-9_]{8}/privsep\\.sock$\n" in text
     installed = pathlib.Path(f"/etc/sudoers.d/vgpu-driver-test-{system_user}")
-    fd = os.open(installed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+    test_sudoers.install_rule(installed, text)
     try:
-        with os.fdopen(fd, "w") as rule:
-            rule.write(text)
         monkeypatch.setenv("TMPDIR", "/var/tmp/")
         monkeypatch.setattr(tempfile, "tempdir", None)
         sock_dir = tempfile.mkdtemp()

@@ -128,9 +128,7 @@ def host(tmp_path, system_user, monkeypatch):
     rule = (root / host_files.SUDOERS).read_text().replace(
         "/etc/vgpu-driver/privsep\\.conf", str(helper_conf).replace(".", "\\."))
     installed = pathlib.Path(f"/etc/sudoers.d/vgpu-driver-test-{system_user}")
-    fd = os.open(installed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
-    with os.fdopen(fd, "w") as f:
-        f.write(rule)
+    test_sudoers.install_rule(installed, rule)
     # Where oslo.privsep's client makes its socket: /tmp, as on a host.
     for name in ("TMPDIR", "TEMP", "TMP"):
         monkeypatch.delenv(name, raising=False)

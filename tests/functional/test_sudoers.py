@@ -32,6 +32,10 @@ from oslo_rootwrap import wrapper
 from vgpu_driver import privsep
 from vgpu_driver.conf import privsep as privsep_conf
 
+# The module's tests share one worker: the rule and its user are installed
+# once per run, not once per pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("sudoers-rule")
+
 SHIPPED = pathlib.Path(__file__).parents[2] / "etc" / "vgpu-driver" / "sudoers.d" / "vgpu-driver"
 SHIPPED_USER = "nova"
 SHIPPED_HELPER = "/usr/bin/vgpu-privsep-helper"
@@ -56,6 +60,21 @@ def _need_sudo():
 
 def _run(*argv):
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def install_rule(path, text):
+    """Write a sudoers drop-in at ``path`` whole: sudo, run by tests in other
+    workers at the same time, reads every file of /etc/sudoers.d.  The text is
+    written under a name with a dot, which sudo skips, then linked (never
+    over an existing file)."""
+    staged = path.with_name(f".{path.name}.new")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.link(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def _rule_lines(text):
@@ -118,9 +137,7 @@ def rule():
                       "--shell", "/usr/sbin/nologin", user)
         assert result.returncode == 0, result.stderr
         user_created = True
-        fd = os.open(installed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(line + "\n" for line in lines))
+        install_rule(installed, "".join(line + "\n" for line in lines))
         result = _run("visudo", "-c")
         assert result.returncode == 0, result.stdout + result.stderr
 
