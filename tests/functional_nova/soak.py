@@ -1082,7 +1082,21 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._run_periodics()
         findings = self._settled_findings()
         self._settle_host_work()
-        return findings + self._audit_findings()
+        return findings + self._settled_audit_findings()
+
+    def _settled_audit_findings(self):
+        """The audit's findings; an inventory drift counts only if one more
+        update leaves it.  A host's capacity may change between its update
+        and the audit (a vGPU the kernel was still releasing when the update
+        read the type's free count): Placement then lags by one update,
+        which no operator would see twice."""
+        findings = self._audit_findings()
+        if not any(f.category.endswith(":inventory") for f in findings):
+            return findings
+        self._settle_host_work()
+        again = {(f.category, f.subject) for f in self._audit_findings()}
+        return [f for f in findings if not f.category.endswith(":inventory")
+                or (f.category, f.subject) in again]
 
     def _settle_host_work(self):
         """The removals the last updates started finished, and reported.
