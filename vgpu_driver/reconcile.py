@@ -206,8 +206,7 @@ class Reconciler:
                      or c.state == claims_mod.MIGRATING_IN]
         if not stale:
             return []
-        with self.manager.journal.transaction() as txn:
-            stale = txn.remove_exact(stale)
+        stale = self.manager.drop_stale(stale)
         for claim in stale:
             if claim.state == claims_mod.MIGRATING_IN:
                 LOG.warning("Dropped the migrating_in claim of instance %s on vGPU %s, "

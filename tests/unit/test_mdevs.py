@@ -365,6 +365,22 @@ class TestStaleClaims:
         assert {c.instance_uuid for c in life.journal.claims()} == {kept_instance,
                                                                    "migrating"}
 
+    @pytest.mark.parametrize("remove_on_release", [True, False])
+    def test_a_dropped_claim_s_vgpu_goes_as_a_release_s_does(self, lifecycle,
+                                                             remove_on_release):
+        """nova deletes an offloaded server without asking its last compute:
+        the claim is dropped as stale, and its mdev must go with it when
+        releases remove vGPUs (nothing else would ever remove it), or stay
+        free for the next guest when they keep them."""
+        life = lifecycle("t4x8", remove_on_release=remove_on_release)
+        lost_instance, mdevs = life.boot(T4A)
+        life.domains.undefine(lost_instance)
+        dropped = life.reconciler.clean_stale_claims(grace=0)
+        assert [c.mdev_uuid for c in dropped] == mdevs
+        assert life.journal.claims() == []
+        on_host = {m.uuid for m in life.host.list_mdevs()}
+        assert (set(mdevs) <= on_host) is not remove_on_release
+
 
 class TestErrno:
     @pytest.mark.parametrize("code,cls", [
