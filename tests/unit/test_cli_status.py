@@ -123,8 +123,8 @@ def test_json_shape_is_one_object_per_gpu_with_snake_case_keys(busy_t4, cli):
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "json", uri=uri)
     for row in json.loads(out):
         assert list(row) == ["provider", "gpu", "type", "name", "used", "total", "bar",
-                             "reserved", "reason", "sriov", "guests", "claims",
-                             "framebuffer"]
+                             "reserved", "reason", "vgpus", "reserved_for", "sriov",
+                             "guests", "claims", "framebuffer"]
         assert row["framebuffer"] is None       # on a board of one type
         assert isinstance(row["used"], int) and isinstance(row["guests"], list)
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "yaml", "-c", "gpu",
@@ -269,6 +269,11 @@ def test_a100_with_sriov_off_says_why_it_has_no_provider(make_host, cli):
     assert (code, err) == (0, "")
     (row,) = json.loads(out)
     assert row["provider"] is None and (row["used"], row["total"]) == (0, 0)
+    # Served or not, the type is the one nova.conf gives the board (as the
+    # metrics say), with nothing offered of it.
+    assert row["type"] == "nvidia-468"
+    assert row["vgpus"] == [{"type": "nvidia-468", "capacity": 0, "used": 0, "reserved": 0,
+                             "free": 0}]
     assert row["sriov"] == {"state": "off", "numvfs": 0, "totalvfs": 16}
     assert row["reason"] == ("no provider: SR-IOV is off: run vgpu-manage sriov enable "
                              "0000:41:00.0")
@@ -330,8 +335,8 @@ def test_bar(used, total, expected):
 
 def test_columns_match_the_listing():
     assert status_commands.COLUMNS == ("provider", "gpu", "type", "name", "used", "total",
-                                       "bar", "reserved", "reason", "sriov", "guests",
-                                       "claims", "framebuffer")
+                                       "bar", "reserved", "reason", "vgpus", "reserved_for",
+                                       "sriov", "guests", "claims", "framebuffer")
 
 
 def test_a_guest_with_two_vgpus_of_a_gpu_is_one_table_line():
