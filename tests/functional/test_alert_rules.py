@@ -299,8 +299,9 @@ def test_every_panel_query_parses_and_names_exported_series(busy, fresh, tmp_pat
 @pytest.fixture
 def mixed_host(make_host, tmp_path, fake_kernel_cli):
     """What ``metrics`` prints for T4s and an L40S serving mixed sizes."""
+    (tmp_path / "mixed").mkdir()
     host, uri = test_metrics_rules.make_mixed(make_host, tmp_path / "mixed")
-    return test_metrics_rules.cli(tmp_path, host, uri, "metrics"), time.time()
+    return test_metrics_rules.cli(tmp_path / "mixed", host, uri, "metrics"), time.time()
 
 
 def test_promtool_finds_nothing_to_lint_in_the_exposition(busy, fresh, mixed_host):

@@ -255,6 +255,9 @@ def test_a100_sriov_enabled_with_a_guest(make_host, cli, tmp_path, monkeypatch):
         "provider": "cn1_pci_0000_41_00_0", "gpu": "0000:41:00.0", "type": "nvidia-468",
         "name": "NVIDIA A100-4C", "used": 1, "total": 10, "bar": "[#.........] 1/10",
         "reserved": 0, "reason": None,
+        "vgpus": [{"type": "nvidia-468", "capacity": 10, "used": 1, "reserved": 0,
+                   "free": 9}],
+        "reserved_for": dict.fromkeys(inventory.RESERVED_FOR, 0),
         "sriov": {"state": "enabled", "numvfs": 16, "totalvfs": 16},
         "guests": [{"vgpu": mdev, "instance": instance, "domain": "instance-0000002a"}],
         "claims": [], "framebuffer": None}
