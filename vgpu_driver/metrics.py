@@ -10,6 +10,7 @@ scrape never disagree.
 import dataclasses
 import os
 import threading
+import time
 
 import prometheus_client
 from prometheus_client import registry as prometheus_registry
@@ -26,25 +27,33 @@ class Reading:
     ``host`` is the :class:`~vgpu_driver.status.HostStatus` of the same
     reads; ``claims`` the journal's claims; ``vgpus`` the ids of the vGPUs
     that exist in sysfs; ``users`` the vGPU ids libvirt's domains use
-    (None: libvirt could not say); ``reconciler`` what the host reconciler
-    last wrote (None: it never ran here), ``audit`` what the last audit
-    recorded (None: none ran here); ``grace`` and ``migration_timeout`` the
-    bounds the reconciler drops claims after.
+    (None: libvirt could not say), ``guests`` their ``{vgpu id: DomainRef}``;
+    ``vgpu_gpus`` ``{vgpu id: (gpu address, type id)}`` of the vGPUs in sysfs;
+    ``configured`` ``{gpu address: (type id, ...)}`` nova.conf gives;
+    ``reconciler`` what the host reconciler last wrote (None: it never ran
+    here), ``audit`` what the last audit recorded (None: none ran here);
+    ``grace`` and ``migration_timeout`` the bounds the reconciler drops
+    claims after.
     """
 
     host: object
     claims: tuple
     vgpus: frozenset
     users: frozenset | None
+    guests: dict | None
+    vgpu_gpus: dict
     providers: dict             # gpu address -> GpuProvider of the computed tree
     models: dict                # gpu address -> "vendor:device"
-    configured: dict            # gpu address -> the type nova.conf gives it, if any
+    configured: dict            # gpu address -> the types nova.conf gives it
     reconciler: dict | None
     audit: dict | None          # what the last ``vgpu-manage audit`` found
     types: tuple[str, ...]
     grace: float
     migration_timeout: float
     now: float
+    # How long reading the sources took, when the reader timed it (else the
+    # scrape's own time is the duration).
+    read_seconds: float | None = None
 
 
 def build_reading(view, snapshot, config, tree, claim_list, users, reconciler, audit_record,
@@ -53,15 +62,19 @@ def build_reading(view, snapshot, config, tree, claim_list, users, reconciler, a
     :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
     ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
     libvirt could not say), ``vgpu_conf`` the ``[vgpu]`` options."""
-    resolved = config.for_host(snapshot)
+    vgpu_gpus = {}
+    for vgpu in snapshot.vgpus:
+        gpu = snapshot.gpu_of_parent(vgpu.parent)
+        if gpu is not None:
+            vgpu_gpus[vgpu.id] = (gpu.address, vgpu.type_id)
     return Reading(
         host=view, claims=tuple(claim_list),
         vgpus=frozenset(v.id for v in snapshot.vgpus),
         users=None if users is None else frozenset(users),
+        guests=None if users is None else dict(users), vgpu_gpus=vgpu_gpus,
         providers={p.gpu: p for p in tree.providers},
         models={gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus},
-        configured={gpu.address: ",".join(inventory.configured_type(gpu, resolved)[0])
-                    or None for gpu in snapshot.gpus},
+        configured=inventory.configured_types(snapshot, config),
         reconciler=reconciler, audit=audit_record,
         types=tuple(t.type_id for t in config.types),
         grace=vgpu_conf.claim_grace, migration_timeout=vgpu_conf.migration_claim_timeout,
@@ -72,10 +85,12 @@ class HostCollector:
     """A prometheus_client collector: ``read()`` gives a :class:`Reading`,
     called once for each scrape.
 
-    A reading that fails with one of ``expected`` errors (the host's sysfs
-    gone, a journal that cannot be read) is handed to ``failed(exc)`` and
-    the scrape holds only ``vgpu_scrape_success 0``: a series to alert on,
-    where an exception would be an HTTP 500 with nothing in it.
+    With ``failed`` (a server answering scrapes), a reading that fails,
+    with one of ``expected`` errors (the host's sysfs gone, a journal that
+    cannot be read) or any other, is handed to ``failed(exc, expected)``
+    and the scrape holds ``vgpu_scrape_success 0`` and how long it took: a
+    series to alert on, where an exception would be an HTTP 500 with
+    nothing in it.  Without ``failed`` the error goes to the caller.
     """
 
     def __init__(self, read, expected=(), failed=None):
@@ -87,14 +102,20 @@ class HostCollector:
         return []       # the families depend on the reading: no describe at register
 
     def collect(self):
+        started = time.monotonic()
         try:
             reading = self._read()
-        except self._expected as exc:
-            if self._failed is not None:
-                self._failed(exc)
+        except Exception as exc:
+            if self._failed is None:
+                raise
+            self._failed(exc, isinstance(exc, self._expected))
             yield metrics_series.scrape_success(0)
+            yield metrics_series.scrape_duration(time.monotonic() - started)
             return
         yield metrics_series.scrape_success(1)
+        took = reading.read_seconds
+        yield metrics_series.scrape_duration(
+            time.monotonic() - started if took is None else took)
         yield from metrics_series.families(reading)
 
 

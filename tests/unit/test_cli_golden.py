@@ -2,7 +2,8 @@
 golden files (``tools/regen-golden.sh`` rewrites them).
 
 Every vGPU, instance and domain has a fixed UUID; the only values that
-change between runs, the host's temporary path and the ages of claims,
+change between runs, the host's temporary path, the times claims changed and
+how long a read took,
 are replaced with fixed words before comparing.
 """
 
@@ -105,7 +106,9 @@ COMMANDS = {
     "inventory.json": ("inventory", "-f", "json"),
     "metrics": ("metrics",),
 }
-AGE = re.compile(r"^(vgpu_claims_oldest_age_seconds\{[^}]*\}) \S+$", re.M)
+# Times of the run (claims' changes) and how long a read took.
+AGE = re.compile(r"^(vgpu_(?:claims_waiting_oldest_timestamp|scrape_duration)_seconds"
+                 r"(?:\{[^}]*\})?) \S+$", re.M)
 
 
 def normalised(text, host, tmp_path):
