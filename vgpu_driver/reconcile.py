@@ -53,10 +53,6 @@ class Reconciler(restore.Restoring):
         self.manager = manager
         self.clock = clock
 
-    @property
-    def host(self):
-        return self.manager.host
-
     # -- orphans --------------------------------------------------------------------------
 
     def orphans(self, grace=0.0, referenced=None, kinds=None):

@@ -9,13 +9,20 @@ A mixin of :class:`vgpu_driver.reconcile.Reconciler`, which holds the
 manager (its host, journal, domains and configuration) these methods use.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.mdevs.manager import MdevManager
+    from vgpu_driver.sysfs.writes import WritableSysfs
 
 LOG = logging.getLogger(__name__)
 
@@ -33,6 +40,12 @@ class Outcome:
 
 class Restoring:
     """Claimed vGPUs sysfs lacks, created again; see the module."""
+
+    manager: MdevManager
+
+    @property
+    def host(self) -> WritableSysfs:
+        return self.manager.host
 
     def wanted_mdevs(self, instance_uuid=None):
         """``{uuid: Claim}`` of every mdev a guest or claim still needs."""
