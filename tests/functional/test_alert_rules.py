@@ -25,6 +25,7 @@ from prometheus_client import parser
 
 from tests.unit import test_host_reconciler
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import host_reconciler
 from vgpu_driver import placement
 from vgpu_driver import placement_service
@@ -91,7 +92,7 @@ def fresh(make_host, tmp_path, fake_kernel_cli, monkeypatch):
     host = make_host("a100-sriov-off", "t4x8", mdevs=[
         {"parent": T4, "type": "nvidia-222", "uuid": str(uuid.uuid4())}])
     state = tmp_path / "fresh"
-    claims.Journal(str(state))
+    claims_journal.Journal(str(state))
     with placement_service.EmbeddedPlacement() as service:
         for key, value in service.cli_environment().items():
             monkeypatch.setenv(key, value)
