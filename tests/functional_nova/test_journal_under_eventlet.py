@@ -26,7 +26,7 @@ WAITER = textwrap.dedent("""
     import eventlet
     eventlet.monkey_patch()
     import json, sys, time
-    from vgpu_driver import claims
+    from vgpu_driver import claims_journal
 
     journal = claims_journal.Journal(sys.argv[1])
     ticks = []
