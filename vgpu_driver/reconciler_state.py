@@ -26,7 +26,7 @@ class PassReport:
     reasons: tuple[str, ...]
     started_at: float
     duration: float
-    restore: tuple = ()            # reconcile.Outcome of each missing vGPU
+    restore: tuple = ()            # restore.Outcome of each missing vGPU
     errors: tuple[str, ...] = ()
 
 

@@ -30,6 +30,7 @@ from tests import promtool
 from tests.functional import test_metrics_rules
 from tests.unit import test_host_reconciler
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import dashboard
 from vgpu_driver import host_reconciler
 from vgpu_driver import placement
@@ -97,7 +98,7 @@ def fresh(make_host, tmp_path, fake_kernel_cli, monkeypatch):
     host = make_host("a100-sriov-off", "t4x8", mdevs=[
         {"parent": T4, "type": "nvidia-222", "uuid": str(uuid.uuid4())}])
     state = tmp_path / "fresh"
-    claims.Journal(str(state))
+    claims_journal.Journal(str(state))
     with placement_service.EmbeddedPlacement() as service:
         for key, value in service.cli_environment().items():
             monkeypatch.setenv(key, value)
@@ -215,7 +216,7 @@ def test_a_long_migration_whose_guest_came_is_no_alarm(make_host, tmp_path, fake
     host = make_host("t4x8")
     arrived, abandoned = str(uuid.uuid4()), str(uuid.uuid4())
     state = tmp_path / "state"
-    journal = claims.Journal(str(state))
+    journal = claims_journal.Journal(str(state))
     for vgpu in (arrived, abandoned):
         host.create_mdev(T4, "nvidia-231", vgpu)
     with journal.transaction() as txn:

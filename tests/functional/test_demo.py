@@ -24,6 +24,7 @@ from prometheus_client import parser as prometheus_parser
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import guest
 from vgpu_driver import inventory
@@ -154,7 +155,7 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
 def test_the_claims_journal_agrees(demo, domains_after):
     _done, kept = demo
     by_mdev = {m: dom_uuid for dom_uuid, mdevs, _ in domains_after.values() for m in mdevs}
-    journal = claims.Journal(str(kept / "state"))
+    journal = claims_journal.Journal(str(kept / "state"))
     assert {c.mdev_uuid: (c.instance_uuid, c.state) for c in journal.claims()} == {
         m: (dom_uuid, claims.ATTACHED) for m, dom_uuid in by_mdev.items()}
 

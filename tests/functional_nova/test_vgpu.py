@@ -23,7 +23,7 @@ from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
 from tests.functional_nova import libvirt_nodedevs
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import driver as core
 from vgpu_driver import guest as guest_xml
@@ -459,8 +459,8 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         not stall the other build on the journal's lock."""
         # A stalled build fails within seconds rather than the journal's 30.
         self.useFixture(fixtures.MonkeyPatch(
-            "vgpu_driver.claims.Journal.__init__",
-            functools.partialmethod(claims.Journal.__init__, busy_timeout=3.0)))
+            "vgpu_driver.claims_journal.Journal.__init__",
+            functools.partialmethod(claims_journal.Journal.__init__, busy_timeout=3.0)))
         self.start_vgpu_compute("host1", "t4x8", mdevs=[
             {"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE])
         host = self.computes["host1"].driver._host

@@ -15,6 +15,7 @@ from tests import golden
 from tests import libvirt_domains
 from tests.unit import test_cli_status
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 
 cli = test_cli_status.cli
 T4_CONF = test_cli_status.T4_CONF
@@ -44,7 +45,7 @@ def t4_busy(make_host, tmp_path):
         host.create_mdev("0000:18:00.0", "nvidia-231", fixed(n))
     host.create_mdev("0000:19:00.0", "nvidia-222", fixed(4))
     host.create_mdev("0000:35:00.0", "nvidia-222", fixed(5))
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     claim(journal, fixed(101), fixed(1), "0000:18:00.0", "nvidia-231", claims.ATTACHED)
     claim(journal, fixed(102), fixed(2), "0000:18:00.0", "nvidia-231", claims.CLAIMED)
     claim(journal, fixed(104), fixed(5), "0000:35:00.0", "nvidia-222", claims.MIGRATING_IN)
@@ -60,7 +61,7 @@ def a100_sriov(make_host, tmp_path):
     host = make_host("a100-sriov")
     host.create_mdev("0000:41:00.4", "nvidia-468", fixed(11))
     host.create_mdev("0000:41:00.5", "nvidia-468", fixed(12))
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     for n in (11, 12):
         claim(journal, fixed(111), fixed(n), "0000:41:00.0", "nvidia-468", claims.ATTACHED,
               parent=f"0000:41:00.{n - 7}")

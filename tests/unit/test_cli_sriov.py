@@ -20,7 +20,7 @@ import pytest
 from tests import conftest
 from tests import pci_devices
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import manage
@@ -124,7 +124,7 @@ def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_
     lock: a vGPU claimed while disable waits is seen, not disabled under."""
     host = make_host("a100-sriov")
     conf = CONF + sriov_manage(host.paths.root)
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     holding, result = threading.Event(), {}
 
     def allocate():

@@ -11,6 +11,7 @@ import pytest
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import domain_index
 from vgpu_driver import inventory
@@ -58,7 +59,7 @@ def busy_t4(make_host, tmp_path):
         host.create_mdev("0000:18:00.0", "nvidia-231", ids[name])
     host.create_mdev("0000:19:00.0", "nvidia-222", ids["stale"])
     host.create_mdev("0000:35:00.0", "nvidia-222", ids["incoming"])
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     claim(journal, inst["web"], ids["attached"], "0000:18:00.0", "0000:18:00.0",
           "nvidia-231", claims.ATTACHED)
     claim(journal, inst["batch"], ids["claimed"], "0000:18:00.0", "0000:18:00.0",
@@ -226,7 +227,7 @@ def test_each_source_is_read_once(busy_t4, cli, monkeypatch):
     counts = {}
     counting(monkeypatch, discovery, "discover", counts)
     counting(monkeypatch, inventory, "compute", counts)
-    counting(monkeypatch, claims.Journal, "claims", counts)
+    counting(monkeypatch, claims_journal.Journal, "claims", counts)
     counting(monkeypatch, domain_index.DomainIndex, "_refresh", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_mdevs", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_parents", counts)
@@ -241,7 +242,7 @@ def test_a100_sriov_enabled_with_a_guest(make_host, cli, tmp_path, monkeypatch):
     host = make_host("a100-sriov")
     mdev, instance = str(uuid.uuid4()), str(uuid.uuid4())
     host.create_mdev("0000:41:00.4", "nvidia-468", mdev)
-    claim(claims.Journal(str(tmp_path / "state")), instance, mdev, "0000:41:00.0",
+    claim(claims_journal.Journal(str(tmp_path / "state")), instance, mdev, "0000:41:00.0",
           "0000:41:00.4", "nvidia-468", claims.ATTACHED)
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [
         libvirt_domains.domain_xml("instance-0000002a", [mdev], instance)])

@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -34,7 +35,7 @@ class Lifecycle:
 
     def __init__(self, host, config, state_dir, **kwargs):
         self.host, self.config = host, config
-        self.journal = claims.Journal(str(state_dir))
+        self.journal = claims_journal.Journal(str(state_dir))
         self.domains = domains.InProcessDomains()
         self.manager = mdevs.MdevManager(host, self.journal, self.domains, config, **kwargs)
         self.reconciler = reconcile.Reconciler(self.manager)

@@ -20,6 +20,7 @@ from typing import Any
 from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import removals as removals_mod
@@ -40,7 +41,7 @@ LOG = logging.getLogger(__name__)
 class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
-    def __init__(self, host: WritableSysfs, journal: claims_mod.Journal,
+    def __init__(self, host: WritableSysfs, journal: claims_journal.Journal,
                  domains: DomainReferences, mdev_config: MdevConfig, *,
                  remove_on_release: bool = False, remove_timeout: float = 30.0,
                  removals: removals_mod.Removals | None = None) -> None:
