@@ -44,10 +44,27 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
-def _openat2(dir_fd, relpath, flags):
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
-    fd = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(relpath),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+# syscall(2) typed for openat2 alone (a CDLL of our own: nobody else's
+# prototype changes), and one ``struct open_how`` per set of flags, built
+# once: the entry points open a handful of paths per write.
+_syscall = _libc.syscall
+_syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                     ctypes.c_size_t)
+_syscall.restype = ctypes.c_long
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_hows: dict[int, _OpenHow] = {}
+
+
+def _how(flags: int) -> _OpenHow:
+    how = _hows.get(flags)
+    if how is None:
+        how = _hows[flags] = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+    return how
+
+
+def _openat2(dir_fd: int, relpath: str, flags: int) -> int:
+    fd: int = _syscall(_SYS_OPENAT2, dir_fd, os.fsencode(relpath),
+                       ctypes.addressof(_how(flags)), _HOW_SIZE)
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), relpath)
