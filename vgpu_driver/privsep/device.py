@@ -27,11 +27,15 @@ from __future__ import annotations
 import errno
 import posixpath
 import re
-from collections.abc import Collection
+from typing import TYPE_CHECKING
 from typing import NamedTuple
 
 from vgpu_driver import names
-from vgpu_driver.privsep.beneath import SysfsRoot
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from vgpu_driver.privsep.beneath import SysfsRoot
 
 MODE_MDEV = "mdev"              # the values of vgpu_driver.discovery
 MODE_VENDOR_VFIO = "vendor-vfio"
@@ -121,7 +125,7 @@ def physical_gpu(root: SysfsRoot, pf_address: str, pf_device: str) -> Gpu | None
                    (pf_address, *sorted(p for p in parents if p != pf_address)))
     if not _is_sriov_gpu(root, pf_device):
         return None
-    addresses = (pf_address,)
+    addresses: tuple[str, ...] = (pf_address,)
     if not _number(root, posixpath.join(pf_device, "sriov_numvfs")):
         addresses += _future_vfs(root, pf_address, pf_device)
     return Gpu(pf_address, MODE_VFS_PENDING, addresses)
