@@ -22,6 +22,17 @@ from vgpu_driver.sysfs import base
 LOG = logging.getLogger(__name__)
 
 
+def _resolve_in(directory, link):
+    """:func:`attrs.resolve_link` of ``link``, an entry of ``directory``,
+    without taking the path apart again: these run once per parent and
+    per mdev on every update."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return os.path.normpath(target if target.startswith("/") else f"{directory}/{target}")
+
+
 class MdevReads:
     """Reads of ``class/mdev_bus`` and ``bus/mdev/devices`` and what they link to."""
 
@@ -44,7 +55,7 @@ class MdevReads:
         ``wanted``, only those type ids), or None when its link points to
         no device."""
         link = self.paths.parent(name)
-        device_path = attrs.resolve_link(link) or link
+        device_path = _resolve_in(self.paths.parent_base(), link) or link
         types, unread = self._read_types(device_path, wanted)
         if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
@@ -117,12 +128,12 @@ class MdevReads:
 
     def read_mdev(self, uuid):
         """One mdev's :class:`MdevInfo`, or None once it is gone."""
-        mdev_path = attrs.resolve_link(self.paths.mdev(uuid))
+        mdev_path = _resolve_in(self.paths.mdev_base(), self.paths.mdev(uuid))
         type_id = attrs.link_name(f"{mdev_path}/mdev_type") if mdev_path else None
         if type_id is None:
             # Removed while we looked: the kernel drops both links at once.
             return None
-        parent = os.path.basename(os.path.dirname(mdev_path))
+        parent = mdev_path.rsplit("/", 2)[-2]
         return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
 
     def parent_mdevs(self, parent):
