@@ -10,6 +10,7 @@ The layout followed is the kernel's: parents are links under
 names the type.
 """
 
+import functools
 import os
 
 from oslo_log import log as logging
@@ -20,6 +21,21 @@ from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
 
 LOG = logging.getLogger(__name__)
+
+# Pure functions of a name, run for every parent and every listed type on
+# each update: sysfs shows the same few hundred names each time, so a name
+# already parsed or checked is not again.  A refusal is never kept (it
+# raises each time, and is logged each time).
+pci_address = functools.lru_cache(maxsize=4096)(names.parse_pci_address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_type_id(entry):
+    try:
+        names.check_type_id(entry)
+    except exception.InvalidSysfsName:
+        return False
+    return True
 
 
 def _resolve_in(directory, link):
@@ -62,10 +78,10 @@ class MdevReads:
             return None
         address = physfn = None
         if names.is_pci_address(name):
-            address = names.parse_pci_address(name)
+            address = pci_address(name)
             pf = attrs.link_name(f"{device_path}/physfn")
             if pf is not None:
-                physfn = names.parse_pci_address(pf, f"{name}/physfn")
+                physfn = pci_address(pf, f"{name}/physfn")
         return base.ParentInfo(name=name, device_path=device_path, types=types,
                                address=address, physfn=physfn, unread=unread)
 
@@ -87,8 +103,11 @@ class MdevReads:
             entries = []
         type_ids = []
         for entry in entries:
+            if _valid_type_id(entry):
+                type_ids.append(entry)
+                continue
             try:
-                type_ids.append(names.check_type_id(entry, types_dir))
+                names.check_type_id(entry, types_dir)
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping type: %s", exc)
         if wanted is None:

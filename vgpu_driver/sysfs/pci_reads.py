@@ -16,6 +16,7 @@ from oslo_log import log as logging
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
+from vgpu_driver.sysfs.mdev_reads import pci_address
 
 _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 # A vendor type number: ASCII digits, no sign, no leading zero, at most nine
@@ -62,7 +63,7 @@ class PciReads:
     """Reads of ``bus/pci/devices``: a function, SR-IOV PFs and vendor-VFIO VFs."""
 
     def pci_device(self, address):
-        dev = self.paths.pci_device(names.parse_pci_address(str(address)))
+        dev = self.paths.pci_device(pci_address(str(address)))
         try:
             # The listing is the first read: no stat before it.
             entries = os.listdir(dev)
@@ -74,7 +75,7 @@ class PciReads:
             # A VF's link names its address: its last component is enough.
             target = match and attrs.link_name(f"{dev}/{entry}")
             if target:
-                virtfns.append((int(match[1]), names.parse_pci_address(
+                virtfns.append((int(match[1]), pci_address(
                     target, f"{address}/{entry}")))
         totalvfs = _read_int(dev, "sriov_totalvfs")
         numvfs = _read_int(dev, "sriov_numvfs")
