@@ -162,8 +162,10 @@ class SysfsReader(abc.ABC):
         read as VFs in the same pass, which no PF can be, not probed."""
 
     @abc.abstractmethod
-    def list_vendor_vfio(self):
-        """VFs exposing NVIDIA's vendor-specific VFIO files, by address."""
+    def list_vendor_vfio(self, parents=frozenset()):
+        """VFs exposing NVIDIA's vendor-specific VFIO files, by address.
+        ``parents``: names read as mdev parents in the same pass, not
+        probed: a board serves mdevs or vendor-VFIO vGPUs, not both."""
 
     @abc.abstractmethod
     def vendor_vf(self, address):

@@ -10,6 +10,7 @@ The layout followed is the kernel's: parents are links under
 names the type.
 """
 
+import functools
 import os
 
 from oslo_log import log as logging
@@ -20,6 +21,32 @@ from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
 
 LOG = logging.getLogger(__name__)
+
+# Pure functions of a name, run for every parent and every listed type on
+# each update: sysfs shows the same few hundred names each time, so a name
+# already parsed or checked is not again.  A refusal is never kept (it
+# raises each time, and is logged each time).
+pci_address = functools.lru_cache(maxsize=4096)(names.parse_pci_address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_type_id(entry):
+    try:
+        names.check_type_id(entry)
+    except exception.InvalidSysfsName:
+        return False
+    return True
+
+
+def _resolve_in(directory, link):
+    """:func:`attrs.resolve_link` of ``link``, an entry of ``directory``,
+    without taking the path apart again: these run once per parent and
+    per mdev on every update."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return os.path.normpath(target if target.startswith("/") else f"{directory}/{target}")
 
 
 class MdevReads:
@@ -44,17 +71,17 @@ class MdevReads:
         ``wanted``, only those type ids), or None when its link points to
         no device."""
         link = self.paths.parent(name)
-        device_path = attrs.resolve_link(link) or link
+        device_path = _resolve_in(self.paths.parent_base(), link) or link
         types, unread = self._read_types(device_path, wanted)
         if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
             return None
         address = physfn = None
         if names.is_pci_address(name):
-            address = names.parse_pci_address(name)
+            address = pci_address(name)
             pf = attrs.link_name(f"{device_path}/physfn")
             if pf is not None:
-                physfn = names.parse_pci_address(pf, f"{name}/physfn")
+                physfn = pci_address(pf, f"{name}/physfn")
         return base.ParentInfo(name=name, device_path=device_path, types=types,
                                address=address, physfn=physfn, unread=unread)
 
@@ -76,8 +103,11 @@ class MdevReads:
             entries = []
         type_ids = []
         for entry in entries:
+            if _valid_type_id(entry):
+                type_ids.append(entry)
+                continue
             try:
-                type_ids.append(names.check_type_id(entry, types_dir))
+                names.check_type_id(entry, types_dir)
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping type: %s", exc)
         if wanted is None:
@@ -117,12 +147,12 @@ class MdevReads:
 
     def read_mdev(self, uuid):
         """One mdev's :class:`MdevInfo`, or None once it is gone."""
-        mdev_path = attrs.resolve_link(self.paths.mdev(uuid))
+        mdev_path = _resolve_in(self.paths.mdev_base(), self.paths.mdev(uuid))
         type_id = attrs.link_name(f"{mdev_path}/mdev_type") if mdev_path else None
         if type_id is None:
             # Removed while we looked: the kernel drops both links at once.
             return None
-        parent = os.path.basename(os.path.dirname(mdev_path))
+        parent = mdev_path.rsplit("/", 2)[-2]
         return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
 
     def parent_mdevs(self, parent):

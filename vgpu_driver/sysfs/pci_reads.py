@@ -16,6 +16,7 @@ from oslo_log import log as logging
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
+from vgpu_driver.sysfs.mdev_reads import pci_address
 
 _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 # A vendor type number: ASCII digits, no sign, no leading zero, at most nine
@@ -62,16 +63,19 @@ class PciReads:
     """Reads of ``bus/pci/devices``: a function, SR-IOV PFs and vendor-VFIO VFs."""
 
     def pci_device(self, address):
-        dev = self.paths.pci_device(names.parse_pci_address(str(address)))
-        if not os.path.isdir(dev):
+        dev = self.paths.pci_device(pci_address(str(address)))
+        try:
+            # The listing is the first read: no stat before it.
+            entries = os.listdir(dev)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         virtfns = []
-        for entry in os.listdir(dev):
+        for entry in entries:
             match = _VIRTFN_RE.match(entry)
             # A VF's link names its address: its last component is enough.
             target = match and attrs.link_name(f"{dev}/{entry}")
             if target:
-                virtfns.append((int(match[1]), names.parse_pci_address(
+                virtfns.append((int(match[1]), pci_address(
                     target, f"{address}/{entry}")))
         totalvfs = _read_int(dev, "sriov_totalvfs")
         numvfs = _read_int(dev, "sriov_numvfs")
@@ -113,10 +117,14 @@ class PciReads:
                     found.append(info)
         return found
 
-    def list_vendor_vfio(self):
+    def list_vendor_vfio(self, parents=frozenset()):
         found = []
         for entry in attrs.sorted_entries(self.paths.pci_base()):
-            if not names.is_pci_address(entry):
+            # NVIDIA's driver registers a function as an mdev parent or
+            # gives it the vendor-VFIO files, never both (its mdev mode or
+            # its vendor-specific VFIO mode, per board): a parent of this
+            # pass costs no probe.
+            if entry in parents or not names.is_pci_address(entry):
                 continue
             vf = self.vendor_vf(entry)
             if vf is not None:
