@@ -118,12 +118,13 @@ def board(key):
 
 
 def board_of_gpu(gpu):
-    """A fake host profile's GPU entry (``architecture``, ``framebuffer_mb``,
-    ``types`` with ``framebuffer_mb`` and ``max``) as a :class:`Board`; None
-    where it lacks what the rules need."""
+    """A fake host model's GPU entry (``architecture``, ``framebuffer_mb``,
+    ``types`` with ``id``, ``framebuffer_mb`` and ``max``) as a
+    :class:`Board` whose types are named by their type id (``nvidia-1155``);
+    None where it lacks what the rules need."""
     if gpu.get("architecture") not in ARCHITECTURES or not gpu.get("framebuffer_mb"):
         return None
-    types = tuple(VgpuType(spec.get("name") or spec["id"], gb(spec["framebuffer_mb"]),
+    types = tuple(VgpuType(spec["id"], gb(spec["framebuffer_mb"]),
                            int(spec["max"]))
                   for spec in gpu.get("types", ()) if spec.get("max") and spec.get("framebuffer_mb"))
     return Board(gpu.get("address", ""), gpu.get("product_name", ""), gpu["architecture"],
