@@ -114,11 +114,12 @@ def vfs_pending(config, snapshot):
 
 
 def _shared_boards(config, snapshot):
-    """``{GPU address: (type id, ...)}`` of the boards the inventory serves
-    with several types, however the configuration names them (by the PF, by
-    any of its VFs, or by model)."""
+    """``{GPU address: (type id, ...)}`` of the vendor-VFIO boards the
+    inventory serves with several types, however the configuration names
+    them (by the PF, by any of its VFs, or by model); a board whose VFs are
+    not there yet cannot tell, and is left to the checks of one type."""
     return {gpu: types for gpu, types in inventory.configured_types(snapshot, config).items()
-            if len(types) > 1}
+            if len(types) > 1 and snapshot.gpu(gpu).mode == discovery.MODE_VENDOR_VFIO}
 
 
 def types_on_one_board(config, snapshot):
@@ -278,7 +279,7 @@ def types_that_cannot_coexist(config, snapshot, boards):
     """Configured types no board can hold together: on every board
     configured for both, each placement of one overlaps each of the other,
     so a vGPU of one makes the board refuse the other."""
-    pairs = {}
+    pairs: dict[tuple[str, str], list[bool]] = {}
     for address, types in _shared_boards(config, snapshot).items():
         reading = (boards or {}).get(address)
         if reading is None or reading.error or not reading.mixed:

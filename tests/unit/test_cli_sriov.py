@@ -337,8 +337,8 @@ A100_MIXED_CONF = "[devices]\nenabled_mdev_types = nvidia-471, nvidia-472\n" + "
     f"[mdev_{t}]\ndevice_addresses = {A100}\n" for t in ("nvidia-471", "nvidia-472"))
 
 
-def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(  # noqa: F811
-        make_host, run, sriov_manage):
+def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(
+        make_host, run, sriov_manage):  # noqa: F811
     """An Ampere board under vendor VFIO, as an operator brings it up: VFs
     on, the mode switched, then 10 GB and 20 GB vGPUs side by side at the
     placements of NVIDIA's 40 GB table."""
@@ -448,8 +448,8 @@ def _listing(**addresses):
     {"1155": L40S, "1157": "0000:c1:00.5"},                 # its PF and a VF
     {"1155": "0000:c1:00.7", "1157": "0000:c1:00.7"},       # one VF under both
 ], ids=["vfs", "pf-and-vf", "one-vf"])
-def test_config_check_agrees_with_inventory_however_the_board_is_named(  # noqa: F811
-        make_host, run, listing):
+def test_config_check_agrees_with_inventory_however_the_board_is_named(
+        make_host, run, listing):  # noqa: F811
     """The board may be named by its PF or any of its VFs: inventory serves
     it for both sizes, and config check finds nothing wrong."""
     host = make_host("l40s-vfio")
@@ -468,8 +468,8 @@ def test_config_check_agrees_with_inventory_however_the_board_is_named(  # noqa:
     ("NVreg_RegistryDwords", "RmPVMRL=0x00010011"),
     ("NVreg_RegistryDwordsPerDevice", f"pci=0000:05:00.0;RmPVMRL=0x01;pci={L40S};RmPVMRL=0x11"),
 ])
-def test_config_check_warns_of_the_fixed_share_scheduler_on_a_mixed_board(  # noqa: F811
-        make_host, run, parameter, value):
+def test_config_check_warns_of_the_fixed_share_scheduler_on_a_mixed_board(
+        make_host, run, parameter, value):  # noqa: F811
     host = make_host("l40s-vfio")
     host.set_mixed_sizes(L40S, True)
     root = ("--sysfs-root", host.paths.root)

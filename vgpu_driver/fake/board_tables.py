@@ -124,9 +124,9 @@ def board_of_gpu(gpu):
     None where it lacks what the rules need."""
     if gpu.get("architecture") not in ARCHITECTURES or not gpu.get("framebuffer_mb"):
         return None
-    types = tuple(VgpuType(spec["id"], gb(spec["framebuffer_mb"]),
-                           int(spec["max"]))
-                  for spec in gpu.get("types", ()) if spec.get("max") and spec.get("framebuffer_mb"))
+    types = tuple(VgpuType(spec["id"], gb(spec["framebuffer_mb"]), int(spec["max"]))
+                  for spec in gpu.get("types", ())
+                  if spec.get("max") and spec.get("framebuffer_mb"))
     return Board(gpu.get("address", ""), gpu.get("product_name", ""), gpu["architecture"],
                  gb(gpu["framebuffer_mb"]), types)
 
