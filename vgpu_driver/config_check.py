@@ -28,8 +28,26 @@ def _near_miss(value, candidates, cutoff=0.6):
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _offered(snapshot):
-    return {t.type_id: t.name for g in snapshot.gpus for p in g.parents for t in p.types}
+def _offered(snapshot, boards=None):
+    """``{type id: name}`` of the types the host offers: listed by a parent,
+    in use (a full vendor-VFIO board lists nothing), or placeable on a board
+    in mixed-size mode (``boards``: :func:`vgpu_driver.inventory.read_boards`)."""
+    offered = {t.type_id: t.name for g in snapshot.gpus for p in g.parents for t in p.types}
+    for gpu in snapshot.gpus:
+        for type_id in gpu.vgpu_types_in_use():
+            offered.setdefault(type_id, None)
+        for type_id in _placeable(gpu, boards):
+            offered.setdefault(type_id, None)
+    return offered
+
+
+def _placeable(gpu, boards):
+    """The types NVML places on ``gpu`` in mixed-size mode, whether or not
+    any VF lists them now."""
+    reading = (boards or {}).get(gpu.address)
+    if reading is None or reading.error or not reading.mixed:
+        return set()
+    return {type_id for type_id, found in reading.placements.items() if found.supported}
 
 
 def stray_groups(conf, config, snapshot):
@@ -73,8 +91,8 @@ def _pending_types(config, snapshot):
             if snapshot.gpu(gpu).mode == discovery.MODE_VFS_PENDING for type_id in types}
 
 
-def absent_types(config, snapshot):
-    offered = _offered(snapshot)
+def absent_types(config, snapshot, boards=None):
+    offered = _offered(snapshot, boards)
     pending = _pending_types(config, snapshot)
     return [exception.ConfigProblem(
         "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
@@ -149,10 +167,11 @@ def _device_there(function):
             "vGPU; 'vgpu-manage host check' says why)")
 
 
-def absent_addresses(config, snapshot, functions=None):
-    """Configured addresses no parent has; ``functions``: the PCI device
-    at each such address (``{address: PciFunction or None}``), to say
-    which driver holds it."""
+def absent_addresses(config, snapshot, functions=None, boards=None):
+    """Configured addresses no parent has, or whose device does not serve
+    the type; ``functions``: the PCI device at each such address
+    (``{address: PciFunction or None}``), to say which driver holds it;
+    ``boards`` as for :func:`_offered`."""
     functions = functions or {}
     problems = []
     for type_config in config.types:
@@ -167,7 +186,9 @@ def absent_addresses(config, snapshot, functions=None):
                     f"{_near_miss(address, addresses, cutoff=0.9)}"))
             elif gpu.mode == discovery.MODE_VFS_PENDING:
                 continue     # reported by vfs_pending()
-            elif not gpu.offers(type_config.type_id):
+            elif not gpu.offers(type_config.type_id) \
+                    and type_config.type_id not in gpu.vgpu_types_in_use() \
+                    and type_config.type_id not in _placeable(gpu, boards):
                 offered = sorted({t.type_id for p in gpu.parents for t in p.types})
                 problems.append(exception.ConfigProblem(
                     option, address, f"does not offer {type_config.type_id} "
@@ -306,7 +327,8 @@ def check(conf, config, snapshot, boards=None, functions=None, schedulers=None):
     each board's vGPU scheduler (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
     resolved = config.for_host(snapshot)
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
-            + absent_types(config, snapshot) + absent_addresses(config, snapshot, functions)
+            + absent_types(config, snapshot, boards)
+            + absent_addresses(config, snapshot, functions, boards)
             + types_on_one_board(resolved, snapshot) + boards_that_cannot_mix(config, snapshot)
             + vfs_pending(config, snapshot)
             + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))

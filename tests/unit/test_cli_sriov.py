@@ -366,6 +366,9 @@ def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(
     assert board["slots"] == "a" * 10 + "b" * 10 + "c" * 20
     assert [(v["type"], v["placement"]) for v in board["vgpus"]] == [
         ("nvidia-471", 0), ("nvidia-471", 10), ("nvidia-472", 20)]
+    # Full: no VF lists a type now, and the board still serves both.
+    code, out, _ = run(*root, "config", "check", "--strict", conf=conf)
+    assert code == 0 and out.startswith("ok: "), out
 
 
 def test_status_map_of_a_board_changing_or_unreadable_meanwhile(make_host, run,  # noqa: F811
