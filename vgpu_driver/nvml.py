@@ -103,6 +103,9 @@ def set_heterogeneous_mode(pf_address, enabled, bindings=None):
             handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)
 
 
+# A vGPU without a placement (NVA081_PLACEMENT_ID_INVALID in NVIDIA's ctrla081.h).
+INVALID_PLACEMENT_ID = 0xFFFF
+
 Placements = collections.namedtuple("Placements", "size supported creatable")
 Placements.__doc__ = """A vGPU type's placements on a mixed-size GPU: its size
 in slots, the placement IDs it may take, and those it could take now."""
@@ -130,14 +133,16 @@ def placements(pf_address, type_numbers, bindings=None):
 def located_vgpus(pf_address, bindings=None):
     """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,
     by placement ID, in one NVML session.  NVML lists *active* vGPU
-    instances; one it does not list, or cannot place (gone meanwhile), is
-    left out, and the caller counts it as unlocated."""
+    instances (a guest runs them); one it does not list, or cannot place
+    (gone meanwhile, or :data:`INVALID_PLACEMENT_ID`), is left out, and the
+    caller counts it as unlocated."""
     found = []
     with _gpu(pf_address, "locate the vGPUs in", bindings) as (library, handle):
         for instance in library.nvmlDeviceGetActiveVgpus(handle):
             try:
-                found.append((int(library.nvmlVgpuInstanceGetType(instance)),
-                              int(library.nvmlVgpuInstanceGetPlacementId(instance))))
+                placement = int(library.nvmlVgpuInstanceGetPlacementId(instance))
+                if placement != INVALID_PLACEMENT_ID:
+                    found.append((int(library.nvmlVgpuInstanceGetType(instance)), placement))
             except library.NVMLError:
                 continue
     return tuple(sorted(found, key=lambda located: located[1]))

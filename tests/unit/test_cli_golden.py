@@ -92,6 +92,18 @@ def l40s_mixed(make_host, tmp_path):
 
 
 @pytest.fixture
+def l40s_idle(make_host, tmp_path):
+    """An L40S in mixed-size mode whose three typed VFs no guest has opened:
+    NVML lists none of them as active; each VF's placement_id places it."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    for vf, number in (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157),
+                       ("0000:c1:00.6", 1156)):
+        host.set_vendor_vgpu_type(vf, number)
+    return host, L40S_CONF, libvirt_domains.node_file(tmp_path / "node.xml", [])
+
+
+@pytest.fixture
 def h100_datacenter(make_host, tmp_path):
     """An H100 under the data-center driver: a GPU with no vGPU at all."""
     host = make_host("h100-datacenter")
@@ -117,6 +129,17 @@ def normalised(text, host, tmp_path):
     text = text.replace(str(host.paths.root), "<sysfs-root>")
     text = text.replace(str(tmp_path), "<tmp>")
     return AGE.sub(r"\1 <age>", text)
+
+
+@pytest.mark.parametrize("command", ["status", "status.json"])
+def test_idle_vgpus_are_all_placed_in_the_map(request, tmp_path, cli, command):
+    host, conf, uri = request.getfixturevalue("l40s_idle")
+    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command],
+                         conf=conf, uri=uri)
+    assert "?" not in out.split("--- stderr")[0]
+    golden.assert_golden(f"cli/l40s_idle.{command}",
+                         normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host,
+                                    tmp_path))
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

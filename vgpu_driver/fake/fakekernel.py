@@ -55,13 +55,15 @@ from vgpu_driver.fake import pci_functions
 from vgpu_driver.fake import tree
 from vgpu_driver.fake import uevents
 from vgpu_driver.fake import vendor
+from vgpu_driver.fake import vgpu_placements
 from vgpu_driver.sysfs import writes
 
 MARKER_DIR = ".vgpu-fake-kernel"
 
 
 class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.MdevParents,
-                 nvml_state.NvmlState, writes.WritableSysfs):
+                 nvml_state.NvmlState, vgpu_placements.VgpuPlacements,
+                 writes.WritableSysfs):
     """LinuxSysfs over a fake tree, its writer the kernel's write handlers.
 
     The PCI side (:mod:`vgpu_driver.fake.pci_functions`), the drivers bound

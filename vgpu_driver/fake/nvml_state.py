@@ -11,7 +11,6 @@ import os
 
 from vgpu_driver import names
 from vgpu_driver.fake import nvml
-from vgpu_driver.fake import placements as placements_mod
 from vgpu_driver.fake import tree
 from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
@@ -58,50 +57,61 @@ class NvmlState:
 
     def placement_of(self, vf_address):
         """The placement ID of the VF's vGPU (NVML's
-        ``nvmlVgpuInstanceGetPlacementId``); None in equal-size mode or
-        without a vGPU."""
+        ``nvmlVgpuInstanceGetPlacementId``); None without one (equal-size
+        mode before homogeneous placements, or no vGPU)."""
         recorded = linux.read_attr(self._state_path(f"placement-{names.check_vgpu_id(vf_address)}"))
         return None if recorded is None else int(recorded)
 
     def active_vgpus(self, pf_address):
         """``[(VF address, type number, placement ID or None)]`` of the GPU's
-        vGPUs, as NVML's ``nvmlDeviceGetActiveVgpus``,
+        *active* vGPUs, as NVML's ``nvmlDeviceGetActiveVgpus``,
         ``nvmlVgpuInstanceGetType`` and ``nvmlVgpuInstanceGetPlacementId``
-        answer.  NVML's reference calls them *active* vGPU instances and does
-        not say whether a typed VF no guest has opened is one; the fake lists
-        every typed VF, and the driver's map marks any vGPU NVML does not
-        place as unlocated rather than guess."""
+        answer: in the vGPU manager a vGPU becomes active when its guest
+        starts (``numActiveVgpu`` counts guests, ``numCreatedVgpu``
+        vGPUs), so a vGPU no guest holds (:meth:`hold`) is not listed."""
         gpu = self._vfio_gpu(pf_address)
-        if gpu["model"] != "nvidia-vfio":     # the fake's mdev boards: not asked
+        if gpu["model"] not in vendor.SRIOV_MODELS:     # time-sliced boards: not asked
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         with self._locked():
             found = []
-            for dev, _uuid, type_id in self._gpu_mdev_types(gpu):
+            for dev, uuid, type_id in self._gpu_mdev_types(gpu):
                 vf = os.path.basename(dev)
-                found.append((vf, names.vendor_type_number(type_id), self.placement_of(vf)))
+                if os.path.exists(self._hold_path(uuid or vf)):
+                    found.append((vf, names.vendor_type_number(type_id), self.placement_of(vf)))
         return found
 
     def vgpu_instance(self, vf_address):
         """``(type number, placement ID or None)`` of the VF's vGPU, as
         NVML answers for one of :meth:`active_vgpus`; None without one."""
-        current = linux.read_attr(os.path.join(
-            self.paths.vendor_vfio_dir(names.check_vgpu_id(vf_address)), "current_vgpu_type"))
-        if not current or current == "0":
+        vf = names.check_vgpu_id(vf_address)
+        try:
+            gpu = self._gpu_of(os.path.realpath(self.paths.pci_device(vf)))
+        except OSError:
             return None
-        return int(current), self.placement_of(vf_address)
+        for dev, _uuid, type_id in self._gpu_mdev_types(gpu):
+            if os.path.basename(dev) == vf:
+                return names.vendor_type_number(type_id), self.placement_of(vf)
+        return None
 
-    def placements(self, pf_address, type_number):
+    def placements(self, pf_address, type_number, homogeneous=False):
         """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
-        on the GPU in mixed-size mode (NVML's supported and creatable
-        placement lists); creatable is empty in equal-size mode."""
+        on the GPU (NVML's supported and creatable placement lists): the
+        mixed-size ones, or with ``homogeneous`` equal-size mode's (Ada and
+        later from R565, NOT_SUPPORTED elsewhere).  Creatable are those of
+        the GPU's mode: none in equal-size mode without homogeneous ones."""
         gpu = self._vfio_gpu(pf_address)
         spec = vendor.type_spec(gpu, names.vendor_type_id(type_number))
         if spec is None or not vendor.can_mix_sizes(gpu):
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         with self._locked():
-            existing, placed = self._gpu_mdev_types(gpu), self._placed(gpu)
-            creatable = (() if placed is None else
-                         vendor.creatable_placements(gpu, spec, existing, placed))
-        supported = placements_mod.supported(gpu["framebuffer_mb"], spec["framebuffer_mb"],
-                                             gpu.get("architecture"))
-        return placements_mod.slots(spec["framebuffer_mb"]), supported, creatable
+            equal_placed = vendor.homogeneous_placements(gpu, self._manager_version())
+            if homogeneous and not equal_placed:
+                raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+            mixed = self._mixed_size(gpu)
+            creatable = ()
+            if mixed or equal_placed:
+                creatable = vendor.creatable_placements(
+                    gpu, spec, self._gpu_mdev_types(gpu), self._recorded(gpu), mixed=mixed)
+        size, supported = vendor.placement_table(gpu, spec, mixed=not homogeneous)
+        return size, supported, creatable
+

@@ -198,9 +198,10 @@ class SysfsReader(abc.ABC):
 
     @abc.abstractmethod
     def vgpu_locations(self, pf_address):
-        """``((type number, placement ID), ...)`` of the vGPUs NVML places on
-        a mixed-size board (NVML's, not files), for the operator's map;
-        raises as :meth:`mixed_sizes`."""
+        """``((type number, placement ID), ...)`` of the vGPUs placed on a
+        board, idle or running, for the operator's map: each VF's
+        ``nvidia/placement_id``, NVML's where the driver has no such file;
+        raises as :meth:`mixed_sizes` when NVML must be asked and cannot."""
 
 
 

@@ -24,6 +24,8 @@ _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 _CREATABLE_RE = re.compile(r"[ \t]*([1-9][0-9]{0,8})[ \t]*:?[ \t]+(.*?)\s*", re.ASCII)
 _CURRENT_RE = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
 _CONSISTENT_READ_TRIES = 5
+# NVIDIA's placement ID of a vGPU without one (NVA081_PLACEMENT_ID_INVALID).
+INVALID_PLACEMENT_ID = 0xFFFF
 LOG = logging.getLogger(__name__)
 
 
@@ -160,6 +162,22 @@ class PciReads:
             physfn=names.parse_pci_address(pf) if pf else None,
             creatable=parse_creatable_vgpu_types(creatable),
             current_type=current)
+
+    def vendor_placement_id(self, address):
+        """The placement ID in a VF's ``nvidia/placement_id``: an int,
+        ``INVALID_PLACEMENT_ID`` where the vGPU has none (``Not Applicable``
+        or garbage, logged), None where the driver has no such file."""
+        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
+                            "placement_id")
+        text = attrs.read_attr(path)
+        if text is None:
+            return None
+        if _CURRENT_RE.fullmatch(text):
+            return int(text)
+        if text.lower() != "not applicable":
+            LOG.warning("Unreadable sysfs value: %s: %r is not a placement ID; the vGPU "
+                        "is left unplaced", path, text[:40])
+        return INVALID_PLACEMENT_ID
 
     def vendor_vgpu_set_at(self, address):
         path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
