@@ -1188,7 +1188,10 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         return host_audit.audit_of(self, host)
 
     def _end_findings(self):
-        """Everything deleted and each compute updated: nothing may be left."""
+        """Everything deleted and each compute updated: nothing may be left
+        once the periodic updates after the graces have run (what a guest
+        left on a host it had left, as :meth:`_settled_findings` allows:
+        the old domain a killed resize's finish left on its source)."""
         for _at, host, vgpu in self._holds:
             self.kernels[host].release(vgpu)
         self._holds = []
@@ -1200,7 +1203,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             if not findings or time.monotonic() > deadline:
                 return stuck + findings + self._audit_findings()
             time.sleep(POLL * 2)
-            self._run_periodics()
+            self._periodics_after_grace()
 
     def _delete_everything(self):
         findings = []
