@@ -83,10 +83,10 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # Placement's 503 interrupted leaves it in ERROR, and a stop then makes it
 # SHUTOFF, domainless still: its allocation waits for a start, a hard
 # reboot or another delete, which define the domain again).  A migration
-# whose finish a kill interrupted stays unfinished, its allocation on the
-# source with it, which nova keeps once the server is deleted (a deleted
-# server's migration).  nova never frees those by itself; they are
-# reported, not counted.
+# whose finish a kill interrupted stays unfinished for good, its allocation
+# on the source with it, once the source's old domain and vGPU have gone
+# (the server deleted, or defined there again by a later move).  nova never
+# frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 # A request nova's own code failed, told by its traceback in nova's log;
 # reported with the leaks, not counted.  Those known:
@@ -990,7 +990,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         migrations = self.api.api_get("/os-migrations").body["migrations"]
         self._note_domainless(servers)
         return (self._created - set(servers)) | self._domainless | set(
-            self._domainless_moves) | {
+            self._domainless_moves) | set(self._abandoned) | {
             m["uuid"] for m in migrations
             if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
             uuid for uuid, server in self._migrations_of_deleted.items()
@@ -1018,7 +1018,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             # The audit names a migration's allocation by its server.
             host, consumer = finding.subject.split(" ")[0], finding.subject.rsplit(" ", 1)[-1]
             explained = consumer in leaked or any(
-                (consumer, host) == moved for uuid, moved in self._domainless_moves.items()
+                (consumer, host) == moved
+                for uuid, moved in (self._domainless_moves | self._abandoned).items()
                 if uuid in leaked)
         elif category == "usage-mismatch":
             usage, held = (int(n) for n in _USAGE.match(finding.detail).groups())
