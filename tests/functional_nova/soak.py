@@ -924,8 +924,9 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         killed on the destination leaves its migration ``post-migrating``:
         the hard reboot recovers the guest there, and the source keeps the
         guest's old domain, its claim and vGPU, and the migration's
-        allocation of them until the server is deleted (the allocation
-        then nova's leak, a deleted server's migration's).  A revert's
+        allocation of them, until the server is deleted or defined there
+        again by a later move (the allocation then nova's alone, see
+        :data:`NOVA_LEAK`).  A revert's
         finish killed on the source leaves it ``reverting``, the
         destination emptied and the allocation the instance's again."""
         for migration in self._migrations(server_id):
