@@ -1203,7 +1203,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         while True:
             findings = self._leftovers()
             if not findings or time.monotonic() > deadline:
-                return stuck + findings + self._audit_findings()
+                return stuck + findings + self._settled_audit_findings()
             time.sleep(POLL * 2)
             self._periodics_after_grace()
 
