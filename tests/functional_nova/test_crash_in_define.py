@@ -137,8 +137,16 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
         self.assertEqual([(source[0], claims.ATTACHED)], self.claims("host1", server))
         server = self.recover(server)
         self.assertEqual((vfs, [(vfs[0], claims.ATTACHED)]), self.holds(server))
-        # The deleted guest's source domain and vGPU go too: its migration
-        # record, left unfinished, is no move under way.
+        # nova never finishes that migration (its record stays
+        # post-migrating), and the guest runs on the destination with no
+        # task: the source's domain and claim are nobody's after the grace.
+        self.flags(claim_grace=0, group="vgpu")
+        self.after_unused_grace()
+        self.assertEqual([], self.claims("host1", server))
+        self.assertNotIn(server["id"], self.domains("host1"))
+        self.assertEqual((vfs, [(vfs[0], claims.ATTACHED)]), self.holds(server))
+        # The deleted guest's vGPUs go too: its migration record, left
+        # unfinished, is no move under way.
         self.delete_all()
         self.assert_nothing_left()
 

@@ -14,8 +14,9 @@ The host reconciler's periodic pass lets them go: the claims (and the
 domain) of an instance whose domain here does not run, that nova places on
 another node, has deleted, or holds in ERROR here with no domain and no
 task under way, and that no move from or to this node is under way for (a
-deleted instance has none, though a move killed before it finished leaves
-its migration record unfinished for ever).
+deleted instance has none, nor one back in service with no task, though a
+move killed before it finished leaves its migration record unfinished for
+ever).
 Claims younger than ``[vgpu] claim_grace`` are left alone.
 """
 
@@ -53,10 +54,10 @@ def abandoned(claims, defined, running, nodename, grace, now=None):
         instance = known.get(uuid)
         if instance is not None and _kept(instance, nodename, uuid in defined):
             continue
-        # A deleted guest has no move under way, whatever its migration
-        # record says (a finish killed mid-way leaves it unfinished).
-        deleted = instance is not None and instance.deleted
-        if not deleted and _moving(context, uuid, nodename):
+        # A deleted guest, or one back in service with no task, has no move
+        # under way, whatever its migration record says (a finish killed
+        # mid-way leaves it unfinished).
+        if operations.moving(context, uuid, nodename, instance):
             continue
         found.append(instance or objects.Instance(uuid=uuid))
     return found
@@ -68,8 +69,3 @@ def _kept(instance, nodename, defined):
         return False
     return defined or instance.vm_state != vm_states.ERROR or instance.task_state is not None
 
-
-def _moving(context, instance_uuid, nodename):
-    return any(m.status not in operations.FINISHED and nodename in (m.source_node, m.dest_node)
-               for m in objects.MigrationList.get_by_filters(
-                   context, {"instance_uuid": instance_uuid}))

@@ -58,18 +58,31 @@ class OperationGuard:
         if not rest:
             return found
         context = nova_context.get_admin_context(read_deleted="yes")
-        for instance in objects.InstanceList.get_by_filters(
-                context, {"uuid": rest}, expected_attrs=[]):
-            if not instance.deleted and instance.task_state is not None:
-                found.add(instance.uuid)
-        return found | {uuid for uuid in rest if self.moving(context, uuid)}
+        known = {i.uuid: i for i in objects.InstanceList.get_by_filters(
+            context, {"uuid": rest}, expected_attrs=[])}
+        for uuid in rest:
+            instance = known.get(uuid)
+            if instance is not None and not instance.deleted \
+                    and instance.task_state is not None:
+                found.add(uuid)
+            elif moving(context, uuid, self.nodename(), instance):
+                found.add(uuid)
+        return found
 
-    def moving(self, context, instance_uuid):
-        """Whether a move of the instance from or to this node is under way."""
-        return any(m.status not in FINISHED
-                   and self.nodename() in (m.source_node, m.dest_node)
-                   for m in objects.MigrationList.get_by_filters(
-                       context, {"instance_uuid": instance_uuid}))
+
+def moving(context, instance_uuid, nodename, instance=None):
+    """Whether a move of the instance from or to ``nodename`` is under way:
+    a migration record there not finished, of an instance nova may still
+    act on (``instance``, when known: mid-task, or a resize waiting to be
+    confirmed or reverted).  A move whose finish was killed leaves its
+    record unfinished for ever, while the instance, reset and rebooted,
+    goes on with no task: nothing will ever come for that move."""
+    if instance is not None and (instance.deleted or (
+            instance.task_state is None and instance.vm_state != vm_states.RESIZED)):
+        return False
+    return any(m.status not in FINISHED and nodename in (m.source_node, m.dest_node)
+               for m in objects.MigrationList.get_by_filters(
+                   context, {"instance_uuid": instance_uuid}))
 
 
 def kept_without_domain(instance_uuids, nodename):
