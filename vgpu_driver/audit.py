@@ -79,9 +79,9 @@ def host_usage(snapshot: HostSnapshot, claim_list: Iterable[claims.Claim],
         if mdev not in holders and mdev in gpu_of:
             holders[mdev] = (gpu_of[mdev], ref.uuid)
     usage: collections.Counter[tuple[str, str]] = collections.Counter()
-    for mdev, (gpu, consumer) in holders.items():
-        provider = (providers or {}).get(gpu)
-        usage[gpu, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
+    for mdev, (address, consumer) in holders.items():
+        provider = (providers or {}).get(address)
+        usage[address, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
     return usage
 
 
