@@ -6,6 +6,14 @@ lists every series.  Each function turns one part of the reading into its
 families: the GPUs, the host, the claims, the host reconciler, the last audit.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+
 from prometheus_client import core
 
 from vgpu_driver import __version__
@@ -14,20 +22,26 @@ from vgpu_driver import claims
 from vgpu_driver import inventory
 from vgpu_driver import reconciler_state
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from vgpu_driver.metrics import Reading
+    from vgpu_driver.status import GpuStatus
+
 PREFIX = "vgpu"
 GPU_LABELS = ("gpu", "provider", "type", "resource_class", "model")
 SRIOV_STATES = ("enabled", "partial", "off")
 
 
-def _name(*parts):
+def _name(*parts: str) -> str:
     return "_".join((PREFIX,) + parts)
 
 
-def _gauge(name, doc, labels=()):
+def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> core.GaugeMetricFamily:
     return core.GaugeMetricFamily(_name(name), doc, labels=list(labels))
 
 
-def scrape_success(value):
+def scrape_success(value: float) -> core.GaugeMetricFamily:
     """``vgpu_scrape_success``: 1 when the scrape read the host, else 0."""
     success = _gauge("scrape_success", "1 when this scrape read the host, 0 when it "
                      "could not (the exporter's log says why).")
@@ -35,7 +49,7 @@ def scrape_success(value):
     return success
 
 
-def families(reading):
+def families(reading: Reading) -> Iterator[Metric]:
     """Every family of one reading, the driver's info last."""
     yield from _gpu_families(reading)
     yield from _host_families(reading)
@@ -50,13 +64,13 @@ def families(reading):
     yield info
 
 
-def _gpu_labels(reading, gpu):
+def _gpu_labels(reading: Reading, gpu: GpuStatus) -> list[str]:
     provider = reading.providers.get(gpu.gpu)
     return [gpu.gpu, gpu.provider or "", gpu.type_id or reading.configured.get(gpu.gpu) or "",
             provider.resource_class if provider else "", reading.models.get(gpu.gpu, "")]
 
 
-def _gpu_families(reading):
+def _gpu_families(reading: Reading) -> tuple[core.GaugeMetricFamily, ...]:
     capacity = _gauge("gpu_vgpus_capacity", "vGPUs the GPU's resource provider offers "
                       "(its Placement total; 0 on a GPU with no provider).", GPU_LABELS)
     used = _gauge("gpu_vgpus_used", "vGPUs of the GPU that guests or claims hold.", GPU_LABELS)
@@ -92,7 +106,7 @@ def _gpu_families(reading):
     return capacity, used, reserved, reserved_for, served, guests, vfs, vfs_max
 
 
-def _host_families(reading):
+def _host_families(reading: Reading) -> list[core.GaugeMetricFamily]:
     boards = _gauge("sriov_boards", "SR-IOV boards by the state of their virtual "
                     "functions.", ["state"])
     states = [g.sriov.state for g in reading.host.gpus if g.sriov is not None]
@@ -112,7 +126,7 @@ def _host_families(reading):
     return families
 
 
-def _bound(reading, state):
+def _bound(reading: Reading, state: str) -> float | None:
     """Seconds after which the host reconciler drops an unused claim of
     ``state`` (None: never)."""
     if state == claims.ATTACHED:
@@ -122,7 +136,7 @@ def _bound(reading, state):
     return reading.grace
 
 
-def _claim_families(reading):
+def _claim_families(reading: Reading) -> tuple[core.GaugeMetricFamily, ...]:
     count = _gauge("claims", "The journal's claims by state.", ["state"])
     oldest = _gauge("claims_oldest_age_seconds", "Seconds since the oldest claim of the "
                     "state last changed (0 with none).", ["state"])
@@ -140,7 +154,7 @@ def _claim_families(reading):
     return count, oldest, past
 
 
-def _reconciler_families(reading):
+def _reconciler_families(reading: Reading) -> list[Metric]:
     state = reading.reconciler
     running = reconciler_state.is_running(state)
     up = _gauge("reconciler_up", "1 while the process that runs the host reconciler "
@@ -153,8 +167,8 @@ def _reconciler_families(reading):
     oldest = _gauge("removals_stuck_oldest_seconds", "Seconds the oldest blocked removal "
                     "has waited (0 with none).")
     oldest.add_metric([], max(stuck.values(), default=0.0))
-    families = [up, removals, oldest]
-    if not running:
+    families: list[Metric] = [up, removals, oldest]
+    if not running or state is None:
         return families
     passes = core.CounterMetricFamily(_name("reconciler_passes"), "Passes the host "
                                       "reconciler ran since its service started.")
@@ -183,7 +197,8 @@ def _reconciler_families(reading):
     return families
 
 
-def _timed(record, name, what):
+def _timed(record: Mapping[str, Any] | None, name: str, what: str,
+           ) -> list[core.GaugeMetricFamily]:
     """``<name>_timestamp_seconds`` and ``<name>_duration_seconds`` of a
     ``{"started_at", "duration"}`` record; none without one."""
     if not record:
@@ -195,7 +210,7 @@ def _timed(record, name, what):
     return [when, took]
 
 
-def _audit_families(reading):
+def _audit_families(reading: Reading) -> list[core.GaugeMetricFamily]:
     """The last audit's drift, when one ran here and its record is readable."""
     record = reading.audit
     if not record or "unreadable" in record:
