@@ -7,6 +7,8 @@ into :class:`Finding` lines that name the option or command that fixes
 what is wrong.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import stat
 
@@ -59,7 +61,7 @@ class HelperConf:
     expected: str | None = None     # what install-units renders
     actual: str | None = None       # the installed text; None: absent or unreadable
     unreadable: str | None = None
-    changeable: tuple = ()          # root_only.problems of the path
+    changeable: tuple[str, ...] = ()    # root_only.problems of the path
     render_error: str | None = None
     not_needed: str | None = None   # why no privileged helper is started by sudo
     settings: str = ""
@@ -85,13 +87,13 @@ class ServiceFacts:
     placement: Reached | None       # None: no Placement configured
 
 
-def check(facts):
+def check(facts: ServiceFacts) -> list[Finding]:
     return [check_libvirt(facts.libvirt), check_sudo_rule(facts.sudo),
             check_helper_conf(facts.helper_conf), check_state_dir(facts.state_dir),
             check_placement(facts.placement)]
 
 
-def check_libvirt(reached):
+def check_libvirt(reached: Reached) -> Finding:
     if reached.error is None:
         return Finding("libvirt", OK, f"libvirt {reached.detail} answers at {reached.target}")
     return Finding("libvirt", ERROR, f"cannot reach libvirt at {reached.target}: "
@@ -99,7 +101,7 @@ def check_libvirt(reached):
                    "[vgpu] libvirt_uri (--libvirt-uri) to the URI nova-compute uses")
 
 
-def check_sudo_rule(rule):
+def check_sudo_rule(rule: SudoRule) -> Finding:
     """The rule is installed, root's, 0440, and what install-units renders."""
     install = "vgpu-manage --config-file <nova-compute's files> install-units"
     if rule.not_needed:
@@ -126,7 +128,7 @@ def check_sudo_rule(rule):
                    f"{rule.settings}")
 
 
-def check_helper_conf(conf):
+def check_helper_conf(conf: HelperConf) -> Finding:
     """The helper's file is installed, root's alone, and what install-units
     renders: the helper refuses to start otherwise, and so does every write."""
     install = "vgpu-manage --config-file <nova-compute's files> install-units"
@@ -154,13 +156,13 @@ def check_helper_conf(conf):
                    f"{conf.settings}")
 
 
-def check_state_dir(state):
+def check_state_dir(state: StateDir) -> Finding:
     """The state directory as production.rst asks: nova's user's, 0750."""
     make = f"install -d -o {state.user} -g {state.user} -m 0750 {state.path}"
     if state.user_uid is None:
         return Finding("state-dir", ERROR, f"no user {state.user} on this host",
                        "give host check --user: the user nova-compute runs as")
-    if not state.exists:
+    if not state.exists or state.mode is None:     # a mode is read with the directory
         return Finding("state-dir", ERROR, f"[vgpu] state_dir {state.path} does not exist",
                        make)
     if not state.is_dir:
@@ -179,7 +181,7 @@ def check_state_dir(state):
     return Finding("state-dir", OK, f"{state.path}: {state.user}'s, mode 0750")
 
 
-def check_placement(reached):
+def check_placement(reached: Reached | None) -> Finding:
     if reached is None:
         return Finding("placement", WARNING, "not checked: no Placement is configured (no "
                        "[placement] auth_type, no OS_* variables)", "set [placement] as for "
