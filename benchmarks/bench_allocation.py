@@ -44,6 +44,7 @@ import common
 import libvirt_domains
 
 from vgpu_driver import claims as claims_mod
+from vgpu_driver import claims_journal
 from vgpu_driver import driver as core
 from vgpu_driver import nova_alias
 from vgpu_driver.fake import fakekernel
@@ -365,8 +366,9 @@ def print_timing(results):
 
 # Parts of an allocation, as ``(label, [function suffixes whose cumulative times add up])``.
 PROFILE_PARTS = (
-    ("claims journal (claims.py, sqlite3)",
-     ["claims.py(transaction)", "claims.py(claims)", "claims.py(add)"]),
+    ("claims journal (claims_journal.py, claims.py, sqlite3)",
+     ["claims_journal.py(transaction)", "claims_journal.py(claims)", "claims.py(claims)",
+      "claims.py(add)"]),
     ("one GPU's sysfs (mdevs/manager.py _gpu_state)", ["mdevs/manager.py(_gpu_state)"]),
     ("nova's connection test in get_connection (getLibVersion)",
      ["virConnectGetLibVersion>)"]),
@@ -453,7 +455,7 @@ def setup_host(tmp):
     profile, by_gpu = host_profile()
     kernel = fakekernel.FakeKernel.build(os.path.join(tmp, "sys"), profile)
     guests = Guests(by_gpu, sorted(by_gpu)[0])
-    journal = claims_mod.Journal(os.path.join(tmp, "state"))
+    journal = claims_journal.Journal(os.path.join(tmp, "state"))
     with journal.transaction() as txn:
         for instance, mdev_uuid, gpu, state in guests.claims:
             txn.add(instance, mdev_uuid, gpu, gpu, TYPE_ID, state)

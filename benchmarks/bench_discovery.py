@@ -199,6 +199,8 @@ def raw_floor(root):
                 os.readlink(device_dir + entry)
         for attr in PCI_ATTRS:
             _read(device_dir + attr)
+    # The vGPU manager's version, which the snapshot carries.
+    _read(root + "/module/nvidia/version")
     return gpus
 
 
@@ -268,10 +270,10 @@ def count_io(func, *args):
 # -- timing --------------------------------------------------------------------
 
 
-def _timed(func, *args):
-    start = time.perf_counter()
+def _timed(clock, func, *args):
+    start = clock()
     func(*args)
-    return (time.perf_counter() - start) * 1000
+    return (clock() - start) * 1000
 
 
 # -- checking and reporting ----------------------------------------------------
@@ -319,7 +321,8 @@ def print_io(real, floor):
 
 def print_timing(results):
     floor, real = results["floor_ms"], results["real_ms"]
-    print(f"Timing: {results['rounds']} interleaved rounds, warm cache "
+    print(f"Timing ({results['clock']} time): {results['rounds']} interleaved rounds, "
+          "warm cache "
           f"(Python {platform.python_version()}, tree on {results['tree_dir']})")
     print(f"  {'':<8} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     for label, summary in (("floor", floor), ("real", real)):
@@ -341,7 +344,9 @@ def main(argv=None):
     args = common.parse_args(argv, __doc__.split("\n\n")[0],
                              'Timed rounds of each path',
                              "Where to write the fake tree (default: the system's temp "
-                             "dir; /dev/shm is closer to sysfs, which lives in memory).")
+                             "dir; /dev/shm is closer to sysfs, which lives in memory).",
+                             cpu_option=True)
+    clock = time.process_time if args.cpu else time.perf_counter
     profile, a100_pfs = large_host_profile()
     config = mdev_config(a100_pfs)
     with tempfile.TemporaryDirectory(prefix="bench-discovery-", dir=args.tmpdir) as tmp:
@@ -362,12 +367,14 @@ def main(argv=None):
         real_io = count_io(real_path, root, config)
         floor_io = count_io(raw_floor, root)
         print_io(real_io, floor_io)
-        floor_ms, real_ms = common.interleaved(args.rounds, lambda: _timed(raw_floor, root),
-                                               lambda: _timed(real_path, root, config))
+        floor_ms, real_ms = common.interleaved(
+            args.rounds, lambda: _timed(clock, raw_floor, root),
+            lambda: _timed(clock, real_path, root, config))
     floor, real = common.summary(floor_ms), common.summary(real_ms)
     results = {
         "benchmark": "discovery+inventory", "host": profile["description"],
         "rounds": args.rounds, "python": platform.python_version(),
+        "clock": "cpu" if args.cpu else "wall",
         "tree_dir": os.path.dirname(tmp),
         "floor_ms": floor, "real_ms": real,
         "ratio_median": real["median"] / floor["median"],

@@ -42,11 +42,13 @@ import sys
 import tempfile
 import textwrap
 import time
+import traceback
 
 try:
-    import libvirt  # noqa: F401 - the daemon helper needs it
+    import libvirt
     from nova import config as nova_config
     from nova.compute import provider_tree as nova_provider_tree
+    from nova.db import migration as nova_migration
     from nova.virt import driver as virt_driver
     from nova.virt.libvirt import driver as libvirt_driver
 except ImportError:  # pragma: no cover - depends on the environment
@@ -76,6 +78,22 @@ TYPE_ID = bench_allocation.TYPE_ID
 RATIO_TARGET = 10.0
 
 
+def nova_database_conf_file(tmp):
+    """nova's databases, sqlite files under ``tmp``: nova-compute's
+    ``init_host`` reads the instances of its host (ours asks which guests
+    it was rebooting when it stopped), so the database must exist and hold
+    nova's schema, with no instance on it."""
+    path = os.path.join(tmp, "nova-db.conf")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(f"""
+            [database]
+            connection = sqlite:///{tmp}/nova.sqlite
+            [api_database]
+            connection = sqlite:///{tmp}/nova_api.sqlite
+            """))
+    return path
+
+
 def vgpu_conf_file(tmp, root):
     """What this host adds to bench_allocation's nova.conf: udev on the fake
     tree (which announces its devices as udev does), full reads hourly."""
@@ -99,6 +117,8 @@ def shipped_driver(conf_files):
     """
     nova_alias.install()  # as vgpu-nova-compute does before nova-compute runs
     nova_config.parse_args([], default_config_files=conf_files)
+    for database in ("api", "main"):
+        nova_migration.db_sync(database=database)
     drv = virt_driver.load_compute_driver(bench_allocation._VirtAPI(),
                                           "vgpu_driver.nova.LibvirtVGPUDriver")
     drv._host._conn_event_handler = None  # records in nova's DB, which is absent here
@@ -203,7 +223,8 @@ class Rounds:
 
     def nova(self, func, totals, names):
         def run():
-            self.change.restore()  # libvirtd hears no fake uevent: its mdevs are the start's
+            self.change.restore()
+            self.libvirtd_lists(self.change.uuid)
             elapsed, got = timed(func)
             self.check("nova", totals(got), {names(a): 16 for a in self.expected})
             return elapsed
@@ -220,6 +241,22 @@ class Rounds:
                 self.partial.append(drv.discovery.last == "partial")
             return elapsed
         return run
+
+    def libvirtd_lists(self, mdev_uuid, timeout=10.0):
+        """Wait (untimed) until the daemon lists the mdev ``restore`` made
+        again: it hears the fake kernel's uevents, and nova counts the
+        mdevs the daemon lists, so a round timed before it has would be
+        judged wrong."""
+        conn = self.shipped._host.get_connection()
+        flag = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
+        deadline = time.monotonic() + timeout
+        while not any(mdev_uuid.replace("-", "_") in dev.name()
+                      for dev in conn.listAllDevices(flag)):
+            if time.monotonic() > deadline:
+                self.wrong.append(f"libvirtd: mdev {mdev_uuid} not listed after "
+                                  f"{timeout:.0f} s")
+                return
+            time.sleep(0.01)
 
     @staticmethod
     def names(address):
@@ -254,6 +291,7 @@ def measure(args, tmp):
         # bench_allocation's nova.conf (nova's libvirt on the private daemon),
         # with udev on the fake tree.
         shipped = shipped_driver([bench_allocation.nova_conf(tmp, daemon.uri),
+                                  nova_database_conf_file(tmp),
                                   vgpu_conf_file(tmp, root)])
         ours = our_driver(tmp, root, "udev")
         polled = our_driver(tmp, root, "off")
@@ -400,7 +438,15 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    status = main()
+    try:
+        status = main()
+    except SystemExit as stop:
+        if not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        status = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported; exit must not wait for nova's threads
+        traceback.print_exc()
+        status = 1
     sys.stdout.flush()
     # As in bench_allocation: nova's event threads never return and
     # interpreter exit would wait for them; the daemon is stopped, so leave.

@@ -80,8 +80,12 @@ def mark(ok):
     return "PASS" if ok else "MISS"
 
 
-def parse_args(argv, description, rounds_help, tmpdir_help):
+def parse_args(argv, description, rounds_help, tmpdir_help, cpu_option=False):
     parser = argparse.ArgumentParser(description=description)
+    if cpu_option:
+        parser.add_argument("--cpu", action="store_true",
+                            help="Time this process's CPU time (time.process_time) "
+                                 "instead of wall time: steadier on a loaded machine.")
     parser.add_argument("--rounds", type=int, default=30,
                         help=f"{rounds_help} (default: 30).")
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")

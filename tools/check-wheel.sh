@@ -54,10 +54,12 @@ share="$WORK/venv/share/vgpu-driver"
 for f in etc/vgpu-driver/sudoers.d/vgpu-driver \
          etc/systemd/vgpu-driver-sriov.service etc/systemd/nova-compute.service.d/vgpu-driver.conf \
          etc/systemd/vgpu-driver-metrics.service \
-         etc/prometheus/vgpu-driver-alerts.yml; do
+         etc/prometheus/vgpu-driver-alerts.yml etc/prometheus/vgpu-driver-rules.yml \
+         etc/grafana/vgpu-driver-dashboard.json; do
     case $f in
         etc/systemd/*) installed="$share/systemd/${f#etc/systemd/}" ;;
         etc/prometheus/*) installed="$share/prometheus/${f#etc/prometheus/}" ;;
+        etc/grafana/*) installed="$share/grafana/${f#etc/grafana/}" ;;
         *) installed="$share/etc/${f#etc/vgpu-driver/}" ;;
     esac
     if ! cmp -s "$TOP/$f" "$installed"; then

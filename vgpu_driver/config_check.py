@@ -20,6 +20,7 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import metrics_textfile
+from vgpu_driver import vgpu_scheduler
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.nvml import Placements
     from vgpu_driver.sysfs.host_reads import PciFunction
 
 Problems = list[exception.ConfigProblem]
@@ -44,8 +46,27 @@ def _near_miss(value: str, candidates: Iterable[str], cutoff: float = 0.6) -> st
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _offered(snapshot: HostSnapshot) -> dict[str, str | None]:
-    return {t.type_id: t.name for g in snapshot.gpus for p in g.parents for t in p.types}
+def _offered(snapshot: HostSnapshot,
+             boards: Mapping[str, BoardReading] | None = None) -> dict[str, str | None]:
+    """``{type id: name}`` of the types the host offers: listed by a parent,
+    in use (a full vendor-VFIO board lists nothing), or placeable on a board
+    in mixed-size mode (``boards``: :func:`vgpu_driver.inventory.read_boards`)."""
+    offered = {t.type_id: t.name for g in snapshot.gpus for p in g.parents for t in p.types}
+    for gpu in snapshot.gpus:
+        for type_id in gpu.vgpu_types_in_use():
+            offered.setdefault(type_id, None)
+        for type_id in _placeable(gpu, boards):
+            offered.setdefault(type_id, None)
+    return offered
+
+
+def _placeable(gpu: PhysicalGPU, boards: Mapping[str, BoardReading] | None) -> set[str]:
+    """The types NVML places on ``gpu`` in mixed-size mode, whether or not
+    any VF lists them now."""
+    reading = (boards or {}).get(gpu.address)
+    if reading is None or reading.error or not reading.mixed:
+        return set()
+    return {type_id for type_id, found in reading.placements.items() if found.supported}
 
 
 def stray_groups(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot) -> Problems:
@@ -90,8 +111,9 @@ def _pending_types(config: MdevConfig, snapshot: HostSnapshot) -> set[str]:
             and found.mode == discovery.MODE_VFS_PENDING for type_id in types}
 
 
-def absent_types(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
-    offered = _offered(snapshot)
+def absent_types(config: MdevConfig, snapshot: HostSnapshot,
+                 boards: Mapping[str, BoardReading] | None = None) -> Problems:
+    offered = _offered(snapshot, boards)
     pending = _pending_types(config, snapshot)
     return [exception.ConfigProblem(
         "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
@@ -131,11 +153,24 @@ def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     return problems
 
 
+def _shared_boards(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, tuple[str, ...]]:
+    """``{GPU address: (type id, ...)}`` of the vendor-VFIO boards the
+    inventory serves with several types, however the configuration names
+    them (by the PF, by any of its VFs, or by model); a board whose VFs are
+    not there yet cannot tell, and is left to the checks of one type."""
+    return {gpu: types for gpu, types in inventory.configured_types(snapshot, config).items()
+            if len(types) > 1 and (found := snapshot.gpu(gpu)) is not None
+            and found.mode == discovery.MODE_VENDOR_VFIO}
+
+
 def types_on_one_board(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
-    """A board whose PF and VFs (or VFs) are listed under different types: it
-    serves one type, so it gets none."""
+    """A board whose PF and VFs (or VFs) are listed under different types,
+    that cannot mix sizes: it serves one type, so it gets none."""
     problems = []
+    shared = _shared_boards(config, snapshot)
     for gpu in snapshot.gpus:
+        if gpu.address in shared:
+            continue        # a mixed-size board: its addresses name it, whichever
         listed = {a: config.listed_types(a) for a in gpu.addresses if config.listed_types(a)}
         if len(set(listed.values())) > 1:
             where = ", ".join(f"{a} under {' and '.join(t)}" for a, t in sorted(listed.items()))
@@ -156,10 +191,12 @@ def _device_there(function: PciFunction | None) -> str:
 
 
 def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
-                     functions: Mapping[str, PciFunction | None] | None = None) -> Problems:
-    """Configured addresses no parent has; ``functions``: the PCI device
-    at each such address (``{address: PciFunction or None}``), to say
-    which driver holds it."""
+                     functions: Mapping[str, PciFunction | None] | None = None,
+                     boards: Mapping[str, BoardReading] | None = None) -> Problems:
+    """Configured addresses no parent has, or whose device does not serve
+    the type; ``functions``: the PCI device at each such address
+    (``{address: PciFunction or None}``), to say which driver holds it;
+    ``boards`` as for :func:`_offered`."""
     functions = functions or {}
     problems = []
     for type_config in config.types:
@@ -174,7 +211,9 @@ def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
                     f"{_near_miss(address, addresses, cutoff=0.9)}"))
             elif gpu.mode == discovery.MODE_VFS_PENDING:
                 continue     # reported by vfs_pending()
-            elif not gpu.offers(type_config.type_id):
+            elif not gpu.offers(type_config.type_id) \
+                    and type_config.type_id not in gpu.vgpu_types_in_use() \
+                    and type_config.type_id not in _placeable(gpu, boards):
                 offered = sorted({t.type_id for p in gpu.parents for t in p.types})
                 problems.append(exception.ConfigProblem(
                     option, address, f"does not offer {type_config.type_id} "
@@ -214,13 +253,15 @@ def boards_that_cannot_mix(config: MdevConfig, snapshot: HostSnapshot) -> Proble
     return problems
 
 
-def mixed_size_modes(config: MdevConfig,
-                     boards: Mapping[str, BoardReading] | None) -> Problems:
+def mixed_size_modes(config: MdevConfig, boards: Mapping[str, BoardReading] | None,
+                     shared: Mapping[str, tuple[str, ...]] | None = None) -> Problems:
     """Boards configured for several sizes whose mode NVML cannot read, or
-    that are in equal-size mode: they get no provider until switched."""
+    that are in equal-size mode: they get no provider until switched;
+    ``shared``: :func:`_shared_boards`, to name their types."""
     problems = []
     for address, reading in sorted((boards or {}).items()):
-        types = ", ".join(config.mixed_by_address.get(address, ())) or address
+        types = ", ".join((shared or {}).get(address)
+                          or config.mixed_by_address.get(address, ())) or address
         if reading.error:
             problems.append(exception.ConfigProblem(
                 "device_addresses", address, f"configured for mixed sizes ({types}), but "
@@ -235,10 +276,13 @@ def mixed_size_modes(config: MdevConfig,
 
 def uncapped_vendor_vfio(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """A vendor-VFIO GPU lists a type on each of its VFs, so without a cap its
-    inventory is the VF count, not what its memory holds."""
+    inventory is the VF count, not what its memory holds (a type sharing a
+    mixed-size board is capped by the framebuffer)."""
     problems = []
+    sharing = {t for types in _shared_boards(config, snapshot).values() for t in types}
     for type_config in config.types:
-        if type_config.max_instances is not None or type_config.type_id in config.mixed_types:
+        if type_config.max_instances is not None or type_config.type_id in config.mixed_types \
+                or type_config.type_id in sharing:
             continue
         fits = [vendor_vfio_fit(g, type_config.type_id) for g in snapshot.gpus
                 if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)]
@@ -255,17 +299,71 @@ def uncapped_vendor_vfio(config: MdevConfig, snapshot: HostSnapshot) -> Problems
     return problems
 
 
+def fixed_share_on_mixed_boards(config: MdevConfig, snapshot: HostSnapshot,
+                                schedulers: Mapping[str, str | None] | None) -> Problems:
+    """A board configured for mixed sizes whose vGPU manager runs the
+    fixed-share scheduler, which NVIDIA does not support in mixed-size mode
+    (user guide, 2.11); ``schedulers``: ``{GPU address: policy}``
+    (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
+    problems = []
+    for address, types in sorted(_shared_boards(config, snapshot).items()):
+        if (schedulers or {}).get(address) == vgpu_scheduler.FIXED_SHARE:
+            problems.append(exception.ConfigProblem(
+                "device_addresses", address, f"configured for mixed sizes ({', '.join(types)}) "
+                "but NVIDIA's vGPU manager runs the fixed-share scheduler on it "
+                f"({vgpu_scheduler.KEY}), which NVIDIA does not support in mixed-size mode: "
+                "use the equal-share or best-effort scheduler", "warning"))
+    return problems
+
+
+def _coexist(one: Placements, other: Placements) -> bool:
+    """Whether some placement of ``one`` and some of ``other`` (NVML's
+    Placements) take no slot in common."""
+    return any(a + one.size <= b or b + other.size <= a
+               for a in one.supported for b in other.supported)
+
+
+def types_that_cannot_coexist(config: MdevConfig, snapshot: HostSnapshot,
+                              boards: Mapping[str, BoardReading] | None) -> Problems:
+    """Configured types no board can hold together: on every board
+    configured for both, each placement of one overlaps each of the other,
+    so a vGPU of one makes the board refuse the other."""
+    pairs: dict[tuple[str, str], list[bool]] = {}
+    for address, types in _shared_boards(config, snapshot).items():
+        reading = (boards or {}).get(address)
+        if reading is None or reading.error or not reading.mixed:
+            continue
+        for i, one in enumerate(types):
+            for other in types[i + 1:]:
+                first, second = reading.placements.get(one), reading.placements.get(other)
+                if first and second and first.supported and second.supported:
+                    pairs.setdefault((one, other), []).append(_coexist(first, second))
+    return [exception.ConfigProblem(
+        "[devices] enabled_mdev_types", f"{one}, {other}",
+        f"{one} and {other} cannot share a board: on every board configured for both, each "
+        f"placement of one overlaps each placement of the other, so a vGPU of either "
+        "makes the board refuse the other", "warning")
+        for (one, other), fits in sorted(pairs.items()) if not any(fits)]
+
+
 def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
           boards: Mapping[str, BoardReading] | None = None,
-          functions: Mapping[str, PciFunction | None] | None = None) -> Problems:
+          functions: Mapping[str, PciFunction | None] | None = None,
+          schedulers: Mapping[str, str | None] | None = None) -> Problems:
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
     (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI
     devices at the configured addresses
-    (:func:`vgpu_driver.host_probe.configured_functions`)."""
+    (:func:`vgpu_driver.host_probe.configured_functions`); ``schedulers``:
+    each board's vGPU scheduler (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
+    resolved = config.for_host(snapshot)
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
-            + absent_types(config, snapshot) + absent_addresses(config, snapshot, functions)
-            + types_on_one_board(config, snapshot) + boards_that_cannot_mix(config, snapshot)
-            + vfs_pending(config, snapshot) + mixed_size_modes(config, boards)
-            + uncapped_vendor_vfio(config, snapshot)
+            + absent_types(config, snapshot, boards)
+            + absent_addresses(config, snapshot, functions, boards)
+            + types_on_one_board(resolved, snapshot) + boards_that_cannot_mix(config, snapshot)
+            + vfs_pending(config, snapshot)
+            + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))
+            + uncapped_vendor_vfio(resolved, snapshot)
+            + fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
+            + types_that_cannot_coexist(resolved, snapshot, boards)
             + metrics_textfile.problems(conf.vgpu.metrics_textfile))

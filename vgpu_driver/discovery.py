@@ -213,10 +213,16 @@ def discover(host: SysfsReader, wanted: Container[str] | None = None) -> HostSna
     """
     mdevs = tuple(host.list_mdevs())
     parents = host.list_parents(wanted)
-    vendor_vfs = host.list_vendor_vfio()
+    vendor_vfs = host.list_vendor_vfio(parent_names(parents))
     return assemble(host, mdevs, parents, vendor_vfs, host.pci_device,
                     host.list_sriov_pfs(known_vfs(parents, vendor_vfs)),
                     host.vgpu_manager_version())
+
+
+def parent_names(parent_infos: Iterable[base.ParentInfo]) -> frozenset[str]:
+    """The names of this pass's mdev parents, which no vendor-VFIO probe
+    needs to look at (:meth:`~vgpu_driver.sysfs.base.SysfsReader.list_vendor_vfio`)."""
+    return frozenset(p.name for p in parent_infos)
 
 
 def known_vfs(parent_infos: Iterable[base.ParentInfo],

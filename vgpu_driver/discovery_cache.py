@@ -94,7 +94,7 @@ class CachedDiscovery:
         host = self.host
         mdevs = tuple(host.list_mdevs())
         infos = host.list_parents(self.wanted)
-        vendor_vfs = host.list_vendor_vfio()
+        vendor_vfs = host.list_vendor_vfio(discovery.parent_names(infos))
         self._mdevs = {mdev.uuid: mdev for mdev in mdevs}
         self._parents = {info.name: info for info in infos}
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}

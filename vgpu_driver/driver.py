@@ -12,6 +12,7 @@ from oslo_log import log as logging
 
 from vgpu_driver import audit
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery_cache
 from vgpu_driver import exception
 from vgpu_driver import guest
@@ -43,7 +44,7 @@ class VGPUDriver:
         self.metrics_file = (metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
                              if conf.vgpu.metrics_textfile else None)
         self.host = host or hosts.open_host(conf)
-        self.journal = journal or claims.Journal(conf.vgpu.state_dir)
+        self.journal = journal or claims_journal.Journal(conf.vgpu.state_dir)
         self.domains = domains
         self.manager = mdevs.MdevManager(
             self.host, self.journal, domains, self.mdev_config,

@@ -10,8 +10,10 @@ privileged helper started, Placement only read.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from keystoneauth1 import exceptions as ks_exceptions
@@ -134,56 +136,53 @@ def _helper_commands(conf: cfg.ConfigOpts) -> list[str]:
 
 
 def _sudo_rule(conf: cfg.ConfigOpts, settings: host_files.Settings,
-               root: str) -> service_check.SudoRule:
-    path = os.path.join(root, host_files.SUDOERS)
-    if all(_helper_commands(conf)):
-        return service_check.SudoRule(path, not_needed="both [vgpu_driver_sysfs_writer] and "
-                                      "[vgpu_driver_gpu_admin] set helper_command")
+               root: str) -> service_check.RootOnlyFile:
     described = (f"user {settings.user}, {settings.bin_dir}/vgpu-privsep-helper, "
                  f"{' '.join(settings.config_files) or 'no configuration file'}")
-    try:
-        expected = next(f.text for f in host_files.render(settings)
-                        if f.path == host_files.SUDOERS)
-    except exception.VgpuDriverError as exc:
-        return service_check.SudoRule(path, render_error=str(exc))
-    try:
-        with open(path, encoding="utf-8") as installed:
-            actual = installed.read()
-        status = os.stat(path)
-    except FileNotFoundError:
-        return service_check.SudoRule(path, expected=expected, settings=described)
-    except (OSError, UnicodeDecodeError) as exc:
-        return service_check.SudoRule(path, expected=expected, settings=described,
-                                      unreadable=getattr(exc, "strerror", None) or str(exc))
-    return service_check.SudoRule(path, expected=expected, actual=actual,
-                                  mode=status.st_mode & 0o7777, owner_uid=status.st_uid,
-                                  settings=described)
+    return _root_only_file(conf, settings, root, host_files.SUDOERS, described, (
+        "sudo-rule", "rule", "nova-compute cannot start its privileged helpers"),
+        lambda path, status: () if status is None else service_check.sudoers_refused(
+            path, status.st_mode & 0o7777, status.st_uid))
 
 
 def _helper_conf(conf: cfg.ConfigOpts, settings: host_files.Settings,
-                 root: str) -> service_check.HelperConf:
-    path = os.path.join(root, host_files.PRIVSEP_CONF)
-    if all(_helper_commands(conf)):
-        return service_check.HelperConf(path, not_needed="both [vgpu_driver_sysfs_writer] "
-                                        "and [vgpu_driver_gpu_admin] set helper_command")
+                 root: str) -> service_check.RootOnlyFile:
     described = " ".join(settings.config_files) or "no configuration file"
+    return _root_only_file(conf, settings, root, host_files.PRIVSEP_CONF, described, (
+        "helper-conf", "file", "the privileged helper cannot start"),
+        lambda path, status: service_check.helper_conf_refused(
+            path, tuple(root_only.problems(path))))
+
+
+def _root_only_file(conf: cfg.ConfigOpts, settings: host_files.Settings, root: str, name: str,
+                    described: str, labels: tuple[str, str, str],
+                    refused: Callable[[str, os.stat_result | None], tuple[str, ...]],
+                    ) -> service_check.RootOnlyFile:
+    """The installed file ``name`` beside what install-units renders;
+    ``labels`` the fact's check, noun and what its absence stops;
+    ``refused(path, its stat or None)`` says why its reader would refuse it."""
+    path = os.path.join(root, name)
+    check, noun, missing = labels
+    fact = functools.partial(service_check.RootOnlyFile, check, path, noun, missing)
+    if all(_helper_commands(conf)):
+        return fact(not_needed="both [vgpu_driver_sysfs_writer] and [vgpu_driver_gpu_admin] "
+                               "set helper_command")
     try:
-        expected = next(f.text for f in host_files.render(settings)
-                        if f.path == host_files.PRIVSEP_CONF)
+        expected = next(f.text for f in host_files.render(settings) if f.path == name)
     except exception.VgpuDriverError as exc:
-        return service_check.HelperConf(path, render_error=str(exc))
-    changeable = tuple(root_only.problems(path))
+        return fact(render_error=str(exc))
     try:
         with open(path, encoding="utf-8") as installed:
             actual = installed.read()
+            status = os.fstat(installed.fileno())
     except FileNotFoundError:
-        return service_check.HelperConf(path, expected=expected, settings=described)
+        return fact(expected=expected, settings=described)
     except (OSError, UnicodeDecodeError) as exc:
-        return service_check.HelperConf(path, expected=expected, settings=described,
-                                        changeable=changeable,
-                                        unreadable=getattr(exc, "strerror", None) or str(exc))
-    return service_check.HelperConf(path, expected=expected, actual=actual,
-                                    changeable=changeable, settings=described)
+        return fact(expected=expected, settings=described,
+                    refused=refused(path, None),
+                    unreadable=getattr(exc, "strerror", None) or str(exc))
+    return fact(expected=expected, actual=actual, refused=refused(path, status),
+                settings=described)
 
 
 def _state_dir(path: str, user: str) -> service_check.StateDir:

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from oslo_config import cfg
 
     from vgpu_driver.discovery_cache import CachedDiscovery
-    from vgpu_driver.reconcile import Outcome
     from vgpu_driver.reconcile import Reconciler
+    from vgpu_driver.restore import Outcome
     from vgpu_driver.sysfs.changes import Polling
     from vgpu_driver.sysfs.udev import UdevMonitor
 

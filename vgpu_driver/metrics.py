@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -45,25 +46,33 @@ class Reading:
     ``host`` is the :class:`~vgpu_driver.status.HostStatus` of the same
     reads; ``claims`` the journal's claims; ``vgpus`` the ids of the vGPUs
     that exist in sysfs; ``users`` the vGPU ids libvirt's domains use
-    (None: libvirt could not say); ``reconciler`` what the host reconciler
-    last wrote (None: it never ran here), ``audit`` what the last audit
-    recorded (None: none ran here); ``grace`` and ``migration_timeout`` the
-    bounds the reconciler drops claims after.
+    (None: libvirt could not say), ``guests`` their ``{vgpu id: DomainRef}``;
+    ``vgpu_gpus`` ``{vgpu id: (gpu address, type id)}`` of the vGPUs in sysfs;
+    ``configured`` ``{gpu address: (type id, ...)}`` nova.conf gives;
+    ``reconciler`` what the host reconciler last wrote (None: it never ran
+    here), ``audit`` what the last audit recorded (None: none ran here);
+    ``grace`` and ``migration_timeout`` the bounds the reconciler drops
+    claims after.
     """
 
     host: HostStatus
     claims: tuple[Claim, ...]
     vgpus: frozenset[str]
     users: frozenset[str] | None
+    guests: dict[str, DomainRef] | None
+    vgpu_gpus: dict[str, tuple[str, str]]    # vgpu id -> (gpu address, type id)
     providers: dict[str, GpuProvider]   # gpu address -> GpuProvider of the computed tree
     models: dict[str, str]              # gpu address -> "vendor:device"
-    configured: dict[str, str | None]   # gpu address -> the type nova.conf gives it, if any
+    configured: dict[str, tuple[str, ...]]  # gpu address -> the types nova.conf gives it
     reconciler: dict[str, Any] | None
     audit: dict[str, Any] | None        # what the last ``vgpu-manage audit`` found
     types: tuple[str, ...]
     grace: float
     migration_timeout: float
     now: float
+    # How long reading the sources took, when the reader timed it (else the
+    # scrape's own time is the duration).
+    read_seconds: float | None = None
 
 
 def build_reading(view: HostStatus, snapshot: HostSnapshot, config: MdevConfig,
@@ -74,15 +83,19 @@ def build_reading(view: HostStatus, snapshot: HostSnapshot, config: MdevConfig,
     :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
     ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
     libvirt could not say), ``vgpu_conf`` the ``[vgpu]`` options."""
-    resolved = config.for_host(snapshot)
+    vgpu_gpus = {}
+    for vgpu in snapshot.vgpus:
+        gpu = snapshot.gpu_of_parent(vgpu.parent)
+        if gpu is not None:
+            vgpu_gpus[vgpu.id] = (gpu.address, vgpu.type_id)
     return Reading(
         host=view, claims=tuple(claim_list),
         vgpus=frozenset(v.id for v in snapshot.vgpus),
         users=None if users is None else frozenset(users),
+        guests=None if users is None else dict(users), vgpu_gpus=vgpu_gpus,
         providers={p.gpu: p for p in tree.providers},
         models={gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus},
-        configured={gpu.address: ",".join(inventory.configured_type(gpu, resolved)[0])
-                    or None for gpu in snapshot.gpus},
+        configured=inventory.configured_types(snapshot, config),
         reconciler=reconciler, audit=audit_record,
         types=tuple(t.type_id for t in config.types),
         grace=vgpu_conf.claim_grace, migration_timeout=vgpu_conf.migration_claim_timeout,
@@ -93,15 +106,17 @@ class HostCollector:
     """A prometheus_client collector: ``read()`` gives a :class:`Reading`,
     called once for each scrape.
 
-    A reading that fails with one of ``expected`` errors (the host's sysfs
-    gone, a journal that cannot be read) is handed to ``failed(exc)`` and
-    the scrape holds only ``vgpu_scrape_success 0``: a series to alert on,
-    where an exception would be an HTTP 500 with nothing in it.
+    With ``failed`` (a server answering scrapes), a reading that fails,
+    with one of ``expected`` errors (the host's sysfs gone, a journal that
+    cannot be read) or any other, is handed to ``failed(exc, expected)``
+    and the scrape holds ``vgpu_scrape_success 0`` and how long it took: a
+    series to alert on, where an exception would be an HTTP 500 with
+    nothing in it.  Without ``failed`` the error goes to the caller.
     """
 
     def __init__(self, read: Callable[[], Reading],
                  expected: Iterable[type[BaseException]] = (),
-                 failed: Callable[[BaseException], object] | None = None) -> None:
+                 failed: Callable[[BaseException, bool], object] | None = None) -> None:
         self._read = read
         self._expected = tuple(expected)
         self._failed = failed
@@ -110,19 +125,25 @@ class HostCollector:
         return []       # the families depend on the reading: no describe at register
 
     def collect(self) -> Iterator[Metric]:
+        started = time.monotonic()
         try:
             reading = self._read()
-        except self._expected as exc:
-            if self._failed is not None:
-                self._failed(exc)
+        except Exception as exc:
+            if self._failed is None:
+                raise
+            self._failed(exc, isinstance(exc, self._expected))
             yield metrics_series.scrape_success(0)
+            yield metrics_series.scrape_duration(time.monotonic() - started)
             return
         yield metrics_series.scrape_success(1)
+        took = reading.read_seconds
+        yield metrics_series.scrape_duration(
+            time.monotonic() - started if took is None else took)
         yield from metrics_series.families(reading)
 
 
 def registry_of(read: Callable[[], Reading], expected: Iterable[type[BaseException]] = (),
-                failed: Callable[[BaseException], object] | None = None,
+                failed: Callable[[BaseException, bool], object] | None = None,
                 ) -> prometheus_registry.CollectorRegistry:
     """A prometheus_client registry holding one :class:`HostCollector`."""
     found = prometheus_registry.CollectorRegistry(auto_describe=False)

@@ -1,9 +1,14 @@
 """The series a :class:`~vgpu_driver.metrics.Reading` becomes, with their help.
 
-Names follow Prometheus' rules: base units (seconds), ``_total`` only on
-counters, ``_info`` for the one info metric; ``doc/source/admin/metrics.rst``
-lists every series.  Each function turns one part of the reading into its
-families: the GPUs, the host, the claims, the host reconciler, the last audit.
+Names follow Prometheus' rules: base units (seconds, bytes, vGPUs), one
+unit per name, ``_total`` only on counters, ``_info`` for what describes
+rather than counts; ``doc/source/admin/metrics.rst`` lists every series.
+What an alert measures the age of is a ``_timestamp_seconds`` (Unix time),
+never an age: an age frozen in a file that stopped being rewritten would
+stop growing, a timestamp goes on getting older.  Each function turns one
+part of the reading into its families: the GPUs and vGPUs
+(:mod:`vgpu_driver.metrics_gpus`), the host, the claims, the host
+reconciler, the last audit.
 """
 
 from __future__ import annotations
@@ -19,17 +24,16 @@ from prometheus_client import core
 from vgpu_driver import __version__
 from vgpu_driver import audit
 from vgpu_driver import claims
-from vgpu_driver import inventory
+from vgpu_driver import metrics_gpus
 from vgpu_driver import reconciler_state
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
+    from vgpu_driver.claims import Claim
     from vgpu_driver.metrics import Reading
-    from vgpu_driver.status import GpuStatus
 
 PREFIX = "vgpu"
-GPU_LABELS = ("gpu", "provider", "type", "resource_class", "model")
 SRIOV_STATES = ("enabled", "partial", "off")
 
 
@@ -49,9 +53,17 @@ def scrape_success(value: float) -> core.GaugeMetricFamily:
     return success
 
 
+def scrape_duration(seconds: float) -> core.GaugeMetricFamily:
+    """``vgpu_scrape_duration_seconds``: how long reading the host took."""
+    took = _gauge("scrape_duration_seconds", "How long this scrape took to read the host.")
+    took.add_metric([], seconds)
+    return took
+
+
 def families(reading: Reading) -> Iterator[Metric]:
     """Every family of one reading, the driver's info last."""
-    yield from _gpu_families(reading)
+    yield from metrics_gpus.gpu_families(reading)
+    yield from metrics_gpus.vgpu_families(reading)
     yield from _host_families(reading)
     yield from _claim_families(reading)
     yield from _reconciler_families(reading)
@@ -62,48 +74,6 @@ def families(reading: Reading) -> Iterator[Metric]:
     info.add_metric([reading.host.nodename], {
         "version": __version__, "types": ",".join(reading.types)})
     yield info
-
-
-def _gpu_labels(reading: Reading, gpu: GpuStatus) -> list[str]:
-    provider = reading.providers.get(gpu.gpu)
-    return [gpu.gpu, gpu.provider or "", gpu.type_id or reading.configured.get(gpu.gpu) or "",
-            provider.resource_class if provider else "", reading.models.get(gpu.gpu, "")]
-
-
-def _gpu_families(reading: Reading) -> tuple[core.GaugeMetricFamily, ...]:
-    capacity = _gauge("gpu_vgpus_capacity", "vGPUs the GPU's resource provider offers "
-                      "(its Placement total; 0 on a GPU with no provider).", GPU_LABELS)
-    used = _gauge("gpu_vgpus_used", "vGPUs of the GPU that guests or claims hold.", GPU_LABELS)
-    reserved = _gauge("gpu_vgpus_reserved", "vGPUs of the GPU's provider that Placement "
-                      "may not hand out (see vgpu-manage status for why).", GPU_LABELS)
-    reserved_for = _gauge("gpu_vgpus_reserved_by_reason", "The GPU's reserved vGPUs by "
-                          "what they are held back for: " + ", ".join(inventory.RESERVED_FOR)
-                          + " (see the operator's guide).", GPU_LABELS + ("reason",))
-    served = _gauge("gpu_served", "1 when the GPU has a resource provider, 0 when the "
-                    "configuration or its state leaves it out (type: the one nova.conf "
-                    "gives it, if any).", GPU_LABELS)
-    guests = _gauge("gpu_guests", "Guests (libvirt domains) holding vGPUs of the GPU; "
-                    "absent when libvirt could not be asked.", GPU_LABELS)
-    vfs = _gauge("gpu_sriov_vfs", "An SR-IOV board's enabled virtual functions.", GPU_LABELS)
-    vfs_max = _gauge("gpu_sriov_vfs_max", "The virtual functions an SR-IOV board can "
-                     "enable.", GPU_LABELS)
-    for gpu in reading.host.gpus:
-        labels = _gpu_labels(reading, gpu)
-        capacity.add_metric(labels, gpu.total)
-        used.add_metric(labels, gpu.used)
-        reserved.add_metric(labels, gpu.reserved)
-        provider = reading.providers.get(gpu.gpu)
-        if provider is not None:
-            held = dict(provider.reserved_for)
-            for kind in inventory.RESERVED_FOR:
-                reserved_for.add_metric(labels + [kind], held.get(kind, 0))
-        served.add_metric(labels, 1 if gpu.provider else 0)
-        if gpu.guests is not None:
-            guests.add_metric(labels, len({g.instance for g in gpu.guests}))
-        if gpu.sriov is not None:
-            vfs.add_metric(labels, gpu.sriov.numvfs)
-            vfs_max.add_metric(labels, gpu.sriov.totalvfs)
-    return capacity, used, reserved, reserved_for, served, guests, vfs, vfs_max
 
 
 def _host_families(reading: Reading) -> list[core.GaugeMetricFamily]:
@@ -136,22 +106,42 @@ def _bound(reading: Reading, state: str) -> float | None:
     return reading.grace
 
 
+def _waiting(reading: Reading, claim: Claim, stuck: Mapping[str, float]) -> bool:
+    """Whether ``claim`` waits on something the host reconciler should end:
+    not attached, no guest using its vGPU (any, when libvirt could not say),
+    and not a removal the kernel blocks (that has its own series)."""
+    if claim.state == claims.ATTACHED or claim.mdev_uuid in stuck:
+        return False
+    return reading.users is None or claim.mdev_uuid not in reading.users
+
+
 def _claim_families(reading: Reading) -> tuple[core.GaugeMetricFamily, ...]:
     count = _gauge("claims", "The journal's claims by state.", ["state"])
-    oldest = _gauge("claims_oldest_age_seconds", "Seconds since the oldest claim of the "
-                    "state last changed (0 with none).", ["state"])
-    past = _gauge("claims_past_grace", "Claims not attached that are older than the bound "
-                  "the host reconciler drops them after (claim_grace, or "
-                  "migration_claim_timeout for migrating_in).", ["state"])
+    oldest = _gauge("claims_waiting_oldest_timestamp_seconds", "When the oldest claim of "
+                    "the state that no guest uses last changed (Unix time; absent with "
+                    "none): a migration's claim its guest has come for is not waiting.",
+                    ["state"])
+    past = _gauge("claims_past_grace", "Claims not attached, that no guest uses, older "
+                  "than the bound the host reconciler drops them after (claim_grace, or "
+                  "migration_claim_timeout for migrating_in); a removal the kernel "
+                  "blocks is not counted (vgpu_removals_stuck is).", ["state"])
+    bound_of = _gauge("claims_bound_seconds", "Seconds after which the host reconciler "
+                      "drops a claim of the state that no guest uses (absent: never).",
+                      ["state"])
+    stuck = reconciler_state.removals_in_flight(reading.reconciler, reading.now)
     for state in claims.STATES:
         mine = [c for c in reading.claims if c.state == state]
-        ages = [max(reading.now - c.updated_at, 0.0) for c in mine]
+        waiting = [c for c in mine if _waiting(reading, c, stuck)]
         bound = _bound(reading, state)
         count.add_metric([state], len(mine))
-        oldest.add_metric([state], max(ages, default=0.0))
+        if waiting:
+            oldest.add_metric([state], min(c.updated_at for c in waiting))
         if state != claims.ATTACHED:
-            past.add_metric([state], sum(1 for a in ages if bound is not None and a > bound))
-    return count, oldest, past
+            past.add_metric([state], sum(1 for c in waiting if bound is not None
+                                         and reading.now - c.updated_at > bound))
+        if bound is not None:
+            bound_of.add_metric([state], bound)
+    return count, oldest, past, bound_of
 
 
 def _reconciler_families(reading: Reading) -> list[Metric]:
@@ -164,10 +154,12 @@ def _reconciler_families(reading: Reading) -> list[Metric]:
     removals = _gauge("removals_stuck", "vGPU removals the kernel blocks (a guest's QEMU "
                       "still holds the device).")
     removals.add_metric([], len(stuck))
-    oldest = _gauge("removals_stuck_oldest_seconds", "Seconds the oldest blocked removal "
-                    "has waited (0 with none).")
-    oldest.add_metric([], max(stuck.values(), default=0.0))
-    families: list[Metric] = [up, removals, oldest]
+    families: list[Metric] = [up, removals]
+    if stuck:
+        oldest = _gauge("removals_stuck_oldest_timestamp_seconds", "When the oldest "
+                        "blocked removal began (Unix time; absent with none).")
+        oldest.add_metric([], reading.now - max(stuck.values()))
+        families.append(oldest)
     if not running or state is None:
         return families
     passes = core.CounterMetricFamily(_name("reconciler_passes"), "Passes the host "

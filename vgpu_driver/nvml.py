@@ -117,6 +117,9 @@ def set_heterogeneous_mode(pf_address: str | PciAddress, enabled: bool,
             handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)
 
 
+# A vGPU without a placement (NVA081_PLACEMENT_ID_INVALID in NVIDIA's ctrla081.h).
+INVALID_PLACEMENT_ID = 0xFFFF
+
 Placements = collections.namedtuple("Placements", "size supported creatable")
 Placements.__doc__ = """A vGPU type's placements on a mixed-size GPU: its size
 in slots, the placement IDs it may take, and those it could take now."""
@@ -146,14 +149,16 @@ def located_vgpus(pf_address: str | PciAddress,
                   bindings: Any = None) -> tuple[tuple[int, int], ...]:
     """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,
     by placement ID, in one NVML session.  NVML lists *active* vGPU
-    instances; one it does not list, or cannot place (gone meanwhile), is
-    left out, and the caller counts it as unlocated."""
+    instances (a guest runs them); one it does not list, or cannot place
+    (gone meanwhile, or :data:`INVALID_PLACEMENT_ID`), is left out, and the
+    caller counts it as unlocated."""
     found: list[tuple[int, int]] = []
     with _gpu(pf_address, "locate the vGPUs in", bindings) as (library, handle):
         for instance in library.nvmlDeviceGetActiveVgpus(handle):
             try:
-                found.append((int(library.nvmlVgpuInstanceGetType(instance)),
-                              int(library.nvmlVgpuInstanceGetPlacementId(instance))))
+                placement = int(library.nvmlVgpuInstanceGetPlacementId(instance))
+                if placement != INVALID_PLACEMENT_ID:
+                    found.append((int(library.nvmlVgpuInstanceGetType(instance)), placement))
             except library.NVMLError:
                 continue
     return tuple(sorted(found, key=lambda located: located[1]))

@@ -23,7 +23,7 @@ from vgpu_driver import state_files
 
 if TYPE_CHECKING:
     from vgpu_driver.host_reconciler import HostReconciler
-    from vgpu_driver.reconcile import Outcome
+    from vgpu_driver.restore import Outcome
 
 LOG = logging.getLogger(__name__)
 

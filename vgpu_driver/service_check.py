@@ -39,32 +39,40 @@ class Reached:
 
 
 @dataclasses.dataclass(frozen=True)
-class SudoRule:
+class RootOnlyFile:
+    """A file install-units renders that its reader takes only as root's:
+    the sudo rule (sudo wants it root's, 0440) and the helper's own file
+    (``/etc/vgpu-driver/privsep.conf``, which the sudo rule names: the
+    helper reads it as root and refuses it unless only root can change it)."""
+
+    check: str                      # the finding's name
     path: str
+    noun: str                       # "rule", "file": "the rule cannot be rendered"
+    missing: str                    # what its absence stops
     expected: str | None = None     # what install-units renders; None: not rendered
     actual: str | None = None       # the installed text; None: absent or unreadable
     unreadable: str | None = None
-    mode: int | None = None
-    owner_uid: int | None = None
+    refused: tuple[str, ...] = ()   # (message, fix) when its reader refuses it as it is
     render_error: str | None = None
-    not_needed: str | None = None   # why no sudo rule is used
+    not_needed: str | None = None   # why no privileged helper is started by sudo
     settings: str = ""              # the values it was rendered with, for the message
 
 
-@dataclasses.dataclass(frozen=True)
-class HelperConf:
-    """The helper's own file (``/etc/vgpu-driver/privsep.conf``), which the
-    sudo rule names: the helper reads it as root, and refuses it unless
-    only root can change it."""
+def sudoers_refused(path: str, mode: int, owner_uid: int) -> tuple[str, ...]:
+    """``RootOnlyFile.refused`` of a sudo rule of this mode and owner."""
+    if owner_uid == 0 and mode == SUDOERS_MODE:
+        return ()
+    return (f"{path} is mode {mode:04o}, owner uid {owner_uid}: sudo needs root's, 0440",
+            f"chown root:root {path}; chmod 0440 {path}")
 
-    path: str
-    expected: str | None = None     # what install-units renders
-    actual: str | None = None       # the installed text; None: absent or unreadable
-    unreadable: str | None = None
-    changeable: tuple[str, ...] = ()    # root_only.problems of the path
-    render_error: str | None = None
-    not_needed: str | None = None   # why no privileged helper is started by sudo
-    settings: str = ""
+
+def helper_conf_refused(path: str, changeable: tuple[str, ...]) -> tuple[str, ...]:
+    """``RootOnlyFile.refused`` of the helper's file, given what others
+    could change (:func:`vgpu_driver.root_only.problems`)."""
+    if not changeable:
+        return ()
+    return (f"the privileged helper refuses {path}: {'; '.join(changeable)}",
+            "chown root:root and chmod go-w what is named")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +89,15 @@ class StateDir:
 @dataclasses.dataclass(frozen=True)
 class ServiceFacts:
     libvirt: Reached
-    sudo: SudoRule
-    helper_conf: HelperConf
+    sudo: RootOnlyFile
+    helper_conf: RootOnlyFile
     state_dir: StateDir
     placement: Reached | None       # None: no Placement configured
 
 
 def check(facts: ServiceFacts) -> list[Finding]:
-    return [check_libvirt(facts.libvirt), check_sudo_rule(facts.sudo),
-            check_helper_conf(facts.helper_conf), check_state_dir(facts.state_dir),
+    return [check_libvirt(facts.libvirt), check_root_only_file(facts.sudo),
+            check_root_only_file(facts.helper_conf), check_state_dir(facts.state_dir),
             check_placement(facts.placement)]
 
 
@@ -101,59 +109,30 @@ def check_libvirt(reached: Reached) -> Finding:
                    "[vgpu] libvirt_uri (--libvirt-uri) to the URI nova-compute uses")
 
 
-def check_sudo_rule(rule: SudoRule) -> Finding:
-    """The rule is installed, root's, 0440, and what install-units renders."""
+def check_root_only_file(found: RootOnlyFile) -> Finding:
+    """The file is installed, as its reader takes it, and what
+    install-units renders: otherwise the privileged helpers do not start."""
     install = "vgpu-manage --config-file <nova-compute's files> install-units"
-    if rule.not_needed:
-        return Finding("sudo-rule", OK, f"not used: {rule.not_needed}")
-    if rule.render_error:
-        return Finding("sudo-rule", ERROR, f"the rule cannot be rendered: {rule.render_error}",
-                       "give host check nova-compute's files (--config-file) and its "
-                       "--user, --bin-dir and --tmpdir")
-    if rule.unreadable:
-        return Finding("sudo-rule", WARNING, f"{rule.path} cannot be read "
-                       f"({rule.unreadable})", "run host check as root")
-    if rule.actual is None:
-        return Finding("sudo-rule", ERROR, f"{rule.path} is missing, so nova-compute cannot "
-                       "start its privileged helpers", install)
-    if rule.owner_uid != 0 or rule.mode != SUDOERS_MODE:
-        return Finding("sudo-rule", ERROR, f"{rule.path} is mode {rule.mode:04o}, owner uid "
-                       f"{rule.owner_uid}: sudo needs root's, 0440",
-                       f"chown root:root {rule.path}; chmod 0440 {rule.path}")
-    if rule.actual != rule.expected:
-        return Finding("sudo-rule", ERROR, f"{rule.path} differs from what install-units "
-                       f"renders for {rule.settings}", f"{install} --force (with nova-compute's "
-                       "--user, --bin-dir and --tmpdir)")
-    return Finding("sudo-rule", OK, f"{rule.path} matches what install-units renders for "
-                   f"{rule.settings}")
-
-
-def check_helper_conf(conf: HelperConf) -> Finding:
-    """The helper's file is installed, root's alone, and what install-units
-    renders: the helper refuses to start otherwise, and so does every write."""
-    install = "vgpu-manage --config-file <nova-compute's files> install-units"
-    if conf.not_needed:
-        return Finding("helper-conf", OK, f"not used: {conf.not_needed}")
-    if conf.render_error:
-        return Finding("helper-conf", ERROR, f"the file cannot be rendered: "
-                       f"{conf.render_error}", "give host check nova-compute's files "
+    if found.not_needed:
+        return Finding(found.check, OK, f"not used: {found.not_needed}")
+    if found.render_error:
+        return Finding(found.check, ERROR, f"the {found.noun} cannot be rendered: "
+                       f"{found.render_error}", "give host check nova-compute's files "
                        "(--config-file) and its --user, --bin-dir and --tmpdir")
-    if conf.changeable:
-        return Finding("helper-conf", ERROR, f"the privileged helper refuses {conf.path}: "
-                       f"{'; '.join(conf.changeable)}",
-                       "chown root:root and chmod go-w what is named")
-    if conf.unreadable:
-        return Finding("helper-conf", WARNING, f"{conf.path} cannot be read "
-                       f"({conf.unreadable})", "run host check as root")
-    if conf.actual is None:
-        return Finding("helper-conf", ERROR, f"{conf.path} is missing, so the privileged "
-                       "helper cannot start", install)
-    if conf.actual != conf.expected:
-        return Finding("helper-conf", ERROR, f"{conf.path} differs from what install-units "
-                       f"renders for {conf.settings}", f"{install} --force (with "
+    if found.refused:
+        return Finding(found.check, ERROR, *found.refused)
+    if found.unreadable:
+        return Finding(found.check, WARNING, f"{found.path} cannot be read "
+                       f"({found.unreadable})", "run host check as root")
+    if found.actual is None:
+        return Finding(found.check, ERROR, f"{found.path} is missing, so {found.missing}",
+                       install)
+    if found.actual != found.expected:
+        return Finding(found.check, ERROR, f"{found.path} differs from what install-units "
+                       f"renders for {found.settings}", f"{install} --force (with "
                        "nova-compute's --user, --bin-dir and --tmpdir)")
-    return Finding("helper-conf", OK, f"{conf.path} matches what install-units renders for "
-                   f"{conf.settings}")
+    return Finding(found.check, OK, f"{found.path} matches what install-units renders for "
+                   f"{found.settings}")
 
 
 def check_state_dir(state: StateDir) -> Finding:

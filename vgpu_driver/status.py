@@ -11,6 +11,7 @@ them side by side, so the view cannot disagree with ``inventory``,
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Collection
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.domains import DomainRef
     from vgpu_driver.framebuffer import BoardMap
+    from vgpu_driver.inventory import GpuProvider
     from vgpu_driver.inventory import ProviderTree
 
 BAR_WIDTH = 10
@@ -61,6 +63,22 @@ class SriovState:
 
 
 @dataclasses.dataclass(frozen=True)
+class TypeCount:
+    """One type's vGPUs on one GPU, counted in vGPUs whatever unit the GPU's
+    provider counts in, so that counts of every GPU and type add up."""
+
+    type_id: str
+    capacity: int       # vGPUs of the type the GPU offers (alone, on a mixed-size board)
+    used: int           # vGPUs of the type that guests or claims hold there
+    reserved: int       # vGPUs of the type held back (see the GPU's reserved_for)
+
+    @property
+    def free(self) -> int:
+        """vGPUs of the type Placement may still hand out on the GPU."""
+        return max(self.capacity - self.reserved - self.used, 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuStatus:
     gpu: str
     provider: str | None
@@ -79,6 +97,12 @@ class GpuStatus:
     unit: str = "vGPUs"
     # A mixed-size board's framebuffer.BoardMap: where its vGPUs sit.
     board_map: BoardMap | None = None
+    # Per type, in vGPUs: the provider's type(s) or, with no provider, those
+    # nova.conf gives the GPU, then any other type of a vGPU held there.
+    types: tuple[TypeCount, ...] = ()
+    # ``((kind, units), ...)``: what the reserved units are held back for
+    # (:data:`vgpu_driver.inventory.RESERVED_FOR`), in ``unit``.
+    reserved_for: tuple[tuple[str, int], ...] = ()
 
     @property
     def bar(self) -> str:
@@ -167,6 +191,45 @@ def _vgpus_by_gpu(snapshot: HostSnapshot,
     return found
 
 
+def type_counts(provider: GpuProvider | None, configured: Iterable[str],
+                held: Iterable[str], used: int) -> tuple[TypeCount, ...]:
+    """The :class:`TypeCount` of each type of one GPU.
+
+    ``held`` is the type of each vGPU guests or claims hold on it, ``used``
+    what they count for in the provider's unit.  A vGPU counts under its own
+    type, so a GPU draining from one type to another counts the old type's
+    vGPUs as used of the old type (which it no longer offers).  On a
+    mixed-size board a type's capacity is what the board holds of it alone;
+    what Placement can still hand out of it (vGPUs of up to ``max_unit``
+    from what is neither reserved nor used) is free, the rest reserved.
+    """
+    counted = collections.Counter(held)
+    if provider is None:
+        offered = list(configured)
+    elif provider.mixed:
+        offered = [type_id for type_id, _mib in provider.sizes]
+    else:
+        offered = [provider.type_id]
+    found: dict[str, TypeCount] = {}
+    for type_id in offered:
+        mine = counted.get(type_id, 0)
+        if provider is None:
+            capacity = reserved = 0
+        elif provider.mixed:
+            size = provider.units_of(type_id)
+            capacity = provider.total // size
+            room = provider.total - provider.reserved - used
+            free = room // size if size <= provider.max_unit and room > 0 else 0
+            reserved = max(capacity - mine - free, 0)
+        else:
+            capacity, reserved = provider.total, provider.reserved
+        found[type_id] = TypeCount(type_id, capacity, mine, reserved)
+    for type_id, mine in sorted(counted.items()):
+        if type_id not in found:
+            found[type_id] = TypeCount(type_id, 0, mine, 0)
+    return tuple(found.values())
+
+
 def _sriov_state(function: sriov.PhysicalFunction | None) -> SriovState | None:
     if function is None:
         return None
@@ -177,7 +240,8 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
              claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
              functions: Iterable[sriov.PhysicalFunction] = (),
              stuck: Mapping[str, float] | None = None, reconciler: str | None = None,
-             maps: Mapping[str, BoardMap] | None = None) -> HostStatus:
+             maps: Mapping[str, BoardMap] | None = None,
+             configured: Mapping[str, tuple[str, ...]] | None = None) -> HostStatus:
     """The :class:`HostStatus` of one host.
 
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
@@ -187,9 +251,13 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
     ``stuck`` is ``{vgpu id: seconds}`` of removals the kernel blocks,
     ``reconciler`` a line about the host reconciler
     (:mod:`vgpu_driver.host_reconciler`), and ``maps`` is the
-    :class:`~vgpu_driver.framebuffer.BoardMap` of each mixed-size board.
+    :class:`~vgpu_driver.framebuffer.BoardMap` of each mixed-size board;
+    ``configured`` is ``{gpu address: (type id, ...)}`` nova.conf gives
+    (:func:`vgpu_driver.inventory.configured_types`): a GPU with no
+    provider still shows the type it is configured for.
     """
     stuck = stuck or {}
+    configured = configured or {}
     maps = maps or {}
     unserved = dict(tree.unserved)
     sriov = {f.address: f for f in functions}
@@ -209,14 +277,16 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
              for c in claim_list
              if c.gpu == gpu.address and c.state != claims.ATTACHED),
             key=lambda c: (c.instance, c.vgpu)))
+        held = [i for i in ids if i in claimed or (users is not None and i in users)]
+        used = sum(provider.units_of(type_of.get(i)) if provider else 1 for i in held)
         rows.append(GpuStatus(
             gpu=gpu.address,
             provider=provider.name if provider else None,
-            type_id=provider.type_id if provider else None,
+            type_id=(provider.type_id if provider
+                     else ",".join(configured.get(gpu.address, ())) or None),
             type_name=(f"mixed sizes, in {MIB}" if provider and provider.mixed
                        else provider.type_name if provider else None),
-            used=sum(provider.units_of(type_of.get(i)) if provider else 1 for i in ids
-                     if i in claimed or (users is not None and i in users)),
+            used=used,
             total=provider.total if provider else 0,
             reserved=provider.reserved if provider else 0,
             reason=(provider.reason if provider
@@ -224,18 +294,22 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
             sriov=_sriov_state(sriov.get(gpu.address)),
             guests=guests, claims=in_flight,
             unit=MIB if provider and provider.mixed else "vGPUs",
-            board_map=maps.get(gpu.address)))
+            board_map=maps.get(gpu.address),
+            types=type_counts(provider, configured.get(gpu.address, ()),
+                              [type_of[i] for i in held if type_of.get(i)], used),
+            reserved_for=provider.reserved_for if provider else ()))
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
 
 
 def of_host(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
             claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
             reconciler: Any, now: float, maps: Mapping[str, BoardMap] | None = None,
-            ) -> HostStatus:
+            configured: Mapping[str, tuple[str, ...]] | None = None) -> HostStatus:
     """:func:`assemble` with the SR-IOV functions of ``snapshot`` and what
     the host reconciler's ``reconciler`` state (as it writes it) says at
-    ``now``: ``status`` and the metrics build the same view this way (``maps``:
-    see :func:`assemble`)."""
+    ``now``: ``status`` and the metrics build the same view this way (``maps``
+    and ``configured``: see :func:`assemble`)."""
     return assemble(nodename, snapshot, tree, claim_list, users, sriov.functions_in(snapshot),
                     stuck=reconciler_state.removals_in_flight(reconciler, now),
-                    reconciler=reconciler_state.describe(reconciler, now), maps=maps)
+                    reconciler=reconciler_state.describe(reconciler, now), maps=maps,
+                    configured=configured)

@@ -27,6 +27,7 @@ import uuid
 from types import MappingProxyType
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -85,7 +86,7 @@ def placement_allocation(host, config="t4", total=SLOTS):
 
 def new_manager(root, state_dir, config="t4"):
     """A driver's view of the host, as each process builds its own."""
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims.Journal(state_dir),
+    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
                              domains.InProcessDomains(), CONFIGS[config])
 
 
@@ -176,7 +177,7 @@ def test_contenders_get_exactly_the_gpu_capacity_and_never_the_same_mdev(tmp_pat
     pre_existing = sorted(str(uuid.uuid4()) for _ in range(PRE_EXISTING))
     host, root, state_dir = fresh_host(tmp_path, "host", pre_existing)
     allocations, providers = placement_allocation(host)
-    journal = claims.Journal(state_dir)
+    journal = claims_journal.Journal(state_dir)
 
     started = time.monotonic()
     instances, outcomes = run_race(root, state_dir, allocations, providers)
@@ -213,7 +214,7 @@ def test_contenders_get_exactly_the_gpu_capacity_and_never_the_same_mdev(tmp_pat
 def fresh_host(tmp_path, name, pre_existing=()):
     root, state_dir = str(tmp_path / name / "sys"), str(tmp_path / name / "state")
     host = fakekernel.FakeKernel.build(root, one_t4(pre_existing))
-    claims.Journal(state_dir)
+    claims_journal.Journal(state_dir)
     return host, root, state_dir
 
 
@@ -275,7 +276,7 @@ def fresh_l40s(tmp_path, name, pre_typed=()):
     host = fakekernel.FakeKernel.build(root, profiles.load("l40s-vfio"))
     for vf in pre_typed:
         host.set_vendor_vgpu_type(vf, int(VF_TYPE.split("-")[1]))
-    claims.Journal(state_dir)
+    claims_journal.Journal(state_dir)
     return host, root, state_dir, *placement_allocation(host, "l40s-capped", VF_ROOM)
 
 
@@ -295,7 +296,7 @@ def test_vf_contenders_get_exactly_the_gpus_room_and_never_the_same_vf(tmp_path)
                                        profiles.load("l40s-vfio")).list_vendor_vfio()]
     pre_typed = vfs[5:8]
     host, root, state_dir, allocations, providers = fresh_l40s(tmp_path, "host", pre_typed)
-    journal = claims.Journal(state_dir)
+    journal = claims_journal.Journal(state_dir)
 
     instances, outcomes = run_race(root, state_dir, allocations, providers, config="l40s")
 

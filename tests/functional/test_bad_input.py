@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import placement
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import base
@@ -40,7 +41,7 @@ class World:
         self.sys = os.path.join(self.root, "sys")
         self.state = os.path.join(self.root, "state")
         self.host = fakekernel.FakeKernel.build(self.sys, profiles.load("a100-sriov"))
-        journal = claims.Journal(self.state)
+        journal = claims_journal.Journal(self.state)
         for number in range(3):
             mdev, parent = str(uuid.uuid4()), f"0000:41:00.{4 + number}"
             self.host.create_mdev(parent, "nvidia-468", mdev)
@@ -346,7 +347,7 @@ def test_the_snapshot_sees_every_kind_of_change(world):
     assert world.placement() != providers
     world.host.remove_mdev(rows[1][0][0])
     assert world.files() != files
-    journal = claims.Journal(world.state, create=False)
+    journal = claims_journal.Journal(world.state, create=False)
     with journal.transaction() as txn:
         txn.remove(mdev_uuids=[rows[1][0][0]])
     assert world.journal_rows() != rows

@@ -9,6 +9,7 @@ import pytest
 from tests.functional.test_placement_sync import run_cli
 from tests.unit.test_driver import make_driver
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import exception
 from vgpu_driver import placement
 from vgpu_driver import placement_service
@@ -112,7 +113,7 @@ def test_cli_sync_reserves_them_as_nova_compute_does(make_host, service, tmp_pat
     # Two claims of an incoming guest whose allocation is still on its
     # source; one of a guest Placement counts here.
     incoming, counted = str(uuid.uuid4()), str(uuid.uuid4())
-    with claims.Journal(str(tmp_path / "s")).transaction() as txn:
+    with claims_journal.Journal(str(tmp_path / "s")).transaction() as txn:
         for vf in ("0000:41:00.4", "0000:41:00.5"):
             txn.add(incoming, str(uuid.uuid4()), A100, vf, "nvidia-468",
                     state=claims.MIGRATING_IN)

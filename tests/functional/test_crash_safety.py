@@ -29,6 +29,7 @@ from types import MappingProxyType
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
@@ -108,7 +109,7 @@ def domain_source(path):
 
 def start_driver(root, state_dir, domain_file):
     """A driver (re)starting: fresh kernel view, journal and domain list."""
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims.Journal(state_dir),
+    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
                              domain_source(domain_file), CONFIG)
 
 

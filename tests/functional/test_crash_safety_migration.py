@@ -26,6 +26,7 @@ import pytest
 
 from tests.functional import test_crash_safety as crash
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
@@ -55,7 +56,7 @@ CAN_ARRIVE = (MAPPED, ARRIVED, FINISHED)
 
 
 def start_driver(root, state_dir, domain_file):
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims.Journal(state_dir),
+    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
                              crash.domain_source(domain_file), CONFIG)
 
 

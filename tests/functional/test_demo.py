@@ -24,6 +24,7 @@ from prometheus_client import parser as prometheus_parser
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import guest
 from vgpu_driver import inventory
@@ -154,7 +155,7 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
 def test_the_claims_journal_agrees(demo, domains_after):
     _done, kept = demo
     by_mdev = {m: dom_uuid for dom_uuid, mdevs, _ in domains_after.values() for m in mdevs}
-    journal = claims.Journal(str(kept / "state"))
+    journal = claims_journal.Journal(str(kept / "state"))
     assert {c.mdev_uuid: (c.instance_uuid, c.state) for c in journal.claims()} == {
         m: (dom_uuid, claims.ATTACHED) for m, dom_uuid in by_mdev.items()}
 
@@ -375,15 +376,18 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
     _allocations, inventories, usages = placement_after
     assert found["vgpu_scrape_success"] == {(): 1}
     for gpu, row in status_rows.items():
-        labels = (("gpu", gpu), ("model", row_model(found, gpu)),
-                  ("provider", row["provider"]), ("resource_class", "VGPU"),
-                  ("type", row["type"]))
+        labels = (("gpu", gpu), ("type", row["type"]))
         total, reserved = inventories[row["provider"]]
         assert found["vgpu_gpu_vgpus_capacity"][labels] == row["total"] == total, gpu
         assert found["vgpu_gpu_vgpus_reserved"][labels] == row["reserved"] == reserved
         assert found["vgpu_gpu_vgpus_used"][labels] == row["used"] == usages[row["provider"]]
-        assert found["vgpu_gpu_guests"][labels] == len({g["instance"] for g in row["guests"]})
-    assert set(found["vgpu_gpu_guests"]) == set(found["vgpu_gpu_vgpus_capacity"])
+        assert found["vgpu_gpu_guests"][(("gpu", gpu),)] == len(
+            {g["instance"] for g in row["guests"]})
+        info = (("gpu", gpu), ("model", row_model(found, gpu)),
+                ("pci_bus_id", "0000" + gpu.upper()), ("provider", row["provider"]),
+                ("resource_class", "VGPU"), ("unit", "vGPUs"))
+        assert found["vgpu_gpu_info"][info] == 1
+    assert set(found["vgpu_gpu_guests"]) == {(("gpu", g),) for g in status_rows}
     assert found["vgpu_claims"][(("state", "attached"),)] == sum(
         len(mdevs) for _u, mdevs, _m in domains_after.values())
     assert found["vgpu_orphan_vgpus"] == {(): 0}
@@ -394,7 +398,8 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
     assert orphan_made["vgpu_gpu_vgpus_used"] == found["vgpu_gpu_vgpus_used"]
     # A host it cannot read is a failed scrape, said and logged, not stale
     # numbers; the next scrape that can read it is whole again.
-    assert host_gone == {"vgpu_scrape_success": {(): 0}}
+    assert set(host_gone) == {"vgpu_scrape_success", "vgpu_scrape_duration_seconds"}
+    assert host_gone["vgpu_scrape_success"] == {(): 0}
     assert log.count("A scrape could not read the host: ") == 1, log
     assert host_back["vgpu_scrape_success"] == {(): 1}
     assert host_back["vgpu_gpu_vgpus_used"] == found["vgpu_gpu_vgpus_used"]
@@ -443,6 +448,6 @@ def scraped(url):
 
 
 def row_model(found, gpu):
-    (labels,) = [dict(k) for k in found["vgpu_gpu_vgpus_capacity"] if dict(k)["gpu"] == gpu]
+    (labels,) = [dict(k) for k in found["vgpu_gpu_info"] if dict(k)["gpu"] == gpu]
     assert labels["model"].startswith("10de:")
     return labels["model"]

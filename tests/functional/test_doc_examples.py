@@ -37,6 +37,7 @@ import pytest
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
@@ -164,7 +165,7 @@ def setup_a100_guest_and_claim(workdir):
     used, claimed = str(uuid.uuid4()), str(uuid.uuid4())
     kernel.create_mdev(vfs[0], "nvidia-468", used)
     kernel.create_mdev(vfs[1], "nvidia-468", claimed)
-    journal = claims.Journal(str(workdir / "state"))
+    journal = claims_journal.Journal(str(workdir / "state"))
     with journal.transaction() as txn:
         txn.add(str(uuid.uuid4()), claimed, A100, vfs[1], "nvidia-468", claims.CLAIMED,
                 created=True)
@@ -190,7 +191,7 @@ def setup_l40s_mixed(workdir):
         "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
         f"{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
         f"test_only_fake_nvml_host = {workdir / 'sys'}\n")
-    claims.Journal(str(workdir / "state")).close()
+    claims_journal.Journal(str(workdir / "state")).close()
     libvirt_domains.node_file(workdir / "node.xml", [
         libvirt_domains.domain_xml(f"instance-0000000{number}", vfs=[vf],
                                    domain_uuid=str(uuid.uuid4()))

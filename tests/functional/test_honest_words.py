@@ -7,7 +7,7 @@ import sys
 
 from tests.functional import test_placement_sync as sync_tests
 from tests.placement_faults import FaultInjector
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import placement_service
 from vgpu_driver.cmd import manage
 
@@ -82,7 +82,7 @@ def test_mdev_list_says_unknown_when_libvirt_is_unreachable(make_host, tmp_path,
                                                             monkeypatch):
     host = make_host("t4x8")
     host.create_mdev(T4[0], "nvidia-231", "11111111-2222-4333-8444-555555555555")
-    claims.Journal(str(tmp_path / "s"))
+    claims_journal.Journal(str(tmp_path / "s"))
     code, out, _ = sync_tests.run_cli(
         tmp_path, service, monkeypatch, host.paths.root, "--libvirt-uri",
         "qemu+unix:///system?socket=/nonexistent", "mdev", "list", "-f", "json",

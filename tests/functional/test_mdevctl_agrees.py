@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import sysfs
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
@@ -105,7 +105,7 @@ def our_view(root):
     description's lines with ", "; we keep them as read.
     """
     state_dir = f"{root}-state"
-    claims.Journal(state_dir)          # as nova-compute's start-up leaves it
+    claims_journal.Journal(state_dir)          # as nova-compute's start-up leaves it
 
     def run(*args):
         done = subprocess.run(

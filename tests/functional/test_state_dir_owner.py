@@ -29,6 +29,7 @@ from oslo_config import cfg
 
 from tests.functional import test_install_units
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
 from vgpu_driver import host_files
@@ -237,7 +238,7 @@ def test_claims_init_as_root_makes_a_journal_nova_compute_can_write(users, produ
     assert owners(state) == {"claims.sqlite": (nova, nova, "0o640")}
 
     def claim():
-        journal = claims.Journal(str(state))
+        journal = claims_journal.Journal(str(state))
         with journal.transaction() as txn:
             txn.add(INSTANCE, MDEV, A100, VF, "nvidia-468")
         return [c.mdev_uuid for c in journal.claims()]
@@ -251,7 +252,7 @@ def test_a_journal_root_made_is_named_never_moved_and_claims_init_gives_it_to_no
     says who may not write what, and how to fix it; the fix keeps every claim."""
     nova, _, _ = users
     kernel, conf_file, state = production
-    journal = claims.Journal(str(state))
+    journal = claims_journal.Journal(str(state))
     with journal.transaction() as txn:
         txn.add(INSTANCE, MDEV, A100, VF, "nvidia-468", state=claims.ATTACHED)
     journal.close()
@@ -292,7 +293,7 @@ def test_readers_in_novas_group_read_while_nova_compute_writes(users, production
             os.initgroups(nova, entry.pw_gid)
             os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
             os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)
-            journal = claims.Journal(str(state))
+            journal = claims_journal.Journal(str(state))
             with journal.transaction() as txn:
                 txn.add(INSTANCE, MDEV, A100, VF, "nvidia-468")
             os.write(ready_w, b"x")

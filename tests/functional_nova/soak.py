@@ -49,7 +49,7 @@ from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
-from vgpu_driver import reconcile
+from vgpu_driver import restore
 from vgpu_driver.fake import fakekernel
 
 SEED_ENV = "VGPU_SOAK_SEED"
@@ -1268,7 +1268,7 @@ class HostView:
                             f"{c.state} claim of {c.instance_uuid}")
                     for c in self.claims
                     if c.state != claims_mod.RELEASING
-                    and c.instance_uuid != reconcile.RECLAIMER
+                    and c.instance_uuid != restore.RECLAIMER
                     and not belongs(c.instance_uuid)]
         findings += [Finding("domain-without-guest", f"{self.host} {uuid}",
                              f"vGPUs {vgpus}")

@@ -18,7 +18,7 @@ import time
 import fixtures
 import testtools
 
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 
 HOLD = 1.5
 
@@ -26,9 +26,9 @@ WAITER = textwrap.dedent("""
     import eventlet
     eventlet.monkey_patch()
     import json, sys, time
-    from vgpu_driver import claims
+    from vgpu_driver import claims_journal
 
-    journal = claims.Journal(sys.argv[1])
+    journal = claims_journal.Journal(sys.argv[1])
     ticks = []
 
     def tick():
@@ -52,14 +52,14 @@ WAITER = textwrap.dedent("""
 class JournalUnderEventletTests(testtools.TestCase):
     def test_a_writer_of_another_process_is_waited_for_without_freezing(self):
         state = self.useFixture(fixtures.TempDir()).path
-        claims.Journal(state)
+        claims_journal.Journal(state)
         waiter = subprocess.Popen([sys.executable, "-c", WAITER, state], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         self.addCleanup(waiter.wait)
         self.addCleanup(waiter.stdout.close)
         self.addCleanup(waiter.stdin.close)
         self.assertEqual("ready", waiter.stdout.readline().strip())
-        holder = sqlite3.connect(os.path.join(state, claims.Journal.FILENAME),
+        holder = sqlite3.connect(os.path.join(state, claims_journal.Journal.FILENAME),
                                  isolation_level=None)
         self.addCleanup(holder.close)
         holder.execute("BEGIN IMMEDIATE")

@@ -238,3 +238,23 @@ class ReplayedCasesTest(soak.SoakTestBase):
         self.assertEqual(["done", "done", "refused: HTTP 500"] + ["done"] * 4
                          + ["nova error: request-spec-of-another-flavor"],
                          [line.split(" -> ")[1] for line in result.log], result.log)
+
+    def test_a_server_deleted_offloaded_after_a_kill_in_its_unshelve_leaves_no_vgpu(self):
+        """nova-compute killed in the define of an unshelve leaves the
+        server offloaded (no host) with a vGPU claimed on the compute; nova
+        deletes such a server without asking that compute (the
+        10,000-operation run of seed 20261126, op 288).  The host
+        reconciler drops the claim nobody came for, and its vGPU with it:
+        at the end nothing is left."""
+        result = self.run_script([
+            soak.Op("boot", flavor="t4x1", host="dest"),
+            soak.Op("fault_killed_in_define", server="soak-1",
+                    inner=soak.Op("hard_reboot", server="soak-1")),
+            soak.Op("shelve", server="soak-1"),
+            soak.Op("fault_killed_in_define", server="soak-1",
+                    inner=soak.Op("unshelve", server="soak-1")),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done"] * 4, [line.split(" -> ")[1] for line in result.log],
+                         result.log)

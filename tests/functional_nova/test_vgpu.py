@@ -23,7 +23,7 @@ from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
 from tests.functional_nova import libvirt_nodedevs
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import driver as core
 from vgpu_driver import guest as guest_xml
@@ -205,25 +205,26 @@ class CreateServerTests(VGPUDriverTestBase):
             found = {(s.name, tuple(sorted(s.labels.items()))): s.value
                      for family in prometheus_parser.text_string_to_metric_families(
                          written.read()) for s in family.samples}
-        gpu = (("gpu", "0000:41:00.0"), ("model", "10de:20f1"),
-               ("provider", "host1_pci_0000_41_00_0"), ("resource_class", "VGPU"),
-               ("type", "nvidia-468"))
+        gpu = (("gpu", "0000:41:00.0"), ("type", "nvidia-468"))
         # What Placement holds: (total, reserved, usage).
         self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 2)}, self.gpu_providers("host1"))
         self.assertEqual(
             (10, 0, 2, 1),
             tuple(found[(f"vgpu_gpu_{name}", gpu)] for name in (
-                "vgpus_capacity", "vgpus_reserved", "vgpus_used", "guests")))
+                "vgpus_capacity", "vgpus_reserved", "vgpus_used")) + (
+                found[("vgpu_gpu_guests", gpu[:1])],))
+        self.assertEqual(1, found[("vgpu_gpu_info", (
+            ("gpu", "0000:41:00.0"), ("model", "10de:20f1"), ("pci_bus_id", "00000000:41:00.0"),
+            ("provider", "host1_pci_0000_41_00_0"), ("resource_class", "VGPU"),
+            ("unit", "vGPUs")))])
         self.assertEqual(2, found[("vgpu_claims", (("state", "attached"),))])
         self.assertEqual(1, found[("vgpu_reconciler_up", ())])
         self.assertEqual(0, found[("vgpu_orphan_vgpus", ())])
         self._delete_server(server)
         self._run_periodics()
         with open(textfile, encoding="utf-8") as written:
-            self.assertIn(
-                'vgpu_gpu_vgpus_used{gpu="0000:41:00.0",model="10de:20f1",'
-                'provider="host1_pci_0000_41_00_0",resource_class="VGPU",type="nvidia-468"} 0.0',
-                written.read().splitlines())
+            self.assertIn('vgpu_gpu_vgpus_used{gpu="0000:41:00.0",type="nvidia-468"} 0.0',
+                          written.read().splitlines())
 
     def test_deleting_the_server_frees_its_mdev_for_the_next(self):
         self.start_vgpu_compute("host1", "a100-sriov")
@@ -458,8 +459,8 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         not stall the other build on the journal's lock."""
         # A stalled build fails within seconds rather than the journal's 30.
         self.useFixture(fixtures.MonkeyPatch(
-            "vgpu_driver.claims.Journal.__init__",
-            functools.partialmethod(claims.Journal.__init__, busy_timeout=3.0)))
+            "vgpu_driver.claims_journal.Journal.__init__",
+            functools.partialmethod(claims_journal.Journal.__init__, busy_timeout=3.0)))
         self.start_vgpu_compute("host1", "t4x8", mdevs=[
             {"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE])
         host = self.computes["host1"].driver._host

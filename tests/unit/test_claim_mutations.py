@@ -11,6 +11,7 @@ from types import MappingProxyType
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
@@ -44,7 +45,7 @@ def life(tmp_path):
     config = mdev_types.MdevConfig(types=(mdev_types.TypeConfig("nvidia-222"),),
                                    default_type="nvidia-222",
                                    by_address=MappingProxyType({}))
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     guests = domains.InProcessDomains()
     manager = mdevs.MdevManager(host, journal, guests, config)
     tree = inventory.compute(manager.snapshot(refresh=True), config, "cn1", set())

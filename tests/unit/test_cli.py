@@ -149,8 +149,8 @@ def test_config_check_names_a_metrics_file_node_exporter_never_reads(make_host, 
 
 def test_fake_host_profiles_and_create(tmp_path, run):
     code, out, _ = run("fake-host", "profiles", "-f", "value", "-c", "name")
-    assert out.split() == ["a100-sriov", "a100-sriov-off", "h100-datacenter", "l40s-vfio",
-                           "m60-multi", "mtty", "t4x8"]
+    assert out.split() == ["a100-sriov", "a100-sriov-off", "a100-vfio", "h100-datacenter",
+                           "l40s-vfio", "m60-multi", "mtty", "t4x8"]
     target = tmp_path / "host"
     code, out, _ = run("fake-host", "create", "--profile", "a100-sriov", "--profile", "t4x8",
                        str(target))

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 
@@ -36,7 +37,7 @@ def cli(tmp_path, fake_kernel_cli):
 def claimed_host(make_host, tmp_path):
     """A host with two attached mdevs recorded in its journal."""
     host = make_host("a100-sriov")
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     held = [str(uuid.uuid4()) for _ in range(2)]
     for number, mdev in enumerate(held):
         parent = f"0000:41:00.{4 + number}"
@@ -123,7 +124,7 @@ def test_init_refuses_a_journal_that_is_a_link_and_makes_nothing_where_it_points
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     if target == "a-journal":
-        claims.Journal(str(elsewhere)).close()
+        claims_journal.Journal(str(elsewhere)).close()
     before = sorted(p.name for p in elsewhere.iterdir())
     state = tmp_path / "state"
     state.mkdir()

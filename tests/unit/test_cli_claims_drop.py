@@ -10,6 +10,7 @@ import pytest
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import manage
 
@@ -24,7 +25,7 @@ class Host:
         self.tmp_path = tmp_path
         self.kernel = make_host("a100-sriov")
         self.state = tmp_path / "state"
-        self.journal = claims.Journal(str(self.state))
+        self.journal = claims_journal.Journal(str(self.state))
         self.domains = []
         self.vfs = iter(range(4, 20))
 

@@ -2,7 +2,8 @@
 golden files (``tools/regen-golden.sh`` rewrites them).
 
 Every vGPU, instance and domain has a fixed UUID; the only values that
-change between runs, the host's temporary path and the ages of claims,
+change between runs, the host's temporary path, the times claims changed and
+how long a read took,
 are replaced with fixed words before comparing.
 """
 
@@ -14,6 +15,7 @@ from tests import golden
 from tests import libvirt_domains
 from tests.unit import test_cli_status
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 
 cli = test_cli_status.cli
 T4_CONF = test_cli_status.T4_CONF
@@ -43,7 +45,7 @@ def t4_busy(make_host, tmp_path):
         host.create_mdev("0000:18:00.0", "nvidia-231", fixed(n))
     host.create_mdev("0000:19:00.0", "nvidia-222", fixed(4))
     host.create_mdev("0000:35:00.0", "nvidia-222", fixed(5))
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     claim(journal, fixed(101), fixed(1), "0000:18:00.0", "nvidia-231", claims.ATTACHED)
     claim(journal, fixed(102), fixed(2), "0000:18:00.0", "nvidia-231", claims.CLAIMED)
     claim(journal, fixed(104), fixed(5), "0000:35:00.0", "nvidia-222", claims.MIGRATING_IN)
@@ -59,7 +61,7 @@ def a100_sriov(make_host, tmp_path):
     host = make_host("a100-sriov")
     host.create_mdev("0000:41:00.4", "nvidia-468", fixed(11))
     host.create_mdev("0000:41:00.5", "nvidia-468", fixed(12))
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     for n in (11, 12):
         claim(journal, fixed(111), fixed(n), "0000:41:00.0", "nvidia-468", claims.ATTACHED,
               parent=f"0000:41:00.{n - 7}")
@@ -90,6 +92,18 @@ def l40s_mixed(make_host, tmp_path):
 
 
 @pytest.fixture
+def l40s_idle(make_host, tmp_path):
+    """An L40S in mixed-size mode whose three typed VFs no guest has opened:
+    NVML lists none of them as active; each VF's placement_id places it."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    for vf, number in (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157),
+                       ("0000:c1:00.6", 1156)):
+        host.set_vendor_vgpu_type(vf, number)
+    return host, L40S_CONF, libvirt_domains.node_file(tmp_path / "node.xml", [])
+
+
+@pytest.fixture
 def h100_datacenter(make_host, tmp_path):
     """An H100 under the data-center driver: a GPU with no vGPU at all."""
     host = make_host("h100-datacenter")
@@ -105,7 +119,9 @@ COMMANDS = {
     "inventory.json": ("inventory", "-f", "json"),
     "metrics": ("metrics",),
 }
-AGE = re.compile(r"^(vgpu_claims_oldest_age_seconds\{[^}]*\}) \S+$", re.M)
+# Times of the run (claims' changes) and how long a read took.
+AGE = re.compile(r"^(vgpu_(?:claims_waiting_oldest_timestamp|scrape_duration)_seconds"
+                 r"(?:\{[^}]*\})?) \S+$", re.M)
 
 
 def normalised(text, host, tmp_path):
@@ -113,6 +129,17 @@ def normalised(text, host, tmp_path):
     text = text.replace(str(host.paths.root), "<sysfs-root>")
     text = text.replace(str(tmp_path), "<tmp>")
     return AGE.sub(r"\1 <age>", text)
+
+
+@pytest.mark.parametrize("command", ["status", "status.json"])
+def test_idle_vgpus_are_all_placed_in_the_map(request, tmp_path, cli, command):
+    host, conf, uri = request.getfixturevalue("l40s_idle")
+    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command],
+                         conf=conf, uri=uri)
+    assert "?" not in out.split("--- stderr")[0]
+    golden.assert_golden(f"cli/l40s_idle.{command}",
+                         normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host,
+                                    tmp_path))
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

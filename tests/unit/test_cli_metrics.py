@@ -8,6 +8,8 @@ import os
 import socket
 import time
 
+import prometheus_client
+import pytest
 from prometheus_client import parser
 
 from tests.unit import test_cli_status
@@ -15,6 +17,7 @@ from tests.unit import test_host_reconciler
 from vgpu_driver import audit
 from vgpu_driver import claims
 from vgpu_driver import inventory
+from vgpu_driver import metrics
 from vgpu_driver import reconciler_state
 from vgpu_driver.cmd import manage
 from vgpu_driver.cmd import metrics_commands
@@ -49,24 +52,27 @@ def test_every_gpu_series_agrees_with_status(busy_t4, cli):
     assert (code, err) == (0, "")
     found = samples(out)
 
-    assert per_gpu(found, "vgpu_gpu_vgpus_capacity") == {g: r["total"] for g, r in rows.items()}
-    assert per_gpu(found, "vgpu_gpu_vgpus_used") == {g: r["used"] for g, r in rows.items()}
-    assert per_gpu(found, "vgpu_gpu_vgpus_reserved") == {
-        g: r["reserved"] for g, r in rows.items()}
+    # One type per series, counted in vGPUs, as status counts each type.
+    for name in ("capacity", "used", "reserved"):
+        assert {(dict(k)["gpu"], dict(k)["type"]): v for (n, k), v in found.items()
+                if n == f"vgpu_gpu_vgpus_{name}"} == {
+            (g, t["type"]): t[name] for g, r in rows.items() for t in r["vgpus"]}, name
     assert per_gpu(found, "vgpu_gpu_served") == {
         g: int(bool(r["provider"])) for g, r in rows.items()}
     assert per_gpu(found, "vgpu_gpu_guests") == {
         g: len({x["instance"] for x in r["guests"]}) for g, r in rows.items()}
-    # Each GPU's labels say what status says of it.
+    # What describes a GPU is on its info series alone, as status says it.
     for (name, labels), _ in found.items():
-        if name == "vgpu_gpu_vgpus_capacity":
+        if name == "vgpu_gpu_info":
             labels = dict(labels)
             row = rows[labels["gpu"]]
             assert labels["provider"] == (row["provider"] or "")
-            assert labels["type"] == (row["type"] or "")
             assert labels["model"] == T4_MODEL
             assert labels["resource_class"] == ("VGPU" if row["provider"] else "")
-    assert per_gpu(found, "vgpu_gpu_vgpus_used")["0000:18:00.0"] == 3
+            assert labels["pci_bus_id"] == "0000" + labels["gpu"].upper()
+        elif name.startswith("vgpu_gpu_"):
+            assert set(dict(labels)) <= {"gpu", "type", "reason"}, name
+    assert value(found, "vgpu_gpu_vgpus_used", gpu="0000:18:00.0", type="nvidia-231") == 3
     assert per_gpu(found, "vgpu_gpu_guests")["0000:18:00.0"] == 2
     # Every reserved unit has one reason, each reason a series.
     by_reason = {}
@@ -95,7 +101,11 @@ def test_host_series_count_claims_orphans_and_boards(busy_t4, cli):
     assert {s: value(found, "vgpu_sriov_boards", state=s)
             for s in ("enabled", "partial", "off")} == {"enabled": 0, "partial": 0, "off": 0}
     assert value(found, "vgpu_claims_past_grace", state="claimed") == 0
-    assert 0 <= value(found, "vgpu_claims_oldest_age_seconds", state="claimed") < 60
+    # The claim waits for its guest: when it last changed, which an age
+    # computed by Prometheus keeps growing from.
+    assert 0 <= time.time() - value(
+        found, "vgpu_claims_waiting_oldest_timestamp_seconds", state="claimed") < 60
+    assert 0 <= value(found, "vgpu_scrape_duration_seconds") < 60
     assert value(found, "vgpu_driver_info", nodename="cn1", version="0.1.0",
                  types="nvidia-231,nvidia-222") == 1
     # The journal's claims were made now: with no grace, the claim and the
@@ -121,9 +131,12 @@ def test_sriov_boards_follow_their_vfs(make_host, cli):
     assert value(found, "vgpu_sriov_boards", state="off") == 1
     assert per_gpu(found, "vgpu_gpu_sriov_vfs") == {"0000:41:00.0": 0}
     assert per_gpu(found, "vgpu_gpu_served") == {"0000:41:00.0": 0}
-    # Served or not, the board is labelled with the type nova.conf gives it.
-    ((_name, labels),) = [k for k in found if k[0] == "vgpu_gpu_served"]
-    assert dict(labels)["type"] == "nvidia-468" and dict(labels)["provider"] == ""
+    # Served or not, the board has the type nova.conf gives it.
+    assert value(found, "vgpu_gpu_configured_type_info", gpu="0000:41:00.0",
+                 type="nvidia-468") == 1
+    assert value(found, "vgpu_gpu_info", gpu="0000:41:00.0", provider="",
+                 resource_class="", model="10de:20f1", pci_bus_id="00000000:41:00.0",
+                 unit="vGPUs") == 1
     assert not per_gpu(found, "vgpu_gpu_vgpus_reserved_by_reason")
 
 
@@ -139,7 +152,7 @@ def test_without_libvirt_guests_are_unknown_and_it_says_why(busy_t4, cli):
     assert not per_gpu(found, "vgpu_gpu_guests")
     assert not [k for k in found if k[0] == "vgpu_orphan_vgpus"]
     # used counts claims only, as status does.
-    assert per_gpu(found, "vgpu_gpu_vgpus_used")["0000:18:00.0"] == 2
+    assert value(found, "vgpu_gpu_vgpus_used", gpu="0000:18:00.0", type="nvidia-231") == 2
 
 
 def test_output_replaces_the_file_whole(busy_t4, cli, tmp_path):
@@ -195,7 +208,7 @@ def test_reconciler_series_come_from_nova_computes_reconciler(
     state = reconciler_state.read(str(tmp_path / "state"))
     assert value(found, "vgpu_reconciler_up") == 1
     assert value(found, "vgpu_removals_stuck") == 1
-    assert value(found, "vgpu_removals_stuck_oldest_seconds") >= 0
+    assert value(found, "vgpu_removals_stuck_oldest_timestamp_seconds") <= time.time()
     assert value(found, "vgpu_claims", state="releasing") == 1
     assert value(found, "vgpu_reconciler_passes_total") == state["passes"] >= 2
     assert value(found, "vgpu_reconciler_errors_total") == state["errors"] >= 1
@@ -256,3 +269,36 @@ def test_unreadable_state_files_are_warned_of_not_hidden(busy_t4, cli, tmp_path)
     assert not [k for k in found if k[0] == "vgpu_placement_drift"]
     assert (state / audit.RECORD_FILE).read_text() == "{half a record"
     assert (state / reconciler_state.STATE_FILE).read_text() == ""
+
+
+def test_a_read_that_fails_unforeseen_is_a_scrape_saying_so():
+    """What ``metrics serve`` registers: any error reading the host is a
+    scrape with ``vgpu_scrape_success 0`` and its duration, handed to the
+    server's log (told whether it was foreseen), never an HTTP 500."""
+    seen = []
+
+    def read():
+        raise RuntimeError("a bug")
+
+    scrape = metrics.registry_of(read, (OSError,), lambda exc, expected: seen.append(
+        (str(exc), expected)))
+    found = samples(prometheus_client.generate_latest(scrape).decode())
+    assert {name for name, _labels in found} == {"vgpu_scrape_success",
+                                                 "vgpu_scrape_duration_seconds"}
+    assert value(found, "vgpu_scrape_success") == 0
+    assert 0 <= value(found, "vgpu_scrape_duration_seconds") < 60
+    assert seen == [("a bug", False)]
+    # ``metrics`` itself (no server): the error is the command's.
+    with pytest.raises(RuntimeError):
+        prometheus_client.generate_latest(metrics.registry_of(read, (OSError,)))
+
+
+def test_an_output_the_textfile_collector_would_skip_is_one_error_line(busy_t4, cli,
+                                                                      tmp_path):
+    host, ids, inst, uri = busy_t4
+    for name in ("vgpu.txt", ".prom", "vgpu.prom.new"):
+        code, out, err = cli("--sysfs-root", host.paths.root, "metrics", "--output",
+                             str(tmp_path / name), uri=uri)
+        assert (code, out) == (2, ""), name
+        assert err.startswith("error: --output ") and err.count("\n") == 1, err
+        assert "*.prom" in err and not (tmp_path / name).exists()

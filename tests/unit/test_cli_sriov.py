@@ -20,7 +20,7 @@ import pytest
 from tests import conftest
 from tests import pci_devices
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import manage
@@ -124,7 +124,7 @@ def test_disable_waits_for_an_allocation_and_sees_its_claim(make_host, run, tmp_
     lock: a vGPU claimed while disable waits is seen, not disabled under."""
     host = make_host("a100-sriov")
     conf = CONF + sriov_manage(host.paths.root)
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     holding, result = threading.Event(), {}
 
     def allocate():
@@ -314,16 +314,18 @@ def test_status_maps_where_each_vgpu_of_a_mixed_board_sits(make_host, run):  # n
     assert "    map       aaaa----bbbbcccccccccccc........................" in out.splitlines()
 
 
-def test_status_map_marks_what_nvml_does_not_place(make_host, run, monkeypatch):  # noqa: F811
-    """NVML lists only *active* vGPU instances: a typed VF it does not list is
-    counted, and the slots neither free nor placed are not guessed at."""
+def test_status_map_marks_what_nvml_does_not_place(make_host, run):  # noqa: F811
+    """A driver without the VFs' placement_id files leaves NVML to place
+    them, and NVML lists only *active* vGPU instances (guests running): a
+    typed VF it does not list is counted, and the slots neither free nor
+    placed are not guessed at."""
     host = make_host("l40s-vfio")
     host.set_mixed_sizes(L40S, True)
     host.set_vendor_vgpu_type("0000:c1:00.4", 1157)
     host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # at 12; nothing may start at 16
-    listed = type(host.nvml_bindings).nvmlDeviceGetActiveVgpus
-    monkeypatch.setattr(type(host.nvml_bindings), "nvmlDeviceGetActiveVgpus",
-                        lambda self, handle: listed(self, handle)[:1])
+    for vf in ("0000:c1:00.4", "0000:c1:00.5"):
+        os.unlink(os.path.join(host.paths.pci_device(vf), "nvidia", "placement_id"))
+    host.hold("0000:c1:00.4")                           # its guest runs; the other's does not
     code, out, err = run("--sysfs-root", host.paths.root, "status", "-f", "json",
                          conf=MIXED_CONF)
     assert code == 0, err
@@ -331,20 +333,65 @@ def test_status_map_marks_what_nvml_does_not_place(make_host, run, monkeypatch):
     assert (board["slots"], board["unlocated"]) == ("a" * 12 + "?" * 8 + "." * 28, 1)
 
 
+A100_MIXED_CONF = "[devices]\nenabled_mdev_types = nvidia-471, nvidia-472\n" + "".join(
+    f"[mdev_{t}]\ndevice_addresses = {A100}\n" for t in ("nvidia-471", "nvidia-472"))
+
+
+def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(
+        make_host, run, sriov_manage):  # noqa: F811
+    """An Ampere board under vendor VFIO, as an operator brings it up: VFs
+    on, the mode switched, then 10 GB and 20 GB vGPUs side by side at the
+    placements of NVIDIA's 40 GB table."""
+    host = make_host("a100-vfio")
+    root = ("--sysfs-root", host.paths.root)
+    conf = A100_MIXED_CONF + sriov_manage(host.paths.root)
+    code, out, err = run(*root, "sriov", "enable", A100, "--wait", "10", conf=conf)
+    assert code == 0, err
+    assert out.splitlines()[-1] == (f"{A100}: switched to mixed sizes (configured for "
+                                    "nvidia-471, nvidia-472)")
+    code, out, _ = run(*root, "sriov", "status", "-f", "json", "-c", "vgpu_sizes", conf=conf)
+    assert json.loads(out) == [{"vgpu_sizes": "mixed"}]
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
+    [row] = json.loads(out)
+    assert (row["type"], row["total"], row["max_unit"]) == (
+        "nvidia-471 (10240 MiB), nvidia-472 (20480 MiB)", 40960, 20480)
+    code, out, _ = run(*root, "config", "check", conf=conf)
+    assert code == 0 and out.startswith("ok: "), out
+    host.set_vendor_vgpu_type("0000:41:00.4", 471)      # 10 GB at 0
+    host.set_vendor_vgpu_type("0000:41:00.5", 472)      # 20 GB at 20
+    host.set_vendor_vgpu_type("0000:41:00.6", 471)      # 10 GB at 10
+    code, out, err = run(*root, "status", "-f", "json", "-c", "framebuffer", conf=conf)
+    assert code == 0, err
+    board = json.loads(out)[0]["framebuffer"]
+    assert board["slots"] == "a" * 10 + "b" * 10 + "c" * 20
+    assert [(v["type"], v["placement"]) for v in board["vgpus"]] == [
+        ("nvidia-471", 0), ("nvidia-471", 10), ("nvidia-472", 20)]
+    # Full: no VF lists a type now, and the board still serves both.
+    code, out, _ = run(*root, "config", "check", "--strict", conf=conf)
+    assert code == 0 and out.startswith("ok: "), out
+
+
 def test_status_map_of_a_board_changing_or_unreadable_meanwhile(make_host, run,  # noqa: F811
                                                                  monkeypatch):
     """The map is read after the inventory: a vGPU typed in between is drawn
-    where NVML puts it, never double-counted; an NVML that then refuses
-    leaves the map unknown, with why, and status still exits 0."""
+    where NVML puts it (a driver without placement_id files, guests
+    running), never double-counted; an NVML that then refuses leaves the
+    map unknown, with why, and status still exits 0."""
     host = make_host("l40s-vfio")
     host.set_mixed_sizes(L40S, True)
-    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)
+
+    def type_without_placement_file(vf, number):
+        host.set_vendor_vgpu_type(vf, number)
+        host.hold(vf)
+        os.unlink(os.path.join(host.paths.pci_device(vf), "nvidia", "placement_id"))
+
+    type_without_placement_file("0000:c1:00.4", 1157)
     bindings = type(host.nvml_bindings)
     listed = bindings.nvmlDeviceGetActiveVgpus
 
     def typed_meanwhile(self, handle):
         if not host.placement_of("0000:c1:00.5"):
-            host.set_vendor_vgpu_type("0000:c1:00.5", 1155)
+            type_without_placement_file("0000:c1:00.5", 1155)
         return listed(self, handle)
 
     monkeypatch.setattr(bindings, "nvmlDeviceGetActiveVgpus", typed_meanwhile)
@@ -390,3 +437,68 @@ def test_enable_refuses_to_switch_a_board_someone_gave_a_vgpu_and_changes_nothin
                           "on it"), err
     assert not host.heterogeneous_mode(L40S)
     assert host.vendor_vf("0000:c1:00.4").current_type == 1157
+
+
+def _listing(**addresses):
+    """A mixed-size configuration of the L40S: ``{type: address}``."""
+    enabled = ", ".join(f"nvidia-{n}" for n in addresses)
+    return f"[devices]\nenabled_mdev_types = {enabled}\n" + "".join(
+        f"[mdev_nvidia-{n}]\ndevice_addresses = {a}\n" for n, a in addresses.items())
+
+
+@pytest.mark.parametrize("listing", [
+    {"1155": "0000:c1:00.4", "1157": "0000:c1:00.5"},      # two of its VFs
+    {"1155": L40S, "1157": "0000:c1:00.5"},                 # its PF and a VF
+    {"1155": "0000:c1:00.7", "1157": "0000:c1:00.7"},       # one VF under both
+], ids=["vfs", "pf-and-vf", "one-vf"])
+def test_config_check_agrees_with_inventory_however_the_board_is_named(
+        make_host, run, listing):  # noqa: F811
+    """The board may be named by its PF or any of its VFs: inventory serves
+    it for both sizes, and config check finds nothing wrong."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    conf = _listing(**listing)
+    root = ("--sysfs-root", host.paths.root)
+    code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
+    [row] = json.loads(out)
+    assert (row["gpu"], row["total"], row["max_unit"]) == (L40S, 49152, 12288)
+    code, out, _ = run(*root, "config", "check", "--strict", conf=conf)
+    assert (code, out.splitlines()[-1]) == (0, "ok: 2 enabled type(s), 1 mdev-capable "
+                                               "device(s) on this host"), out
+
+
+@pytest.mark.parametrize("parameter, value", [
+    ("NVreg_RegistryDwords", "RmPVMRL=0x00010011"),
+    ("NVreg_RegistryDwordsPerDevice", f"pci=0000:05:00.0;RmPVMRL=0x01;pci={L40S};RmPVMRL=0x11"),
+])
+def test_config_check_warns_of_the_fixed_share_scheduler_on_a_mixed_board(
+        make_host, run, parameter, value):  # noqa: F811
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    root = ("--sysfs-root", host.paths.root)
+    code, out, _ = run(*root, "config", "check", conf=MIXED_CONF)
+    assert code == 0 and "fixed-share" not in out
+    params = os.path.join(host.paths.root, "module", "nvidia", "parameters")
+    os.makedirs(params, exist_ok=True)
+    with open(os.path.join(params, parameter), "w") as f:
+        f.write(f"{value}\n")
+    code, out, _ = run(*root, "config", "check", "--strict", conf=MIXED_CONF)
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        f"warning: device_addresses = '{L40S}': configured for mixed sizes (nvidia-1155, "
+        "nvidia-1157) but NVIDIA's vGPU manager runs the fixed-share scheduler on it "
+        "(RmPVMRL), which NVIDIA does not support in mixed-size mode: use the equal-share "
+        "or best-effort scheduler"])
+
+
+def test_config_check_warns_of_types_no_board_can_hold_together(make_host, run):  # noqa: F811
+    """A 48 GB vGPU takes the whole L40S: no 4 GB vGPU fits beside it."""
+    host = make_host("l40s-vfio")
+    host.set_mixed_sizes(L40S, True)
+    conf = _listing(**{"1155": L40S, "1157": L40S, "1160": L40S})
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", "--strict",
+                       conf=conf)
+    assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [
+        f"warning: [devices] enabled_mdev_types = 'nvidia-{n}, nvidia-1160': nvidia-{n} and "
+        "nvidia-1160 cannot share a board: on every board configured for both, each "
+        "placement of one overlaps each placement of the other, so a vGPU of either makes "
+        "the board refuse the other" for n in (1155, 1157)])

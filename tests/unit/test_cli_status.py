@@ -11,6 +11,7 @@ import pytest
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import domain_index
 from vgpu_driver import inventory
@@ -58,7 +59,7 @@ def busy_t4(make_host, tmp_path):
         host.create_mdev("0000:18:00.0", "nvidia-231", ids[name])
     host.create_mdev("0000:19:00.0", "nvidia-222", ids["stale"])
     host.create_mdev("0000:35:00.0", "nvidia-222", ids["incoming"])
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     claim(journal, inst["web"], ids["attached"], "0000:18:00.0", "0000:18:00.0",
           "nvidia-231", claims.ATTACHED)
     claim(journal, inst["batch"], ids["claimed"], "0000:18:00.0", "0000:18:00.0",
@@ -123,8 +124,8 @@ def test_json_shape_is_one_object_per_gpu_with_snake_case_keys(busy_t4, cli):
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "json", uri=uri)
     for row in json.loads(out):
         assert list(row) == ["provider", "gpu", "type", "name", "used", "total", "bar",
-                             "reserved", "reason", "sriov", "guests", "claims",
-                             "framebuffer"]
+                             "reserved", "reason", "vgpus", "reserved_for", "sriov",
+                             "guests", "claims", "framebuffer"]
         assert row["framebuffer"] is None       # on a board of one type
         assert isinstance(row["used"], int) and isinstance(row["guests"], list)
     _, out, _ = cli("--sysfs-root", host.paths.root, "status", "-f", "yaml", "-c", "gpu",
@@ -226,7 +227,7 @@ def test_each_source_is_read_once(busy_t4, cli, monkeypatch):
     counts = {}
     counting(monkeypatch, discovery, "discover", counts)
     counting(monkeypatch, inventory, "compute", counts)
-    counting(monkeypatch, claims.Journal, "claims", counts)
+    counting(monkeypatch, claims_journal.Journal, "claims", counts)
     counting(monkeypatch, domain_index.DomainIndex, "_refresh", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_mdevs", counts)
     counting(monkeypatch, fakekernel.FakeKernel, "list_parents", counts)
@@ -241,7 +242,7 @@ def test_a100_sriov_enabled_with_a_guest(make_host, cli, tmp_path, monkeypatch):
     host = make_host("a100-sriov")
     mdev, instance = str(uuid.uuid4()), str(uuid.uuid4())
     host.create_mdev("0000:41:00.4", "nvidia-468", mdev)
-    claim(claims.Journal(str(tmp_path / "state")), instance, mdev, "0000:41:00.0",
+    claim(claims_journal.Journal(str(tmp_path / "state")), instance, mdev, "0000:41:00.0",
           "0000:41:00.4", "nvidia-468", claims.ATTACHED)
     uri = libvirt_domains.node_file(tmp_path / "node.xml", [
         libvirt_domains.domain_xml("instance-0000002a", [mdev], instance)])
@@ -255,6 +256,9 @@ def test_a100_sriov_enabled_with_a_guest(make_host, cli, tmp_path, monkeypatch):
         "provider": "cn1_pci_0000_41_00_0", "gpu": "0000:41:00.0", "type": "nvidia-468",
         "name": "NVIDIA A100-4C", "used": 1, "total": 10, "bar": "[#.........] 1/10",
         "reserved": 0, "reason": None,
+        "vgpus": [{"type": "nvidia-468", "capacity": 10, "used": 1, "reserved": 0,
+                   "free": 9}],
+        "reserved_for": dict.fromkeys(inventory.RESERVED_FOR, 0),
         "sriov": {"state": "enabled", "numvfs": 16, "totalvfs": 16},
         "guests": [{"vgpu": mdev, "instance": instance, "domain": "instance-0000002a"}],
         "claims": [], "framebuffer": None}
@@ -269,6 +273,11 @@ def test_a100_with_sriov_off_says_why_it_has_no_provider(make_host, cli):
     assert (code, err) == (0, "")
     (row,) = json.loads(out)
     assert row["provider"] is None and (row["used"], row["total"]) == (0, 0)
+    # Served or not, the type is the one nova.conf gives the board (as the
+    # metrics say), with nothing offered of it.
+    assert row["type"] == "nvidia-468"
+    assert row["vgpus"] == [{"type": "nvidia-468", "capacity": 0, "used": 0, "reserved": 0,
+                             "free": 0}]
     assert row["sriov"] == {"state": "off", "numvfs": 0, "totalvfs": 16}
     assert row["reason"] == ("no provider: SR-IOV is off: run vgpu-manage sriov enable "
                              "0000:41:00.0")
@@ -330,8 +339,8 @@ def test_bar(used, total, expected):
 
 def test_columns_match_the_listing():
     assert status_commands.COLUMNS == ("provider", "gpu", "type", "name", "used", "total",
-                                       "bar", "reserved", "reason", "sriov", "guests",
-                                       "claims", "framebuffer")
+                                       "bar", "reserved", "reason", "vgpus", "reserved_for",
+                                       "sriov", "guests", "claims", "framebuffer")
 
 
 def test_a_guest_with_two_vgpus_of_a_gpu_is_one_table_line():

@@ -1,5 +1,6 @@
 """The production reader and discovery, on trees written by the fake kernel."""
 
+import contextlib
 import os
 import uuid
 
@@ -117,24 +118,35 @@ def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, re
         linux.LinuxSysfs(str(root))
 
 
-def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host):
+@pytest.fixture
+def opens():
+    """A context in which every path given to ``os.open`` is recorded, in
+    the list it yields: what a read opened, and only that read."""
+    @contextlib.contextmanager
+    def counting():
+        opened = []
+        real_open = os.open
+
+        def counting_open(path, *args, **kwargs):
+            opened.append(os.fsdecode(path))
+            return real_open(path, *args, **kwargs)
+
+        os.open = counting_open
+        try:
+            yield opened
+        finally:
+            os.open = real_open
+    return counting
+
+
+def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host, opens):
     """A VF has no SR-IOV files (drivers/pci/iov.c shows them on PFs only):
     the VFs read as parents in the same pass are not opened for them, and
     the PF is still found."""
     host = make_host("a100-sriov")
     reader = sysfs.open_host(host.paths.root)
-    opened = []
-    real_open = os.open
-
-    def counting_open(path, *args, **kwargs):
-        opened.append(os.fsdecode(path))
-        return real_open(path, *args, **kwargs)
-
-    os.open = counting_open
-    try:
+    with opens() as opened:
         snapshot = discovery.discover(reader)
-    finally:
-        os.open = real_open
     vfs = {p.name for p in snapshot.gpu("0000:41:00.0").parents}
     probed = {os.path.basename(os.path.dirname(p)) for p in opened
               if p.endswith("/sriov_totalvfs")}
@@ -142,24 +154,14 @@ def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host):
     assert "0000:41:00.0" in probed and snapshot.gpu("0000:41:00.0").sriov
 
 
-def test_a_read_for_some_types_reads_only_theirs(make_host):
+def test_a_read_for_some_types_reads_only_theirs(make_host, opens):
     """The inventory's read opens the attributes of the configured types
     only; the others are still listed, and the tree is the same."""
     host = make_host("a100-sriov")
     reader = sysfs.open_host(host.paths.root)
     full = discovery.discover(reader)
-    opened = []
-    real_open = os.open
-
-    def counting_open(path, *args, **kwargs):
-        opened.append(os.fsdecode(path))
-        return real_open(path, *args, **kwargs)
-
-    os.open = counting_open
-    try:
+    with opens() as opened:
         some = discovery.discover(reader, frozenset({"nvidia-468"}))
-    finally:
-        os.open = real_open
     type_files = [p for p in opened if "/mdev_supported_types/" in p]
     assert type_files and all("/mdev_supported_types/nvidia-468/" in p for p in type_files)
     for gpu_full, gpu_some in zip(full.gpus, some.gpus, strict=True):

@@ -197,6 +197,19 @@ def test_a_vgpu_moved_to_another_guest_stays_used(host, mdevs):
     assert host.users()[mdevs[2]] == "d"
 
 
+def test_a_listing_a_reader_holds_is_not_changed_by_later_lookups(host, mdevs):
+    """What a lookup returned stays one state of the host while the reader
+    holds it (the reconciler judges orphans on it, then acts): changes go
+    into new maps, never into ones handed out, so no reader iterates a map
+    that changes under it."""
+    held = host.index.mdev_users()
+    c = host.define("c", [mdevs[2]])
+    assert host.users()[mdevs[2]] == "c"
+    host.define("c", [mdevs[3]], domain_uuid=c)
+    assert host.index.domain_mdevs(c) == (mdevs[3],)
+    assert {vgpu: ref.name for vgpu, ref in held.items()} == {mdevs[0]: "a", mdevs[1]: "b"}
+
+
 def test_a_domain_undefined_before_the_lookup_is_dropped(host, mdevs):
     host.users()
     dom = host.define("c", [mdevs[2]], notify=False)

@@ -101,8 +101,8 @@ class TestMixedSize:
         assert caught.value.value == nvml.NVML_ERROR_NOT_FOUND
 
     @pytest.mark.parametrize("gpu", [{"heterogeneous_sizes": False},
-                                     {"framebuffer_mb": 98304}])   # no published table
-    def test_a_board_without_the_capability_or_a_table_stays_equal_size(
+                                     {"architecture": None}])   # a family no rule knows
+    def test_a_board_without_the_capability_or_its_rules_stays_equal_size(
             self, make_host, gpu):
         host = make_host(l40s(**gpu))
         with pytest.raises(nvml.NVMLError) as caught:

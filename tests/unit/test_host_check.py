@@ -335,6 +335,28 @@ def test_the_helpers_file_missing_different_or_changeable(make_host, check, sudo
         f"{path} is missing, so the privileged helper cannot start"
 
 
+def test_an_unreadable_file_is_refused_only_where_its_reader_would(make_host, check,
+                                                                   sudo_rule, host_root):
+    """A file that cannot be read (not UTF-8 here): the helper refuses its
+    file by who may change it, which needs no read, so that comes first;
+    the sudo rule's mode is only told once it is read."""
+    host = make_host("t4x8")
+    conf = host_root / host_files.PRIVSEP_CONF
+    conf.write_bytes(b"\xff\xfe")
+    os.chmod(conf, 0o666)
+    sudo_rule.write_bytes(b"\xff\xfe")
+    os.chmod(sudo_rule, 0o644)
+    checked = check(host, T4_CONF)
+    row = checked.one("helper-conf")
+    assert (row["level"], row["message"]) == (
+        "error", f"the privileged helper refuses {conf}: {conf} (owner root, mode 0666) can "
+                 "be changed by another user than root")
+    row = checked.one("sudo-rule")
+    assert row["level"] == "warning" and row["message"].startswith(
+        f"{sudo_rule} cannot be read (")
+    assert row["fix"] == "run host check as root"
+
+
 def test_the_state_directory(make_host, check, sudo_rule, tmp_path):
     host = make_host("t4x8")
     state = tmp_path / "state"

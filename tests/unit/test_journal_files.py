@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import exception
 from vgpu_driver import journal_files
 from vgpu_driver import metrics
@@ -22,7 +22,7 @@ STRANGER = 4242         # a uid that is neither root nor the directory's owner
 
 
 def _journal_with_a_claim(state_dir):
-    journal = claims.Journal(str(state_dir))
+    journal = claims_journal.Journal(str(state_dir))
     with journal.transaction() as txn:
         txn.add("inst-1", MDEV, "0000:41:00.0", "0000:41:00.4", "nvidia-468")
     journal.close()
@@ -35,7 +35,7 @@ def test_a_dangling_link_is_refused_and_nothing_is_made_where_it_points(tmp_path
     target.parent.mkdir()
     (state / "claims.sqlite").symlink_to(target)
     with pytest.raises(exception.JournalUnsafe) as caught:
-        claims.Journal(str(state), create=create)
+        claims_journal.Journal(str(state), create=create)
     assert str(caught.value).startswith(f"Refusing {state}/claims.sqlite: it is a link (to "
                                         f"'{target}')")
     assert list(target.parent.iterdir()) == []
@@ -48,7 +48,7 @@ def test_a_link_to_a_good_journal_elsewhere_is_refused_and_it_is_left_alone(tmp_
     state.mkdir()
     (state / "claims.sqlite").symlink_to(tmp_path / "real" / "claims.sqlite")
     with pytest.raises(exception.JournalUnsafe, match="it is a link"):
-        claims.Journal(str(state), create=False)
+        claims_journal.Journal(str(state), create=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "real").iterdir()} == before
 
 
@@ -59,7 +59,7 @@ def test_a_link_in_place_of_a_side_file_is_refused_before_sqlite_opens(tmp_path,
     (tmp_path / f"claims.sqlite{suffix}").symlink_to(target)
     for create in (True, False):
         with pytest.raises(exception.JournalUnsafe) as caught:
-            claims.Journal(str(tmp_path), create=create)
+            claims_journal.Journal(str(tmp_path), create=create)
         assert f"Refusing {tmp_path}/claims.sqlite{suffix}: it is a link" in str(caught.value)
         assert "move it away" not in str(caught.value)
     assert not target.exists()
@@ -68,7 +68,7 @@ def test_a_link_in_place_of_a_side_file_is_refused_before_sqlite_opens(tmp_path,
 def test_a_fifo_in_place_of_the_journal_is_refused_without_waiting(tmp_path):
     os.mkfifo(tmp_path / "claims.sqlite")
     with pytest.raises(exception.JournalUnsafe, match="it is not a regular file"):
-        claims.Journal(str(tmp_path))
+        claims_journal.Journal(str(tmp_path))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -79,7 +79,7 @@ def test_a_file_of_another_user_is_refused(tmp_path, suffix):
     path.touch()
     os.chown(path, STRANGER, STRANGER)
     with pytest.raises(exception.JournalUnsafe) as caught:
-        claims.Journal(str(tmp_path), create=False)
+        claims_journal.Journal(str(tmp_path), create=False)
     assert f"it belongs to uid {STRANGER}, neither the state directory's owner (root) " \
            "nor root" in str(caught.value)
 
@@ -179,7 +179,7 @@ def test_a_root_file_hard_linked_as_a_side_file_is_refused_and_kept(tmp_path):
     os.chmod(secret, 0o600)
     os.link(secret, state / "claims.sqlite-shm")
     with pytest.raises(exception.JournalUnsafe) as caught:
-        claims.Journal(str(state))
+        claims_journal.Journal(str(state))
     assert "hard links" in str(caught.value)
     found = os.stat(secret)
     assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (0, 0o600)

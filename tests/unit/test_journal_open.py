@@ -7,20 +7,21 @@ import sqlite3
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import exception
 
 MDEV = "11111111-2222-4333-8444-555555555555"
 
 
 def journal_with_a_claim(state_dir):
-    journal = claims.Journal(str(state_dir))
+    journal = claims_journal.Journal(str(state_dir))
     with journal.transaction() as txn:
         txn.add("inst-1", MDEV, "0000:41:00.0", "0000:41:00.4", "nvidia-468")
     return journal
 
 
 def test_create_is_the_default_and_records_the_schema_version(tmp_path):
-    journal = claims.Journal(str(tmp_path / "new" / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "new" / "state"))
     assert journal.schema_version == claims.SCHEMA_VERSION == 1
     assert journal.claims() == []
 
@@ -28,7 +29,7 @@ def test_create_is_the_default_and_records_the_schema_version(tmp_path):
 def test_without_create_a_missing_state_dir_is_refused_not_created(tmp_path):
     state = tmp_path / "typo"
     with pytest.raises(exception.JournalMissing) as caught:
-        claims.Journal(str(state), create=False)
+        claims_journal.Journal(str(state), create=False)
     assert str(state / "claims.sqlite") in str(caught.value)
     assert "does not exist" in str(caught.value)
     assert not state.exists()
@@ -36,7 +37,7 @@ def test_without_create_a_missing_state_dir_is_refused_not_created(tmp_path):
 
 def test_without_create_a_missing_file_is_refused(tmp_path):
     with pytest.raises(exception.JournalMissing, match="the file does not exist"):
-        claims.Journal(str(tmp_path), create=False)
+        claims_journal.Journal(str(tmp_path), create=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -44,15 +45,15 @@ def test_a_state_dir_that_is_a_file_is_refused_both_ways(tmp_path):
     state = tmp_path / "state"
     state.write_text("x")
     with pytest.raises(exception.JournalMissing, match="not a directory"):
-        claims.Journal(str(state), create=False)
+        claims_journal.Journal(str(state), create=False)
     with pytest.raises(exception.JournalMissing, match="cannot create"):
-        claims.Journal(str(state))
+        claims_journal.Journal(str(state))
 
 
 def test_an_empty_file_is_not_taken_for_an_empty_journal(tmp_path):
     (tmp_path / "claims.sqlite").write_bytes(b"")
     with pytest.raises(exception.JournalUnreadable, match=r"empty \(0 bytes\)"):
-        claims.Journal(str(tmp_path), create=False)
+        claims_journal.Journal(str(tmp_path), create=False)
 
 
 @pytest.mark.parametrize("create", [True, False])
@@ -60,7 +61,7 @@ def test_garbage_is_refused_and_left_as_it_was(tmp_path, create):
     path = tmp_path / "claims.sqlite"
     path.write_bytes(b"not a database at all, " * 100)
     with pytest.raises(exception.JournalUnreadable) as caught:
-        claims.Journal(str(tmp_path), create=create)
+        claims_journal.Journal(str(tmp_path), create=create)
     assert str(path) in str(caught.value) and "file is not a database" in str(caught.value)
     assert path.read_bytes() == b"not a database at all, " * 100
 
@@ -76,7 +77,7 @@ def test_a_truncated_journal_is_refused(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2 + 100])
     with pytest.raises(exception.JournalUnreadable):
-        claims.Journal(str(tmp_path), create=False).claims()
+        claims_journal.Journal(str(tmp_path), create=False).claims()
     assert path.read_bytes() == data[: len(data) // 2 + 100]
 
 
@@ -86,7 +87,7 @@ def test_a_sqlite_file_of_something_else_is_refused(tmp_path):
     db.commit()
     db.close()
     with pytest.raises(exception.JournalUnreadable, match="no claims table"):
-        claims.Journal(str(tmp_path), create=False)
+        claims_journal.Journal(str(tmp_path), create=False)
 
 
 def test_a_journal_from_a_newer_version_is_refused(tmp_path):
@@ -95,7 +96,7 @@ def test_a_journal_from_a_newer_version_is_refused(tmp_path):
     db.execute("PRAGMA user_version = 7")
     db.close()
     with pytest.raises(exception.JournalTooNew, match="schema version 7"):
-        claims.Journal(str(tmp_path))
+        claims_journal.Journal(str(tmp_path))
 
 
 def test_a_journal_written_before_versioning_is_migrated_with_its_claims(tmp_path):
@@ -103,7 +104,7 @@ def test_a_journal_written_before_versioning_is_migrated_with_its_claims(tmp_pat
     db = sqlite3.connect(tmp_path / "claims.sqlite")
     db.execute("PRAGMA user_version = 0")
     db.close()
-    journal = claims.Journal(str(tmp_path), create=False)
+    journal = claims_journal.Journal(str(tmp_path), create=False)
     assert journal.schema_version == claims.SCHEMA_VERSION
     assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
 
@@ -111,7 +112,8 @@ def test_a_journal_written_before_versioning_is_migrated_with_its_claims(tmp_pat
 def test_a_state_dir_with_uri_characters_opens(tmp_path):
     state = tmp_path / "a?b#c%20"
     journal_with_a_claim(state)
-    assert [c.mdev_uuid for c in claims.Journal(str(state), create=False).claims()] == [MDEV]
+    journal = claims_journal.Journal(str(state), create=False)
+    assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
 
 
 @pytest.mark.parametrize("setup, reason", [
@@ -123,27 +125,27 @@ def test_creating_never_adopts_an_empty_file_or_another_programs_database(tmp_pa
                                                                         reason):
     """``claims init`` (and nova-compute's start-up) create a journal only
     where there is none: what is there is left byte for byte."""
-    path = tmp_path / claims.Journal.FILENAME
+    path = tmp_path / claims_journal.Journal.FILENAME
     setup(path)
     before = path.read_bytes()
     with pytest.raises(exception.JournalUnreadable, match=reason):
-        claims.Journal(str(tmp_path), create=True)
+        claims_journal.Journal(str(tmp_path), create=True)
     assert path.read_bytes() == before
 
 
 def test_a_first_start_cut_short_is_finished_by_the_next(tmp_path):
     """A database sqlite made but no table yet (the process died before its
     first transaction) is the journal's to finish creating."""
-    path = tmp_path / claims.Journal.FILENAME
+    path = tmp_path / claims_journal.Journal.FILENAME
     sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").fetchall()
-    journal = claims.Journal(str(tmp_path), create=True)
+    journal = claims_journal.Journal(str(tmp_path), create=True)
     assert journal.claims() == [] and journal.schema_version == claims.SCHEMA_VERSION
 
 
 def test_close_lets_go_of_the_files_and_the_next_use_opens_again(tmp_path):
     journal = journal_with_a_claim(tmp_path)
     held = {f for f in _open_files() if f.startswith(str(tmp_path))}
-    assert any(f.endswith(claims.Journal.FILENAME) for f in held)
+    assert any(f.endswith(claims_journal.Journal.FILENAME) for f in held)
     journal.close()
     assert not [f for f in _open_files() if f.startswith(str(tmp_path))]
     assert [c.mdev_uuid for c in journal.claims()] == [MDEV]

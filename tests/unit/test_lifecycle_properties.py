@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests import properties
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -45,7 +45,7 @@ steps = st.lists(st.one_of(
 class Host:
     def __init__(self, root, remove_on_release):
         self.kernel = fakekernel.FakeKernel.build(f"{root}/sys", PROFILE)
-        self.journal = claims.Journal(f"{root}/state")
+        self.journal = claims_journal.Journal(f"{root}/state")
         self.domains = domains.InProcessDomains()
         self.guests = {}
         self.remove_on_release = remove_on_release

@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -34,7 +35,7 @@ class Lifecycle:
 
     def __init__(self, host, config, state_dir, **kwargs):
         self.host, self.config = host, config
-        self.journal = claims.Journal(str(state_dir))
+        self.journal = claims_journal.Journal(str(state_dir))
         self.domains = domains.InProcessDomains()
         self.manager = mdevs.MdevManager(host, self.journal, self.domains, config, **kwargs)
         self.reconciler = reconcile.Reconciler(self.manager)
@@ -385,6 +386,22 @@ class TestStaleClaims:
         assert [c.instance_uuid for c in stale] == ["never-booted"]
         assert {c.instance_uuid for c in life.journal.claims()} == {kept_instance,
                                                                    "migrating"}
+
+    @pytest.mark.parametrize("remove_on_release", [True, False])
+    def test_a_dropped_claim_s_vgpu_goes_as_a_release_s_does(self, lifecycle,
+                                                             remove_on_release):
+        """nova deletes an offloaded server without asking its last compute:
+        the claim is dropped as stale, and its mdev must go with it when
+        releases remove vGPUs (nothing else would ever remove it), or stay
+        free for the next guest when they keep them."""
+        life = lifecycle("t4x8", remove_on_release=remove_on_release)
+        lost_instance, mdevs = life.boot(T4A)
+        life.domains.undefine(lost_instance)
+        dropped = life.reconciler.clean_stale_claims(grace=0)
+        assert [c.mdev_uuid for c in dropped] == mdevs
+        assert life.journal.claims() == []
+        on_host = {m.uuid for m in life.host.list_mdevs()}
+        assert (set(mdevs) <= on_host) is not remove_on_release
 
 
 class TestErrno:

@@ -71,7 +71,8 @@ def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_co
         assert capacity == {g.address: (tree.by_gpu(g.address).total
                                         if tree.by_gpu(g.address) else 0)
                             for g in vgpu.manager.snapshot().gpus}
-        assert test_cli_metrics.per_gpu(written, "vgpu_gpu_vgpus_used")["0000:18:00.0"] == 3
+        assert test_cli_metrics.value(written, "vgpu_gpu_vgpus_used", gpu="0000:18:00.0",
+                                      type="nvidia-231") == 3
         assert test_cli_metrics.value(written, "vgpu_reconciler_up") == 1
         assert written[("vgpu_inventory_update_timestamp_seconds", frozenset())] > 0
         # The temporary file it renames over the metrics is gone.

@@ -10,6 +10,7 @@ import pytest
 
 from tests import libvirt_domains
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import guest
@@ -38,7 +39,7 @@ class Compute:
 
     def restart(self):
         """A new process: everything in memory is gone, the journal stays."""
-        journal = claims.Journal(str(self.root / f"{self.name}-state"))
+        journal = claims_journal.Journal(str(self.root / f"{self.name}-state"))
         self.manager = mdevs.MdevManager(self.kernel, journal, self.libvirt, self.config)
         self.reconciler = reconcile.Reconciler(self.manager)
         self.migrations = migration.Migrations(self.manager)

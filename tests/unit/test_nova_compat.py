@@ -51,11 +51,12 @@ def _uses(tree):
 
 
 def _methods_of_the_adapter_between():
-    """Methods of LiveMigration, the adapter's class between nova's driver
-    and LibvirtVGPUDriver: a super() call to one of them from driver.py
-    lands there (whose own super() calls are scanned in its file)."""
-    tree = ast.parse((ADAPTER / "live_migration.py").read_text(encoding="utf-8"))
-    return {f.name for c in tree.body if isinstance(c, ast.ClassDef)
+    """Methods of LiveMigration and Allocation, the adapter's classes between
+    nova's driver and LibvirtVGPUDriver: a super() call to one of them from
+    driver.py lands there (whose own super() calls are scanned in its file)."""
+    trees = [ast.parse((ADAPTER / name).read_text(encoding="utf-8"))
+             for name in ("live_migration.py", "allocation.py")]
+    return {f.name for tree in trees for c in tree.body if isinstance(c, ast.ClassDef)
             for f in c.body if isinstance(f, ast.FunctionDef)}
 
 

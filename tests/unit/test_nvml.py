@@ -84,6 +84,10 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
     nvml.set_heterogeneous_mode(L40S, True)
     host.set_vendor_vgpu_type("0000:c1:00.4", 1157)     # 12 GB at 0
     host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # 4 GB at 12
+    # NVML lists the active vGPUs: those whose guest runs.
+    assert nvml.located_vgpus(L40S) == ()
+    host.hold("0000:c1:00.4")
+    host.hold("0000:c1:00.5")
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
     # An instance gone between NVML's listing and the question (a stale
     # handle, a VF whose type was cleared) is left out.
@@ -92,8 +96,20 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
                         lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone",
                                         "0000:c1:00.9"])
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
+    host.release("0000:c1:00.4")
     host.set_vendor_vgpu_type("0000:c1:00.4", 0)
     assert nvml.located_vgpus(L40S) == ((1155, 12),)
+
+
+def test_a_vgpu_without_a_placement_is_not_located(make_host, fake_bindings):
+    """Equal-size mode before homogeneous placements: NVML answers
+    NVA081_PLACEMENT_ID_INVALID, which places nothing."""
+    host = make_host("l40s-vfio")
+    fake_bindings.use_host(host.paths.root)
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1155)
+    host.hold("0000:c1:00.4")
+    assert fake_nvml.nvmlVgpuInstanceGetPlacementId("0000:c1:00.4") == 0xFFFF
+    assert nvml.located_vgpus(L40S) == ()
 
 
 FAKE_BINDINGS_ONLY_FOR_A_TEST_HOST = """

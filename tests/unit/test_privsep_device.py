@@ -67,3 +67,29 @@ def test_a_function_that_is_no_parent_is_on_no_gpu(make_host, walk):
         # The PF of a board with its VFs off is no parent, though it is a GPU.
         assert device.gpu_of_parent(root, pf, found) is None
         assert device.physical_gpu(root, pf, found).mode == discovery.MODE_VFS_PENDING
+
+
+@pytest.mark.parametrize("profiles", HOSTS, ids="+".join)
+def test_a_read_among_named_addresses_finds_exactly_those_of_the_gpu(make_host, walk,
+                                                                     profiles):
+    """What the policy reads for a write: of the addresses a configuration
+    names, exactly those discovery gives the parent's GPU (its PF's and
+    the parent's always), whatever else is named."""
+    host = make_host(*profiles)
+    snapshot = discovery.discover(host)
+    every = [a for gpu in snapshot.gpus for a in gpu.addresses]
+    with beneath.SysfsRoot(host.paths.root, allow_fake=True) as root:
+        for gpu in snapshot.gpus:
+            for parent in gpu.parents:
+                link = (posixpath.join("class", "mdev_bus", parent.name)
+                        if parent.name in host.parent_names()
+                        else posixpath.join("bus", "pci", "devices", parent.name))
+                found = root.follow(link, parent.name)
+                whole = device.gpu_of_parent(root, parent.name, found)
+                named = device.gpu_of_parent(root, parent.name, found, among=every)
+                assert named.address == whole.address
+                assert set(named.addresses) == set(whole.addresses)
+                alone = device.gpu_of_parent(root, parent.name, found, among=())
+                assert set(alone.addresses) == {gpu.address, parent.name}
+                others = [a for a in every if a not in gpu.addresses]
+                assert device.gpu_of_parent(root, parent.name, found, among=others) == alone

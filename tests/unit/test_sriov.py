@@ -11,7 +11,7 @@ import pytest
 
 from tests import conftest
 from tests import pci_devices
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
@@ -176,7 +176,7 @@ def test_disable_refuses_a_vendor_vgpu_type(make_host):
 
 def test_disable_refuses_a_claim_in_the_journal(make_host, tmp_path):
     host = make_host("a100-sriov")
-    journal = claims.Journal(str(tmp_path / "state"))
+    journal = claims_journal.Journal(str(tmp_path / "state"))
     with journal.transaction() as txn:
         txn.add("inst-1", str(uuid.uuid4()), A100, A100_VF, "nvidia-468")
     with pytest.raises(exception.SriovRefused,

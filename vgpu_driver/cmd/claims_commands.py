@@ -10,6 +10,7 @@ import time
 
 from vgpu_driver import audit
 from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import names
@@ -58,7 +59,7 @@ class InitClaims(base.Command):
     """
 
     def take_action(self, parsed_args):
-        claims.check_new_state_dir(self.app.conf.vgpu.state_dir,
+        claims_journal.check_new_state_dir(self.app.conf.vgpu.state_dir,
                                    also_ours=(reconciler_state.STATE_FILE,
                                               audit.RECORD_FILE))
         journal = self.app.journal(create=True)

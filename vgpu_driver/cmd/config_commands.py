@@ -5,6 +5,7 @@ from vgpu_driver import config_check
 from vgpu_driver import discovery
 from vgpu_driver import host_probe
 from vgpu_driver import inventory
+from vgpu_driver import vgpu_scheduler
 from vgpu_driver.cmd import base
 from vgpu_driver.conf import fleet
 from vgpu_driver.conf import mdev_types
@@ -28,8 +29,11 @@ class CheckConfig(base.Command):
         snapshot = discovery.discover(host)
         boards = inventory.read_boards(host, snapshot, config) if not any(
             p.severity == "error" for p in problems) else None
+        schedulers = {gpu.address: vgpu_scheduler.policy(host.paths, gpu.address)
+                      for gpu in snapshot.gpus if gpu.pci is not None}
         problems += config_check.check(self.app.conf, config, snapshot, boards,
-                                       host_probe.configured_functions(host.paths, config))
+                                       host_probe.configured_functions(host.paths, config),
+                                       schedulers)
         for problem in problems:
             self.app.stdout.write(f"{problem}\n")
         failing = ("error", "warning") if parsed_args.strict else ("error",)

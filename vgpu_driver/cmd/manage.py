@@ -17,7 +17,7 @@ from cliff import commandmanager
 from oslo_config import cfg
 
 import vgpu_driver
-from vgpu_driver import claims
+from vgpu_driver import claims_journal
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
 from vgpu_driver import exception
@@ -121,7 +121,7 @@ class ManageApp(app.App):
         returned.  A journal that is there but unusable always raises.
         """
         try:
-            return claims.Journal(self.conf.vgpu.state_dir, create=create)
+            return claims_journal.Journal(self.conf.vgpu.state_dir, create=create)
         except exception.JournalMissing:
             if snapshot is not None and not snapshot.vgpus:
                 return None

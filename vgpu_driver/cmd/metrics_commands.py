@@ -7,14 +7,18 @@ half-written); ``metrics serve`` answers scrapes itself, on the loopback
 address unless told otherwise.
 """
 
+import dataclasses
+import os
 import signal
 import threading
+import time
 
 import prometheus_client
 
 from vgpu_driver import audit
 from vgpu_driver import exception
 from vgpu_driver import metrics
+from vgpu_driver import metrics_textfile
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import status_commands
 
@@ -84,7 +88,16 @@ class PrintMetrics(base.Command):
         return parser
 
     def take_action(self, parsed_args):
+        output = parsed_args.output
+        if output and not (output.endswith(metrics_textfile.SUFFIX)
+                           and os.path.basename(output) != metrics_textfile.SUFFIX):
+            raise exception.InvalidOption(
+                option="--output", value=output,
+                reason=f"node_exporter's textfile collector reads only files named "
+                       f"*{metrics_textfile.SUFFIX}")
+        started = time.monotonic()
         found, warnings = reading(self.app)
+        found = dataclasses.replace(found, read_seconds=time.monotonic() - started)
         self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
         scrape = metrics.registry_of(lambda: found)
         if parsed_args.output:
@@ -134,8 +147,11 @@ class ServeMetrics(base.Command):
             thread.join()
         return base.EXIT_OK
 
-    def _failed(self, exc):
-        self.app.LOG.error("A scrape could not read the host: %s", base.one_line(exc))
+    def _failed(self, exc, expected):
+        if expected:
+            self.app.LOG.error("A scrape could not read the host: %s", base.one_line(exc))
+        else:
+            self.app.LOG.exception("A scrape failed unexpectedly: %s", base.one_line(exc))
 
 
 def _wait_for_stop():

@@ -26,7 +26,7 @@ from vgpu_driver.cmd import host_view
 from vgpu_driver.cmd import status_screen
 
 COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
-           "sriov", "guests", "claims", "framebuffer")
+           "vgpus", "reserved_for", "sriov", "guests", "claims", "framebuffer")
 
 
 class GuestsColumn(cliff_columns.FormattableColumn):
@@ -55,6 +55,34 @@ class ClaimsColumn(cliff_columns.FormattableColumn):
     def machine_readable(self):
         return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state,
                  "stuck_for": c.stuck_for} for c in self._value]
+
+
+class TypesColumn(cliff_columns.FormattableColumn):
+    """Each type's vGPUs (capacity, used, reserved, free), a line per type in
+    tables, objects in JSON/YAML: counted in vGPUs on every GPU, so they
+    add up where ``used``/``total`` (a mixed-size board's MiB) do not."""
+
+    def human_readable(self):
+        return "\n".join(status_screen.type_lines(self._value))
+
+    def machine_readable(self):
+        return [{"type": t.type_id, "capacity": t.capacity, "used": t.used,
+                 "reserved": t.reserved, "free": t.free} for t in self._value]
+
+
+class ReservedForColumn(cliff_columns.FormattableColumn):
+    """What the reserved units are held back for: ``kind: units`` lines in
+    tables, ``{kind: units}`` (every kind, 0 when none) in JSON/YAML; units
+    are the GPU's (``total``'s)."""
+
+    def human_readable(self):
+        kinds, unit = self._value
+        return "\n".join(status_screen.reserved_lines(kinds, unit))
+
+    def machine_readable(self):
+        kinds, _unit = self._value
+        held = dict(kinds)
+        return {kind: held.get(kind, 0) for kind in inventory.RESERVED_FOR}
 
 
 class SriovColumn(cliff_columns.FormattableColumn):
@@ -137,22 +165,26 @@ def read_sources(app):
     worker = reconciler_state.read(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
     view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now,
-                          maps=framebuffer.map_boards(host, snapshot, tree, boards))
+                          maps=framebuffer.map_boards(host, snapshot, tree, boards),
+                          configured=inventory.configured_types(snapshot, config))
     return Sources(view, warning, config, snapshot, claim_list, users, tree, worker, now)
 
 
 def row(gpu):
     return columns.optional((
         gpu.provider, gpu.gpu, gpu.type_id, gpu.type_name, gpu.used, gpu.total, gpu.bar,
-        gpu.reserved, gpu.reason, SriovColumn(gpu.sriov), GuestsColumn(gpu.guests),
-        ClaimsColumn(gpu.claims), FramebufferColumn(gpu.board_map)))
+        gpu.reserved, gpu.reason, TypesColumn(gpu.types),
+        ReservedForColumn((gpu.reserved_for, gpu.unit)), SriovColumn(gpu.sriov),
+        GuestsColumn(gpu.guests), ClaimsColumn(gpu.claims), FramebufferColumn(gpu.board_map)))
 
 
 class ShowStatus(base.Lister):
     """One screen per host: each physical GPU, its use, guests and claims.
 
-    Per GPU: its provider and type, used/total as a bar, reserved units and
-    why (as ``inventory`` says), the guests on it (instance and libvirt
+    Per GPU: its provider and type (the one nova.conf gives it, provider or
+    not), used/total as a bar, reserved units and why (as ``inventory``
+    says), each type's vGPUs (capacity, used, reserved, free: counted in
+    vGPUs on every board, mixed-size ones too), the guests on it (instance and libvirt
     domain), claims in flight (any state but attached), on SR-IOV boards
     the VF state, and on a board serving mixed sizes the map of where its
     vGPUs sit on its framebuffer.  The table ends with one line about the

@@ -55,6 +55,17 @@ def claim_lines(claims):
         for c in claims]
 
 
+def type_lines(types):
+    """``type: used/capacity used, R reserved, F free``, one per type, in vGPUs."""
+    return [f"{t.type_id}: {t.used}/{t.capacity} used, {t.reserved} reserved, {t.free} free"
+            for t in types]
+
+
+def reserved_lines(reserved_for, unit):
+    """``kind: units``, one per reason any of the GPU's units are held back."""
+    return [f"{kind}: {units} {unit}" for kind, units in reserved_for if units]
+
+
 def map_lines(board_map):
     """A mixed-size board's map: its slots, then each vGPU's mark, type and
     placement ID, and the vGPUs NVML did not place; none elsewhere."""
@@ -119,6 +130,7 @@ def _details(gpu, selected):
         yield "provider", gpu.provider
     if "reason" in selected and gpu.reason:
         yield "reason", gpu.reason
+    yield from _counts(gpu, selected)
     if "guests" in selected:
         if gpu.guests is None:
             yield "guests", "unknown"
@@ -131,6 +143,16 @@ def _details(gpu, selected):
     if "framebuffer" in selected:
         for line in map_lines(gpu.board_map):
             yield "map", line
+
+
+def _counts(gpu, selected):
+    """The ``vgpus`` and ``held`` lines of a GPU's block."""
+    if "vgpus" in selected:
+        for line in type_lines(gpu.types):
+            yield "vgpus", line
+    if "reserved_for" in selected:
+        for line in reserved_lines(gpu.reserved_for, gpu.unit):
+            yield "held", line
 
 
 def _flow(parts, separator, width):

@@ -42,7 +42,8 @@ class JournalUnsafe(JournalError):
 
     msg_fmt = ("Refusing %(file)s: %(reason)s. The claims journal's files must be regular "
                "files of the state directory's owner or root; nothing was opened or "
-               "created through it. Remove it if vgpu-driver did not make it.")
+               "created through it. A link or a file that is not regular: remove it; a regular "
+               "file may hold claims: give it to the directory's owner, do not remove it.")
 
 
 class JournalNotWritable(JournalError):

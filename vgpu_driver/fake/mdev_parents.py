@@ -86,7 +86,7 @@ class MdevParents:
     def _refresh(self, gpu):
         """Rewrite what the driver reports after any change on ``gpu``."""
         existing = self._gpu_mdev_types(gpu)
-        placed = self._placed(gpu) if gpu["model"] == "nvidia-vfio" else None
+        placed = self._placed(gpu) if gpu.get("sriov") else None
         for dev in self._parent_dirs(gpu):
             if gpu["model"] == "nvidia-vfio":
                 lines = ["ID    : vGPU Name"]
@@ -99,7 +99,7 @@ class MdevParents:
             for spec in gpu["types"]:
                 tree.write_file(os.path.join(dev, "mdev_supported_types", spec["id"],
                                              "available_instances"),
-                                f"{vendor.available(gpu, dev, spec, existing)}\n")
+                                f"{vendor.available(gpu, dev, spec, existing, placed)}\n")
 
     def _store_create(self, dev, type_id, value):
         # As mdev_sysfs.c: 36 characters, or 37 with the trailing newline.
@@ -116,7 +116,8 @@ class MdevParents:
         spec = vendor.type_spec(gpu, type_id)
         if spec is None:
             raise tree.os_error(errno.EINVAL, type_id)
-        if vendor.available(gpu, dev, spec, self._gpu_mdev_types(gpu)) < 1:
+        placed = self._placed(gpu) if gpu.get("sriov") else None
+        if vendor.available(gpu, dev, spec, self._gpu_mdev_types(gpu), placed) < 1:
             raise tree.os_error(errno.ENOSPC if gpu["model"] == "mtty" else errno.EUSERS,
                                 type_id)
         mdev_dir = os.path.join(dev, uuid)
@@ -129,6 +130,8 @@ class MdevParents:
         tree.link(self._new_iommu_group(), os.path.join(mdev_dir, "iommu_group"))
         tree.link(mdev_dir, os.path.join(dev, "mdev_supported_types", type_id, "devices", uuid))
         tree.link(mdev_dir, self.paths.mdev(uuid))
+        if gpu.get("sriov"):
+            self._place(gpu, dev, spec, mdev_dir)
         self._refresh(gpu)
         self._announce("add", mdev_dir, "mdev", MDEV_TYPE=type_id)
 
@@ -143,6 +146,7 @@ class MdevParents:
 
     def _destroy_mdev(self, dev, uuid):
         mdev_dir = os.path.join(dev, uuid)
+        self._unplace(dev, mdev_dir)
         group = linux.resolve_link(os.path.join(mdev_dir, "iommu_group"))
         if group:
             shutil.rmtree(group, ignore_errors=True)

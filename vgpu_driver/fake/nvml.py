@@ -26,6 +26,11 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_IN_USE = 19
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
+# nvmlVgpuPlacementList_v2_t's mode (nvml.h, R565 and later).
+NVML_VGPU_PGPU_HETEROGENEOUS_MODE = 0
+NVML_VGPU_PGPU_HOMOGENEOUS_MODE = 1
+# A vGPU without a placement (NVA081_PLACEMENT_ID_INVALID, ctrla081.h).
+INVALID_PLACEMENT_ID = 0xFFFF
 # nvmlGpuVirtualizationMode_t and nvmlHostVgpuMode_t (nvml.h).
 NVML_GPU_VIRTUALIZATION_MODE_NONE = 0
 NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH = 1
@@ -150,20 +155,24 @@ class Bindings:
 
     def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, vgpuTypeId, mode=0,  # noqa: N802,N803
                                                  version=1):
-        """The IDs a type may take in mixed-size mode (``mode`` 0, NVML's
-        ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``)."""
-        if mode != 0:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        size, supported, _creatable = self._kernel().placements(handle, vgpuTypeId)
+        """The IDs a type may take in mixed-size mode (``mode``
+        ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``) or, where the board has them,
+        in equal-size mode (``NVML_VGPU_PGPU_HOMOGENEOUS_MODE``)."""
+        if mode not in (NVML_VGPU_PGPU_HETEROGENEOUS_MODE, NVML_VGPU_PGPU_HOMOGENEOUS_MODE):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        size, supported, _creatable = self._kernel().placements(
+            handle, vgpuTypeId, homogeneous=mode == NVML_VGPU_PGPU_HOMOGENEOUS_MODE)
         return PlacementList(size, supported)
 
     def nvmlDeviceGetVgpuTypeCreatablePlacements(self, handle, vgpuTypeId, version=1):  # noqa: N802,N803
-        """The IDs a vGPU of the type could take now (none in equal-size mode)."""
+        """The IDs a vGPU of the type could take now, in the board's mode
+        (none in equal-size mode on a board without homogeneous placements)."""
         size, _supported, creatable = self._kernel().placements(handle, vgpuTypeId)
         return PlacementList(size, creatable)
 
     def nvmlDeviceGetActiveVgpus(self, handle):  # noqa: N802 - pynvml's name
-        """The GPU's vGPU instances: here, each one's VF address."""
+        """The GPU's active vGPU instances (their guests running): here,
+        each one's VF address."""
         return [vf for vf, _number, _placement in self._kernel().active_vgpus(handle)]
 
     def _instance(self, vgpuInstance):  # noqa: N803 - pynvml's argument name
@@ -179,12 +188,12 @@ class Bindings:
         return self._instance(vgpuInstance)[0]
 
     def nvmlVgpuInstanceGetPlacementId(self, vgpuInstance):  # noqa: N802,N803
-        """The instance's placement ID (pynvml returns the ID itself); the
-        fake places vGPUs in mixed-size mode only."""
+        """The instance's placement ID (pynvml returns the ID itself):
+        ``INVALID_PLACEMENT_ID`` for a vGPU without one ("Otherwise it is
+        NVA081_PLACEMENT_ID_INVALID", ``ctrla081.h``): equal-size mode on a
+        board without homogeneous placements."""
         placement = self._instance(vgpuInstance)[1]
-        if placement is None:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return placement
+        return INVALID_PLACEMENT_ID if placement is None else placement
 
 
 _MODULE_HOST = Bindings()

@@ -119,6 +119,7 @@ class PciFunctions:
             if gpu["model"] == "nvidia-vfio":
                 os.makedirs(os.path.join(vf_dir, "nvidia"))
                 tree.write_file(os.path.join(vf_dir, "nvidia", "current_vgpu_type"), "0\n", 0o644)
+                self._show_placement(vf_dir, None)
             else:
                 self._register_parent(gpu, vf_dir, vf)
             self._announce_pci("bind", vf_dir, DRIVER="nvidia")
@@ -142,31 +143,6 @@ class PciFunctions:
             self._announce_pci("remove", vf_dir)
         tree.write_file(os.path.join(pf_dir, "sriov_numvfs"), "0\n", 0o644)
         self._forget_mixed_size(gpu)
-
-    # -- mixed-size mode: NVML's state, kept beside the tree -------------------------
-
-    def _forget_mixed_size(self, gpu):
-        """The mode and the placements go with the VFs: the vendor driver
-        rebinds, and the GPU is back in equal-size mode.  NVIDIA documents
-        the reset on a host reboot, a driver reload and a GPU reset (user
-        guide 17.0, 2.11); that disabling or enabling the VFs clears it too
-        was measured by operators (an enablement set before the VFs read
-        back enabled, then was gone), so the fake clears it both ways."""
-        tree.remove_link(self._state_path(f"mixed-size-{gpu['address']}"))
-        for vf in self._vf_addresses(gpu, gpu["sriov"]["totalvfs"]):
-            tree.remove_link(self._state_path(f"placement-{vf}"))
-
-    def _placed(self, gpu):
-        """None in equal-size mode; in mixed-size mode, ``{VF dir: placement
-        ID}`` of the GPU's vGPUs."""
-        if not os.path.exists(self._state_path(f"mixed-size-{gpu.get('address')}")):
-            return None
-        placed = {}
-        for vf in self._current_vfs(gpu):
-            recorded = linux.read_attr(self._state_path(f"placement-{vf}"))
-            if recorded is not None:
-                placed[self._device_dir(gpu, vf)] = int(recorded)
-        return placed
 
     def _current_vfs(self, gpu):
         pf_dir = self._device_dir(gpu)
@@ -199,7 +175,7 @@ class PciFunctions:
                 # The guest still has the VF open: its vGPU cannot go yet.
                 raise tree.os_error(errno.EBUSY, "current_vgpu_type")
             tree.write_file(current_file, "0\n", 0o644)
-            tree.remove_link(self._state_path(f"placement-{os.path.basename(vf_dir)}"))
+            self._unplace(vf_dir)
         elif current:
             raise tree.os_error(errno.EBUSY, "current_vgpu_type")
         else:
@@ -207,10 +183,6 @@ class PciFunctions:
             existing, placed = self._gpu_mdev_types(gpu), self._placed(gpu)
             if spec is None or not vendor.available(gpu, vf_dir, spec, existing, placed):
                 raise tree.os_error(errno.EINVAL, "current_vgpu_type")
-            if placed is not None:
-                # The lowest creatable placement (see vgpu_driver.fake.placements).
-                chosen = vendor.creatable_placements(gpu, spec, existing, placed)[0]
-                tree.write_file(self._state_path(f"placement-{os.path.basename(vf_dir)}"),
-                                f"{chosen}\n", 0o600)
+            self._place(gpu, vf_dir, spec)      # the lowest creatable, if any
             tree.write_file(current_file, f"{wanted}\n", 0o644)
         self._refresh(gpu)

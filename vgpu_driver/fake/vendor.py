@@ -23,14 +23,30 @@ Models:
   manager): a PCI function bound to ``nvidia``, no mdev parent, no SR-IOV
   files, no ``nvidia/`` directory, and NVML's vGPU calls NOT_SUPPORTED (as
   read on such a host with an H100 and driver 580).
-* ``nvidia-vfio`` boards that report "Heterogeneous Time-Slice Sizes" (the
-  profile's ``heterogeneous_sizes``) can be put in *mixed-size mode*
+* SR-IOV boards (``nvidia-sriov`` over mdev, ``nvidia-vfio`` over vendor
+  VFIO) that report "Heterogeneous Time-Slice Sizes" (the profile's
+  ``heterogeneous_sizes``) and whose family the rules know (``architecture``
+  and ``framebuffer_mb``) can be put in *mixed-size mode*
   (:meth:`FakeKernel.set_heterogeneous_mode`): vGPUs of any sizes share the
-  board, each at a placement of :mod:`vgpu_driver.fake.placements`.
+  board, each at a placement of :mod:`vgpu_driver.fake.board_tables`.  The
+  vGPU manager offers the mode on SR-IOV GPUs under its VFIO framework, over
+  mdev and over vendor VFIO alike (``kvgpumgrSetSupportedPlacementIds``:
+  ``gpuIsSriovEnabled`` and ``osIsVgpuVfioPresent``).
+* Each vGPU takes the lowest creatable placement of its type ("Allocate
+  either the first available placementId or the placementId specified by
+  the user", ``kvgpumgrSetPlacementId``), in mixed-size mode, and in
+  equal-size mode on boards with homogeneous placements (Ada and later,
+  from R565: :func:`homogeneous_placements`); elsewhere it has none
+  (``NVA081_PLACEMENT_ID_INVALID``).
 """
 
-from vgpu_driver.fake import placements
+from vgpu_driver.fake import board_tables
 from vgpu_driver.sysfs import base
+
+SRIOV_MODELS = ("nvidia-sriov", "nvidia-vfio")
+# The first vGPU manager branch whose NVML reports homogeneous placements
+# (nvmlVgpuPlacementList_v2_t's mode, NVML_VGPU_PGPU_HOMOGENEOUS_MODE).
+HOMOGENEOUS_FROM_BRANCH = 565
 
 
 def type_spec(gpu, type_id):
@@ -69,18 +85,48 @@ def available(gpu, dev, spec, existing, placed=None):
 
 
 def can_mix_sizes(gpu):
-    """Whether the board can be put in mixed-size mode: vendor VFIO, the
-    capability reported, and a published placement table for its size."""
-    return (gpu["model"] == "nvidia-vfio" and bool(gpu.get("heterogeneous_sizes"))
-            and placements.has_table(gpu.get("framebuffer_mb", 0)))
+    """Whether the board can be put in mixed-size mode: SR-IOV under the
+    vGPU manager, the capability reported, and a family the rules know."""
+    return (gpu["model"] in SRIOV_MODELS and bool(gpu.get("heterogeneous_sizes"))
+            and board_tables.board_of_gpu(gpu) is not None)
 
 
-def creatable_placements(gpu, spec, existing, placed):
-    """The placement IDs a vGPU of ``spec`` could take now in mixed-size mode."""
-    taken = [(placed[d], placements.slots(type_spec(gpu, t)["framebuffer_mb"]))
-             for d, _, t in existing if d in placed]
-    return placements.creatable(gpu["framebuffer_mb"], spec["framebuffer_mb"], taken,
-                                gpu.get("architecture"))
+def homogeneous_placements(gpu, manager_version):
+    """Whether vGPUs of the board take placements in equal-size mode: Ada
+    and later under a vGPU manager of R565 or later (the branch whose NVML
+    reports them); the fake gives none before, the conservative reading."""
+    board = board_tables.board_of_gpu(gpu)
+    branch = (manager_version or "0").split(".")[0]
+    return (gpu["model"] in SRIOV_MODELS and board is not None
+            and board.architecture != board_tables.AMPERE
+            and branch.isdigit() and int(branch) >= HOMOGENEOUS_FROM_BRANCH)
+
+
+def placement_table(gpu, spec, mixed):
+    """``(size in slots, supported IDs)`` of ``spec`` on the board, in
+    mixed-size mode or (``mixed`` False) equal-size mode's homogeneous ones."""
+    board = board_tables.board_of_gpu(gpu)
+    table = board_tables.supported(board) if mixed else board_tables.homogeneous(board)
+    entry = table.get(spec["id"])
+    if entry is None:
+        return board_tables.placement_size(board, _as_type(spec)), ()
+    return entry.size, entry.placements
+
+
+def creatable_placements(gpu, spec, existing, placed, mixed=True):
+    """The placement IDs a vGPU of ``spec`` could take now: ``placed`` is
+    ``{parent dir: placement ID}`` of the ``existing`` vGPUs."""
+    board = board_tables.board_of_gpu(gpu)
+    used = [(t, placed[d]) for d, _, t in existing if d in placed]
+    for entry in board_tables.creatable(board, used, mixed=mixed):
+        if entry.type.name == spec["id"]:
+            return entry.placements
+    return ()
+
+
+def _as_type(spec):
+    return board_tables.VgpuType(spec["id"], board_tables.gb(spec["framebuffer_mb"]),
+                                 int(spec.get("max") or 1))
 
 
 def host_model(profile):

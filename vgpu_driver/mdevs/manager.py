@@ -20,6 +20,7 @@ from typing import Any
 from oslo_log import log as logging
 
 from vgpu_driver import claims as claims_mod
+from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import removals as removals_mod
@@ -40,7 +41,7 @@ LOG = logging.getLogger(__name__)
 class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
-    def __init__(self, host: WritableSysfs, journal: claims_mod.Journal,
+    def __init__(self, host: WritableSysfs, journal: claims_journal.Journal,
                  domains: DomainReferences, mdev_config: MdevConfig, *,
                  remove_on_release: bool = False, remove_timeout: float = 30.0,
                  removals: removals_mod.Removals | None = None) -> None:
@@ -171,8 +172,7 @@ class MdevManager:
         """
         with self.journal.transaction() as txn:
             mine = txn.claims(instance_uuid)
-            going = [c.mdev_uuid for c in mine if self.remove_on_release
-                     or c.type_id in self.config.mixed_types]
+            going = [c.mdev_uuid for c in mine if self._goes_on_release(c.type_id)]
             kept = [c.mdev_uuid for c in mine if c.mdev_uuid not in going]
             if kept:
                 txn.remove(instance_uuid, kept)
@@ -180,6 +180,25 @@ class MdevManager:
                 return kept
             txn.set_state(instance_uuid, claims_mod.RELEASING, going)
         return kept + self.finish_release(going)
+
+    def drop_stale(self, stale: Iterable[claims_mod.Claim]) -> list[claims_mod.Claim]:
+        """Drop claims an earlier read found stale, those still unchanged;
+        the dropped ones.  Their vGPUs go as a release's do (:meth:`release`):
+        a guest that never came, or went without telling this host (nova
+        deletes an offloaded server without its last compute), must not
+        leave behind a vGPU nothing will ever remove."""
+        with self.journal.transaction() as txn:
+            dropped = txn.remove_exact(stale)
+            going = [c for c in dropped if self._goes_on_release(c.type_id)]
+            for claim in going:
+                txn.add(claim.instance_uuid, claim.mdev_uuid, claim.gpu, claim.parent,
+                        claim.type_id, claims_mod.RELEASING, claim.created)
+        if going:
+            self.finish_release([c.mdev_uuid for c in going])
+        return dropped
+
+    def _goes_on_release(self, type_id: str) -> bool:
+        return self.remove_on_release or type_id in self.config.mixed_types
 
     def finish_release(self, mdev_uuids: Iterable[str], wait: float | None = None) -> list[str]:
         """Remove vGPUs held ``releasing`` and drop their claims once gone.

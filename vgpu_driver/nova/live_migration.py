@@ -11,7 +11,8 @@ for its own live-migratable PCI devices).  The work itself is
 :mod:`vgpu_driver.migration`'s; this layer only hooks it into nova's calls.
 
 :class:`LiveMigration` sits between nova's ``LibvirtDriver`` and
-:class:`~vgpu_driver.nova.driver.LibvirtVGPUDriver`, so its ``super()`` is
+:class:`~vgpu_driver.nova.driver.LibvirtVGPUDriver` (under
+:class:`~vgpu_driver.nova.allocation.Allocation`), so its ``super()`` is
 nova's.  It uses what the driver class provides: ``vgpu`` (the core driver),
 ``_instance_mdevs``, ``_providers_by_uuid`` and ``_operating_on``.
 """

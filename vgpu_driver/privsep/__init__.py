@@ -19,7 +19,11 @@ would read nova-compute's files, not the ones it was given.
 This module is the caller's side.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
+from typing import Any
 
 from oslo_privsep import daemon
 
@@ -29,6 +33,11 @@ from vgpu_driver.privsep.entrypoints import create_mdev
 from vgpu_driver.privsep.entrypoints import remove_mdev
 from vgpu_driver.privsep.entrypoints import set_heterogeneous_mode
 from vgpu_driver.privsep.entrypoints import set_vgpu_type
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from oslo_config import cfg
 
 __all__ = ["call", "create_mdev", "ensure_started", "gpu_admin", "refuse_writes",
            "remove_mdev", "run_in_process", "run_in_process_when_root",
@@ -40,13 +49,13 @@ __all__ = ["call", "create_mdev", "ensure_started", "gpu_admin", "refuse_writes"
 sysfs_writer = context.sysfs_writer
 gpu_admin = context.gpu_admin
 
-_ENTRY_POINTS = {"create_mdev": create_mdev, "remove_mdev": remove_mdev,
-                 "set_vgpu_type": set_vgpu_type,
-                 "set_heterogeneous_mode": set_heterogeneous_mode}
+_ENTRY_POINTS: dict[str, Callable[..., Any]] = {
+    "create_mdev": create_mdev, "remove_mdev": remove_mdev, "set_vgpu_type": set_vgpu_type,
+    "set_heterogeneous_mode": set_heterogeneous_mode}
 _CONTEXT_OF = {"set_heterogeneous_mode": gpu_admin}
 
 
-def run_in_process_when_root(conf):
+def run_in_process_when_root(conf: cfg.ConfigOpts) -> None:
     """The CLI's choice: write in-process under ``conf`` when root, else refuse
     every write (a daemon would not read the files the CLI was given)."""
     if os.geteuid() == 0:
@@ -55,20 +64,20 @@ def run_in_process_when_root(conf):
         refuse_writes()
 
 
-def run_in_process(conf):
+def run_in_process(conf: cfg.ConfigOpts) -> None:
     """Run the entry points here, ``conf`` fixing the root and the policy."""
     for each in context.CONTEXTS:
         each.set_client_mode(False)
     context.fix_configuration(conf)
 
 
-def refuse_writes():
+def refuse_writes() -> None:
     """Every write is refused, typed, before anything is opened."""
     use_daemon()
     context.state["refuse_writes"] = os.geteuid()
 
 
-def use_daemon():
+def use_daemon() -> None:
     """Back to the default: every call goes to a privsep daemon."""
     for each in context.CONTEXTS:
         each.set_client_mode(True)
@@ -76,7 +85,7 @@ def use_daemon():
     context.state.pop("refuse_writes", None)
 
 
-def ensure_started(privileged=sysfs_writer):
+def ensure_started(privileged: context.Context = sysfs_writer) -> None:
     """Start the daemon now, so that failing to start is not a device error."""
     if not privileged.client_mode or privileged.channel is not None:
         return
@@ -86,7 +95,7 @@ def ensure_started(privileged=sysfs_writer):
         raise exception.PrivilegedHelperUnavailable(reason=str(exc)) from exc
 
 
-def call(entry_point, *args):
+def call(entry_point: str, *args: object) -> Any:
     """Run one entry point by name, starting the daemon first."""
     if "refuse_writes" in context.state:
         raise exception.WritesNeedRoot(f"{entry_point}{args!r}", context.state["refuse_writes"])

@@ -18,13 +18,19 @@ swapped for a link between two steps makes the open fail; it cannot move a
 write elsewhere.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os
 import posixpath
 import stat
+from typing import TYPE_CHECKING
 
 from vgpu_driver import exception
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 SYSFS_MAGIC = 0x62656572
 _SYS_OPENAT2 = 437          # the same number on every architecture
@@ -44,17 +50,34 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
-def _openat2(dir_fd, relpath, flags):
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
-    fd = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(relpath),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+# syscall(2) typed for openat2 alone (a CDLL of our own: nobody else's
+# prototype changes), and one ``struct open_how`` per set of flags, built
+# once: the entry points open a handful of paths per write.
+_syscall = _libc.syscall
+_syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                     ctypes.c_size_t)
+_syscall.restype = ctypes.c_long
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_hows: dict[int, _OpenHow] = {}
+
+
+def _how(flags: int) -> _OpenHow:
+    how = _hows.get(flags)
+    if how is None:
+        how = _hows[flags] = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+    return how
+
+
+def _openat2(dir_fd: int, relpath: str, flags: int) -> int:
+    fd: int = _syscall(_SYS_OPENAT2, dir_fd, os.fsencode(relpath),
+                       ctypes.addressof(_how(flags)), _HOW_SIZE)
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), relpath)
     return fd
 
 
-def _probe_openat2():
+def _probe_openat2() -> bool:
     """True when this kernel (and its seccomp filter) lets us use openat2."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -71,7 +94,7 @@ def _probe_openat2():
 HAVE_OPENAT2 = _probe_openat2()
 
 
-def _fs_type(fd):
+def _fs_type(fd: int) -> int:
     """``f_type`` of the filesystem ``fd`` is on (the first field of struct statfs)."""
     buf = ctypes.create_string_buffer(256)
     if _libc.fstatfs(ctypes.c_int(fd), buf) != 0:
@@ -80,7 +103,7 @@ def _fs_type(fd):
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
-def _components(relpath):
+def _components(relpath: str) -> list[str]:
     parts = relpath.split("/")
     if not relpath or relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise exception.PrivilegedWriteRefused(relpath, "not a plain path beneath the root")
@@ -95,7 +118,7 @@ class SysfsRoot:
     sysfs mount through (``[vgpu] test_only_fake_sysfs_root``).
     """
 
-    def __init__(self, path, allow_fake=False, walk=None):
+    def __init__(self, path: str, allow_fake: bool = False, walk: str | None = None) -> None:
         self.path = path
         self.walk = walk or ("openat2" if HAVE_OPENAT2 else "components")
         self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -109,20 +132,21 @@ class SysfsRoot:
             os.close(self.fd)
             raise
 
-    def close(self):
+    def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self):
+    def __enter__(self) -> SysfsRoot:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     # -- opening ------------------------------------------------------------------
 
-    def open(self, relpath, flags):
+    def open(self, relpath: str, flags: int) -> int:
         """An fd for ``relpath`` under the root; ELOOP for a link on the way,
         EXDEV for a path leaving the root's mount."""
         parts = _components(relpath)
@@ -130,7 +154,7 @@ class SysfsRoot:
             return _openat2(self.fd, relpath, flags)
         return self._open_by_components(parts, flags)
 
-    def _open_by_components(self, parts, flags):
+    def _open_by_components(self, parts: list[str], flags: int) -> int:
         current = os.dup(self.fd)
         try:
             for name in parts[:-1]:
@@ -147,7 +171,7 @@ class SysfsRoot:
             raise
         return fd
 
-    def _step(self, dir_fd, name):
+    def _step(self, dir_fd: int, name: str) -> int:
         """The directory ``name`` in ``dir_fd``, held by an ``O_PATH`` fd."""
         fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
@@ -157,7 +181,7 @@ class SysfsRoot:
             raise
         return fd
 
-    def _check_held(self, fd, name, final=False, flags=0):
+    def _check_held(self, fd: int, name: str, final: bool = False, flags: int = 0) -> None:
         held = os.fstat(fd)
         if stat.S_ISLNK(held.st_mode) and not (final and flags & os.O_PATH):
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
@@ -168,7 +192,7 @@ class SysfsRoot:
 
     # -- what the entry points need -----------------------------------------------
 
-    def exists(self, relpath):
+    def exists(self, relpath: str) -> bool:
         """True when ``relpath`` names anything, a link included (not followed)."""
         try:
             os.close(self.open(relpath, os.O_PATH | os.O_NOFOLLOW))
@@ -176,7 +200,7 @@ class SysfsRoot:
             return False
         return True
 
-    def listdir(self, relpath):
+    def listdir(self, relpath: str) -> list[str]:
         """The names in the directory at ``relpath``, opened beneath the root."""
         fd = self.open(relpath, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -184,7 +208,7 @@ class SysfsRoot:
         finally:
             os.close(fd)
 
-    def read(self, relpath):
+    def read(self, relpath: str) -> str:
         """A small attribute's text, stripped; '' when it is not there."""
         try:
             fd = self.open(relpath, os.O_RDONLY | os.O_NONBLOCK)
@@ -197,13 +221,13 @@ class SysfsRoot:
         finally:
             os.close(fd)
 
-    def links(self, directory, prefix):
+    def links(self, directory: str, prefix: str) -> dict[str, str]:
         """``{entry: device directory}`` of the links in ``directory`` whose
         names start with ``prefix`` (a PF's ``virtfn<N>``), the directory
         opened once; each target accepted as :meth:`follow` accepts it."""
         dir_fd = self.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            found = {}
+            found: dict[str, str] = {}
             for entry in os.listdir(dir_fd):
                 if entry.startswith(prefix):
                     target = os.readlink(entry, dir_fd=dir_fd)
@@ -212,14 +236,14 @@ class SysfsRoot:
         finally:
             os.close(dir_fd)
 
-    def _under_devices(self, directory, base, target):
+    def _under_devices(self, directory: str, base: str, target: str) -> str:
         resolved = posixpath.normpath(posixpath.join(directory, target))
         if posixpath.isabs(target) or not resolved.startswith(_DEVICES + "/"):
             raise exception.PrivilegedWriteRefused(
                 posixpath.join(directory, base), f"a link leading outside {self.path}/{_DEVICES}")
         return resolved
 
-    def follow(self, link_relpath, name):
+    def follow(self, link_relpath: str, name: str) -> str:
         """The device directory (relative to the root) a sysfs link leads to.
 
         ENODEV when the link is not there (the device is gone); a refusal
@@ -240,7 +264,7 @@ class SysfsRoot:
             os.close(dir_fd)
         return self._under_devices(directory, base, target)
 
-    def write(self, relpath, value):
+    def write(self, relpath: str, value: str) -> None:
         """Write ``value`` into the attribute at ``relpath``: one ``write(2)``,
         as sysfs takes it, into a regular file and nothing else."""
         fd = self.open(relpath, os.O_WRONLY | os.O_NONBLOCK)

@@ -11,8 +11,11 @@ CLI's own.  A privileged side without one (a daemon some other helper
 started) writes nothing.
 """
 
+from __future__ import annotations
+
 import os
 import sysconfig
+from typing import Any
 
 from oslo_config import cfg
 from oslo_privsep import capabilities
@@ -29,8 +32,8 @@ HELPER = "vgpu-privsep-helper"
 class Context(priv_context.PrivContext):
     """A context whose default command runs our helper with its own file."""
 
-    def helper_command(self, sockpath):
-        if self.conf.helper_command:
+    def helper_command(self, sockpath: str) -> list[str]:
+        if self.conf.helper_command or self.pypath is None:
             return super().helper_command(sockpath)
         return ["sudo", os.path.join(sysconfig.get_path("scripts"), HELPER),
                 "--config-file", helper_conf.HELPER_CONF, "--privsep_context", self.pypath,
@@ -59,10 +62,10 @@ CONTEXTS = (sysfs_writer, gpu_admin)
 
 # What this process's privileged side has fixed: "conf", and the things read
 # from it once ("policy"); "refuse_writes" on a caller that may not write.
-state = {}
+state: dict[str, Any] = {}
 
 
-def fix_configuration(conf):
+def fix_configuration(conf: cfg.ConfigOpts | None) -> None:
     """``conf`` from now on (None: none, until fixed again)."""
     state.pop("policy", None)
     state.pop("root", None)
@@ -72,9 +75,9 @@ def fix_configuration(conf):
         state["conf"] = conf
 
 
-def configuration():
+def configuration() -> cfg.ConfigOpts:
     """The configuration the privileged side obeys, our options registered."""
-    conf = state.get("conf")
+    conf: cfg.ConfigOpts | None = state.get("conf")
     if conf is None:
         raise exception.PrivilegedWriteRefused(
             "sysfs", f"this privileged side has no configuration of its own (only {HELPER} "

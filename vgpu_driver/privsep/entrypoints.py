@@ -18,10 +18,13 @@ the kernel's errnos come back as ``OSError``.  Nothing is written before
 every check passed.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
 import posixpath
+from typing import TYPE_CHECKING
 
 from vgpu_driver import exception
 from vgpu_driver import names
@@ -30,29 +33,34 @@ from vgpu_driver.privsep import beneath
 from vgpu_driver.privsep import context
 from vgpu_driver.privsep import policy
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 _DISPLAY_CLASS_PREFIX = "0x03"
 _MAX_TYPE_NUMBER = 2 ** 32 - 1
 _LINK_REFUSALS = (errno.ELOOP, errno.EXDEV, errno.ENOTDIR)
 
 
-def _policy():
+def _policy() -> policy.WritePolicy:
     if "policy" not in context.state:
         context.state["policy"] = policy.WritePolicy(context.configuration())
-    return context.state["policy"]
+    found: policy.WritePolicy = context.state["policy"]
+    return found
 
 
-def _root():
+def _root() -> tuple[str, bool]:
     """``(path, allow_fake)`` of the configured root, resolved once per
     configuration (as the policy is read once)."""
     if "root" not in context.state:
         conf = context.configuration()
         context.state["root"] = (os.path.realpath(conf.vgpu.sysfs_root),
                                  conf.vgpu.test_only_fake_sysfs_root)
-    return context.state["root"]
+    found: tuple[str, bool] = context.state["root"]
+    return found
 
 
 @contextlib.contextmanager
-def _sysfs():
+def _sysfs() -> Iterator[beneath.SysfsRoot]:
     """The root held by fd; a link or mount met on the way is a refusal."""
     path, allow_fake = _root()
     try:
@@ -66,21 +74,21 @@ def _sysfs():
                                   f"({os.strerror(exc.errno)})") from None
 
 
-def _is_display_controller(root, device):
+def _is_display_controller(root: beneath.SysfsRoot, device: str) -> bool:
     return root.read(posixpath.join(device, "class")).startswith(_DISPLAY_CLASS_PREFIX)
 
 
-def _require_display_controller(root, device, name):
+def _require_display_controller(root: beneath.SysfsRoot, device: str, name: str) -> None:
     if not _is_display_controller(root, device):
         raise exception.PrivilegedWriteRefused(name, "not a display or 3D controller")
 
 
-def _parent_device(root, parent):
+def _parent_device(root: beneath.SysfsRoot, parent: str) -> str:
     """A registered mdev parent's device directory, relative to the root."""
     return root.follow(posixpath.join("class", "mdev_bus", parent), parent)
 
 
-def _registered_as(root, parent, device):
+def _registered_as(root: beneath.SysfsRoot, parent: str, device: str) -> bool:
     """True when ``class/mdev_bus`` registers ``parent`` and leads to ``device``."""
     try:
         return _parent_device(root, names.check_parent_name(parent)) == device
@@ -92,7 +100,7 @@ def _registered_as(root, parent, device):
         raise
 
 
-def _pci_function(root, address):
+def _pci_function(root: beneath.SysfsRoot, address: str) -> tuple[str, str]:
     """A GPU function's device directory, found by its address."""
     address = str(names.parse_pci_address(address))
     device = root.follow(posixpath.join("bus", "pci", "devices", address), address)
@@ -102,14 +110,14 @@ def _pci_function(root, address):
     return address, device
 
 
-def _plain_number(value, kind):
+def _plain_number(value: object, kind: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TYPE_NUMBER:
         raise exception.InvalidSysfsName(kind, value, "a value that is not a plain number")
     return value
 
 
 @context.sysfs_writer.entrypoint
-def create_mdev(parent, type_id, uuid):
+def create_mdev(parent: str, type_id: str, uuid: str) -> None:
     parent = names.check_parent_name(parent)
     type_id = names.check_type_id(type_id)
     uuid = names.check_mdev_uuid(uuid)
@@ -122,7 +130,7 @@ def create_mdev(parent, type_id, uuid):
 
 
 @context.sysfs_writer.entrypoint
-def remove_mdev(uuid):
+def remove_mdev(uuid: str) -> None:
     uuid = names.check_mdev_uuid(uuid)
     with _sysfs() as root:
         mdev = root.follow(posixpath.join("bus", "mdev", "devices", uuid), uuid)
@@ -138,7 +146,8 @@ def remove_mdev(uuid):
         root.write(posixpath.join(mdev, "remove"), "1")
 
 
-def _sriov_function(root, address, marker, role):
+def _sriov_function(root: beneath.SysfsRoot, address: str, marker: str,
+                    role: str) -> tuple[str, str]:
     """An SR-IOV function of a GPU, whose ``role`` its ``marker`` proves."""
     address, device = _pci_function(root, address)
     if not root.exists(posixpath.join(device, marker)):
@@ -146,7 +155,7 @@ def _sriov_function(root, address, marker, role):
     return address, device
 
 
-def _require_nvidia(root, device, address):
+def _require_nvidia(root: beneath.SysfsRoot, device: str, address: str) -> None:
     vendor = root.read(posixpath.join(device, "vendor"))
     if vendor != policy.NVIDIA_VENDOR:
         raise exception.PrivilegedWriteRefused(
@@ -154,7 +163,7 @@ def _require_nvidia(root, device, address):
 
 
 @context.sysfs_writer.entrypoint
-def set_vgpu_type(vf_address, number):
+def set_vgpu_type(vf_address: str, number: int) -> None:
     number = _plain_number(number, "vGPU type number")
     with _sysfs() as root:
         address, device = _sriov_function(root, vf_address, "physfn", "virtual")
@@ -165,7 +174,7 @@ def set_vgpu_type(vf_address, number):
 
 
 @context.gpu_admin.entrypoint
-def set_heterogeneous_mode(pf_address, enabled):
+def set_heterogeneous_mode(pf_address: str, enabled: bool) -> None:
     """Switch an NVIDIA board between equal-size and mixed-size vGPUs
     (through NVML, not a file); the board is checked through sysfs first."""
     if not isinstance(enabled, bool):

@@ -20,12 +20,16 @@ is served:
   daemon might exec as uid 0 regains the others.
 """
 
+from __future__ import annotations
+
 import argparse
 import ctypes
 import logging
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
+from typing import Any
 
 from oslo_config import cfg
 from oslo_privsep import comm
@@ -35,13 +39,17 @@ from vgpu_driver import exception
 from vgpu_driver.privsep import context
 from vgpu_driver.privsep import helper_conf
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from collections.abc import Collection
+
 LOG = logging.getLogger(__name__)
 CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": context.sysfs_writer,
             "vgpu_driver.privsep.gpu_admin": context.gpu_admin}
 _PR_CAPBSET_DROP = 24
 
 
-def exported(privileged):
+def exported(privileged: context.Context) -> dict[str, Callable[..., Any]]:
     """``{name a client sends: entry point}`` of one context."""
     from vgpu_driver.privsep import entrypoints
 
@@ -51,7 +59,7 @@ def exported(privileged):
             for f in vars(entrypoints).values() if privileged.is_entrypoint(f)}
 
 
-def keep_bounding_set(caps):
+def keep_bounding_set(caps: Collection[int]) -> None:
     """Drop every capability but ``caps`` from the bounding set (needs
     CAP_SETPCAP: before oslo.privsep drops privileges)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -66,15 +74,16 @@ def keep_bounding_set(caps):
 class Daemon(daemon.Daemon):
     """oslo.privsep's daemon, serving only ``calls``."""
 
-    def __init__(self, channel, privileged, calls):
+    def __init__(self, channel: comm.ServerChannel, privileged: context.Context,
+                 calls: dict[str, Callable[..., Any]]) -> None:
         super().__init__(channel, privileged)
         self.calls = calls
 
-    def _drop_privs(self):
+    def _drop_privs(self) -> None:
         keep_bounding_set(self.caps)
         super()._drop_privs()
 
-    def _process_cmd(self, msgid, cmd, *args):
+    def _process_cmd(self, msgid: str, cmd: comm.Message, *args: Any) -> tuple[Any, ...]:
         if cmd == comm.Message.CALL and not (args and isinstance(args[0], str)
                                              and args[0] in self.calls):
             # The text of oslo.privsep's own refusal, for any name.
@@ -84,7 +93,7 @@ class Daemon(daemon.Daemon):
         return super()._process_cmd(msgid, cmd, *args)
 
 
-def _arguments(argv):
+def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=context.HELPER, allow_abbrev=False)
     parser.add_argument("--config-file", required=True)
     parser.add_argument("--privsep_context", required=True, choices=sorted(CONTEXTS))
@@ -92,7 +101,8 @@ def _arguments(argv):
     return parser.parse_args(argv)
 
 
-def _start(args):
+def _start(args: argparse.Namespace) -> tuple[context.Context, dict[str, Callable[..., Any]],
+                                            comm.ServerChannel]:
     """Everything that can fail before the caller is answered."""
     privileged = CONTEXTS[args.privsep_context]
     # The contexts' own options (capabilities, user...) keep their defaults.
@@ -106,7 +116,7 @@ def _start(args):
     return privileged, calls, comm.ServerChannel(sock)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     args = _arguments(sys.argv[1:] if argv is None else argv)
     root = logging.getLogger()
     root.addHandler(logging.StreamHandler(sys.stderr))

@@ -21,7 +21,10 @@ this host's GPUs, nothing more.  Whether a root that is not sysfs is
 accepted comes from the helper's own file alone.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from oslo_config import cfg
 
@@ -31,14 +34,17 @@ from vgpu_driver.conf import devices as devices_conf
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.privsep import conf_data
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 HELPER_CONF = "/etc/vgpu-driver/privsep.conf"
 
 _OWN = {"nova": ("config_files", "config_dirs"),
         "vgpu": ("test_only_fake_sysfs_root", "test_only_fake_nvml_host")}
 
 
-def _names(opts):
-    found = set()
+def _names(opts: Iterable[cfg.Opt]) -> set[str]:
+    found: set[str] = set()
     for opt in opts:
         found.add(opt.name)
         found.update(d.name for d in opt.deprecated_opts if d.name)
@@ -49,7 +55,7 @@ _DEVICES_KEYS = _names(devices_conf.devices_opts)
 _TYPE_KEYS = _names(devices_conf.mdev_type_opts("x"))
 
 
-def nova_key(section, key):
+def nova_key(section: str, key: str) -> bool:
     """Whether the helper takes ``[section] key`` from nova's files."""
     if section == "vgpu":
         return key == "sysfs_root"
@@ -59,7 +65,7 @@ def nova_key(section, key):
     return section.startswith(("mdev_", "vgpu_")) and key in _TYPE_KEYS
 
 
-def _own(path):
+def _own(path: str) -> tuple[list[str], list[str], dict[str, str]]:
     changeable = root_only.problems(path)
     if changeable:
         raise exception.ConfigDataRefused(path=path, line=0, reason="; ".join(changeable))
@@ -79,7 +85,7 @@ def _own(path):
     return files, dirs, own.get("vgpu", {})
 
 
-def load(path):
+def load(path: str) -> cfg.ConfigOpts:
     """A private ``ConfigOpts`` with our options, holding the values of the
     helper's file ``path`` and the policy's options of nova's files."""
     files, dirs, fake = _own(path)

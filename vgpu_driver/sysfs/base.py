@@ -173,8 +173,10 @@ class SysfsReader(abc.ABC):
         read as VFs in the same pass, which no PF can be, not probed."""
 
     @abc.abstractmethod
-    def list_vendor_vfio(self) -> list[VendorVfioInfo]:
-        """VFs exposing NVIDIA's vendor-specific VFIO files, by address."""
+    def list_vendor_vfio(self, parents: Container[str] = frozenset()) -> list[VendorVfioInfo]:
+        """VFs exposing NVIDIA's vendor-specific VFIO files, by address.
+        ``parents``: names read as mdev parents in the same pass, not
+        probed: a board serves mdevs or vendor-VFIO vGPUs, not both."""
 
     @abc.abstractmethod
     def vendor_vf(self, address: str | PciAddress) -> VendorVfioInfo | None:
@@ -208,9 +210,10 @@ class SysfsReader(abc.ABC):
 
     @abc.abstractmethod
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
-        """``((type number, placement ID), ...)`` of the vGPUs NVML places on
-        a mixed-size board (NVML's, not files), for the operator's map;
-        raises as :meth:`mixed_sizes`."""
+        """``((type number, placement ID), ...)`` of the vGPUs placed on a
+        board, idle or running, for the operator's map: each VF's
+        ``nvidia/placement_id``, NVML's where the driver has no such file;
+        raises as :meth:`mixed_sizes` when NVML must be asked and cannot."""
 
 
 

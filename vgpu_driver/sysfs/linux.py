@@ -57,5 +57,22 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsReader):
                                type_numbers, self.nvml_bindings)
 
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
-        return nvml.located_vgpus(str(names.parse_pci_address(str(pf_address))),
-                                  self.nvml_bindings)
+        """Each typed VF's ``nvidia/placement_id``, idle or running; NVML's
+        active vGPUs only where a VF has no such file (NVML lists only the
+        vGPUs whose guest runs)."""
+        pf = names.parse_pci_address(str(pf_address))
+        found: list[tuple[int, int]] = []
+        unread = False
+        for vf in self.list_vendor_vfio():
+            if vf.physfn != pf or not vf.current_type:
+                continue
+            placement = self.vendor_placement_id(str(vf.address))
+            if placement is None:
+                unread = True
+            elif placement != pci_reads.INVALID_PLACEMENT_ID:
+                found.append((vf.current_type, placement))
+        if unread:
+            taken = {placement for _number, placement in found}
+            found += [located for located in nvml.located_vgpus(str(pf), self.nvml_bindings)
+                      if located[1] not in taken]
+        return tuple(sorted(found, key=lambda located: located[1]))

@@ -12,6 +12,7 @@ names the type.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Container
 from collections.abc import Iterable
@@ -30,6 +31,32 @@ if TYPE_CHECKING:
     from vgpu_driver.sysfs.paths import SysfsPaths
 
 LOG = logging.getLogger(__name__)
+
+# Pure functions of a name, run for every parent and every listed type on
+# each update: sysfs shows the same few hundred names each time, so a name
+# already parsed or checked is not again.  A refusal is never kept (it
+# raises each time, and is logged each time).
+pci_address = functools.lru_cache(maxsize=4096)(names.parse_pci_address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_type_id(entry: str) -> bool:
+    try:
+        names.check_type_id(entry)
+    except exception.InvalidSysfsName:
+        return False
+    return True
+
+
+def _resolve_in(directory: str, link: str) -> str | None:
+    """:func:`attrs.resolve_link` of ``link``, an entry of ``directory``,
+    without taking the path apart again: these run once per parent and
+    per mdev on every update."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return os.path.normpath(target if target.startswith("/") else f"{directory}/{target}")
 
 
 class MdevReads:
@@ -57,7 +84,7 @@ class MdevReads:
         ``wanted``, only those type ids), or None when its link points to
         no device."""
         link = self.paths.parent(name)
-        device_path = attrs.resolve_link(link) or link
+        device_path = _resolve_in(self.paths.parent_base(), link) or link
         types, unread = self._read_types(device_path, wanted)
         if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
@@ -65,10 +92,10 @@ class MdevReads:
         address: PciAddress | None = None
         physfn: PciAddress | None = None
         if names.is_pci_address(name):
-            address = names.parse_pci_address(name)
+            address = pci_address(name)
             pf = attrs.link_name(f"{device_path}/physfn")
             if pf is not None:
-                physfn = names.parse_pci_address(pf, f"{name}/physfn")
+                physfn = pci_address(pf, f"{name}/physfn")
         return base.ParentInfo(name=name, device_path=device_path, types=types,
                                address=address, physfn=physfn, unread=unread)
 
@@ -91,8 +118,11 @@ class MdevReads:
             entries = []
         type_ids = []
         for entry in entries:
+            if _valid_type_id(entry):
+                type_ids.append(entry)
+                continue
             try:
-                type_ids.append(names.check_type_id(entry, types_dir))
+                names.check_type_id(entry, types_dir)
             except exception.InvalidSysfsName as exc:
                 LOG.warning("Skipping type: %s", exc)
         if wanted is None:
@@ -133,12 +163,12 @@ class MdevReads:
 
     def read_mdev(self, uuid: str) -> base.MdevInfo | None:
         """One mdev's :class:`MdevInfo`, or None once it is gone."""
-        mdev_path = attrs.resolve_link(self.paths.mdev(uuid))
+        mdev_path = _resolve_in(self.paths.mdev_base(), self.paths.mdev(uuid))
         type_id = attrs.link_name(f"{mdev_path}/mdev_type") if mdev_path else None
         if mdev_path is None or type_id is None:
             # Removed while we looked: the kernel drops both links at once.
             return None
-        parent = os.path.basename(os.path.dirname(mdev_path))
+        parent = mdev_path.rsplit("/", 2)[-2]
         return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
 
     def parent_mdevs(self, parent: str) -> list[tuple[str, str]] | None:

@@ -20,6 +20,7 @@ from oslo_log import log as logging
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
+from vgpu_driver.sysfs.mdev_reads import pci_address
 
 if TYPE_CHECKING:
     from vgpu_driver.names import PciAddress
@@ -31,6 +32,8 @@ _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 _CREATABLE_RE = re.compile(r"[ \t]*([1-9][0-9]{0,8})[ \t]*:?[ \t]+(.*?)\s*", re.ASCII)
 _CURRENT_RE = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
 _CONSISTENT_READ_TRIES = 5
+# NVIDIA's placement ID of a vGPU without one (NVA081_PLACEMENT_ID_INVALID).
+INVALID_PLACEMENT_ID = 0xFFFF
 LOG = logging.getLogger(__name__)
 
 
@@ -72,16 +75,19 @@ class PciReads:
     paths: SysfsPaths
 
     def pci_device(self, address: str | PciAddress) -> base.PciDeviceInfo | None:
-        dev = self.paths.pci_device(names.parse_pci_address(str(address)))
-        if not os.path.isdir(dev):
+        dev = self.paths.pci_device(pci_address(str(address)))
+        try:
+            # The listing is the first read: no stat before it.
+            entries = os.listdir(dev)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         virtfns = []
-        for entry in os.listdir(dev):
+        for entry in entries:
             match = _VIRTFN_RE.match(entry)
             # A VF's link names its address: its last component is enough.
             target = attrs.link_name(f"{dev}/{entry}") if match else None
             if match and target:
-                virtfns.append((int(match[1]), names.parse_pci_address(
+                virtfns.append((int(match[1]), pci_address(
                     target, f"{address}/{entry}")))
         totalvfs = _read_int(dev, "sriov_totalvfs")
         numvfs = _read_int(dev, "sriov_numvfs")
@@ -123,10 +129,14 @@ class PciReads:
                     found.append(info)
         return found
 
-    def list_vendor_vfio(self) -> list[base.VendorVfioInfo]:
+    def list_vendor_vfio(self, parents: Container[str] = frozenset()) -> list[base.VendorVfioInfo]:
         found = []
         for entry in attrs.sorted_entries(self.paths.pci_base()):
-            if not names.is_pci_address(entry):
+            # NVIDIA's driver registers a function as an mdev parent or
+            # gives it the vendor-VFIO files, never both (its mdev mode or
+            # its vendor-specific VFIO mode, per board): a parent of this
+            # pass costs no probe.
+            if entry in parents or not names.is_pci_address(entry):
                 continue
             vf = self.vendor_vf(entry)
             if vf is not None:
@@ -162,6 +172,22 @@ class PciReads:
             physfn=names.parse_pci_address(pf) if pf else None,
             creatable=parse_creatable_vgpu_types(creatable),
             current_type=current)
+
+    def vendor_placement_id(self, address: str | PciAddress) -> int | None:
+        """The placement ID in a VF's ``nvidia/placement_id``: an int,
+        ``INVALID_PLACEMENT_ID`` where the vGPU has none (``Not Applicable``
+        or garbage, logged), None where the driver has no such file."""
+        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
+                            "placement_id")
+        text = attrs.read_attr(path)
+        if text is None:
+            return None
+        if _CURRENT_RE.fullmatch(text):
+            return int(text)
+        if text.lower() != "not applicable":
+            LOG.warning("Unreadable sysfs value: %s: %r is not a placement ID; the vGPU "
+                        "is left unplaced", path, text[:40])
+        return INVALID_PLACEMENT_ID
 
     def vendor_vgpu_set_at(self, address: str | PciAddress) -> float | None:
         path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
