@@ -97,6 +97,17 @@ class Journal:
             if why:
                 raise self._not_writable(why)
         created = create and journal_files.create(self._place)
+        try:
+            self._open(create, created)
+        except BaseException:
+            # The empty file made here would be refused by every later start
+            # (an empty file is never taken for an empty journal).
+            if created:
+                self.close()
+                journal_files.remove_if_empty(self._place)
+            raise
+
+    def _open(self, create: bool, created: bool) -> None:
         found = journal_files.inspect_all(self._place)
         if found[""] is None:
             raise exception.JournalMissing(path=self.path, reason="the file does not exist")

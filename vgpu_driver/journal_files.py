@@ -148,6 +148,17 @@ def create(place: Place) -> bool:
     return True
 
 
+def remove_if_empty(place: Place) -> None:
+    """Remove the journal's file if it is still an empty regular file: the
+    one :func:`create` made, when opening it then failed."""
+    try:
+        found = os.lstat(place.path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(found.st_mode) and found.st_size == 0:
+        os.unlink(place.path)
+
+
 def give(fd: int, directory: os.stat_result) -> None:
     """The file of ``fd`` to the owner and group of its ``directory`` (a
     stat result), mode 0640.  Another user than root can only pick a group

@@ -76,26 +76,45 @@ def kill_in_cast(computes, method, call):
     there.  The name of the compute killed, or None.
 
     nova's harness runs casts as calls: the kill ends the cast alone, whose
-    sender goes on as it does when a compute dies under a real cast.
+    sender goes on as it does when a compute dies under a real cast.  The
+    kill is caught where each compute's RPC servers dispatch, the one step
+    every nova release takes for every message: nova 34's service hands its
+    RPC server an endpoint that keeps the manager's method it first
+    dispatched (``_TrackingEndpointWrapper``), so a method replaced on the
+    manager after one such cast is never called.  A kill meant to be caught
+    on the manager then went on through nova's RPC server, which answers
+    ``Exception`` alone: no reply came, each caller waited
+    ``rpc_response_timeout`` (60 s) for it, and the API answered
+    MessagingTimeout.
     """
     killed = []
 
-    def cast_to(name, real):
-        def cast(*args, **kwargs):
+    def guarded(name, dispatch):
+        def guarded_dispatch(message):
+            if message.message.get("method") != method:
+                return dispatch(message)
             try:
-                return real(*args, **kwargs)
+                return dispatch(message)
             except Killed:
                 killed.append(name)
-        return cast
+                return None
+        return guarded_dispatch
 
-    managers = [c.manager for c in computes.values()]
-    for name, compute in computes.items():
-        # The RPC server finds the method on the manager object first.
-        setattr(compute.manager, method, cast_to(name, getattr(compute.manager, method)))
+    dispatchers = {id(server.dispatcher): (name, server.dispatcher)
+                   for name, compute in computes.items() for server in _rpc_servers(compute)}
+    for name, dispatcher in dispatchers.values():
+        dispatcher.dispatch = guarded(name, dispatcher.dispatch)
     try:
         with killed_in_define([c.driver._host for c in computes.values()]):
             call()
     finally:
-        for manager in managers:
-            delattr(manager, method)
+        for _name, dispatcher in dispatchers.values():
+            del dispatcher.dispatch
     return killed[0] if killed else None
+
+
+def _rpc_servers(service):
+    """The service's RPC servers: nova 34's compute has a second one, on
+    the ``compute-alt`` topic, for what must finish while it stops."""
+    return [server for server in (service.rpcserver, getattr(service, "rpcserver_alt", None))
+            if server is not None]

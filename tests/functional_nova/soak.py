@@ -44,6 +44,7 @@ from tests.functional_nova import crash_points
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_fault_outcomes
 from tests.functional_nova import test_live_migration
+from tests.functional_nova import test_suspend
 from vgpu_driver import audit
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
@@ -70,7 +71,7 @@ T4_TYPE, A100_TYPE = "nvidia-231", "nvidia-468"     # GRID T4-2Q (8), A100-4C (1
 A100_CAP = 6                   # [mdev_nvidia-468] max_instances: a partial cap
 IMAGE = "155d900f-4e14-4e4c-a73d-069cbf4541e6"      # nova's fake Glance default
 
-STABLE = {"ACTIVE", "SHUTOFF", "VERIFY_RESIZE", "SHELVED_OFFLOADED", "ERROR"}
+STABLE = {"ACTIVE", "SHUTOFF", "SUSPENDED", "VERIFY_RESIZE", "SHELVED_OFFLOADED", "ERROR"}
 RUNNING = {"ACTIVE", "VERIFY_RESIZE"}
 MIGRATION_DONE = {"finished", "confirmed", "reverted", "completed", "error", "failed",
                   "cancelled", "done"}
@@ -81,7 +82,10 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # server, or of a server nova left with no domain anywhere (a delete that
 # Placement's 503 interrupted leaves it in ERROR, and a stop then makes it
 # SHUTOFF, domainless still: its allocation waits for a start, a hard
-# reboot or another delete, which define the domain again).  nova never
+# reboot or another delete, which define the domain again).  A migration
+# whose finish a kill interrupted stays unfinished for good, its allocation
+# on the source with it, once the source's old domain and vGPU have gone
+# (the server deleted, or defined there again by a later move).  nova never
 # frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 # A request nova's own code failed, told by its traceback in nova's log;
@@ -148,21 +152,27 @@ SERVER_OPS = {
     "hard_reboot": {"ACTIVE", "SHUTOFF"},
     "shelve": {"ACTIVE", "SHUTOFF"},
     "unshelve": {"SHELVED_OFFLOADED"},
+    "suspend": {"ACTIVE"},
+    "resume": {"SUSPENDED"},
 }
 # The operations the kill in a define interrupts, by the server's status:
 # run in the compute as nova's API casts them (crash_points.OPERATIONS), or
-# through the API, the compute killed in the cast that defines (CAST_KILLS).
-# A revert's finish is not among them yet: in a long run the API's wait for
-# the destination's revert_resize once outlived the kill (MessagingTimeout);
-# test_crash_in_define covers it.
-KILLABLE = {"ACTIVE": {"hard_reboot", "rescue"}, "SHUTOFF": {"hard_reboot", "start"},
+# through the API, the compute killed in the cast that defines (CAST_KILLS:
+# a resize's or a cold migration's finish on the destination, a revert's
+# finish on the source, an unshelve's spawn).  A shelve defines nothing (its
+# offload destroys and undefines the domain): its crash point is the
+# unshelve's define.
+KILLABLE = {"ACTIVE": {"hard_reboot", "rescue", "resize", "cold_migrate"},
+            "SHUTOFF": {"hard_reboot", "start", "resize", "cold_migrate"},
+            "SUSPENDED": {"resume"}, "VERIFY_RESIZE": {"revert_resize"},
             "SHELVED_OFFLOADED": {"unshelve"}}
-CAST_KILLS = {"revert_resize": ("finish_revert_resize", {"revertResize": None}),
-              "unshelve": ("unshelve_instance", {"unshelve": None})}
+CAST_KILLS = {"resize": "finish_resize", "cold_migrate": "finish_resize",
+              "revert_resize": "finish_revert_resize", "unshelve": "unshelve_instance"}
 WEIGHTS = {
     "boot": 12, "delete": 6, "resize": 6, "cold_migrate": 4, "confirm_resize": 5,
     "revert_resize": 4, "live_migrate": 7, "stop": 4, "start": 5, "hard_reboot": 4,
-    "shelve": 3, "unshelve": 4, "restart_compute": 1.5, "periodic_update": 2,
+    "shelve": 3, "unshelve": 4, "suspend": 2, "resume": 2, "restart_compute": 1.5,
+    "periodic_update": 2,
     "fault_remove_vgpu": 1.5, "fault_hold_vgpu": 1.5, "fault_vfs_off": 1,
     "fault_placement_5xx": 1, "fault_lost_udev_event": 1, "fault_killed_in_define": 1.5,
 }
@@ -322,6 +332,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             name=f.label, memory_mb=512, vcpu=1, disk=1, ephemeral=0,
             extra_spec={"resources:VGPU": str(f.count), f"trait:{f.trait}": "required"})
             for f in FLAVORS}
+        # What libvirt does with a suspended guest's mdevs.
+        self.useFixture(test_suspend.LiveMdevHotplug(self._kernel_vgpus, per_host=True))
 
     def start_host(self, hostname, enabled_types):
         """A compute on a mixed host: one T4 and the A100 serve vGPUs."""
@@ -387,6 +399,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._domainless_moves = {}  # migration uuid -> (server, source) of such a server
         self._explained = set()     # findings nova's leaks explained
         self._migrations_of_deleted = {}    # migration uuid -> its server, deleted since
+        self._abandoned = {}        # migration uuid -> (server, source): left by a kill
         self._names = (f"soak-{n}" for n in range(1, 10**9))
         self._worker_errors = weakref.WeakKeyDictionary()  # host reconciler -> failed steps seen
         self._began = time.monotonic()
@@ -496,7 +509,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             name = rng.choice(sorted(n for n, s in servers.items()
                                      if s["status"] in KILLABLE))
             operation = rng.choice(sorted(KILLABLE[servers[name]["status"]]))
-            return Op(kind, server=name, inner=Op(operation, server=name))
+            flavor = None
+            if operation == "resize":
+                current = _flavor(servers[name])
+                flavor = rng.choice([f for f in FLAVORS if f != current]).label
+            return Op(kind, server=name, inner=Op(operation, server=name, flavor=flavor))
         return Op(kind)
 
     def _plan_server_op(self, kind, rng, servers):
@@ -643,6 +660,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
                 return None
             if (server["status"] in STABLE and server["OS-EXT-STS:task_state"] is None
                     and not any(m["status"] not in MIGRATION_DONE
+                                and m["uuid"] not in self._abandoned
                                 for m in self._migrations(server_id))):
                 return server
             if time.monotonic() > deadline:
@@ -699,17 +717,24 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         self._delete(op.server)
 
     def _do_resize(self, op, index):
-        self._action(op.server, {"resize": {"flavorRef": self.flavors[op.flavor]}},
-                     {"VERIFY_RESIZE"})
+        self._action(op.server, self._body(op), {"VERIFY_RESIZE"})
 
     def _do_cold_migrate(self, op, index):
-        self._action(op.server, {"migrate": None}, {"VERIFY_RESIZE"})
+        self._action(op.server, self._body(op), {"VERIFY_RESIZE"})
 
     def _do_confirm_resize(self, op, index):
         self._action(op.server, {"confirmResize": None}, {"ACTIVE", "SHUTOFF"})
 
     def _do_revert_resize(self, op, index):
-        self._action(op.server, {"revertResize": None}, {"ACTIVE", "SHUTOFF"})
+        self._action(op.server, self._body(op), {"ACTIVE", "SHUTOFF"})
+
+    def _body(self, op):
+        """The server action's request body, for the operations a kill may
+        interrupt through the API."""
+        if op.kind == "resize":
+            return {"resize": {"flavorRef": self.flavors[op.flavor]}}
+        return {"cold_migrate": {"migrate": None}, "revert_resize": {"revertResize": None},
+                "unshelve": {"unshelve": None}}[op.kind]
 
     def _do_live_migrate(self, op, index):
         server_id = self._server_id(op.server)
@@ -734,6 +759,12 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _do_hard_reboot(self, op, index):
         self._action(op.server, {"reboot": {"type": "HARD"}}, {"ACTIVE"})
+
+    def _do_suspend(self, op, index):
+        self._action(op.server, {"suspend": None}, {"SUSPENDED"})
+
+    def _do_resume(self, op, index):
+        self._action(op.server, {"resume": None}, {"ACTIVE"})
 
     def _do_shelve(self, op, index):
         self._action(op.server, {"shelve": {}}, {"SHELVED_OFFLOADED"})
@@ -835,18 +866,20 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """nova-compute killed while libvirt defines the server's domain
         (:mod:`crash_points`), then started again as systemd would.  nova's
         start-up resumes a hard reboot or a start; it leaves the task state
-        of the others, and the operator recovers the server as nova says:
-        a reset of its state and a hard reboot, or, offloaded, a reset to
-        ERROR (and the soak deletes it)."""
+        of the others (and the migration of a resize's or a revert's
+        finish), and the operator recovers the server as nova says: a reset
+        of its state and a hard reboot, or, offloaded, a reset to ERROR (and
+        the soak deletes it)."""
         server_id = self._server_id(op.server)
         context = nova_context.get_admin_context()
         instance = objects.Instance.get_by_uuid(context, server_id,
                                                 expected_attrs=["flavor"])
         kind = op.inner.kind
         if kind in CAST_KILLS:
-            method, body = CAST_KILLS[kind]
+            body = self._body(op.inner)
             host = crash_points.kill_in_cast(
-                self.computes, method, lambda: self.api.post_server_action(server_id, body))
+                self.computes, CAST_KILLS[kind],
+                lambda: self.api.post_server_action(server_id, body))
             if host is None:
                 self._check_error(self._settle(server_id))
                 raise Refused(f"{op.inner} ended before any define")
@@ -873,6 +906,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
                 and server["OS-EXT-STS:task_state"] not in ("rebooting_hard",
                                                             "reboot_started_hard",
                                                             "powering-on"):
+            self._note_abandoned(server_id)
             offloaded = server["status"] == "SHELVED_OFFLOADED"
             self.api.post_server_action(server_id, {"os-resetState": {
                 "state": "error" if offloaded else "active"}})
@@ -882,6 +916,22 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             self.api.post_server_action(server_id, {"reboot": {"type": "HARD"}})
         server = self._settle(server_id)
         self._check_error(server)
+
+    def _note_abandoned(self, server_id):
+        """The server's migrations a kill left unfinished: nova never
+        finishes them (nor does ``nova-manage placement audit``, which
+        counts them in progress).  A resize's or cold migration's finish
+        killed on the destination leaves its migration ``post-migrating``:
+        the hard reboot recovers the guest there, and the source keeps the
+        guest's old domain, its claim and vGPU, and the migration's
+        allocation of them, until the server is deleted or defined there
+        again by a later move (the allocation then nova's alone, see
+        :data:`NOVA_LEAK`).  A revert's
+        finish killed on the source leaves it ``reverting``, the
+        destination emptied and the allocation the instance's again."""
+        for migration in self._migrations(server_id):
+            if migration["status"] not in MIGRATION_DONE:
+                self._abandoned[migration["uuid"]] = (server_id, migration["source_compute"])
 
     def _inner(self, op, index):
         outcome = self._execute(op.inner, index, in_fault=True)
@@ -941,7 +991,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         migrations = self.api.api_get("/os-migrations").body["migrations"]
         self._note_domainless(servers)
         return (self._created - set(servers)) | self._domainless | set(
-            self._domainless_moves) | {
+            self._domainless_moves) | set(self._abandoned) | {
             m["uuid"] for m in migrations
             if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
             uuid for uuid, server in self._migrations_of_deleted.items()
@@ -969,7 +1019,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             # The audit names a migration's allocation by its server.
             host, consumer = finding.subject.split(" ")[0], finding.subject.rsplit(" ", 1)[-1]
             explained = consumer in leaked or any(
-                (consumer, host) == moved for uuid, moved in self._domainless_moves.items()
+                (consumer, host) == moved
+                for uuid, moved in (self._domainless_moves | self._abandoned).items()
                 if uuid in leaked)
         elif category == "usage-mismatch":
             usage, held = (int(n) for n in _USAGE.match(finding.detail).groups())
@@ -1072,10 +1123,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         return findings
 
     def _pending_sources(self, servers):
-        """``{instance: source host}`` of resizes and cold migrations awaiting
-        confirmation (nova keeps the source's domain and allocation)."""
-        return {sid: self._pending_source(sid) for sid, s in servers.items()
-                if s["status"] == "VERIFY_RESIZE"}
+        """``{instance: {source hosts}}`` of resizes and cold migrations
+        awaiting confirmation, or whose finish a kill left unfinished (nova
+        keeps the source's domain and allocation)."""
+        pending = {sid: {self._pending_source(sid)} for sid, s in servers.items()
+                   if s["status"] == "VERIFY_RESIZE"}
+        for sid, source in self._abandoned.values():
+            if sid in servers:
+                pending.setdefault(sid, set()).add(source)
+        return pending
 
     def _checkpoint(self):
         """A periodic update on every compute, then the audit of each host."""
@@ -1134,7 +1190,10 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         return host_audit.audit_of(self, host)
 
     def _end_findings(self):
-        """Everything deleted and each compute updated: nothing may be left."""
+        """Everything deleted and each compute updated: nothing may be left
+        once the periodic updates after the graces have run (what a guest
+        left on a host it had left, as :meth:`_settled_findings` allows:
+        the old domain a killed resize's finish left on its source)."""
         for _at, host, vgpu in self._holds:
             self.kernels[host].release(vgpu)
         self._holds = []
@@ -1144,9 +1203,9 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         while True:
             findings = self._leftovers()
             if not findings or time.monotonic() > deadline:
-                return stuck + findings + self._audit_findings()
+                return stuck + findings + self._settled_audit_findings()
             time.sleep(POLL * 2)
-            self._run_periodics()
+            self._periodics_after_grace()
 
     def _delete_everything(self):
         findings = []
@@ -1261,8 +1320,8 @@ class HostView:
         whose pending resize left it here), or to a removal under way."""
         def belongs(uuid):
             server = servers.get(uuid)
-            return server is not None and self.host in (
-                server["OS-EXT-SRV-ATTR:host"], pending.get(uuid))
+            return server is not None and (self.host == server["OS-EXT-SRV-ATTR:host"]
+                                           or self.host in pending.get(uuid, ()))
 
         findings = [Finding("claim-without-guest", f"{self.host} {c.mdev_uuid}",
                             f"{c.state} claim of {c.instance_uuid}")

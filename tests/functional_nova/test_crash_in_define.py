@@ -144,9 +144,13 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
 
     def test_killed_in_a_reverts_finish_on_the_source(self):
         """The revert's define replaces the source's domain, which keeps
-        its vGPU: the recovery defines the guest with it again."""
+        its vGPU: the recovery defines the guest with it again.  A revert
+        finished there first: the kill is the second one's."""
         server = self.boot(flavor=self.a100_typed)
         mdevs = self.domains("host1")[server["id"]]
+        server = self.act(server, {"resize": {"flavorRef": self.any_type}})
+        server = self.act(server, {"revertResize": None})
+        self.assertEqual(("ACTIVE", "host1"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         server = self.act(server, {"resize": {"flavorRef": self.any_type}})
         self.assertEqual("VERIFY_RESIZE", server["status"])
         self.assertEqual("host1", crash_points.kill_in_cast(

@@ -239,6 +239,35 @@ class ReplayedCasesTest(soak.SoakTestBase):
                          + ["nova error: request-spec-of-another-flavor"],
                          [line.split(" -> ")[1] for line in result.log], result.log)
 
+    def test_a_killed_finish_leaves_a_state_the_operator_recovers(self):
+        """nova-compute killed in the define of a resize's finish on the
+        destination, then in that of a revert's finish on a source where a
+        revert had finished before: there nova 34's RPC endpoint called
+        the method it kept from the first revert, the kill went through
+        nova's RPC server unanswered, and the API answered MessagingTimeout
+        after 60 s (a 150-operation run of seed 31337).  Both recover by a
+        reset and a hard reboot; the killed resize's migration stays
+        unfinished, and its allocation of the source's vGPU, which the
+        guest's old domain kept until the delete, is nova's after it."""
+        kill = "fault_killed_in_define"
+        result = self.run_script([
+            soak.Op("boot", flavor="a100x1", host="src"),
+            soak.Op(kill, server="soak-1",
+                    inner=soak.Op("resize", server="soak-1", flavor="t4x1")),
+            soak.Op("boot", flavor="t4x1", host="src"),
+            soak.Op("resize", server="soak-2", flavor="a100x1"),
+            soak.Op("revert_resize", server="soak-2"),
+            soak.Op("resize", server="soak-2", flavor="a100x1"),
+            soak.Op(kill, server="soak-2", inner=soak.Op("revert_resize", server="soak-2")),
+        ])
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
+                         result.log)
+        self.assertEqual({"fault_killed_in_define": 2}, dict(result.faults))
+        self.assertIn(("nova-leak:left-allocation", "src src_pci_0000_41_00_0"),
+                      {(v.category, v.subject) for v in result.nova_leaks.values()})
+
     def test_a_server_deleted_offloaded_after_a_kill_in_its_unshelve_leaves_no_vgpu(self):
         """nova-compute killed in the define of an unshelve leaves the
         server offloaded (no host) with a vGPU claimed on the compute; nova

@@ -38,12 +38,14 @@ class LiveMdevHotplug(fixtures.Fixture):
     of an mdev the host does not have fails with VIR_ERR_DEVICE_MISSING;
     and an mdev ``<hostdev>`` always says ``managed='no'`` (nova cannot
     write back one that does not).
-    ``host_mdevs()`` gives the UUIDs the host has.
+    ``host_mdevs()`` gives the UUIDs the host has; with ``per_host``,
+    ``host_mdevs(hostname)`` those of the host whose libvirt the domain is in.
     """
 
-    def __init__(self, host_mdevs):
+    def __init__(self, host_mdevs, per_host=False):
         super().__init__()
         self.host_mdevs = host_mdevs
+        self.per_host = per_host
         self.saved_images = {}   # domain name -> mdevs hidden when it was saved
 
     def _setUp(self):
@@ -71,7 +73,8 @@ class LiveMdevHotplug(fixtures.Fixture):
             uuid = _mdev_uuid(xml)
             if uuid is None:
                 return real(dom, xml)
-            if uuid not in self.host_mdevs():
+            if uuid not in (self.host_mdevs(dom._connection.getHostname()) if self.per_host
+                            else self.host_mdevs()):
                 raise fakelibvirt.make_libvirtError(
                     fakelibvirt.libvirtError, f"mediated device '{uuid}' not found",
                     error_code=fakelibvirt.VIR_ERR_DEVICE_MISSING,

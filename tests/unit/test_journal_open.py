@@ -156,3 +156,19 @@ def test_close_lets_go_of_the_files_and_the_next_use_opens_again(tmp_path):
 def _open_files():
     return [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
             if os.path.exists(f"/proc/self/fd/{fd}")]
+
+
+def test_a_journal_this_start_created_but_could_not_open_is_not_left_empty(tmp_path):
+    """A start that creates the journal's file and then fails to open it
+    (here, something that is not a file where sqlite's write-ahead log
+    goes) removes the empty file it made: every later start would refuse
+    it, as an empty file is never taken for an empty journal.  Once the
+    cause is gone, the next start creates the journal."""
+    in_the_way = tmp_path / (claims_journal.Journal.FILENAME + "-wal")
+    in_the_way.mkdir()
+    with pytest.raises(exception.JournalUnsafe, match="-wal"):
+        claims_journal.Journal(str(tmp_path), create=True)
+    assert not (tmp_path / claims_journal.Journal.FILENAME).exists()
+    in_the_way.rmdir()
+    journal = claims_journal.Journal(str(tmp_path), create=True)
+    assert journal.claims() == [] and journal.schema_version == claims.SCHEMA_VERSION

@@ -17,6 +17,7 @@ MIB = 1024 * 1024
 CONFS = {
     "a100-sriov": test_cli_status.A100_CONF,
     "a100-sriov-off": test_cli_status.A100_CONF,
+    "a100-vfio": test_cli_status.A100_CONF,
     "h100-datacenter": test_cli_status.A100_CONF,
     "l40s-vfio": test_cli_golden.L40S_CONF,
     "m60-multi": "[devices]\nenabled_mdev_types = nvidia-35\n",
@@ -42,7 +43,7 @@ def by_gpu(found, name):
 
 def test_every_profile_has_a_configuration():
     assert set(CONFS) == set(profiles.names())
-    assert SRIOV == {"a100-sriov", "a100-sriov-off", "l40s-vfio"}
+    assert SRIOV == {"a100-sriov", "a100-sriov-off", "a100-vfio", "l40s-vfio"}
 
 
 @pytest.mark.parametrize(("profile", "vfs"), CASES)
