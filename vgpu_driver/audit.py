@@ -79,9 +79,9 @@ def host_usage(snapshot: HostSnapshot, claim_list: Iterable[claims.Claim],
         if mdev not in holders and mdev in gpu_of:
             holders[mdev] = (gpu_of[mdev], ref.uuid)
     usage: collections.Counter[tuple[str, str]] = collections.Counter()
-    for mdev, (gpu, consumer) in holders.items():
-        provider = (providers or {}).get(gpu)
-        usage[gpu, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
+    for mdev, (address, consumer) in holders.items():
+        provider = (providers or {}).get(address)
+        usage[address, consumer] += provider.units_of(type_of.get(mdev)) if provider else 1
     return usage
 
 
@@ -113,10 +113,10 @@ def audit(sync: ProviderSync, tree: ProviderTree, snapshot: HostSnapshot,
     if tree.root_name in clashes:
         return drifts      # no tree of this host to compare with
     desired = {p.name: p for p in tree.providers if p.name not in clashes}
-    for name, known in sorted(sync.known.items()):
+    for name, held in sorted(sync.known.items()):
         if sync.root_uuid is not None and placement.is_vanished_gpu_provider(
-                tree, name, known.parent_uuid, sync.root_uuid, known.inventories,
-                known.traits):
+                tree, name, held.parent_uuid, sync.root_uuid, held.inventories,
+                held.traits):
             drifts.append(Drift("stale-provider", name, None, None,
                                 "no GPU of this host has this provider's name any more"))
     usage = host_usage(snapshot, claim_list, domain_users,

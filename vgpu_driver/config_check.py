@@ -8,8 +8,13 @@ would never read.  Each problem names the option and value, and suggests
 the near miss when there is one.
 """
 
+from __future__ import annotations
+
 import difflib
 import re
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
@@ -19,16 +24,30 @@ from vgpu_driver import vgpu_scheduler
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_types import TypeConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.nvml import Placements
+    from vgpu_driver.sysfs.host_reads import PciFunction
+
+Problems = list[exception.ConfigProblem]
+
 # NVIDIA names a vGPU type after its framebuffer: "NVIDIA L40S-8Q" is 8 GB.
 _FRAMEBUFFER_GB_RE = re.compile(r"-(\d+)[A-Z]+$")
 
 
-def _near_miss(value, candidates, cutoff=0.6):
+def _near_miss(value: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(value, sorted(set(candidates)), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _offered(snapshot, boards=None):
+def _offered(snapshot: HostSnapshot,
+             boards: Mapping[str, BoardReading] | None = None) -> dict[str, str | None]:
     """``{type id: name}`` of the types the host offers: listed by a parent,
     in use (a full vendor-VFIO board lists nothing), or placeable on a board
     in mixed-size mode (``boards``: :func:`vgpu_driver.inventory.read_boards`)."""
@@ -41,7 +60,7 @@ def _offered(snapshot, boards=None):
     return offered
 
 
-def _placeable(gpu, boards):
+def _placeable(gpu: PhysicalGPU, boards: Mapping[str, BoardReading] | None) -> set[str]:
     """The types NVML places on ``gpu`` in mixed-size mode, whether or not
     any VF lists them now."""
     reading = (boards or {}).get(gpu.address)
@@ -50,7 +69,7 @@ def _placeable(gpu, boards):
     return {type_id for type_id, found in reading.placements.items() if found.supported}
 
 
-def stray_groups(conf, config, snapshot):
+def stray_groups(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """``[mdev_*]`` groups of no enabled type: their options do nothing."""
     wanted = {devices.group_name(t) for t in config.enabled}
     offered = {devices.group_name(t) for t in _offered(snapshot)}
@@ -66,7 +85,7 @@ def stray_groups(conf, config, snapshot):
     return problems
 
 
-def nothing_enabled(config, snapshot):
+def nothing_enabled(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     if config.enabled:
         return []
     offered = ", ".join(sorted(_offered(snapshot))) or "none"
@@ -75,23 +94,25 @@ def nothing_enabled(config, snapshot):
         f"(types offered on this host: {offered})")]
 
 
-def _model_absent(type_config, snapshot):
+def _model_absent(type_config: TypeConfig | None, snapshot: HostSnapshot) -> bool:
     """A type chosen by GPU model serves a fleet: a host without that model is
     expected, not a mistake."""
     present = {fleet.gpu_device_id(g) for g in snapshot.gpus}
-    return bool(type_config and type_config.device_ids) and present.isdisjoint(
-        type_config.device_ids)
+    return (type_config is not None and bool(type_config.device_ids)
+            and present.isdisjoint(type_config.device_ids))
 
 
-def _pending_types(config, snapshot):
+def _pending_types(config: MdevConfig, snapshot: HostSnapshot) -> set[str]:
     """Types served by a GPU whose VFs are not there yet: they are offered once
     its VFs are (reported once, by :func:`vfs_pending`)."""
     resolved = config.for_host(snapshot)
     return {type_id for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
-            if snapshot.gpu(gpu).mode == discovery.MODE_VFS_PENDING for type_id in types}
+            if (found := snapshot.gpu(gpu)) is not None
+            and found.mode == discovery.MODE_VFS_PENDING for type_id in types}
 
 
-def absent_types(config, snapshot, boards=None):
+def absent_types(config: MdevConfig, snapshot: HostSnapshot,
+                 boards: Mapping[str, BoardReading] | None = None) -> Problems:
     offered = _offered(snapshot, boards)
     pending = _pending_types(config, snapshot)
     return [exception.ConfigProblem(
@@ -102,7 +123,8 @@ def absent_types(config, snapshot, boards=None):
         and not _model_absent(config.type_config(type_id), snapshot)]
 
 
-def _serving_option(type_id, device_id, how):
+def _serving_option(type_id: str, device_id: str | None,
+                    how: str) -> tuple[str, str | None]:
     """The option and value that gave a GPU its type, for the problem line."""
     group = devices.group_name(type_id)
     if how.startswith("device_addresses"):
@@ -112,17 +134,17 @@ def _serving_option(type_id, device_id, how):
     return "[devices] enabled_mdev_types", type_id
 
 
-def vfs_pending(config, snapshot):
+def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """Configured SR-IOV GPUs whose VFs are not there: they get no provider."""
     problems = []
     for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot),
                                                         snapshot):
         gpu = snapshot.gpu(address)
-        if not types or gpu.mode != discovery.MODE_VFS_PENDING:
+        if not types or gpu is None or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
         option, value = _serving_option(types[-1], device_id, how)
-        listed = sorted({a for t in types for a in config.type_config(t).device_addresses
-                         if a in gpu.addresses})
+        listed = sorted({a for c in config.types if c.type_id in types
+                         for a in c.device_addresses if a in gpu.addresses})
         vfs = [a for a in listed if a != address]
         board = f"; {', '.join(vfs)} will be VF(s) of it" if vfs else ""
         problems.append(exception.ConfigProblem(
@@ -131,16 +153,17 @@ def vfs_pending(config, snapshot):
     return problems
 
 
-def _shared_boards(config, snapshot):
+def _shared_boards(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, tuple[str, ...]]:
     """``{GPU address: (type id, ...)}`` of the vendor-VFIO boards the
     inventory serves with several types, however the configuration names
     them (by the PF, by any of its VFs, or by model); a board whose VFs are
     not there yet cannot tell, and is left to the checks of one type."""
     return {gpu: types for gpu, types in inventory.configured_types(snapshot, config).items()
-            if len(types) > 1 and snapshot.gpu(gpu).mode == discovery.MODE_VENDOR_VFIO}
+            if len(types) > 1 and (found := snapshot.gpu(gpu)) is not None
+            and found.mode == discovery.MODE_VENDOR_VFIO}
 
 
-def types_on_one_board(config, snapshot):
+def types_on_one_board(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """A board whose PF and VFs (or VFs) are listed under different types,
     that cannot mix sizes: it serves one type, so it gets none."""
     problems = []
@@ -159,7 +182,7 @@ def types_on_one_board(config, snapshot):
     return problems
 
 
-def _device_there(function):
+def _device_there(function: PciFunction | None) -> str:
     """What the PCI device at an address no parent has is, when there is one."""
     if function is None:
         return ""
@@ -167,7 +190,9 @@ def _device_there(function):
             "vGPU; 'vgpu-manage host check' says why)")
 
 
-def absent_addresses(config, snapshot, functions=None, boards=None):
+def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
+                     functions: Mapping[str, PciFunction | None] | None = None,
+                     boards: Mapping[str, BoardReading] | None = None) -> Problems:
     """Configured addresses no parent has, or whose device does not serve
     the type; ``functions``: the PCI device at each such address
     (``{address: PciFunction or None}``), to say which driver holds it;
@@ -196,12 +221,12 @@ def absent_addresses(config, snapshot, functions=None, boards=None):
     return problems
 
 
-def framebuffer_gb(type_name):
+def framebuffer_gb(type_name: str | None) -> int | None:
     match = _FRAMEBUFFER_GB_RE.search(type_name or "")
     return int(match[1]) if match else None
 
 
-def vendor_vfio_fit(gpu, type_id):
+def vendor_vfio_fit(gpu: PhysicalGPU, type_id: str) -> int | None:
     """How many vGPUs of ``type_id`` the GPU's memory holds, from the type
     names its VFs list (the largest type is the whole GPU); None if unknown."""
     sizes = [framebuffer_gb(t.name) for p in gpu.parents for t in p.types]
@@ -211,7 +236,7 @@ def vendor_vfio_fit(gpu, type_id):
     return max(s for s in sizes if s) // wanted[0]
 
 
-def boards_that_cannot_mix(config, snapshot):
+def boards_that_cannot_mix(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """A board listed under several types that is not one serving
     vendor-VFIO vGPUs: it serves one type, so it gets none."""
     problems = []
@@ -228,7 +253,8 @@ def boards_that_cannot_mix(config, snapshot):
     return problems
 
 
-def mixed_size_modes(config, boards, shared=None):
+def mixed_size_modes(config: MdevConfig, boards: Mapping[str, BoardReading] | None,
+                     shared: Mapping[str, tuple[str, ...]] | None = None) -> Problems:
     """Boards configured for several sizes whose mode NVML cannot read, or
     that are in equal-size mode: they get no provider until switched;
     ``shared``: :func:`_shared_boards`, to name their types."""
@@ -248,7 +274,7 @@ def mixed_size_modes(config, boards, shared=None):
     return problems
 
 
-def uncapped_vendor_vfio(config, snapshot):
+def uncapped_vendor_vfio(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """A vendor-VFIO GPU lists a type on each of its VFs, so without a cap its
     inventory is the VF count, not what its memory holds (a type sharing a
     mixed-size board is capped by the framebuffer)."""
@@ -273,7 +299,8 @@ def uncapped_vendor_vfio(config, snapshot):
     return problems
 
 
-def fixed_share_on_mixed_boards(config, snapshot, schedulers):
+def fixed_share_on_mixed_boards(config: MdevConfig, snapshot: HostSnapshot,
+                                schedulers: Mapping[str, str | None] | None) -> Problems:
     """A board configured for mixed sizes whose vGPU manager runs the
     fixed-share scheduler, which NVIDIA does not support in mixed-size mode
     (user guide, 2.11); ``schedulers``: ``{GPU address: policy}``
@@ -289,14 +316,15 @@ def fixed_share_on_mixed_boards(config, snapshot, schedulers):
     return problems
 
 
-def _coexist(one, other):
+def _coexist(one: Placements, other: Placements) -> bool:
     """Whether some placement of ``one`` and some of ``other`` (NVML's
     Placements) take no slot in common."""
     return any(a + one.size <= b or b + other.size <= a
                for a in one.supported for b in other.supported)
 
 
-def types_that_cannot_coexist(config, snapshot, boards):
+def types_that_cannot_coexist(config: MdevConfig, snapshot: HostSnapshot,
+                              boards: Mapping[str, BoardReading] | None) -> Problems:
     """Configured types no board can hold together: on every board
     configured for both, each placement of one overlaps each of the other,
     so a vGPU of one makes the board refuse the other."""
@@ -307,9 +335,9 @@ def types_that_cannot_coexist(config, snapshot, boards):
             continue
         for i, one in enumerate(types):
             for other in types[i + 1:]:
-                found = (reading.placements.get(one), reading.placements.get(other))
-                if all(found) and found[0].supported and found[1].supported:
-                    pairs.setdefault((one, other), []).append(_coexist(*found))
+                first, second = reading.placements.get(one), reading.placements.get(other)
+                if first and second and first.supported and second.supported:
+                    pairs.setdefault((one, other), []).append(_coexist(first, second))
     return [exception.ConfigProblem(
         "[devices] enabled_mdev_types", f"{one}, {other}",
         f"{one} and {other} cannot share a board: on every board configured for both, each "
@@ -318,7 +346,10 @@ def types_that_cannot_coexist(config, snapshot, boards):
         for (one, other), fits in sorted(pairs.items()) if not any(fits)]
 
 
-def check(conf, config, snapshot, boards=None, functions=None, schedulers=None):
+def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
+          boards: Mapping[str, BoardReading] | None = None,
+          functions: Mapping[str, PciFunction | None] | None = None,
+          schedulers: Mapping[str, str | None] | None = None) -> Problems:
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
     (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI

@@ -17,19 +17,37 @@ changes (not running, events lost to an overflow) and at least every
 result is always what :func:`vgpu_driver.discovery.discover` would return.
 """
 
+from __future__ import annotations
+
 import threading
 import time
+from collections.abc import Callable
+from collections.abc import Container
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
 from vgpu_driver import discovery
 from vgpu_driver import names
 
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.sysfs.base import MdevInfo
+    from vgpu_driver.sysfs.base import ParentInfo
+    from vgpu_driver.sysfs.base import PciDeviceInfo
+    from vgpu_driver.sysfs.base import VendorVfioInfo
+    from vgpu_driver.sysfs.changes import Changes
+    from vgpu_driver.sysfs.changes import Polling
+    from vgpu_driver.sysfs.linux import LinuxSysfs
+    from vgpu_driver.sysfs.udev import UdevMonitor
+
 LOG = logging.getLogger(__name__)
 
 
 class CachedDiscovery:
-    def __init__(self, host, monitor, full_every=600.0, clock=time.monotonic, wanted=None):
+    def __init__(self, host: LinuxSysfs, monitor: UdevMonitor | Polling,
+                 full_every: float = 600.0, clock: Callable[[], float] = time.monotonic,
+                 wanted: Container[str] | None = None) -> None:
         """``monitor``: a :mod:`~vgpu_driver.sysfs.udev` monitor (or its
         polling stand-in, whose changes always say "everything");
         ``wanted``: the type ids whose attributes are read (all when None),
@@ -39,39 +57,40 @@ class CachedDiscovery:
         self.monitor = monitor
         self.full_every = full_every
         self.clock = clock
-        self._snapshot = None
-        self._full_at = None
-        self._parents = {}      # name -> ParentInfo
-        self._gpu_of = {}       # parent name -> GPU key
-        self._pci = {}          # GPU key -> PciDeviceInfo
-        self._vendor = {}       # vendor-VFIO VF address -> GPU key
-        self._mdevs = {}        # uuid -> MdevInfo
-        self._sriov_pfs = []    # PciDeviceInfo of each SR-IOV physical function
+        self._snapshot: HostSnapshot | None = None
+        self._full_at: float | None = None
+        self._parents: dict[str, ParentInfo] = {}  # by parent name
+        self._gpu_of: dict[str, str] = {}  # parent name -> GPU key
+        self._pci: dict[str, PciDeviceInfo | None] = {}  # by GPU key
+        self._vendor: dict[str, str] = {}  # vendor-VFIO VF address -> GPU key
+        self._mdevs: dict[str, MdevInfo] = {}  # by uuid
+        # PciDeviceInfo of each SR-IOV physical function.
+        self._sriov_pfs: list[PciDeviceInfo] = []
         #: How the last snapshot was made: "full" or "partial" (for logs, tests).
-        self.last = None
+        self.last: str | None = None
         # The periodic update and the host reconciler both read through it.
         self._lock = threading.Lock()
 
-    def _can_read_partially(self):
+    def _can_read_partially(self) -> bool:
         return all(hasattr(self.host, attr)
                    for attr in ("parent_names", "read_parent", "mdev_uuids", "read_mdev"))
 
-    def snapshot(self):
+    def snapshot(self) -> HostSnapshot:
         """The host's snapshot, read in full or only where it changed."""
         with self._lock:
             return self._snapshot_now()
 
-    def _snapshot_now(self):
+    def _snapshot_now(self) -> HostSnapshot:
         changes = self.monitor.take_changes()
         now = self.clock()
         if (changes.everything or self._snapshot is None or not self._can_read_partially()
-                or now - self._full_at >= self.full_every):
+                or self._full_at is None or now - self._full_at >= self.full_every):
             return self._read_all(now)
         return self._read_changed(changes)
 
     # -- full ---------------------------------------------------------------------------
 
-    def _read_all(self, now):
+    def _read_all(self, now: float) -> HostSnapshot:
         host = self.host
         mdevs = tuple(host.list_mdevs())
         infos = host.list_parents(self.wanted)
@@ -88,14 +107,14 @@ class CachedDiscovery:
         self.last = "full"
         return self._snapshot
 
-    def _pci_device(self, key):
+    def _pci_device(self, key: str) -> PciDeviceInfo | None:
         if key not in self._pci:
             self._pci[key] = self.host.pci_device(key)
         return self._pci[key]
 
     # -- partial ------------------------------------------------------------------------
 
-    def _read_changed(self, changes):
+    def _read_changed(self, changes: Changes) -> HostSnapshot:
         host = self.host
         known = set(self._parents) | set(self._vendor)
         mdevs = self._read_mdevs(changes)
@@ -130,7 +149,8 @@ class CachedDiscovery:
             LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))
         return self._snapshot
 
-    def _sriov_functions(self, known, present, changes):
+    def _sriov_functions(self, known: set[str], present: set[str],
+                         changes: Changes) -> list[PciDeviceInfo]:
         """The SR-IOV physical functions, listed again only when VFs or GPUs
         came or went (their list, and their VF counts, can then differ):
         parents or vendor-VFIO VFs other than before, or an event on a device
@@ -140,11 +160,11 @@ class CachedDiscovery:
             return self.host.list_sriov_pfs()
         return self._sriov_pfs
 
-    def _read_mdevs(self, changes):
+    def _read_mdevs(self, changes: Changes) -> tuple[MdevInfo, ...]:
         """Every mdev, its links read again only if new or on a parent an
         event named (an mdev's parent and type change only by a remove and
         a create, each announced)."""
-        found = {}
+        found: dict[str, MdevInfo] = {}
         for uuid in self.host.mdev_uuids():
             mdev = self._mdevs.get(uuid)
             if mdev is None or mdev.parent in changes.parents:
@@ -154,7 +174,7 @@ class CachedDiscovery:
         self._mdevs = found
         return tuple(found.values())
 
-    def _reread(self, name):
+    def _reread(self, name: str) -> ParentInfo | None:
         info = self.host.read_parent(name, self.wanted)
         if info is None:
             self._forget(name)
@@ -163,14 +183,14 @@ class CachedDiscovery:
         self._gpu_of[name] = discovery.gpu_key(self.host, info)
         return info
 
-    def _forget(self, name):
+    def _forget(self, name: str) -> None:
         self._parents.pop(name, None)
         self._gpu_of.pop(name, None)
 
-    def _vendor_vfs(self, changes):
+    def _vendor_vfs(self, changes: Changes) -> list[VendorVfioInfo]:
         """Every known vendor-VFIO VF read again, and any PCI device an event
         named that turns out to be one (a VF just enabled)."""
-        found = []
+        found: list[VendorVfioInfo] = []
         candidates = set(self._vendor) | (changes.parents - set(self._parents))
         for address in sorted(candidates):
             vf = self.host.vendor_vf(address) if names.is_pci_address(address) else None

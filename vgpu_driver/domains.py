@@ -8,8 +8,11 @@ The source is an interface: on a host it is libvirt's
 the in-process registry :class:`vgpu_driver.fake.domains.InProcessDomains`.
 """
 
+from __future__ import annotations
+
 import abc
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +31,7 @@ class DomainReferences(abc.ABC):
     sees_pci_hostdevs = False
 
     @abc.abstractmethod
-    def mdev_users(self):
+    def mdev_users(self) -> Mapping[str, DomainRef]:
         """``{vgpu id: DomainRef}`` over every defined domain (read-only).
 
         Keys are mdev UUIDs and, where :attr:`sees_pci_hostdevs`, the PCI

@@ -10,12 +10,21 @@ beside (libvirt, the sudo rule, the state directory, Placement).  Pure:
 the facts are read elsewhere, so each check can be tried on plain values.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING
 
 from vgpu_driver import nvml
 from vgpu_driver import service_check
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
+
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.exception import ConfigProblem
+    from vgpu_driver.sysfs.host_reads import PciFunction
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 INSTALL_VGPU_MANAGER = "install NVIDIA's vGPU manager (host driver)"
@@ -30,36 +39,36 @@ Finding = service_check.Finding
 class HostFacts:
     """What the checks look at, read once (:func:`vgpu_driver.host_probe.read`)."""
 
-    gpus: tuple                 # sysfs.host_reads.PciFunction of each NVIDIA GPU
-    vfs: dict                   # {GPU address: its VFs' PciFunction}
-    functions_at: dict          # {configured address: PciFunction or None}
-    iommu_groups: tuple | None
+    gpus: tuple[PciFunction, ...]                 # each NVIDIA GPU
+    vfs: dict[str, tuple[PciFunction, ...]]       # {GPU address: its VFs}
+    functions_at: dict[str, PciFunction | None]   # {configured address: its function}
+    iommu_groups: tuple[str, ...] | None
     mdev_core: bool
     mdev_parents: bool
     nvidia_module: str | None   # module/nvidia/version
-    nvml: dict | None           # {GPU address: nvml.GpuFacts}; None: NVML unavailable
+    nvml: dict[str, nvml.GpuFacts] | None     # by GPU address; None: NVML unavailable
     nvml_error: str | None
-    snapshot: object            # discovery.HostSnapshot
-    sriov_manage: tuple         # (path, "ok" | "missing" | "not executable")
-    config: object              # conf.mdev_types.MdevConfig
-    config_problems: tuple
+    snapshot: HostSnapshot
+    sriov_manage: tuple[str, str]     # (path, "ok" | "missing" | "not executable")
+    config: MdevConfig
+    config_problems: tuple[ConfigProblem, ...]
     services: service_check.ServiceFacts
 
 
-def check(facts):
+def check(facts: HostFacts) -> list[Finding]:
     """Every finding, the GPUs' first, in the order an operator fixes them."""
     return [*check_gpus(facts), *check_vgpu_manager(facts), *check_iommu(facts),
             *check_vfio(facts), *check_sriov_manage(facts), *check_config(facts),
             *service_check.check(facts.services)]
 
 
-def _gpu_model(gpu, facts):
+def _gpu_model(gpu: PciFunction, facts: HostFacts) -> str:
     nvml_facts = (facts.nvml or {}).get(gpu.address)
     name = nvml_facts.name if nvml_facts else None
     return f"{name} ({gpu.device_id})" if name else f"device {gpu.device_id or 'unknown'}"
 
 
-def check_gpus(facts):
+def check_gpus(facts: HostFacts) -> list[Finding]:
     """Each NVIDIA GPU: its address, model and driver."""
     if not facts.gpus:
         if facts.snapshot.gpus:
@@ -86,11 +95,11 @@ def check_gpus(facts):
     return found
 
 
-def _offers_vgpus(facts):
+def _offers_vgpus(facts: HostFacts) -> bool:
     return any(p.types for g in facts.snapshot.gpus for p in g.parents)
 
 
-def _without_nvml(facts):
+def _without_nvml(facts: HostFacts) -> list[Finding]:
     """What can be told from sysfs alone when NVML cannot be asked."""
     version = facts.nvidia_module
     if version is None:
@@ -105,7 +114,7 @@ def _without_nvml(facts):
                     f"NVIDIA's data-center driver is loaded, {INSTALL_VGPU_MANAGER}")]
 
 
-def _manager_finding(gpu, gpu_facts, version):
+def _manager_finding(gpu: PciFunction, gpu_facts: nvml.GpuFacts, version: str) -> Finding:
     mode = gpu_facts.virtualization
     mode_name = nvml.VIRTUALIZATION_NAMES.get(mode, "not supported" if mode is None
                                               else f"unknown ({mode})")
@@ -126,7 +135,7 @@ def _manager_finding(gpu, gpu_facts, version):
                    f"{mode_name}, not host vGPU", INSTALL_VGPU_MANAGER)
 
 
-def check_vgpu_manager(facts):
+def check_vgpu_manager(facts: HostFacts) -> list[Finding]:
     """Whether NVIDIA's vGPU manager drives the GPUs, as NVML tells it."""
     if not facts.gpus:
         return []
@@ -148,7 +157,7 @@ def check_vgpu_manager(facts):
     return found
 
 
-def check_iommu(facts):
+def check_iommu(facts: HostFacts) -> list[Finding]:
     """The IOMMU is on, and every GPU is in one of its groups (nothing to
     say without a GPU: an emulated parent such as mtty needs none)."""
     if not facts.gpus:
@@ -164,11 +173,11 @@ def check_iommu(facts):
                     "every NVIDIA GPU in one")]
 
 
-def _vfs_off(facts):
+def _vfs_off(facts: HostFacts) -> list[str]:
     return [g.address for g in facts.gpus if g.sriov_totalvfs and not facts.vfs.get(g.address)]
 
 
-def check_vfio(facts):
+def check_vfio(facts: HostFacts) -> list[Finding]:
     """The kernel can make vGPUs: an mdev bus with parents, or NVIDIA's
     vendor-specific VFIO (kernel 6.8 and vGPU 17 or later)."""
     if facts.mdev_parents:
@@ -190,7 +199,7 @@ def check_vfio(facts):
                     "from kernel 6.8 and vGPU 17, on vendor-specific VFIO")]
 
 
-def check_sriov_manage(facts):
+def check_sriov_manage(facts: HostFacts) -> list[Finding]:
     """NVIDIA's sriov-manage, which enables an SR-IOV board's VFs."""
     boards = [g.address for g in facts.gpus if g.sriov_totalvfs]
     if not boards:
@@ -206,7 +215,7 @@ def check_sriov_manage(facts):
                     "need it to enable their VFs", fix)]
 
 
-def check_config(facts):
+def check_config(facts: HostFacts) -> list[Finding]:
     """The boards nova.conf names are there and offer vGPUs."""
     found = [Finding("configured-boards", ERROR, f"{p.option} = {p.value!r}: {p.reason}",
                      "vgpu-manage config check lists every problem of the configuration")
@@ -230,7 +239,8 @@ def check_config(facts):
     return found
 
 
-def _configured_address(facts, group, type_id, address):
+def _configured_address(facts: HostFacts, group: str, type_id: str,
+                        address: str) -> Finding:
     option = f"[{group}] device_addresses {address}"
     gpu = facts.snapshot.gpu(address)
     if gpu is not None:
@@ -247,7 +257,8 @@ def _configured_address(facts, group, type_id, address):
                    "see this check's vgpu-manager, iommu and vfio lines")
 
 
-def _configured_model(facts, group, type_id, device_id):
+def _configured_model(facts: HostFacts, group: str, type_id: str,
+                      device_id: str) -> Finding:
     option = f"[{group}] device_ids {device_id}"
     serving = [g for g in facts.snapshot.gpus if fleet.gpu_device_id(g) == device_id]
     if serving:

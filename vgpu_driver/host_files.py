@@ -13,14 +13,20 @@ examples in ``etc/`` are these templates rendered with :data:`EXAMPLE` (a
 test keeps them so).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import importlib.resources
 import os
 import re
 import string
 import sys
+from typing import TYPE_CHECKING
 
 from vgpu_driver import exception
+
+if TYPE_CHECKING:
+    from oslo_config import cfg
 
 SUDOERS = "etc/sudoers.d/vgpu-driver"
 SRIOV_UNIT = "etc/systemd/system/vgpu-driver-sriov.service"
@@ -50,8 +56,8 @@ class Settings:
 
     bin_dir: str
     user: str
-    config_files: tuple
-    config_dirs: tuple = ()
+    config_files: tuple[str, ...]
+    config_dirs: tuple[str, ...] = ()
     tmpdir: str = "/tmp"
     # NVIDIA's sriov-manage ([vgpu] sriov_manage_path), which the SR-IOV
     # unit's vgpu-manage runs as root; None where the configuration has none.
@@ -61,7 +67,8 @@ class Settings:
 EXAMPLE = Settings(bin_dir="/usr/bin", user="nova", config_files=("/etc/nova/nova.conf",))
 
 
-def settings_for(conf, user, bin_dir=None, tmpdir="/tmp"):
+def settings_for(conf: cfg.ConfigOpts, user: str, bin_dir: str | None = None,
+                 tmpdir: str = "/tmp") -> Settings:
     """The settings of the files for the configuration ``conf`` was read
     from: its files and directory, as absolute paths; ``bin_dir`` defaults
     to the running command's directory (pip puts the scripts together);
@@ -75,12 +82,12 @@ def settings_for(conf, user, bin_dir=None, tmpdir="/tmp"):
         tmpdir=tmpdir, sriov_manage_path=conf.vgpu.sriov_manage_path)
 
 
-def default_bin_dir():
+def default_bin_dir() -> str:
     """The directory of the running command (pip put the others beside it)."""
     return os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else "/usr/bin"
 
 
-def check(settings):
+def check(settings: Settings) -> None:
     """Refuse settings the files cannot carry; nothing is rendered before."""
     if not _USER.fullmatch(settings.user):
         raise exception.InvalidOption(option="--user", value=settings.user,
@@ -101,17 +108,17 @@ def check(settings):
                            "._/+- only (it goes into a command line and a sudo rule)")
 
 
-def _config_args(settings):
+def _config_args(settings: Settings) -> list[str]:
     return [f"--config-file {f}" for f in settings.config_files] + \
         [f"--config-dir {d}" for d in settings.config_dirs]
 
 
-def _template(name):
+def _template(name: str) -> string.Template:
     return string.Template(importlib.resources.files("vgpu_driver.templates").joinpath(
         name).read_text(encoding="utf-8"))
 
 
-def render(settings):
+def render(settings: Settings) -> list[HostFile]:
     """The five files, as :class:`HostFile`, the sudo rule first (checked
     settings only)."""
     check(settings)
@@ -135,13 +142,13 @@ def render(settings):
     ]
 
 
-def _sudo_regex(text):
+def _sudo_regex(text: str) -> str:
     """``text`` as a literal in sudo's regular expressions (paths hold only
     the characters :func:`check` allows: ``.`` and ``+`` need escaping)."""
     return re.sub(r"([.+])", r"\\\1", text)
 
 
-def root_reads(settings):
+def root_reads(settings: Settings) -> list[str]:
     """What root runs or reads because of these files, which only root may
     be able to change: the scripts (the helper's through sudo, vgpu-manage
     as the SR-IOV unit, and NVIDIA's sriov-manage, which that unit runs) and
@@ -160,6 +167,6 @@ def root_reads(settings):
     return paths
 
 
-def missing_scripts(bin_dir):
+def missing_scripts(bin_dir: str) -> list[str]:
     """The scripts the files run that ``bin_dir`` lacks."""
     return [s for s in SCRIPTS if not os.access(os.path.join(bin_dir, s), os.X_OK)]

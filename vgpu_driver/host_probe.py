@@ -8,9 +8,13 @@ each asked once.  Nothing here writes: no journal is opened, no
 privileged helper started, Placement only read.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import pwd
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from keystoneauth1 import exceptions as ks_exceptions
 from oslo_config import cfg
@@ -29,11 +33,18 @@ from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.sysfs import host_reads
 
+if TYPE_CHECKING:
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.sysfs.linux import LinuxSysfs
+    from vgpu_driver.sysfs.paths import SysfsPaths
+
 # Any of them makes openstacksdk find credentials without [placement].
 _OS_VARIABLES = ("OS_CLOUD", "OS_AUTH_URL", "OS_AUTH_TYPE", "OS_ENDPOINT")
 
 
-def read(conf, host, settings, root="/"):
+def read(conf: cfg.ConfigOpts, host: LinuxSysfs, settings: host_files.Settings,
+         root: str = "/") -> host_check.HostFacts:
     """The :class:`~vgpu_driver.host_check.HostFacts` of ``host``;
     ``settings`` (:class:`vgpu_driver.host_files.Settings`) are what
     install-units renders the sudo rule with, ``root`` where it is installed."""
@@ -62,7 +73,7 @@ def read(conf, host, settings, root="/"):
             placement=_placement(conf)))
 
 
-def unoffered_gpus(host, snapshot):
+def unoffered_gpus(host: LinuxSysfs, snapshot: HostSnapshot) -> str | None:
     """The warning of a host whose NVIDIA GPUs are there but none offers a
     vGPU type (discovery has none of them); None otherwise."""
     gpus = host_reads.nvidia_gpus(host.paths)
@@ -73,7 +84,8 @@ def unoffered_gpus(host, snapshot):
             "'vgpu-manage host check' says why")
 
 
-def _nvml(host, gpus):
+def _nvml(host: LinuxSysfs, gpus: tuple[host_reads.PciFunction, ...],
+          ) -> tuple[dict[str, nvml.GpuFacts] | None, str | None]:
     if not gpus:
         return None, None
     try:
@@ -82,9 +94,10 @@ def _nvml(host, gpus):
         return None, str(exc)
 
 
-def configured_functions(paths, config):
+def configured_functions(paths: SysfsPaths,
+                         config: MdevConfig) -> dict[str, host_reads.PciFunction | None]:
     """``{address: PciFunction or None}`` of every configured address."""
-    found = {}
+    found: dict[str, host_reads.PciFunction | None] = {}
     for type_config in config.types:
         for address in type_config.device_addresses:
             if names.is_pci_address(address):
@@ -92,13 +105,13 @@ def configured_functions(paths, config):
     return found
 
 
-def _executable(path):
+def _executable(path: str) -> tuple[str, str]:
     if not os.path.isfile(path):
         return path, "missing"
     return path, "ok" if os.access(path, os.X_OK) else "not executable"
 
 
-def _libvirt(uri):
+def _libvirt(uri: str) -> service_check.Reached:
     try:
         connection = libvirt_host.LibvirtHost(uri)
     except exception.VgpuDriverError as exc:
@@ -110,9 +123,9 @@ def _libvirt(uri):
     return service_check.Reached(uri, detail=version)
 
 
-def _helper_commands(conf):
+def _helper_commands(conf: cfg.ConfigOpts) -> list[str]:
     """``helper_command`` of both privileged helpers ('' when unset)."""
-    commands = []
+    commands: list[str] = []
     for group in (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP):
         try:
             commands.append(conf[group].helper_command)
@@ -122,7 +135,8 @@ def _helper_commands(conf):
     return commands
 
 
-def _sudo_rule(conf, settings, root):
+def _sudo_rule(conf: cfg.ConfigOpts, settings: host_files.Settings,
+               root: str) -> service_check.RootOnlyFile:
     described = (f"user {settings.user}, {settings.bin_dir}/vgpu-privsep-helper, "
                  f"{' '.join(settings.config_files) or 'no configuration file'}")
     return _root_only_file(conf, settings, root, host_files.SUDOERS, described, (
@@ -131,7 +145,8 @@ def _sudo_rule(conf, settings, root):
             path, status.st_mode & 0o7777, status.st_uid))
 
 
-def _helper_conf(conf, settings, root):
+def _helper_conf(conf: cfg.ConfigOpts, settings: host_files.Settings,
+                 root: str) -> service_check.RootOnlyFile:
     described = " ".join(settings.config_files) or "no configuration file"
     return _root_only_file(conf, settings, root, host_files.PRIVSEP_CONF, described, (
         "helper-conf", "file", "the privileged helper cannot start"),
@@ -139,7 +154,10 @@ def _helper_conf(conf, settings, root):
             path, tuple(root_only.problems(path))))
 
 
-def _root_only_file(conf, settings, root, name, described, labels, refused):
+def _root_only_file(conf: cfg.ConfigOpts, settings: host_files.Settings, root: str, name: str,
+                    described: str, labels: tuple[str, str, str],
+                    refused: Callable[[str, os.stat_result | None], tuple[str, ...]],
+                    ) -> service_check.RootOnlyFile:
     """The installed file ``name`` beside what install-units renders;
     ``labels`` the fact's check, noun and what its absence stops;
     ``refused(path, its stat or None)`` says why its reader would refuse it."""
@@ -167,7 +185,7 @@ def _root_only_file(conf, settings, root, name, described, labels, refused):
                 settings=described)
 
 
-def _state_dir(path, user):
+def _state_dir(path: str, user: str) -> service_check.StateDir:
     try:
         uid = pwd.getpwnam(user).pw_uid
     except KeyError:
@@ -181,7 +199,7 @@ def _state_dir(path, user):
                                   mode=status.st_mode & 0o7777)
 
 
-def _placement(conf):
+def _placement(conf: cfg.ConfigOpts) -> service_check.Reached | None:
     """Placement's root document, read once (no write), or None when no
     Placement is configured."""
     if not (conf.placement.auth_type or any(os.environ.get(v) for v in _OS_VARIABLES)):
@@ -201,6 +219,6 @@ def _placement(conf):
     return service_check.Reached(target)
 
 
-def _one_line(exc):
+def _one_line(exc: BaseException) -> str:
     """An error's text on one line."""
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -9,17 +9,26 @@ Keeping the assembly here keeps the reader, the writer and NVML free of
 each other.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from vgpu_driver import nvml
 from vgpu_driver import privsep
 from vgpu_driver import sysfs
 
+if TYPE_CHECKING:
+    from oslo_config import cfg
 
-def writable(root):
+    from vgpu_driver.sysfs.writes import WritableSysfs
+
+
+def writable(root: str) -> WritableSysfs:
     """The host at ``root``, writing through the privileged entry points."""
     return sysfs.open_host(root, writer=privsep.call)
 
 
-def open_host(conf):
+def open_host(conf: cfg.ConfigOpts) -> WritableSysfs:
     """The host ``conf``'s ``[vgpu] sysfs_root`` names."""
     host = writable(conf.vgpu.sysfs_root)
     bindings = nvml.bindings_for(conf)

@@ -7,10 +7,18 @@ metric families (:mod:`vgpu_driver.metrics_series`), so two series of one
 scrape never disagree.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 import prometheus_client
 from prometheus_client import registry as prometheus_registry
@@ -18,6 +26,17 @@ from prometheus_client import registry as prometheus_registry
 from vgpu_driver import inventory
 from vgpu_driver import metrics_series
 from vgpu_driver.conf import fleet
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from vgpu_driver.claims import Claim
+    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.domains import DomainRef
+    from vgpu_driver.inventory import GpuProvider
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.status import HostStatus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,17 +55,17 @@ class Reading:
     claims after.
     """
 
-    host: object
-    claims: tuple
-    vgpus: frozenset
-    users: frozenset | None
-    guests: dict | None
-    vgpu_gpus: dict
-    providers: dict             # gpu address -> GpuProvider of the computed tree
-    models: dict                # gpu address -> "vendor:device"
-    configured: dict            # gpu address -> the types nova.conf gives it
-    reconciler: dict | None
-    audit: dict | None          # what the last ``vgpu-manage audit`` found
+    host: HostStatus
+    claims: tuple[Claim, ...]
+    vgpus: frozenset[str]
+    users: frozenset[str] | None
+    guests: dict[str, DomainRef] | None
+    vgpu_gpus: dict[str, tuple[str, str]]    # vgpu id -> (gpu address, type id)
+    providers: dict[str, GpuProvider]   # gpu address -> GpuProvider of the computed tree
+    models: dict[str, str]              # gpu address -> "vendor:device"
+    configured: dict[str, tuple[str, ...]]  # gpu address -> the types nova.conf gives it
+    reconciler: dict[str, Any] | None
+    audit: dict[str, Any] | None        # what the last ``vgpu-manage audit`` found
     types: tuple[str, ...]
     grace: float
     migration_timeout: float
@@ -56,8 +75,10 @@ class Reading:
     read_seconds: float | None = None
 
 
-def build_reading(view, snapshot, config, tree, claim_list, users, reconciler, audit_record,
-                  vgpu_conf, now):
+def build_reading(view: HostStatus, snapshot: HostSnapshot, config: MdevConfig,
+                  tree: ProviderTree, claim_list: Iterable[Claim],
+                  users: Mapping[str, DomainRef] | None, reconciler: dict[str, Any] | None,
+                  audit_record: dict[str, Any] | None, vgpu_conf: Any, now: float) -> Reading:
     """The :class:`Reading` of sources already read: ``view`` is their
     :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
     ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
@@ -93,15 +114,17 @@ class HostCollector:
     nothing in it.  Without ``failed`` the error goes to the caller.
     """
 
-    def __init__(self, read, expected=(), failed=None):
+    def __init__(self, read: Callable[[], Reading],
+                 expected: Iterable[type[BaseException]] = (),
+                 failed: Callable[[BaseException, bool], object] | None = None) -> None:
         self._read = read
         self._expected = tuple(expected)
         self._failed = failed
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []       # the families depend on the reading: no describe at register
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
         try:
             reading = self._read()
@@ -119,14 +142,16 @@ class HostCollector:
         yield from metrics_series.families(reading)
 
 
-def registry_of(read, expected=(), failed=None):
+def registry_of(read: Callable[[], Reading], expected: Iterable[type[BaseException]] = (),
+                failed: Callable[[BaseException, bool], object] | None = None,
+                ) -> prometheus_registry.CollectorRegistry:
     """A prometheus_client registry holding one :class:`HostCollector`."""
     found = prometheus_registry.CollectorRegistry(auto_describe=False)
     found.register(HostCollector(read, expected, failed))
     return found
 
 
-def write_textfile(path, registry):
+def write_textfile(path: str, registry: prometheus_registry.CollectorRegistry) -> None:
     """``path`` replaced whole by ``registry``'s exposition (written beside
     it, then renamed), readable by all whatever the umask: node_exporter
     runs as its own user.  The temporary name does not end in ``.prom``,

@@ -9,24 +9,32 @@ changes (a provider that comes) starts no new count series and resets no
 alert's ``for``.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from prometheus_client import core
 
 from vgpu_driver import inventory
 from vgpu_driver import names
 
+if TYPE_CHECKING:
+    from vgpu_driver.metrics import Reading
+
 PREFIX = "vgpu"
 MIB = 1024 * 1024
 
 
-def _gauge(name, doc, labels=()):
+def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> core.GaugeMetricFamily:
     return core.GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
 
-def _info(name, doc, labels):
+def _info(name: str, doc: str, labels: Iterable[str]) -> core.InfoMetricFamily:
     return core.InfoMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
 
-def pci_bus_id(address):
+def pci_bus_id(address: str) -> str:
     """A PCI address as NVML and dcgm-exporter's ``pci_bus_id`` write it
     (``00000000:3B:00.0``: eight hex digits of domain, upper case); empty
     for a GPU that is no PCI device."""
@@ -36,7 +44,7 @@ def pci_bus_id(address):
     return f"{pci.domain:08X}:{pci.bus:02X}:{pci.slot:02X}.{pci.function:X}"
 
 
-def gpu_families(reading):
+def gpu_families(reading: Reading) -> tuple[core.Metric, ...]:
     """``vgpu_gpu_*``: what each GPU is, offers, holds and holds back."""
     info = _info("gpu", "What the GPU is: its resource provider (empty without one), "
                  "resource class, model (vendor:device), PCI bus id as dcgm-exporter "
@@ -102,7 +110,7 @@ def gpu_families(reading):
             fb_reserved, served, guests, vfs, vfs_max)
 
 
-def vgpu_families(reading):
+def vgpu_families(reading: Reading) -> list[core.InfoMetricFamily]:
     """``vgpu_vgpu_info``: one series per vGPU in sysfs, naming its GPU (and
     that GPU's ``pci_bus_id``, dcgm-exporter's join key), its type, and the
     guest holding it (instance UUID and domain; empty while none does) or

@@ -11,6 +11,14 @@ part of the reading into its families: the GPUs and vGPUs
 reconciler, the last audit.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+
 from prometheus_client import core
 
 from vgpu_driver import __version__
@@ -19,19 +27,25 @@ from vgpu_driver import claims
 from vgpu_driver import metrics_gpus
 from vgpu_driver import reconciler_state
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from vgpu_driver.claims import Claim
+    from vgpu_driver.metrics import Reading
+
 PREFIX = "vgpu"
 SRIOV_STATES = ("enabled", "partial", "off")
 
 
-def _name(*parts):
+def _name(*parts: str) -> str:
     return "_".join((PREFIX,) + parts)
 
 
-def _gauge(name, doc, labels=()):
+def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> core.GaugeMetricFamily:
     return core.GaugeMetricFamily(_name(name), doc, labels=list(labels))
 
 
-def scrape_success(value):
+def scrape_success(value: float) -> core.GaugeMetricFamily:
     """``vgpu_scrape_success``: 1 when the scrape read the host, else 0."""
     success = _gauge("scrape_success", "1 when this scrape read the host, 0 when it "
                      "could not (the exporter's log says why).")
@@ -39,14 +53,14 @@ def scrape_success(value):
     return success
 
 
-def scrape_duration(seconds):
+def scrape_duration(seconds: float) -> core.GaugeMetricFamily:
     """``vgpu_scrape_duration_seconds``: how long reading the host took."""
     took = _gauge("scrape_duration_seconds", "How long this scrape took to read the host.")
     took.add_metric([], seconds)
     return took
 
 
-def families(reading):
+def families(reading: Reading) -> Iterator[Metric]:
     """Every family of one reading, the driver's info last."""
     yield from metrics_gpus.gpu_families(reading)
     yield from metrics_gpus.vgpu_families(reading)
@@ -62,7 +76,7 @@ def families(reading):
     yield info
 
 
-def _host_families(reading):
+def _host_families(reading: Reading) -> list[core.GaugeMetricFamily]:
     boards = _gauge("sriov_boards", "SR-IOV boards by the state of their virtual "
                     "functions.", ["state"])
     states = [g.sriov.state for g in reading.host.gpus if g.sriov is not None]
@@ -82,7 +96,7 @@ def _host_families(reading):
     return families
 
 
-def _bound(reading, state):
+def _bound(reading: Reading, state: str) -> float | None:
     """Seconds after which the host reconciler drops an unused claim of
     ``state`` (None: never)."""
     if state == claims.ATTACHED:
@@ -92,7 +106,7 @@ def _bound(reading, state):
     return reading.grace
 
 
-def _waiting(reading, claim, stuck):
+def _waiting(reading: Reading, claim: Claim, stuck: Mapping[str, float]) -> bool:
     """Whether ``claim`` waits on something the host reconciler should end:
     not attached, no guest using its vGPU (any, when libvirt could not say),
     and not a removal the kernel blocks (that has its own series)."""
@@ -101,7 +115,7 @@ def _waiting(reading, claim, stuck):
     return reading.users is None or claim.mdev_uuid not in reading.users
 
 
-def _claim_families(reading):
+def _claim_families(reading: Reading) -> tuple[core.GaugeMetricFamily, ...]:
     count = _gauge("claims", "The journal's claims by state.", ["state"])
     oldest = _gauge("claims_waiting_oldest_timestamp_seconds", "When the oldest claim of "
                     "the state that no guest uses last changed (Unix time; absent with "
@@ -130,7 +144,7 @@ def _claim_families(reading):
     return count, oldest, past, bound_of
 
 
-def _reconciler_families(reading):
+def _reconciler_families(reading: Reading) -> list[Metric]:
     state = reading.reconciler
     running = reconciler_state.is_running(state)
     up = _gauge("reconciler_up", "1 while the process that runs the host reconciler "
@@ -140,13 +154,13 @@ def _reconciler_families(reading):
     removals = _gauge("removals_stuck", "vGPU removals the kernel blocks (a guest's QEMU "
                       "still holds the device).")
     removals.add_metric([], len(stuck))
-    families = [up, removals]
+    families: list[Metric] = [up, removals]
     if stuck:
         oldest = _gauge("removals_stuck_oldest_timestamp_seconds", "When the oldest "
                         "blocked removal began (Unix time; absent with none).")
         oldest.add_metric([], reading.now - max(stuck.values()))
         families.append(oldest)
-    if not running:
+    if not running or state is None:
         return families
     passes = core.CounterMetricFamily(_name("reconciler_passes"), "Passes the host "
                                       "reconciler ran since its service started.")
@@ -175,7 +189,8 @@ def _reconciler_families(reading):
     return families
 
 
-def _timed(record, name, what):
+def _timed(record: Mapping[str, Any] | None, name: str, what: str,
+           ) -> list[core.GaugeMetricFamily]:
     """``<name>_timestamp_seconds`` and ``<name>_duration_seconds`` of a
     ``{"started_at", "duration"}`` record; none without one."""
     if not record:
@@ -187,7 +202,7 @@ def _timed(record, name, what):
     return [when, took]
 
 
-def _audit_families(reading):
+def _audit_families(reading: Reading) -> list[core.GaugeMetricFamily]:
     """The last audit's drift, when one ran here and its record is readable."""
     record = reading.audit
     if not record or "unreadable" in record:

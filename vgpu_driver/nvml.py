@@ -13,13 +13,24 @@ configuration names a fake host with both test-only options
 (:func:`bindings_for`), so that nothing in production imports them.
 """
 
+from __future__ import annotations
+
 import collections
 import contextlib
 import importlib
 import importlib.metadata
+from collections.abc import Iterable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
+    from vgpu_driver.names import PciAddress
 
 # nvml.h: the values of a feature's state, and the return codes told apart.
 FEATURE_DISABLED = 0
@@ -33,7 +44,7 @@ ERROR_IN_USE = 19
 TEST_BINDINGS_GROUP = "vgpu_driver.test_nvml_bindings"
 TEST_BINDINGS = "fake-kernel"
 
-_REFUSALS = {
+_REFUSALS: dict[int | None, str] = {
     ERROR_IN_USE: "vGPUs exist on it, and the mode changes only on a GPU without any",
     ERROR_NOT_SUPPORTED: "the GPU cannot mix vGPU sizes (MIG is on, or its driver does not "
                          "report 'Heterogeneous Time-Slice Sizes')",
@@ -42,7 +53,7 @@ _REFUSALS = {
 }
 
 
-def bindings_for(conf):
+def bindings_for(conf: cfg.ConfigOpts) -> Any:
     """NVIDIA's bindings (None), or on a fake host in a test the bindings
     registered for it: only when ``conf`` names one with both test-only
     options."""
@@ -56,7 +67,7 @@ def bindings_for(conf):
     return next(iter(found)).load()(conf.vgpu.test_only_fake_nvml_host)
 
 
-def _library(bindings):
+def _library(bindings: Any) -> Any:
     if bindings is not None:
         return bindings
     try:
@@ -67,7 +78,8 @@ def _library(bindings):
 
 
 @contextlib.contextmanager
-def _gpu(pf_address, action, bindings):
+def _gpu(pf_address: str | PciAddress, action: str,
+         bindings: Any) -> Iterator[tuple[Any, Any]]:
     """``(library, handle)`` of the GPU at ``pf_address`` in an NVML session;
     NVML's refusals become :class:`MixedSizeModeRefused`."""
     address = str(names.parse_pci_address(pf_address))
@@ -87,13 +99,15 @@ def _gpu(pf_address, action, bindings):
             library.nvmlShutdown()
 
 
-def heterogeneous_mode(pf_address, bindings=None):
+def heterogeneous_mode(pf_address: str | PciAddress, bindings: Any = None) -> bool:
     """Whether the GPU is in mixed-size mode."""
     with _gpu(pf_address, "read", bindings) as (library, handle):
-        return library.nvmlDeviceGetVgpuHeterogeneousMode(handle) == FEATURE_ENABLED
+        mode: int = library.nvmlDeviceGetVgpuHeterogeneousMode(handle)
+        return mode == FEATURE_ENABLED
 
 
-def set_heterogeneous_mode(pf_address, enabled, bindings=None):
+def set_heterogeneous_mode(pf_address: str | PciAddress, enabled: bool,
+                           bindings: Any = None) -> None:
     """Put the GPU in mixed-size mode (``enabled``) or back in equal-size
     mode.  NVML refuses while any vGPU exists on the GPU; on KVM the mode is
     lost when the GPU's VFs are disabled or enabled, or the host reboots."""
@@ -111,15 +125,16 @@ Placements.__doc__ = """A vGPU type's placements on a mixed-size GPU: its size
 in slots, the placement IDs it may take, and those it could take now."""
 
 
-def _ids(placement_list):
+def _ids(placement_list: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in placement_list.placementIds[:placement_list.count])
 
 
-def placements(pf_address, type_numbers, bindings=None):
+def placements(pf_address: str | PciAddress, type_numbers: Iterable[int],
+               bindings: Any = None) -> dict[int, Placements]:
     """``{type number: Placements}`` of a mixed-size GPU, in one NVML session
     (the lists of one moment).  NVML answers for the GPU (the PF), whose
     vGPUs its VFs serve."""
-    found = {}
+    found: dict[int, Placements] = {}
     with _gpu(pf_address, "read the placements in", bindings) as (library, handle):
         for number in type_numbers:
             supported = library.nvmlDeviceGetVgpuTypeSupportedPlacements(
@@ -130,13 +145,14 @@ def placements(pf_address, type_numbers, bindings=None):
     return found
 
 
-def located_vgpus(pf_address, bindings=None):
+def located_vgpus(pf_address: str | PciAddress,
+                  bindings: Any = None) -> tuple[tuple[int, int], ...]:
     """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,
     by placement ID, in one NVML session.  NVML lists *active* vGPU
     instances (a guest runs them); one it does not list, or cannot place
     (gone meanwhile, or :data:`INVALID_PLACEMENT_ID`), is left out, and the
     caller counts it as unlocated."""
-    found = []
+    found: list[tuple[int, int]] = []
     with _gpu(pf_address, "locate the vGPUs in", bindings) as (library, handle):
         for instance in library.nvmlDeviceGetActiveVgpus(handle):
             try:
@@ -166,11 +182,11 @@ mode and host vGPU mode (None where NVML answers NOT_SUPPORTED), or, when
 NVML could not answer for it at all, ``error``."""
 
 
-def _text(value):
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _unless_not_supported(library, call, handle):
+def _unless_not_supported(library: Any, call: Any, handle: Any) -> Any:
     """``call(handle)``, or None when NVML answers NOT_SUPPORTED (NVIDIA's
     data-center driver does for every vGPU call)."""
     try:
@@ -181,7 +197,7 @@ def _unless_not_supported(library, call, handle):
         raise
 
 
-def gpu_facts(pf_addresses, bindings=None):
+def gpu_facts(pf_addresses: Iterable[object], bindings: Any = None) -> dict[str, GpuFacts]:
     """``{address: GpuFacts}`` of GPUs, in one NVML session; raises
     NvmlUnavailable when there are no bindings or NVML will not start."""
     library = _library(bindings)
@@ -189,7 +205,7 @@ def gpu_facts(pf_addresses, bindings=None):
         library.nvmlInit()
     except library.NVMLError as exc:
         raise exception.NvmlUnavailable(reason=str(exc) or type(exc).__name__) from exc
-    found = {}
+    found: dict[str, GpuFacts] = {}
     try:
         for address in pf_addresses:
             address = str(names.parse_pci_address(str(address)))

@@ -19,13 +19,26 @@ takes one writer at a time ("database is locked"): either way an overlapping
 request would get a 500.  Other databases are served concurrently.
 """
 
+from __future__ import annotations
+
 import socketserver
 import threading
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
 from wsgiref import simple_server
 
 from oslo_log import log as logging
 
 from vgpu_driver import placement as vgpu_placement
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse
+    from wsgiref.types import WSGIApplication
+    from wsgiref.types import WSGIEnvironment
+
+    from oslo_config import cfg
 
 LOG = logging.getLogger(__name__)
 
@@ -34,7 +47,7 @@ ADMIN_TOKEN = "admin"  # noqa: S105
 
 
 class _QuietHandler(simple_server.WSGIRequestHandler):
-    def log_message(self, *args):
+    def log_message(self, *args: Any) -> None:
         pass
 
 
@@ -42,7 +55,7 @@ class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
     daemon_threads = True
 
 
-def serve_on_loopback(port, app, name):
+def serve_on_loopback(port: int, app: WSGIApplication, name: str) -> simple_server.WSGIServer:
     """Serve a WSGI app on 127.0.0.1:``port`` from a daemon thread; the
     server is stopped with :func:`stop_serving`."""
     server = simple_server.make_server("127.0.0.1", port, app, server_class=_ThreadingServer,
@@ -52,19 +65,19 @@ def serve_on_loopback(port, app, name):
     return server
 
 
-def stop_serving(server):
+def stop_serving(server: simple_server.WSGIServer) -> None:
     """Stop serving and close the socket: connections are refused from now."""
     server.shutdown()
     server.server_close()
 
 
-def _one_at_a_time(app):
+def _one_at_a_time(app: WSGIApplication) -> WSGIApplication:
     """``app`` behind a lock held until its response body is complete."""
     lock = threading.Lock()
 
-    def serialized(environ, start_response):
+    def serialized(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         with lock:
-            response = app(environ, start_response)
+            response: Iterable[bytes] = app(environ, start_response)
             try:
                 return [b"".join(response)]
             finally:
@@ -73,7 +86,7 @@ def _one_at_a_time(app):
     return serialized
 
 
-def _placement_config(database_url):
+def _placement_config(database_url: str) -> cfg.ConfigOpts:
     from oslo_config import cfg
     from placement import conf as placement_conf
     from placement import db_api
@@ -94,14 +107,16 @@ def _placement_config(database_url):
 class EmbeddedPlacement:
     """Placement served on 127.0.0.1 by a thread of this process."""
 
-    def __init__(self, database_url="sqlite://", port=0, middleware=None):
+    def __init__(self, database_url: str = "sqlite://", port: int = 0,
+                 middleware: Callable[[WSGIApplication], WSGIApplication] | None = None,
+                 ) -> None:
         """``middleware``: optionally wraps the app (a callable app -> app)."""
         self.database_url = database_url
         self.port = port
         self.middleware = middleware
-        self._server = None
+        self._server: simple_server.WSGIServer | None = None
 
-    def start(self):
+    def start(self) -> EmbeddedPlacement:
         from oslo_db.sqlalchemy import engines
         from placement import db_api
 
@@ -128,25 +143,25 @@ class EmbeddedPlacement:
         LOG.info("Placement (%s) serving on %s", self.database_url, self.endpoint)
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         if self._server is not None:
             stop_serving(self._server)
             self._server = None
             self._unpatch()
             self._engine.dispose()
 
-    def __enter__(self):
+    def __enter__(self) -> EmbeddedPlacement:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
-    def endpoint(self):
+    def endpoint(self) -> str:
         host, port = self._server.server_address[:2]  # type: ignore[union-attr]  # started
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
-    def connection(self):
+    def connection(self) -> Any:
         """An openstacksdk Connection to this Placement, as an admin."""
         import openstack
 
@@ -154,7 +169,7 @@ class EmbeddedPlacement:
             auth_type="admin_token",
             auth={"endpoint": self.endpoint, "token": ADMIN_TOKEN})
 
-    def cli_environment(self):
+    def cli_environment(self) -> dict[str, str]:
         """Environment for the ``openstack`` CLI (osc-placement) to reach it."""
         return {"OS_AUTH_TYPE": "admin_token", "OS_ENDPOINT": self.endpoint,
                 "OS_TOKEN": ADMIN_TOKEN, "OS_PLACEMENT_API_VERSION": vgpu_placement.MICROVERSION}

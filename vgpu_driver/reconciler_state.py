@@ -7,12 +7,23 @@ background work goes (passes, errors, removals the kernel blocks, vGPUs
 waiting for their parent), and whether the process that wrote it still runs.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeGuard
 
 from oslo_log import log as logging
 
 from vgpu_driver import state_files
+
+if TYPE_CHECKING:
+    from vgpu_driver.host_reconciler import HostReconciler
+    from vgpu_driver.restore import Outcome
 
 LOG = logging.getLogger(__name__)
 
@@ -26,11 +37,11 @@ class PassReport:
     reasons: tuple[str, ...]
     started_at: float
     duration: float
-    restore: tuple = ()            # restore.Outcome of each missing vGPU
+    restore: tuple[Outcome, ...] = ()      # of each missing vGPU
     errors: tuple[str, ...] = ()
 
 
-def record(reconciler, queued):
+def record(reconciler: HostReconciler, queued: Iterable[str]) -> dict[str, Any]:
     """What ``reconciler.json`` holds for ``reconciler`` (a
     :class:`~vgpu_driver.host_reconciler.HostReconciler`) with the reasons
     ``queued`` for its next pass: JSON-ready."""
@@ -53,7 +64,7 @@ def record(reconciler, queued):
     }
 
 
-def save(path, state):
+def save(path: str | None, state: Mapping[str, Any]) -> None:
     """``state`` (a :func:`record`) into ``path`` (None: nowhere); a file
     that cannot be written is logged, never raised: the pass is done."""
     if path is None:
@@ -64,12 +75,12 @@ def save(path, state):
         LOG.warning("Could not write %s: %s", path, exc)
 
 
-def read(state_dir):
+def read(state_dir: str) -> Any:
     """What the host reconciler last wrote (None if it never ran here)."""
     return state_files.read(os.path.join(state_dir, STATE_FILE))
 
 
-def _alive(pid):
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -79,13 +90,13 @@ def _alive(pid):
     return True
 
 
-def is_running(state):
+def is_running(state: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether the process that wrote ``state`` (:func:`read`) still runs."""
-    return bool(state) and "unreadable" not in state and _alive(
-        int(state.get("pid", 0)) or -1)
+    return bool(state and "unreadable" not in state and _alive(
+        int(state.get("pid", 0)) or -1))
 
 
-def removals_in_flight(state, now):
+def removals_in_flight(state: Mapping[str, Any] | None, now: float) -> dict[str, float]:
     """``{vgpu: seconds its removal has been blocked}`` from what the host
     reconciler wrote, if the process that wrote it still runs."""
     if not is_running(state):
@@ -94,7 +105,7 @@ def removals_in_flight(state, now):
             for vgpu, started in state.get("removals_in_flight", {}).items()}
 
 
-def describe(state, now):
+def describe(state: Mapping[str, Any] | None, now: float) -> str | None:
     """One line about the host reconciler, for ``status`` (None if it never
     ran on this host: nova-compute starts it)."""
     if state is None:

@@ -7,6 +7,8 @@ into :class:`Finding` lines that name the option or command that fixes
 what is wrong.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import stat
 
@@ -50,13 +52,13 @@ class RootOnlyFile:
     expected: str | None = None     # what install-units renders; None: not rendered
     actual: str | None = None       # the installed text; None: absent or unreadable
     unreadable: str | None = None
-    refused: tuple = ()             # (message, fix) when its reader refuses it as it is
+    refused: tuple[str, ...] = ()   # (message, fix) when its reader refuses it as it is
     render_error: str | None = None
     not_needed: str | None = None   # why no privileged helper is started by sudo
     settings: str = ""              # the values it was rendered with, for the message
 
 
-def sudoers_refused(path, mode, owner_uid):
+def sudoers_refused(path: str, mode: int, owner_uid: int) -> tuple[str, ...]:
     """``RootOnlyFile.refused`` of a sudo rule of this mode and owner."""
     if owner_uid == 0 and mode == SUDOERS_MODE:
         return ()
@@ -64,7 +66,7 @@ def sudoers_refused(path, mode, owner_uid):
             f"chown root:root {path}; chmod 0440 {path}")
 
 
-def helper_conf_refused(path, changeable):
+def helper_conf_refused(path: str, changeable: tuple[str, ...]) -> tuple[str, ...]:
     """``RootOnlyFile.refused`` of the helper's file, given what others
     could change (:func:`vgpu_driver.root_only.problems`)."""
     if not changeable:
@@ -93,13 +95,13 @@ class ServiceFacts:
     placement: Reached | None       # None: no Placement configured
 
 
-def check(facts):
+def check(facts: ServiceFacts) -> list[Finding]:
     return [check_libvirt(facts.libvirt), check_root_only_file(facts.sudo),
             check_root_only_file(facts.helper_conf), check_state_dir(facts.state_dir),
             check_placement(facts.placement)]
 
 
-def check_libvirt(reached):
+def check_libvirt(reached: Reached) -> Finding:
     if reached.error is None:
         return Finding("libvirt", OK, f"libvirt {reached.detail} answers at {reached.target}")
     return Finding("libvirt", ERROR, f"cannot reach libvirt at {reached.target}: "
@@ -107,7 +109,7 @@ def check_libvirt(reached):
                    "[vgpu] libvirt_uri (--libvirt-uri) to the URI nova-compute uses")
 
 
-def check_root_only_file(found):
+def check_root_only_file(found: RootOnlyFile) -> Finding:
     """The file is installed, as its reader takes it, and what
     install-units renders: otherwise the privileged helpers do not start."""
     install = "vgpu-manage --config-file <nova-compute's files> install-units"
@@ -133,13 +135,13 @@ def check_root_only_file(found):
                    f"{found.settings}")
 
 
-def check_state_dir(state):
+def check_state_dir(state: StateDir) -> Finding:
     """The state directory as production.rst asks: nova's user's, 0750."""
     make = f"install -d -o {state.user} -g {state.user} -m 0750 {state.path}"
     if state.user_uid is None:
         return Finding("state-dir", ERROR, f"no user {state.user} on this host",
                        "give host check --user: the user nova-compute runs as")
-    if not state.exists:
+    if not state.exists or state.mode is None:     # a mode is read with the directory
         return Finding("state-dir", ERROR, f"[vgpu] state_dir {state.path} does not exist",
                        make)
     if not state.is_dir:
@@ -158,7 +160,7 @@ def check_state_dir(state):
     return Finding("state-dir", OK, f"{state.path}: {state.user}'s, mode 0750")
 
 
-def check_placement(reached):
+def check_placement(reached: Reached | None) -> Finding:
     if reached is None:
         return Finding("placement", WARNING, "not checked: no Placement is configured (no "
                        "[placement] auth_type, no OS_* variables)", "set [placement] as for "

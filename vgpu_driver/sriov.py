@@ -14,12 +14,35 @@ wait polls the host through a ``wake(seconds)`` callable (default: sleep), so
 a udev monitor can wake it as soon as a device appears instead.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.claims import Claim
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import Parent
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.sriov_manage import SriovManage
+    from vgpu_driver.sysfs.base import PciDeviceInfo
+    from vgpu_driver.sysfs.base import SysfsReader
+    from vgpu_driver.sysfs.changes import Polling
+    from vgpu_driver.sysfs.udev import UdevMonitor
+
+# ``wake(seconds)``: blocks at most that long; ``progress(text)``: told each step.
+Wake = Callable[[float], object]
+Progress = Callable[[str], object]
 
 STATE_OFF = "off"
 STATE_ENABLED = "enabled"
@@ -42,7 +65,7 @@ class VirtualFunction:
     vgpu_type: str | None = None
 
     @property
-    def busy(self):
+    def busy(self) -> bool:
         return bool(self.mdevs) or self.vgpu_type is not None
 
 
@@ -59,7 +82,7 @@ class PhysicalFunction:
     vfs: tuple[VirtualFunction, ...]
 
     @property
-    def state(self):
+    def state(self) -> str:
         """``off`` (no VF), ``enabled`` (every VF ready), ``partial`` (VFs
         enabled, some not registered by the vendor driver yet)."""
         if not self.numvfs:
@@ -68,22 +91,22 @@ class PhysicalFunction:
         return STATE_ENABLED if ready == self.numvfs else STATE_PARTIAL
 
     @property
-    def mdev_types(self):
+    def mdev_types(self) -> tuple[str, ...]:
         return tuple(sorted({t for vf in self.vfs for t in vf.mdev_types}))
 
     @property
-    def ready_vfs(self):
+    def ready_vfs(self) -> int:
         return sum(1 for vf in self.vfs if vf.ready)
 
 
-def _vf(address, parent):
+def _vf(address: object, parent: Parent | None) -> VirtualFunction:
     if parent is None:
         return VirtualFunction(str(address), (), False)
     return VirtualFunction(str(address), parent.type_ids, True,
                            tuple(m.uuid for m in parent.mdevs), parent.current_vgpu_type)
 
 
-def _function(pci, gpu):
+def _function(pci: PciDeviceInfo, gpu: PhysicalGPU | None) -> PhysicalFunction:
     parents = {p.name: p for p in gpu.parents} if gpu else {}
     return PhysicalFunction(
         address=str(pci.address), vendor=pci.vendor, device=pci.device,
@@ -92,12 +115,12 @@ def _function(pci, gpu):
         vfs=tuple(_vf(vf, parents.get(str(vf))) for vf in pci.virtfns))
 
 
-def list_functions(host):
+def list_functions(host: SysfsReader) -> list[PhysicalFunction]:
     """Every NVIDIA SR-IOV GPU of the host, by address."""
     return functions_in(discovery.discover(host))
 
 
-def functions_in(snapshot):
+def functions_in(snapshot: HostSnapshot) -> list[PhysicalFunction]:
     """Every NVIDIA SR-IOV GPU of an already read snapshot, by address.
 
     Discovery keeps each such GPU (with its VFs off too) and its PCI facts,
@@ -108,7 +131,7 @@ def functions_in(snapshot):
     return sorted(found, key=lambda f: f.address)
 
 
-def function(host, address, action):
+def function(host: SysfsReader, address: object, action: str) -> PhysicalFunction:
     """The GPU at ``address``, or SriovRefused naming why it is not one.
 
     ``address`` is typed by an operator: blanks around it are dropped here,
@@ -120,7 +143,7 @@ def function(host, address, action):
                                      reason="not a PCI address (dddd:bb:ss.f)") from None
     pci = host.pci_device(address)
 
-    def refuse(why):
+    def refuse(why: str) -> exception.SriovRefused:
         return exception.SriovRefused(action=action, address=address, reason=why)
 
     if pci is None:
@@ -146,9 +169,9 @@ class Step:
     detail: str
 
 
-def plan_enable(host, addresses):
+def plan_enable(host: SysfsReader, addresses: Iterable[object]) -> list[Step]:
     """Check every address, then say what enabling would write; no write."""
-    steps = {}
+    steps: dict[str, Step] = {}
     for address in addresses:
         pf = function(host, address, "enable")
         if pf.address in steps:
@@ -162,7 +185,8 @@ def plan_enable(host, addresses):
     return list(steps.values())
 
 
-def _vf_count_is(host, script, flag, address, printed, wanted_on):
+def _vf_count_is(host: SysfsReader, script: SriovManage, flag: str, address: str,
+                 printed: str, wanted_on: bool) -> PhysicalFunction:
     """NVIDIA's script exits 0 where it skips a GPU: the count read back
     tells; the PF as it is now."""
     pf = function(host, address, "enable" if wanted_on else "disable")
@@ -174,7 +198,9 @@ def _vf_count_is(host, script, flag, address, printed, wanted_on):
     return pf
 
 
-def enable(host, steps, timeout, script, wake=None, progress=None, clock=time.monotonic):
+def enable(host: SysfsReader, steps: Sequence[Step], timeout: float, script: SriovManage,
+           wake: Wake | None = None, progress: Progress | None = None,
+           clock: Callable[[], float] = time.monotonic) -> list[PhysicalFunction]:
     """Run NVIDIA's script (``script``, a :class:`~vgpu_driver.sriov_manage.SriovManage`)
     for each planned GPU, then wait until every VF offers its types.
 
@@ -200,7 +226,7 @@ def enable(host, steps, timeout, script, wake=None, progress=None, clock=time.mo
     return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)
 
 
-def waker(changes):
+def waker(changes: UdevMonitor | Polling) -> Wake:
     """``wake(seconds)`` for :func:`enable`: on a host udev tells about
     (:mod:`vgpu_driver.sysfs.udev`), woken by the next pci or mdev event;
     elsewhere a short sleep.  Make it before the write, so the write's own
@@ -211,13 +237,15 @@ def waker(changes):
     return lambda seconds: waiter.wait(min(EVENT_RECHECK, max(seconds, 0)))
 
 
-def wait_ready(host, addresses, timeout, wake=None, progress=None, clock=time.monotonic):
+def wait_ready(host: SysfsReader, addresses: Sequence[str], timeout: float,
+               wake: Wake | None = None, progress: Progress | None = None,
+               clock: Callable[[], float] = time.monotonic) -> list[PhysicalFunction]:
     """Poll until each GPU's VFs all offer mdev types; SriovNotReady if one
     is still not ready after ``timeout`` seconds.  Returns the functions."""
     wake = wake or (lambda seconds: time.sleep(min(POLL_INTERVAL, seconds)))
     started = clock()
     waiting = list(dict.fromkeys(addresses))
-    done = {}
+    done: dict[str, PhysicalFunction] = {}
     while True:
         for pf in list_functions(host):
             if pf.address in waiting and pf.state == STATE_ENABLED:
@@ -237,7 +265,8 @@ def wait_ready(host, addresses, timeout, wake=None, progress=None, clock=time.mo
         wake(remaining)
 
 
-def plan_disable(host, address, claims=None):
+def plan_disable(host: SysfsReader, address: object,
+                 claims: Callable[[], Iterable[Claim]] | None = None) -> Step:
     """Check that nothing uses the GPU's VFs; the step, or SriovRefused.
 
     ``claims()`` gives the journal's claims; it is asked only once no VF
@@ -265,7 +294,7 @@ def plan_disable(host, address, claims=None):
     return Step(pf.address, "disable", f"sriov_numvfs {pf.numvfs} -> 0")
 
 
-def disable(host, step, script):
+def disable(host: SysfsReader, step: Step, script: SriovManage) -> None:
     """Run NVIDIA's script for a planned disable (``-d``)."""
     if step.action == "disable":
         printed = script.disable(step.address)
@@ -277,10 +306,10 @@ class PendingNotices:
     periodic inventory update; again only if it comes back after being
     served."""
 
-    def __init__(self):
-        self._told = set()
+    def __init__(self) -> None:
+        self._told: set[str] = set()
 
-    def report(self, tree, log):
+    def report(self, tree: ProviderTree, log: Any) -> None:
         reasons = dict(tree.unserved)
         for address in sorted(tree.vfs_pending - self._told):
             log.warning("GPU %s is configured but gets no provider: %s", address,

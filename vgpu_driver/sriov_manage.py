@@ -15,6 +15,8 @@ not there, not executable, or that fails is a
 what it printed, on one line.
 """
 
+from __future__ import annotations
+
 import os
 import subprocess
 
@@ -27,16 +29,16 @@ TIMEOUT = 300.0
 _OUTPUT_LIMIT = 400
 
 
-def replaceable_by_others(path):
+def replaceable_by_others(path: str) -> list[str]:
     """What another user than root can change of the script at ``path``:
     the file, its directories and its ``#!`` interpreter's."""
-    found = []
+    found: list[str] = []
     for each in [path] + root_only.interpreter_paths(path):
         found += [p for p in root_only.problems(each) if p not in found]
     return found
 
 
-def _printed(result):
+def _printed(result: subprocess.CompletedProcess[str]) -> str:
     """What the script printed, on one line (its last words kept)."""
     text = " / ".join(line.strip() for line in
                       f"{result.stdout or ''}\n{result.stderr or ''}".splitlines()
@@ -49,18 +51,18 @@ def _printed(result):
 class SriovManage:
     """NVIDIA's script at ``path`` (``[vgpu] sriov_manage_path``)."""
 
-    def __init__(self, path, timeout=TIMEOUT):
+    def __init__(self, path: str, timeout: float = TIMEOUT) -> None:
         self.path = path
         self.timeout = timeout
 
-    def command(self, flag, address):
+    def command(self, flag: str, address: object) -> str:
         return f"{self.path} {flag} {address}"
 
-    def check(self, flag, address):
+    def check(self, flag: str, address: object) -> None:
         """SriovManageFailed unless this process can run the script: it is
         there, executable, only root can change it (root runs it, and
         nova.conf names it), and this is root; nothing is run."""
-        def fail(why):
+        def fail(why: str) -> exception.SriovManageFailed:
             return exception.SriovManageFailed(command=self.command(flag, address), why=why)
 
         if os.geteuid() != 0:
@@ -82,16 +84,16 @@ class SriovManage:
                        + "; ".join(changeable) + " (make the script and its directories "
                        "writable by root alone); nothing was changed")
 
-    def enable(self, address):
+    def enable(self, address: object) -> str:
         """``-e ADDRESS``: every VF of the GPU (sriov_totalvfs).  Returns
         what the script printed, on one line."""
         return self._run("-e", address)
 
-    def disable(self, address):
+    def disable(self, address: object) -> str:
         """``-d ADDRESS``: no VF.  Returns what the script printed."""
         return self._run("-d", address)
 
-    def _run(self, flag, address):
+    def _run(self, flag: str, address: object) -> str:
         address = str(names.parse_pci_address(str(address)))
         self.check(flag, address)
         command = self.command(flag, address)

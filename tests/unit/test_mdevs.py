@@ -170,6 +170,27 @@ class TestAllocate:
             life.allocate("guest", A100)
         assert "SR-IOV VFs not enabled" in str(caught.value)
 
+    def test_a_parent_gone_while_its_reads_disagree_is_typed(self, lifecycle, monkeypatch):
+        """Another writer adds an mdev between each pair of reads, then the
+        vendor driver unregisters the parent: the GPU is gone, no crash."""
+        life = lifecycle("t4x8")
+        listed = life.host.parent_mdev_uuids
+        calls = []
+
+        def churning(parent):
+            calls.append(parent)
+            if len(calls) <= 5:
+                life.host.create_mdev(T4A, "nvidia-222", new_uuid())
+            found = listed(parent)
+            if len(calls) == 5:
+                life.host.unregister_parent(T4A)
+            return found
+
+        monkeypatch.setattr(life.host, "parent_mdev_uuids", churning)
+        with pytest.raises(exception.GpuGone):
+            life.allocate("guest", T4A)
+        assert len(calls) == 5
+
     def test_unknown_provider_is_typed(self, lifecycle):
         life = lifecycle("t4x8")
         with pytest.raises(exception.UnknownProvider):

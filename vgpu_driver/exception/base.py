@@ -1,11 +1,16 @@
 """The base of every typed error: ``msg_fmt`` formatted with keyword arguments,
 rebuilt whole on the far side of the privsep boundary."""
 
+from __future__ import annotations
+
+from typing import Any
+from typing import cast
+
 _REBUILD = "vgpu_driver.exception:rebuild"
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """``value`` made of what msgpack carries, else its text."""
     if isinstance(value, _PLAIN):
         return value
@@ -24,9 +29,11 @@ class _Rebuildable(type):
     come back as a ``TypeError`` instead.
     """
 
-    def __call__(cls, *args, **kwargs):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 3 and args[0] == _REBUILD and not kwargs:
-            error = cls.__new__(cls)
+            # The class this metaclass makes: an error class.
+            error_cls = cast("type[VgpuDriverError]", cls)
+            error = error_cls.__new__(error_cls)
             Exception.__init__(error, args[1])
             error.__dict__.update(args[2])
             return error
@@ -38,7 +45,7 @@ class VgpuDriverError(Exception, metaclass=_Rebuildable):
 
     msg_fmt = "An unknown error occurred."
 
-    def __init__(self, message=None, **kwargs):
+    def __init__(self, message: str | None = None, **kwargs: Any) -> None:
         self.kwargs = kwargs
         if message is None:
             message = self.msg_fmt % kwargs
@@ -46,6 +53,6 @@ class VgpuDriverError(Exception, metaclass=_Rebuildable):
         super().__init__(message)
 
     @property
-    def args(self):
+    def args(self) -> tuple[Any, ...]:  # type: ignore[override]
         """Plain values only, from which the metaclass rebuilds the error."""
         return (_REBUILD, self.message, _plain(self.__dict__))

@@ -1,5 +1,7 @@
 """Writes to the host refused: by the kernel, or by the privileged side first."""
 
+from __future__ import annotations
+
 import errno as errno_mod
 
 from vgpu_driver.exception import base
@@ -32,7 +34,7 @@ class PrivilegedWriteRefused(base.VgpuDriverError):
 
     msg_fmt = "Refusing to write %(target)s: %(rule)s."
 
-    def __init__(self, target, rule):
+    def __init__(self, target: str, rule: str) -> None:
         super().__init__(target=target, rule=rule)
 
 
@@ -41,7 +43,7 @@ class WritesNeedRoot(PrivilegedWriteRefused):
                "%(uid)s), so %(target)s was not written; run the command as root, "
                "e.g. with sudo.")
 
-    def __init__(self, target, uid):
+    def __init__(self, target: str, uid: int) -> None:
         base.VgpuDriverError.__init__(self, target=target, uid=uid)
 
 
@@ -50,7 +52,7 @@ class MdevWriteError(base.VgpuDriverError):
 
     msg_fmt = "%(action)s failed on %(target)s: %(reason)s. %(hint)s"
 
-    HINTS = {
+    HINTS: dict[int | None, str] = {
         errno_mod.EINVAL: "The value written was malformed (a create needs a "
                           "36-character UUID).",
         errno_mod.EEXIST: "An mdev with this UUID already exists; reuse it or "
@@ -72,7 +74,7 @@ class MdevWriteError(base.VgpuDriverError):
     }
 
     # Where NVIDIA's current_vgpu_type means something else by the same errno.
-    ACTION_HINTS = {
+    ACTION_HINTS: dict[tuple[str, int | None], str] = {
         ("current_vgpu_type", errno_mod.EINVAL):
             "The VF does not offer this vGPU type now (see its "
             "nvidia/creatable_vgpu_types): the GPU holds vGPUs of another size or "
@@ -82,16 +84,16 @@ class MdevWriteError(base.VgpuDriverError):
             "can change once the guest is gone (write 0 first).",
     }
 
-    def __init__(self, action, target, os_error):
+    def __init__(self, action: str, target: str, os_error: OSError) -> None:
         self.errno = os_error.errno
         reason = os_error.strerror or str(os_error)
         hint = self.ACTION_HINTS.get((action, self.errno)) or self.HINTS.get(self.errno, "")
         super().__init__(action=action, target=target,
-                         reason=f"[{errno_mod.errorcode.get(self.errno, self.errno)}] {reason}",
+                         reason=f"[{_errno_name(self.errno)}] {reason}",
                          hint=hint)
 
     @staticmethod
-    def from_os_error(action, target, os_error):
+    def from_os_error(action: str, target: str, os_error: OSError) -> MdevWriteError:
         """The typed subclass for the errno the kernel gave.
 
         A control file that is not there (ENOENT) means its device is gone:
@@ -101,6 +103,11 @@ class MdevWriteError(base.VgpuDriverError):
             os_error = OSError(errno_mod.ENODEV, "No such device", os_error.filename)
         cls = _BY_ERRNO.get(os_error.errno, MdevWriteError)
         return cls(action, target, os_error)
+
+
+def _errno_name(number: int | None) -> str | int | None:
+    """``EBUSY`` for 16; the number itself when it has no name."""
+    return errno_mod.errorcode.get(number, number) if number is not None else None
 
 
 class MdevInvalidRequest(MdevWriteError):
@@ -127,7 +134,7 @@ class MdevIOError(MdevWriteError):
     pass
 
 
-_BY_ERRNO = {
+_BY_ERRNO: dict[int | None, type[MdevWriteError]] = {
     errno_mod.EINVAL: MdevInvalidRequest,
     errno_mod.EEXIST: MdevAlreadyExists,
     errno_mod.EUSERS: MdevNoCapacity,

@@ -96,6 +96,9 @@ class MdevParentStrategy(_Strategy):
                 if self.host.parent_mdev_uuids(parent.name) == [u for u, _ in mdevs]:
                     break
                 mdevs = self.host.parent_mdevs(parent.name)
+            if mdevs is None:
+                # Gone on the last re-read, the reads having never agreed.
+                return None
             states.append(planner.ParentState(parent.name, tuple(mdevs), available))
         return states
 

@@ -7,18 +7,27 @@ providers whose generation moved.  It only reads;
 :class:`~vgpu_driver.placement.sync.ProviderSync` writes on top of it.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver.placement import client as placement_client
 from vgpu_driver.placement import ownership
+
+if TYPE_CHECKING:
+    from vgpu_driver.inventory import ProviderTree
 
 
 @dataclasses.dataclass
 class Known:
     uuid: str
     generation: int
-    inventories: dict
-    traits: frozenset
+    inventories: dict[str, dict[str, Any]]
+    traits: frozenset[str]
     parent_uuid: str | None = None
 
 
@@ -28,52 +37,56 @@ class SyncReport:
 
     reads: int = 0
     writes: int = 0
-    planned: list = dataclasses.field(default_factory=list)   # (method, url, body)
-    created: list = dataclasses.field(default_factory=list)
-    updated: list = dataclasses.field(default_factory=list)
-    deleted: list = dataclasses.field(default_factory=list)
-    kept: list = dataclasses.field(default_factory=list)      # (name, consumers)
+    planned: list[tuple[str, str, Any]] = dataclasses.field(default_factory=list)
+    created: list[str] = dataclasses.field(default_factory=list)
+    updated: list[str] = dataclasses.field(default_factory=list)
+    deleted: list[str] = dataclasses.field(default_factory=list)
+    kept: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
 
 
 class ObservedTree:
     """One compute node's providers as Placement last answered."""
 
-    def __init__(self, client):
+    def __init__(self, client: placement_client.Client) -> None:
         self.client = client
-        self.known = {}          # provider name -> Known
-        self.root_uuid = None
-        self._foreign_root = None  # the provider named as the root, when it has a parent
+        self.known: dict[str, Known] = {}          # provider name -> Known
+        self.root_uuid: str | None = None
+        # The provider named as the root, when it has a parent.
+        self._foreign_root: dict[str, Any] | None = None
 
     # -- reading ------------------------------------------------------------------------
 
-    def _get(self, url, report):
+    def _get(self, url: str, report: SyncReport) -> Any:
         return self.client.request("GET", url, report=report)
 
-    def _load(self, name, uuid, generation, parent_uuid, report):
+    def _load(self, name: str, uuid: str, generation: int, parent_uuid: str | None,
+              report: SyncReport) -> None:
         base = f"/resource_providers/{uuid}"
         inventories = self._get(f"{base}/inventories", report)["inventories"]
         traits = self._get(f"{base}/traits", report)["traits"]
         self.known[name] = Known(uuid, generation, inventories, frozenset(traits),
                                  parent_uuid)
 
-    def observe(self, tree, report=None):
+    def observe(self, tree: ProviderTree,
+                report: SyncReport | None = None) -> list[dict[str, Any]]:
         """Bring ``known`` up to date with Placement (one read when nothing moved)."""
         return self._observe(tree, report if report is not None else SyncReport())
 
-    def allocations(self, name, report=None):
+    def allocations(self, name: str,
+                    report: SyncReport | None = None) -> dict[str, dict[str, int]]:
         """``{consumer: {resource class: units}}`` on one known provider."""
         answer = self._get(f"/resource_providers/{self.known[name].uuid}/allocations",
                            report if report is not None else SyncReport())
         return {consumer: dict(data["resources"])
                 for consumer, data in answer["allocations"].items()}
 
-    def _find_by_name(self, name, report):
+    def _find_by_name(self, name: str, report: SyncReport) -> dict[str, Any] | None:
         """The provider named exactly ``name``, or None."""
         found = self._get(placement_client.query_url("/resource_providers", name=name),
                           report)["resource_providers"]
         return placement_client.exact_name_match(found, name)
 
-    def _observe(self, tree, report):
+    def _observe(self, tree: ProviderTree, report: SyncReport) -> list[dict[str, Any]]:
         """One read of the tree; re-read only providers whose generation moved."""
         if self.root_uuid is None:
             root = self._find_by_name(tree.root_name, report)
@@ -82,7 +95,7 @@ class ObservedTree:
                 return []
             self.root_uuid = root["uuid"]
         url = placement_client.query_url("/resource_providers", in_tree=self.root_uuid)
-        listed = self._get(url, report)["resource_providers"]
+        listed: list[dict[str, Any]] = self._get(url, report)["resource_providers"]
         seen = {p["name"] for p in listed}
         for name in [n for n in self.known if n not in seen]:
             del self.known[name]
@@ -95,7 +108,8 @@ class ObservedTree:
 
     # -- ownership ------------------------------------------------------------------------
 
-    def clashes(self, tree, report=None):
+    def clashes(self, tree: ProviderTree,
+                report: SyncReport | None = None) -> list[ownership.Clash]:
         """The providers a sync of ``tree`` would write that are not ours, as
         :class:`~vgpu_driver.placement.ownership.Clash` rows (reads only;
         after :meth:`observe`).
@@ -115,8 +129,10 @@ class ObservedTree:
         for provider in tree.providers:
             known = self.known.get(provider.name)
             if known is not None:
-                if not ownership.is_ours(known.parent_uuid, self.root_uuid, known.inventories,
-                                         known.traits, tree.mdev_classes):
+                # Providers are known only under a root that was found.
+                if self.root_uuid is None or not ownership.is_ours(
+                        known.parent_uuid, self.root_uuid, known.inventories, known.traits,
+                        tree.mdev_classes):
                     rp = self._get(f"/resource_providers/{known.uuid}", report)
                     found.append(self._clash(provider.name, "it is not vgpu-driver's", rp,
                                              known.traits, report))
@@ -129,7 +145,8 @@ class ObservedTree:
                     rp, None, report))
         return found
 
-    def _clash(self, name, reason, rp, traits, report):
+    def _clash(self, name: str, reason: str, rp: Mapping[str, Any],
+               traits: Iterable[str] | None, report: SyncReport) -> ownership.Clash:
         if traits is None:
             traits = self._get(f"/resource_providers/{rp['uuid']}/traits", report)["traits"]
         if rp["parent_provider_uuid"] is None:
@@ -141,5 +158,6 @@ class ObservedTree:
                 where += f", root {self._name_of(rp['root_provider_uuid'], report)}"
         return ownership.Clash(name, reason, where, tuple(sorted(traits)))
 
-    def _name_of(self, uuid, report):
-        return self._get(f"/resource_providers/{uuid}", report)["name"]
+    def _name_of(self, uuid: str, report: SyncReport) -> str:
+        name: str = self._get(f"/resource_providers/{uuid}", report)["name"]
+        return name

@@ -10,7 +10,14 @@ vgpu-driver's (found by the reads of :mod:`~vgpu_driver.placement.observed`):
 the sync then writes nothing.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NoReturn
 
 from oslo_log import log as logging
 
@@ -18,31 +25,40 @@ from vgpu_driver import exception
 from vgpu_driver.placement import observed
 from vgpu_driver.placement import ownership
 
+if TYPE_CHECKING:
+    from vgpu_driver.inventory import GpuProvider
+    from vgpu_driver.inventory import ProviderTree
+    from vgpu_driver.placement.client import Client
+
 LOG = logging.getLogger(__name__)
 
 
 class ProviderSync(observed.ObservedTree):
     """Keeps one compute node's GPU providers in Placement as desired."""
 
-    def __init__(self, client, conflict_attempts=5, sleep=time.sleep):
+    def __init__(self, client: Client, conflict_attempts: int = 5,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(client)
         self.conflict_attempts = conflict_attempts
         self.sleep = sleep
-        self._traits = set()     # custom traits known to exist
-        self._resource_classes = set()  # custom resource classes known to exist
+        self._traits: set[str] = set()     # custom traits known to exist
+        # Custom resource classes known to exist.
+        self._resource_classes: set[str] = set()
 
-    def _refuse(self, clash):
+    def _refuse(self, clash: ownership.Clash) -> NoReturn:
         raise exception.ProviderNotOurs(**clash.kwargs())
 
     # -- writing ------------------------------------------------------------------------
 
-    def _write(self, report, dry_run, method, url, body=None):
+    def _write(self, report: observed.SyncReport, dry_run: bool, method: str, url: str,
+               body: Any = None) -> Any:
         report.planned.append((method, url, body))
         if dry_run:
             return None
         return self.client.request(method, url, body, report=report)
 
-    def _retrying(self, name, report, write):
+    def _retrying(self, name: str, report: observed.SyncReport,
+                  write: Callable[[observed.Known], None]) -> None:
         """Run ``write(known)``; on 409 re-read the provider and try again."""
         for attempt in range(1, self.conflict_attempts + 1):
             try:
@@ -57,14 +73,16 @@ class ProviderSync(observed.ObservedTree):
                 self._load(name, rp["uuid"], rp["generation"], rp["parent_provider_uuid"],
                            report)
 
-    def _ensure_resource_classes(self, inventories, report, dry_run):
+    def _ensure_resource_classes(self, inventories: Iterable[str], report: observed.SyncReport,
+                                 dry_run: bool) -> None:
         for rc in sorted(rc for rc in inventories if rc.startswith("CUSTOM_")):
             if rc not in self._resource_classes:
                 self._write(report, dry_run, "PUT", f"/resource_classes/{rc}")
                 self._resource_classes.add(rc)
 
-    def _set_inventories(self, name, inventories, report, dry_run):
-        def write(known):
+    def _set_inventories(self, name: str, inventories: dict[str, dict[str, Any]],
+                         report: observed.SyncReport, dry_run: bool) -> None:
+        def write(known: observed.Known) -> None:
             if known.inventories == inventories:
                 return
             self._ensure_resource_classes(inventories, report, dry_run)
@@ -77,8 +95,9 @@ class ProviderSync(observed.ObservedTree):
                 known.inventories = answer["inventories"]
         self._retrying(name, report, write)
 
-    def _set_traits(self, name, wanted_managed, report, dry_run):
-        def write(known):
+    def _set_traits(self, name: str, wanted_managed: Iterable[str],
+                    report: observed.SyncReport, dry_run: bool) -> None:
+        def write(known: observed.Known) -> None:
             traits = ownership.with_managed_traits(known.traits, wanted_managed)
             if traits == known.traits:
                 return
@@ -94,7 +113,8 @@ class ProviderSync(observed.ObservedTree):
                 known.traits = frozenset(answer["traits"])
         self._retrying(name, report, write)
 
-    def _create(self, name, parent_uuid, report, dry_run):
+    def _create(self, name: str, parent_uuid: str | None, report: observed.SyncReport,
+                dry_run: bool) -> str:
         body = {"name": name}
         if parent_uuid:
             body["parent_provider_uuid"] = parent_uuid
@@ -119,7 +139,7 @@ class ProviderSync(observed.ObservedTree):
 
     # -- the sync --------------------------------------------------------------------------
 
-    def sync(self, tree, dry_run=False):
+    def sync(self, tree: ProviderTree, dry_run: bool = False) -> observed.SyncReport:
         """Make Placement match ``tree``; returns a SyncReport."""
         report = observed.SyncReport()
         self._observe(tree, report)
@@ -136,14 +156,15 @@ class ProviderSync(observed.ObservedTree):
             if provider.name in before and before[provider.name] != (
                     self.known[provider.name].inventories, self.known[provider.name].traits):
                 report.updated.append(provider.name)
-        self._prune(tree, report, dry_run)
+        self._prune(tree, self.root_uuid, report, dry_run)
         return report
 
-    def _prune(self, tree, report, dry_run):
+    def _prune(self, tree: ProviderTree, root_uuid: str, report: observed.SyncReport,
+               dry_run: bool) -> None:
         """Providers of GPUs that vanished: deleted when unused, else reserved."""
         for name, known in list(self.known.items()):
             if not ownership.is_vanished_gpu_provider(
-                    tree, name, known.parent_uuid, self.root_uuid, known.inventories,
+                    tree, name, known.parent_uuid, root_uuid, known.inventories,
                     known.traits):
                 continue
             consumers = sorted(self.allocations(name, report))
@@ -158,8 +179,9 @@ class ProviderSync(observed.ObservedTree):
                                   dry_run)
             report.kept.append((name, consumers))
 
-    def _delete(self, name, report, dry_run, why):
-        def write(known):
+    def _delete(self, name: str, report: observed.SyncReport, dry_run: bool,
+                why: str) -> None:
+        def write(known: observed.Known) -> None:
             try:
                 self._write(report, dry_run, "DELETE", f"/resource_providers/{known.uuid}")
             except exception.PlacementError as exc:
@@ -173,6 +195,6 @@ class ProviderSync(observed.ObservedTree):
         LOG.info("%s provider %s: %s and nothing is allocated on it",
                  "Would delete" if dry_run else "Deleted", name, why)
 
-    def provider_uuids(self, tree):
+    def provider_uuids(self, tree: ProviderTree) -> dict[str, GpuProvider]:
         """``{rp uuid: GpuProvider}`` for the tree's providers known here."""
         return {self.known[p.name].uuid: p for p in tree.providers if p.name in self.known}

@@ -9,10 +9,28 @@ build one from :mod:`vgpu_driver.fake` explicitly; production never
 imports it.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import overload
+
 from vgpu_driver.sysfs import paths
 
+if TYPE_CHECKING:
+    from vgpu_driver.sysfs.linux import LinuxSysfs
+    from vgpu_driver.sysfs.writes import WritableSysfs
+    from vgpu_driver.sysfs.writes import Writer
 
-def open_host(root=paths.DEFAULT_ROOT, writer=None):
+
+@overload
+def open_host(root: str = ..., writer: None = None) -> LinuxSysfs: ...
+
+
+@overload
+def open_host(root: str, writer: Writer) -> WritableSysfs: ...
+
+
+def open_host(root: str = paths.DEFAULT_ROOT, writer: Writer | None = None) -> LinuxSysfs:
     if writer is None:
         from vgpu_driver.sysfs import linux
 

@@ -6,17 +6,27 @@ Records are plain frozen values with names taken from sysfs.  Implementations:
 reader, with the kernel's answers to writes emulated).
 """
 
+from __future__ import annotations
+
 import abc
 import dataclasses
 import re
+from collections.abc import Container
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vgpu_driver import names
+
+if TYPE_CHECKING:
+    from vgpu_driver.names import PciAddress
+    from vgpu_driver.nvml import Placements
+    from vgpu_driver.sysfs.paths import SysfsPaths
 
 _FRAMEBUFFER_RE = re.compile(r"^(\d+)\s*([KMGT]?)i?B?$", re.IGNORECASE)
 _UNIT_TO_MB = {"K": 1 / 1024, "": 1 / (1024 * 1024), "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
-def parse_description(text):
+def parse_description(text: str | None) -> dict[str, str]:
     """NVIDIA's ``key=value, key=value`` description as a dict (else empty)."""
     fields = {}
     for item in re.split(r"[,\n]", text or ""):
@@ -26,7 +36,7 @@ def parse_description(text):
     return fields
 
 
-def framebuffer_mb(value):
+def framebuffer_mb(value: str | None) -> int | None:
     """``1024M`` -> 1024; None when absent or unreadable."""
     match = _FRAMEBUFFER_RE.match(value or "")
     if not match:
@@ -48,17 +58,17 @@ class MdevTypeInfo:
     unreadable: tuple[str, ...] = ()
 
     @property
-    def attributes(self):
+    def attributes(self) -> dict[str, str]:
         return parse_description(self.description)
 
     @property
-    def max_instance(self):
+    def max_instance(self) -> int | None:
         """The per-GPU maximum the vendor declares, when it declares one."""
         value = self.attributes.get("max_instance")
         return int(value) if value and value.isdigit() else None
 
     @property
-    def framebuffer_mb(self):
+    def framebuffer_mb(self) -> int | None:
         return framebuffer_mb(self.attributes.get("framebuffer"))
 
 
@@ -78,7 +88,7 @@ class ParentInfo:
     # Types listed but not read (a read limited to the types asked for).
     unread: tuple[str, ...] = ()
 
-    def type(self, type_id):
+    def type(self, type_id: str) -> MdevTypeInfo | None:
         for mdev_type in self.types:
             if mdev_type.type_id == type_id:
                 return mdev_type
@@ -104,14 +114,14 @@ class PciDeviceInfo:
     numa_node: int | None = None
     sriov_totalvfs: int | None = None
     sriov_numvfs: int | None = None
-    virtfns: tuple = ()
+    virtfns: tuple[PciAddress, ...] = ()
     # The PCI class code as sysfs prints it (``0x030200``: 3D controller).
     pci_class: str | None = None
     # Where the VFs will be (routing IDs after the PF's), known with them off.
     sriov_offset: int | None = None
     sriov_stride: int | None = None
 
-    def future_vf_addresses(self):
+    def future_vf_addresses(self) -> tuple[str, ...]:
         """The addresses the VFs take once enabled, from ``sriov_offset``,
         ``sriov_stride`` and ``sriov_totalvfs``; none when not all known."""
         if not (self.sriov_totalvfs and self.sriov_offset and self.sriov_stride):
@@ -138,37 +148,38 @@ class VendorVfioInfo:
 class SysfsReader(abc.ABC):
     """The kernel's mdev ABI: what is there."""
 
-    paths = None
+    # Where the tree is (each reader sets it).
+    paths: SysfsPaths
 
     @abc.abstractmethod
-    def list_parents(self, wanted=None):
+    def list_parents(self, wanted: Container[str] | None = None) -> list[ParentInfo]:
         """All mdev parents with their types, sorted by name; with
         ``wanted`` (type ids), only those types' attributes are read, the
         others' ids kept in ``ParentInfo.unread``."""
 
     @abc.abstractmethod
-    def list_mdevs(self):
+    def list_mdevs(self) -> list[MdevInfo]:
         """All existing mdevs, sorted by UUID."""
 
     @abc.abstractmethod
-    def pci_device(self, address):
+    def pci_device(self, address: str | PciAddress) -> PciDeviceInfo | None:
         """A :class:`PciDeviceInfo` for an address, or None if absent."""
 
     @abc.abstractmethod
-    def list_sriov_pfs(self, vfs=frozenset()):
+    def list_sriov_pfs(self, vfs: Container[str] = frozenset()) -> list[PciDeviceInfo]:
         """:class:`PciDeviceInfo` of every physical function that can have
         SR-IOV VFs (GPUs or not), by address: with its VFs off, a GPU is
         no mdev parent and only this tells it is there.  ``vfs``: addresses
         read as VFs in the same pass, which no PF can be, not probed."""
 
     @abc.abstractmethod
-    def list_vendor_vfio(self, parents=frozenset()):
+    def list_vendor_vfio(self, parents: Container[str] = frozenset()) -> list[VendorVfioInfo]:
         """VFs exposing NVIDIA's vendor-specific VFIO files, by address.
         ``parents``: names read as mdev parents in the same pass, not
         probed: a board serves mdevs or vendor-VFIO vGPUs, not both."""
 
     @abc.abstractmethod
-    def vendor_vf(self, address):
+    def vendor_vf(self, address: str | PciAddress) -> VendorVfioInfo | None:
         """One VF's :class:`VendorVfioInfo`, or None when it is gone.
 
         Reads only that VF (allocations look at one GPU), and never pairs a
@@ -176,28 +187,29 @@ class SysfsReader(abc.ABC):
         """
 
     @abc.abstractmethod
-    def vendor_vgpu_set_at(self, address):
+    def vendor_vgpu_set_at(self, address: str | PciAddress) -> float | None:
         """When a VF's ``current_vgpu_type`` last changed, as far as sysfs
         tells (a lower bound of the vGPU's age), or None if it is gone."""
 
     @abc.abstractmethod
-    def vgpu_manager_version(self):
+    def vgpu_manager_version(self) -> str | None:
         """The loaded NVIDIA vGPU manager's version (its kernel module's,
         ``550.127.06``), or None when no NVIDIA driver is loaded."""
 
     @abc.abstractmethod
-    def mixed_sizes(self, pf_address):
+    def mixed_sizes(self, pf_address: str | PciAddress) -> bool:
         """Whether a vendor-VFIO board is in mixed-size mode (NVML's, not a
         file); raises NvmlUnavailable or MixedSizeModeRefused."""
 
     @abc.abstractmethod
-    def vgpu_placements(self, pf_address, type_numbers):
+    def vgpu_placements(self, pf_address: str | PciAddress,
+                        type_numbers: Iterable[int]) -> dict[int, Placements]:
         """``{type number: vgpu_driver.nvml.Placements}`` of a board in
         mixed-size mode, read together (NVML's, not files); raises as
         :meth:`mixed_sizes`."""
 
     @abc.abstractmethod
-    def vgpu_locations(self, pf_address):
+    def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """``((type number, placement ID), ...)`` of the vGPUs placed on a
         board, idle or running, for the operator's map: each VF's
         ``nvidia/placement_id``, NVML's where the driver has no such file;
@@ -209,11 +221,11 @@ class SysfsHost(SysfsReader):
     """The kernel's mdev ABI: what is there, and the writes that change it."""
 
     @abc.abstractmethod
-    def create_mdev(self, parent, type_id, uuid):
+    def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
         """Write ``uuid`` to the type's ``create``; raises MdevWriteError."""
 
     @abc.abstractmethod
-    def remove_mdev(self, uuid, timeout=None):
+    def remove_mdev(self, uuid: str, timeout: float | None = None) -> None:
         """Write ``1`` to the mdev's ``remove``; raises MdevWriteError.
 
         The kernel may block a remove while a guest holds the device; with
@@ -221,7 +233,8 @@ class SysfsHost(SysfsReader):
         """
 
     @abc.abstractmethod
-    def set_vendor_vgpu_type(self, address, type_number, timeout=None):
+    def set_vendor_vgpu_type(self, address: str | PciAddress, type_number: int,
+                             timeout: float | None = None) -> None:
         """Write a vGPU type number (0 clears) to a VF's ``current_vgpu_type``.
 
         Raises MdevWriteError; clearing a VF a guest still holds may be
@@ -229,6 +242,6 @@ class SysfsHost(SysfsReader):
         """
 
     @abc.abstractmethod
-    def set_mixed_sizes(self, pf_address, enabled):
+    def set_mixed_sizes(self, pf_address: str | PciAddress, enabled: bool) -> None:
         """Switch a vendor-VFIO board to mixed-size mode, or back to
         equal-size; NVML refuses while any vGPU exists on the board."""

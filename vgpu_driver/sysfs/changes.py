@@ -8,6 +8,8 @@ events; :class:`Polling` answers where udev cannot be used: every refresh
 reads everything, every wait sleeps.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import threading
 
@@ -23,10 +25,10 @@ class Changes:
     """
 
     everything: bool = False
-    parents: frozenset = frozenset()
-    gpus: frozenset = frozenset()
+    parents: frozenset[str] = frozenset()
+    gpus: frozenset[str] = frozenset()
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.everything or bool(self.parents or self.gpus)
 
 
@@ -36,10 +38,10 @@ EVERYTHING = Changes(everything=True)
 class _SleepingWaiter:
     """The polling stand-in: nothing tells, so sleep the whole time."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._stop = threading.Event()
 
-    def wait(self, timeout):
+    def wait(self, timeout: float) -> bool:
         self._stop.wait(max(timeout, 0))
         return False
 
@@ -49,14 +51,14 @@ class Polling:
 
     running = False
 
-    def __init__(self, reason=""):
+    def __init__(self, reason: str = "") -> None:
         self.reason = reason
 
-    def take_changes(self):
+    def take_changes(self) -> Changes:
         return EVERYTHING
 
-    def waiter(self):
+    def waiter(self) -> _SleepingWaiter:
         return _SleepingWaiter()
 
-    def stop(self):
+    def stop(self) -> None:
         pass

@@ -11,11 +11,17 @@ driver registered a parent).  Reads only,
 all relative to a :class:`~vgpu_driver.sysfs.paths.SysfsPaths` root.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
+
+if TYPE_CHECKING:
+    from vgpu_driver.sysfs.paths import SysfsPaths
 
 NVIDIA_VENDOR = "0x10de"
 # PCI base class 0x03: display controllers (VGA 0x0300, 3D 0x0302).
@@ -37,19 +43,19 @@ class PciFunction:
     vendor_vfio: bool = False           # has NVIDIA's ``nvidia/`` directory
 
     @property
-    def device_id(self):
+    def device_id(self) -> str | None:
         """``10de:2330``, or None when the IDs cannot be read."""
         if not (self.vendor and self.device):
             return None
         return f"{self.vendor.removeprefix('0x')}:{self.device.removeprefix('0x')}".lower()
 
     @property
-    def is_nvidia_display(self):
+    def is_nvidia_display(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and bool(
             self.pci_class and self.pci_class.startswith(DISPLAY_CLASS_PREFIX))
 
 
-def pci_function(paths, address):
+def pci_function(paths: SysfsPaths, address: object) -> PciFunction | None:
     """The :class:`PciFunction` at ``address``, or None when there is none."""
     address = str(names.parse_pci_address(str(address)))
     dev = paths.pci_device(address)
@@ -68,7 +74,7 @@ def pci_function(paths, address):
         vendor_vfio=os.path.isdir(paths.vendor_vfio_dir(address)))
 
 
-def nvidia_gpus(paths):
+def nvidia_gpus(paths: SysfsPaths) -> list[PciFunction]:
     """NVIDIA's display functions that are no VF (the GPUs), by address."""
     found = []
     for entry in attrs.sorted_entries(paths.pci_base()):
@@ -80,7 +86,7 @@ def nvidia_gpus(paths):
     return found
 
 
-def nvidia_vfs(paths, gpu):
+def nvidia_vfs(paths: SysfsPaths, gpu: PciFunction) -> list[PciFunction]:
     """The VFs of ``gpu`` (a :class:`PciFunction`) that exist now."""
     dev = paths.pci_device(gpu.address)
     found = []
@@ -93,7 +99,7 @@ def nvidia_vfs(paths, gpu):
     return found
 
 
-def iommu_groups(paths):
+def iommu_groups(paths: SysfsPaths) -> tuple[str, ...] | None:
     """The names of the IOMMU's groups; None when the kernel has no
     ``kernel/iommu_groups`` at all."""
     if not os.path.isdir(paths.iommu_groups()):
@@ -101,12 +107,12 @@ def iommu_groups(paths):
     return tuple(attrs.sorted_entries(paths.iommu_groups()))
 
 
-def has_mdev_core(paths):
+def has_mdev_core(paths: SysfsPaths) -> bool:
     """Whether the kernel's mdev core is loaded (``bus/mdev`` exists)."""
     return os.path.isdir(os.path.dirname(paths.mdev_base()))
 
 
-def has_mdev_parents(paths):
+def has_mdev_parents(paths: SysfsPaths) -> bool:
     """Whether a driver registered an mdev parent (a link under
     ``class/mdev_bus``, which the mdev core makes with the first one)."""
     return bool(attrs.sorted_entries(paths.parent_base()))

@@ -10,8 +10,14 @@ The layout followed is the kernel's: parents are links under
 names the type.
 """
 
+from __future__ import annotations
+
 import functools
 import os
+from collections.abc import Container
+from collections.abc import Iterable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
@@ -19,6 +25,10 @@ from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
+
+if TYPE_CHECKING:
+    from vgpu_driver.names import PciAddress
+    from vgpu_driver.sysfs.paths import SysfsPaths
 
 LOG = logging.getLogger(__name__)
 
@@ -30,7 +40,7 @@ pci_address = functools.lru_cache(maxsize=4096)(names.parse_pci_address)
 
 
 @functools.lru_cache(maxsize=4096)
-def _valid_type_id(entry):
+def _valid_type_id(entry: str) -> bool:
     try:
         names.check_type_id(entry)
     except exception.InvalidSysfsName:
@@ -38,7 +48,7 @@ def _valid_type_id(entry):
     return True
 
 
-def _resolve_in(directory, link):
+def _resolve_in(directory: str, link: str) -> str | None:
     """:func:`attrs.resolve_link` of ``link``, an entry of ``directory``,
     without taking the path apart again: these run once per parent and
     per mdev on every update."""
@@ -52,11 +62,13 @@ def _resolve_in(directory, link):
 class MdevReads:
     """Reads of ``class/mdev_bus`` and ``bus/mdev/devices`` and what they link to."""
 
-    def list_parents(self, wanted=None):
+    paths: SysfsPaths
+
+    def list_parents(self, wanted: Container[str] | None = None) -> list[base.ParentInfo]:
         parents = (self.read_parent(name, wanted) for name in self.parent_names())
         return [parent for parent in parents if parent is not None]
 
-    def parent_names(self):
+    def parent_names(self) -> list[str]:
         """The valid names under ``class/mdev_bus``, sorted (no link read)."""
         found = []
         for entry in attrs.sorted_entries(self.paths.parent_base()):
@@ -66,7 +78,8 @@ class MdevReads:
                 LOG.warning("Skipping parent: %s", exc)
         return found
 
-    def read_parent(self, name, wanted=None):
+    def read_parent(self, name: str,
+                    wanted: Container[str] | None = None) -> base.ParentInfo | None:
         """One parent's :class:`ParentInfo` (its types read now: with
         ``wanted``, only those type ids), or None when its link points to
         no device."""
@@ -76,7 +89,8 @@ class MdevReads:
         if types is None:
             LOG.warning("Skipping parent %s: %s points to no device", name, link)
             return None
-        address = physfn = None
+        address: PciAddress | None = None
+        physfn: PciAddress | None = None
         if names.is_pci_address(name):
             address = pci_address(name)
             pf = attrs.link_name(f"{device_path}/physfn")
@@ -85,7 +99,8 @@ class MdevReads:
         return base.ParentInfo(name=name, device_path=device_path, types=types,
                                address=address, physfn=physfn, unread=unread)
 
-    def _read_types(self, device_path, wanted=None):
+    def _read_types(self, device_path: str, wanted: Container[str] | None = None,
+                    ) -> tuple[tuple[base.MdevTypeInfo, ...] | None, tuple[str, ...]]:
         """``(types read, ids of types listed but not wanted)``, or
         ``(None, ())`` when ``device_path`` is no directory.
 
@@ -115,11 +130,12 @@ class MdevReads:
         return (tuple(self._types_in(types_dir, [t for t in type_ids if t in wanted])),
                 tuple(t for t in type_ids if t not in wanted))
 
-    def _types_in(self, types_dir, type_ids):
+    def _types_in(self, types_dir: str,
+                  type_ids: Iterable[str]) -> Iterator[base.MdevTypeInfo]:
         for type_id in type_ids:
             # Plain concatenation: this loop runs for every type of every parent.
             prefix = f"{types_dir}/{type_id}/"
-            unreadable = []
+            unreadable: list[str] = []
             available = attrs.read_parsed(prefix + "available_instances", attrs.parse_count,
                                           unreadable)
             yield base.MdevTypeInfo(
@@ -131,11 +147,11 @@ class MdevReads:
                 description=attrs.read_parsed(prefix + "description", str, unreadable),
                 unreadable=tuple(unreadable))
 
-    def list_mdevs(self):
+    def list_mdevs(self) -> list[base.MdevInfo]:
         mdevs = (self.read_mdev(uuid) for uuid in self.mdev_uuids())
         return [mdev for mdev in mdevs if mdev is not None]
 
-    def mdev_uuids(self):
+    def mdev_uuids(self) -> list[str]:
         """The valid names under ``bus/mdev/devices``, sorted (no link read)."""
         found = []
         for entry in attrs.sorted_entries(self.paths.mdev_base()):
@@ -145,17 +161,17 @@ class MdevReads:
                 LOG.warning("Skipping mdev: %s", exc)
         return found
 
-    def read_mdev(self, uuid):
+    def read_mdev(self, uuid: str) -> base.MdevInfo | None:
         """One mdev's :class:`MdevInfo`, or None once it is gone."""
         mdev_path = _resolve_in(self.paths.mdev_base(), self.paths.mdev(uuid))
         type_id = attrs.link_name(f"{mdev_path}/mdev_type") if mdev_path else None
-        if type_id is None:
+        if mdev_path is None or type_id is None:
             # Removed while we looked: the kernel drops both links at once.
             return None
         parent = mdev_path.rsplit("/", 2)[-2]
         return base.MdevInfo(uuid=uuid, parent=parent, type_id=type_id)
 
-    def parent_mdevs(self, parent):
+    def parent_mdevs(self, parent: str) -> list[tuple[str, str]] | None:
         """``[(uuid, type_id)]`` of the mdevs on one parent; None if it is gone.
 
         Reads one directory, not the whole bus: allocations look at one GPU.
@@ -175,7 +191,7 @@ class MdevReads:
                     found.append((entry, type_id))
         return found
 
-    def parent_mdev_uuids(self, parent):
+    def parent_mdev_uuids(self, parent: str) -> list[str] | None:
         """The UUIDs of the mdevs on one parent, sorted (no link reads)."""
         device_path = self.paths.parent(names.check_parent_name(parent))
         try:
@@ -183,14 +199,14 @@ class MdevReads:
         except FileNotFoundError:
             return None
 
-    def available_instances(self, parent, type_id):
+    def available_instances(self, parent: str, type_id: str) -> int:
         """One type's ``available_instances`` on one parent (0 if absent)."""
         path = os.path.join(self.paths.parent_type(names.check_parent_name(parent),
                                                    names.check_type_id(type_id)),
                             "available_instances")
         return attrs.int_or_none(attrs.read_attr(path)) or 0
 
-    def mdev_created_at(self, uuid):
+    def mdev_created_at(self, uuid: str) -> float | None:
         """When an mdev appeared (its sysfs entry's change time), or None."""
         try:
             return os.lstat(self.paths.mdev(names.check_mdev_uuid(uuid))).st_ctime

@@ -8,8 +8,12 @@ Vendor-VFIO VFs have no mdev: each VF's ``nvidia/current_vgpu_type`` holds
 its vGPU, and ``nvidia/creatable_vgpu_types`` what it could host.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Container
+from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
@@ -17,6 +21,10 @@ from vgpu_driver import names
 from vgpu_driver.sysfs import attrs
 from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs.mdev_reads import pci_address
+
+if TYPE_CHECKING:
+    from vgpu_driver.names import PciAddress
+    from vgpu_driver.sysfs.paths import SysfsPaths
 
 _VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 # A vendor type number: ASCII digits, no sign, no leading zero, at most nine
@@ -29,7 +37,7 @@ INVALID_PLACEMENT_ID = 0xFFFF
 LOG = logging.getLogger(__name__)
 
 
-def parse_creatable_vgpu_types(text):
+def parse_creatable_vgpu_types(text: str | None) -> tuple[tuple[int, str], ...]:
     """``creatable_vgpu_types``: a header, then ``ID : Name`` lines."""
     result = []
     for line in (text or "").splitlines():
@@ -39,7 +47,7 @@ def parse_creatable_vgpu_types(text):
     return tuple(result)
 
 
-def _current_type(text, path):
+def _current_type(text: str | None, path: str) -> int | None:
     """A VF's ``current_vgpu_type`` (0: none); None, logged, for garbage: a VF
     whose type cannot be read is neither free nor of any type."""
     if text is None:
@@ -55,7 +63,7 @@ _VERSION_RE = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){1,3}")
 NVIDIA_MODULE = "nvidia"
 
 
-def _module_version(text):
+def _module_version(text: str) -> str:
     if not _VERSION_RE.fullmatch(text):
         raise ValueError("not a dotted version")
     return text
@@ -64,7 +72,9 @@ def _module_version(text):
 class PciReads:
     """Reads of ``bus/pci/devices``: a function, SR-IOV PFs and vendor-VFIO VFs."""
 
-    def pci_device(self, address):
+    paths: SysfsPaths
+
+    def pci_device(self, address: str | PciAddress) -> base.PciDeviceInfo | None:
         dev = self.paths.pci_device(pci_address(str(address)))
         try:
             # The listing is the first read: no stat before it.
@@ -75,8 +85,8 @@ class PciReads:
         for entry in entries:
             match = _VIRTFN_RE.match(entry)
             # A VF's link names its address: its last component is enough.
-            target = match and attrs.link_name(f"{dev}/{entry}")
-            if target:
+            target = attrs.link_name(f"{dev}/{entry}") if match else None
+            if match and target:
                 virtfns.append((int(match[1]), pci_address(
                     target, f"{address}/{entry}")))
         totalvfs = _read_int(dev, "sriov_totalvfs")
@@ -96,14 +106,14 @@ class PciReads:
             sriov_offset=_read_int(dev, "sriov_offset") if future else None,
             sriov_stride=_read_int(dev, "sriov_stride") if future else None)
 
-    def vgpu_manager_version(self):
+    def vgpu_manager_version(self) -> str | None:
         """``module/nvidia/version``: the vGPU manager is NVIDIA's kernel
         module (the one driving the physical functions); a value that is no
         version is logged and read as unknown."""
         return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version,
                                  [])
 
-    def list_sriov_pfs(self, vfs=frozenset()):
+    def list_sriov_pfs(self, vfs: Container[str] = frozenset()) -> list[base.PciDeviceInfo]:
         found = []
         pci_base = self.paths.pci_base()
         for entry in attrs.sorted_entries(pci_base):
@@ -119,7 +129,7 @@ class PciReads:
                     found.append(info)
         return found
 
-    def list_vendor_vfio(self, parents=frozenset()):
+    def list_vendor_vfio(self, parents: Container[str] = frozenset()) -> list[base.VendorVfioInfo]:
         found = []
         for entry in attrs.sorted_entries(self.paths.pci_base()):
             # NVIDIA's driver registers a function as an mdev parent or
@@ -133,7 +143,7 @@ class PciReads:
                 found.append(vf)
         return found
 
-    def vendor_vf(self, address):
+    def vendor_vf(self, address: str | PciAddress) -> base.VendorVfioInfo | None:
         address = names.parse_pci_address(str(address))
         vfio_dir = self.paths.vendor_vfio_dir(address)
         current_path = f"{vfio_dir}/current_vgpu_type"
@@ -163,7 +173,7 @@ class PciReads:
             creatable=parse_creatable_vgpu_types(creatable),
             current_type=current)
 
-    def vendor_placement_id(self, address):
+    def vendor_placement_id(self, address: str | PciAddress) -> int | None:
         """The placement ID in a VF's ``nvidia/placement_id``: an int,
         ``INVALID_PLACEMENT_ID`` where the vGPU has none (``Not Applicable``
         or garbage, logged), None where the driver has no such file."""
@@ -179,7 +189,7 @@ class PciReads:
                         "is left unplaced", path, text[:40])
         return INVALID_PLACEMENT_ID
 
-    def vendor_vgpu_set_at(self, address):
+    def vendor_vgpu_set_at(self, address: str | PciAddress) -> float | None:
         path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
                             "current_vgpu_type")
         try:
@@ -188,11 +198,11 @@ class PciReads:
             return None
 
 
-def _read_int(dev, name):
+def _read_int(dev: str, name: str) -> int | None:
     """A numeric attribute of a PCI function; garbage is logged naming the
     file (and read as absent), not taken silently for "no SR-IOV"."""
     return attrs.read_parsed(f"{dev}/{name}", _parse_int, [])
 
 
-def _parse_int(text):
+def _parse_int(text: str) -> int:
     return int(text, 0)

@@ -19,11 +19,17 @@ changes always say "read everything" and whose waiters just sleep: every
 caller keeps working, only slower, and the reason is logged once.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import select
 import threading
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import cast
 
 from oslo_log import log as logging
 
@@ -31,6 +37,9 @@ from vgpu_driver import names
 from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import paths as sysfs_paths
+
+if TYPE_CHECKING:
+    from vgpu_driver.sysfs.base import SysfsReader
 
 LOG = logging.getLogger(__name__)
 
@@ -48,16 +57,17 @@ class _Waiter:
     """``wait(timeout)``: True as soon as something changed since the last
     return (or since the waiter was made), False after ``timeout``."""
 
-    def __init__(self, monitor):
+    def __init__(self, monitor: UdevMonitor) -> None:
         self._monitor = monitor
         self._seen = monitor.generation
 
-    def wait(self, timeout):
+    def wait(self, timeout: float) -> bool:
         self._seen, changed = self._monitor.wait_after(self._seen, timeout)
         return changed
 
 
-def parse_event(root, subsystem, devpath, properties):
+def parse_event(root: str, subsystem: str, devpath: str,
+                properties: Mapping[str, str]) -> tuple[str, str | None] | None:
     """``(parent, gpu)`` an event touches; None for devices that are no
     mdev parent candidate (a PCI bridge is still a PCI device: kept).
 
@@ -81,7 +91,7 @@ def parse_event(root, subsystem, devpath, properties):
     return None
 
 
-def _gpu_of(device_dir, name):
+def _gpu_of(device_dir: str, name: str) -> str | None:
     """The physical function a PCI device belongs to: its ``physfn``, or
     itself; None when its directory is gone or it is not a PCI device."""
     try:
@@ -93,7 +103,7 @@ def _gpu_of(device_dir, name):
     return os.path.basename(target)
 
 
-def _next_device(monitor):
+def _next_device(monitor: Any) -> Any:
     """The next queued event's device, or None when none is queued.
 
     pyudev's ``Monitor.poll`` builds a ``select.poll``, which eventlet's
@@ -112,11 +122,12 @@ class UdevMonitor:
 
     running = True
 
-    def __init__(self, root, monitor):
+    def __init__(self, root: str, monitor: Any) -> None:
         self.root = root
         self._monitor = monitor
         self._cond = threading.Condition()
-        self._parents, self._gpus = set(), set()
+        self._parents: set[str] = set()
+        self._gpus: set[str] = set()
         self._lost = False
         # Held by the reader while it takes events out of the socket.
         self._busy = threading.Lock()
@@ -126,7 +137,7 @@ class UdevMonitor:
         self._thread = threading.Thread(target=self._run, name="vgpu-udev", daemon=True)
 
     @classmethod
-    def open(cls, root, source="udev"):
+    def open(cls, root: str, source: str = "udev") -> UdevMonitor:
         """Listen on ``source``'s netlink group; raises OSError/ImportError."""
         import pyudev
 
@@ -141,7 +152,7 @@ class UdevMonitor:
 
     # -- the reader thread ----------------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while True:
                 ready, _, _ = select.select([self._monitor, self._wake_r], [], [])
@@ -158,7 +169,7 @@ class UdevMonitor:
                 self.generation += 1
                 self._cond.notify_all()
 
-    def _drain(self):
+    def _drain(self) -> None:
         """Record every queued event; an overflow means some were lost."""
         for _ in range(_READ_CHUNK):
             try:
@@ -177,7 +188,8 @@ class UdevMonitor:
             if touched is not None:
                 self._record(*touched)
 
-    def _record(self, parent=None, gpu=None, lost=False):
+    def _record(self, parent: str | None = None, gpu: str | None = None,
+                lost: bool = False) -> None:
         with self._cond:
             if parent:
                 self._parents.add(parent)
@@ -189,7 +201,7 @@ class UdevMonitor:
 
     # -- readers ------------------------------------------------------------------
 
-    def _settle(self, limit=_SETTLE_SECONDS):
+    def _settle(self, limit: float = _SETTLE_SECONDS) -> None:
         """Let the reader record what the socket already holds: a change our
         own write caused is queued by the time the write returned."""
         deadline = time.monotonic() + limit
@@ -200,7 +212,7 @@ class UdevMonitor:
                 return
             time.sleep(_SETTLE_STEP)
 
-    def take_changes(self):
+    def take_changes(self) -> changes.Changes:
         """What changed since the last call (everything if events were lost)."""
         self._settle()
         with self._cond:
@@ -213,7 +225,7 @@ class UdevMonitor:
             self._lost = not self.running
             return found
 
-    def wait_after(self, seen, timeout):
+    def wait_after(self, seen: int, timeout: float) -> tuple[int, bool]:
         """``(generation, changed)``: blocks until the generation passes
         ``seen`` or ``timeout`` seconds went by."""
         with self._cond:
@@ -221,10 +233,10 @@ class UdevMonitor:
                                           max(timeout, 0))
             return self.generation, changed
 
-    def waiter(self):
+    def waiter(self) -> _Waiter:
         return _Waiter(self)
 
-    def stop(self):
+    def stop(self) -> None:
         """End the reader thread and close its wake-up pipe, once.
 
         Two callers may stop it at once (a service's shutdown thread and its
@@ -244,7 +256,7 @@ class UdevMonitor:
         os.close(self._wake_r)
 
 
-def unusable_because(host, mode):
+def unusable_because(host: object, mode: str) -> str | None:
     """Why udev cannot tell about ``host`` in ``mode``; None when it can."""
     if mode == "off":
         return "[vgpu] hotplug_events is off"
@@ -259,10 +271,10 @@ def unusable_because(host, mode):
     return None
 
 
-_logged = set()
+_logged: set[str] = set()
 
 
-def start(host, mode="auto"):
+def start(host: SysfsReader, mode: str = "auto") -> UdevMonitor | changes.Polling:
     """A running :class:`UdevMonitor` for ``host``, else :class:`Polling`.
 
     ``mode``: ``auto`` uses udev on the kernel's own sysfs with a udev
@@ -272,7 +284,8 @@ def start(host, mode="auto"):
     reason = unusable_because(host, mode)
     if reason is None:
         try:
-            return UdevMonitor.open(host.paths.root)
+            # unusable_because lets only a LinuxSysfs through.
+            return UdevMonitor.open(cast(linux.LinuxSysfs, host).paths.root)
         except ImportError:
             reason = "pyudev is not installed (the 'hotplug' extra)"
         except OSError as exc:

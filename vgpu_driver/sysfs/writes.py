@@ -9,23 +9,34 @@ host), in tests the fake kernel's own store handlers.  This module imports
 neither: the seam is the writer.
 """
 
+from __future__ import annotations
+
 import errno
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
 
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver.sysfs import base
 from vgpu_driver.sysfs import linux
 
+if TYPE_CHECKING:
+    from vgpu_driver.names import PciAddress
+
+# ``writer(entry_point, *args)``: makes one write, raises the kernel's OSError.
+Writer = Callable[..., object]
+
 # The writes, by the privileged entry point that makes each one.
 ENTRY_POINTS = ("create_mdev", "remove_mdev", "set_vgpu_type", "set_heterogeneous_mode")
 
 
-def _call_with_timeout(func, timeout, *args):
+def _call_with_timeout(func: Callable[..., object], timeout: float, *args: object) -> object:
     """Run ``func`` in a daemon thread; ETIMEDOUT if it is still blocked after."""
-    outcome = {}
+    outcome: dict[str, Any] = {}
 
-    def run():
+    def run() -> None:
         try:
             outcome["result"] = func(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
@@ -45,16 +56,17 @@ class WritableSysfs(linux.LinuxSysfs, base.SysfsHost):
     """A sysfs host that writes: ``writer(entry_point, *args)`` makes each
     write (see :data:`ENTRY_POINTS`) and raises the kernel's ``OSError``."""
 
-    def __init__(self, root, writer):
+    def __init__(self, root: str, writer: Writer) -> None:
         super().__init__(root)
         self.writer = writer
 
-    def _privileged(self, entry_point, *args):
+    def _privileged(self, entry_point: str, *args: object) -> object:
         """One write, by the privileged entry point of that name (it builds
         the path under its own root from these names)."""
         return self.writer(entry_point, *args)
 
-    def _write(self, action, target, entry_point, *args, timeout=None):
+    def _write(self, action: str, target: str, entry_point: str, *args: object,
+               timeout: float | None = None) -> None:
         """One write; kernel errnos become typed errors naming the target.
 
         With ``timeout``, the write runs in a worker thread: the kernel can
@@ -68,23 +80,24 @@ class WritableSysfs(linux.LinuxSysfs, base.SysfsHost):
         except OSError as exc:
             raise exception.MdevWriteError.from_os_error(action, target, exc) from exc
 
-    def create_mdev(self, parent, type_id, uuid):
+    def create_mdev(self, parent: str, type_id: str, uuid: str) -> None:
         parent = names.check_parent_name(parent)
         type_id = names.check_type_id(type_id)
         uuid = names.check_mdev_uuid(uuid)
         self._write("create", f"{type_id} on {parent}", "create_mdev", parent, type_id, uuid)
 
-    def remove_mdev(self, uuid, timeout=None):
+    def remove_mdev(self, uuid: str, timeout: float | None = None) -> None:
         uuid = names.check_mdev_uuid(uuid)
         self._write("remove", f"mdev {uuid}", "remove_mdev", uuid, timeout=timeout)
 
-    def set_mixed_sizes(self, pf_address, enabled):
+    def set_mixed_sizes(self, pf_address: str | PciAddress, enabled: bool) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, not {enabled!r}")
         self._privileged("set_heterogeneous_mode",
                          str(names.parse_pci_address(str(pf_address))), enabled)
 
-    def set_vendor_vgpu_type(self, address, type_number, timeout=None):
+    def set_vendor_vgpu_type(self, address: str | PciAddress, type_number: int,
+                             timeout: float | None = None) -> None:
         address = names.parse_pci_address(str(address))
         if isinstance(type_number, bool) or not isinstance(type_number, int) \
                 or type_number < 0:
