@@ -94,8 +94,8 @@ class SizeList:
 def size_lists(placements: Mapping[str, Placements]) -> dict[int, SizeList]:
     """``{size: SizeList}`` of ``placements`` (``{type: Placements}``)."""
     by_size: dict[int, list[tuple[str, Placements]]] = {}
-    for type_id, found in sorted(placements.items()):
-        by_size.setdefault(found.size, []).append((type_id, found))
+    for type_id, placed in sorted(placements.items()):
+        by_size.setdefault(placed.size, []).append((type_id, placed))
     lists = {}
     for size, found in sorted(by_size.items()):
         problems = []

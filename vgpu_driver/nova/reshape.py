@@ -20,6 +20,8 @@ update may not reshape); until then, and for an allocation still made
 without them, the inventory reserves what they do not count.
 """
 
+import weakref
+
 from nova import exception as nova_exception
 from oslo_log import log as logging
 
@@ -28,8 +30,9 @@ from vgpu_driver import takeover
 
 LOG = logging.getLogger(__name__)
 
-# The nodes whose allocations were checked for size classes in this process.
-_SIZES_CHECKED = set()
+# The core drivers (one per nova-compute start) that checked the
+# allocations for size classes already.
+_SIZES_CHECKED = weakref.WeakSet()
 
 
 def existing_children(provider_tree, nodename):
@@ -64,8 +67,8 @@ def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations, allocations_
     """
     if allocations is not None:
         add_size_classes(provider_tree, vgpu, gpu_tree, allocations)
-    elif nodename not in _SIZES_CHECKED and allocations_on is not None:
-        _SIZES_CHECKED.add(nodename)
+    elif vgpu not in _SIZES_CHECKED and allocations_on is not None:
+        _SIZES_CHECKED.add(vgpu)
         if lacking_size_classes(gpu_tree, vgpu, allocations_on):
             LOG.info("Requesting a reshape: allocations on mixed-size boards get their "
                      "vGPUs in the class of their size")
