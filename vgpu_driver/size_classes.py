@@ -164,13 +164,30 @@ def inventories(placements: Mapping[str, Placements], held: Mapping[int, int],
     return found
 
 
+# The request group a flavor's vGPU specs go in: a granular group is met by
+# one provider, where an unnumbered one may take the MiB from one board and
+# the size class from another.
+GROUP = "_VGPU"
+
+
 def flavor_spec(type_id_trait: str, size: int | None, units: int, count: int,
                 resource_class: str) -> dict[str, str]:
-    """The extra specs of a flavor asking ``count`` vGPUs of one type:
-    ``units`` of ``resource_class`` each (with ``size`` slots, a mixed-size
-    board's: its MiB and its size class), and the type's trait."""
-    specs = {f"resources:{resource_class}": str(units * count)}
+    """The extra specs of a flavor asking ``count`` vGPUs of one type, in
+    one request group (:data:`GROUP`): ``units`` of ``resource_class``
+    each (with ``size`` slots, a mixed-size board's: its MiB and its size
+    class), and the type's trait."""
+    specs = {f"resources{GROUP}:{resource_class}": str(units * count)}
     if size is not None:
-        specs[f"resources:{class_name(size)}"] = str(count)
-    specs[f"trait:{type_id_trait}"] = "required"
+        specs[f"resources{GROUP}:{class_name(size)}"] = str(count)
+    specs[f"trait{GROUP}:{type_id_trait}"] = "required"
     return specs
+
+
+def candidates_query(specs: Mapping[str, str]) -> dict[str, str]:
+    """Placement's allocation-candidates parameters for :func:`flavor_spec`'s
+    specs, as nova's scheduler asks them."""
+    resources = ",".join(f"{key.split(':', 1)[1]}:{value}" for key, value in specs.items()
+                         if key.startswith(f"resources{GROUP}:"))
+    required = ",".join(key.split(":", 1)[1] for key, value in specs.items()
+                        if key.startswith(f"trait{GROUP}:") and value == "required")
+    return {f"resources{GROUP}": resources, f"required{GROUP}": required}

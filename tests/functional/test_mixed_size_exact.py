@@ -118,10 +118,7 @@ class Walk:
         specs = size_classes.flavor_spec(self.trait(type_id), None if self.old_flavors
                                          else size, size * framebuffer.SLOT_MIB, count,
                                          framebuffer.RESOURCE_CLASS)
-        resources = ",".join(f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items()
-                             if k.startswith("resources:"))
-        return {"resources": resources, "required": self.trait(type_id),
-                "in_tree": self.root_uuid}
+        return {**size_classes.candidates_query(specs), "in_tree": self.root_uuid}
 
     def candidates(self, type_id, count):
         found = self.client.request("GET", placement.query_url(

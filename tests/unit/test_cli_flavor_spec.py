@@ -27,9 +27,9 @@ def test_a_mixed_size_type_asks_mib_its_size_class_and_its_trait(mixed_host, run
                           "nvidia-1155", "3", "-f", "json", conf=L40S_CONF)
     assert code == 0
     assert {row["property"]: row["value"] for row in json.loads(out)} == {
-        "resources:CUSTOM_VGPU_FRAMEBUFFER_MIB": "12288",
-        "resources:CUSTOM_VGPU_SIZE_4096_MIB": "3",
-        "trait:CUSTOM_MDEV_NVIDIA_1155": "required"}
+        "resources_VGPU:CUSTOM_VGPU_FRAMEBUFFER_MIB": "12288",
+        "resources_VGPU:CUSTOM_VGPU_SIZE_4096_MIB": "3",
+        "trait_VGPU:CUSTOM_MDEV_NVIDIA_1155": "required"}
 
 
 def test_a_type_no_gpu_serves_is_refused(mixed_host, run):  # noqa: F811
