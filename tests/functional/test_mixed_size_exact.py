@@ -118,7 +118,9 @@ class Walk:
         specs = size_classes.flavor_spec(self.trait(type_id), None if self.old_flavors
                                          else size, size * framebuffer.SLOT_MIB, count,
                                          framebuffer.RESOURCE_CLASS)
-        return {**size_classes.candidates_query(specs), "in_tree": self.root_uuid}
+        # in_tree<group>: the walk's own board, not those of walks before it.
+        return {**size_classes.candidates_query(specs),
+                f"in_tree{size_classes.GROUP}": self.root_uuid}
 
     def candidates(self, type_id, count):
         found = self.client.request("GET", placement.query_url(
