@@ -282,3 +282,31 @@ def test_counts_of_each_walk_are_seen(tmp_path_factory, service):
             seen[count, bool(walk.candidates(type_id, count))] += 1
         walk.step(rng)
     assert all(seen[count, answer] for count in (2, 3) for answer in (True, False)), seen
+
+
+def test_a_flavors_vgpus_come_from_one_board(tmp_path_factory, service):
+    """Two boards on one host: every candidate Placement offers for a
+    flavor's specs takes the MiB, the size class and the trait from one
+    board.  Ungrouped, Placement would also offer the MiB of one board with
+    the size class of the other."""
+    one = profiles.load("l40s-vfio")
+    other = copy.deepcopy(one)
+    other["gpus"][0]["address"] = "0000:c2:00.0"
+    profile = profiles.combine("two", one, other)
+    walk = new_walk(tmp_path_factory, service, profile)
+    nvml.set_heterogeneous_mode("0000:c2:00.0", True)
+    walk.config = MdevConfig(
+        types=tuple(TypeConfig(t, device_addresses=(PF, "0000:c2:00.0"))
+                    for t in walk.types),
+        mixed_by_address=MappingProxyType(dict.fromkeys((PF, "0000:c2:00.0"), walk.types)))
+    walk.resync()
+    assert len(walk.tree.providers) == 2
+    found = walk.candidates("nvidia-1155", 2)
+    assert found and all(len(c["allocations"]) == 1 for c in found), found
+    specs = size_classes.flavor_spec(walk.trait("nvidia-1155"), 4, 4096, 2,
+                                     framebuffer.RESOURCE_CLASS)
+    ungrouped = ",".join(f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items()
+                         if k.startswith("resources"))
+    split = walk.client.request("GET", placement.query_url(
+        "/allocation_candidates", resources=ungrouped, in_tree=walk.root_uuid))
+    assert any(len(c["allocations"]) == 2 for c in split["allocation_requests"])
