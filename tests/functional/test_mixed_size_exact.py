@@ -263,12 +263,18 @@ def test_the_old_max_unit_rule_fails_it(tmp_path_factory, service, monkeypatch):
 
 
 def test_one_free_vf_enough_fails_it(tmp_path_factory, service, monkeypatch):
-    """A size class counting every disjoint placement while one VF is free."""
+    """A size class counting every disjoint placement while one VF is free:
+    ten 1 GB vGPUs on a 48 GB board of 12 VFs leave room for many more,
+    but two VFs, and 3 x 1 GB is granted."""
     monkeypatch.setattr(size_classes, "available",
                         lambda creatable, free_vfs: creatable if free_vfs else 0)
-    label, found = seeded_counterexample(tmp_path_factory, service)
-    type_id, count, granted, accepted = found
-    assert (granted, accepted) == (True, False) and count > 1, (label, found)
+    profile = dict(BOARDS)["48gb-other"]
+    walk = new_walk(tmp_path_factory, service, profile)
+    one_gb = walk.types[0]
+    for _ in range(5):
+        assert walk.create(one_gb, 2)
+    assert len(walk.free_vfs()) == 2
+    assert walk.counterexample() == (one_gb, 3, True, False)
 
 
 def test_counts_of_each_walk_are_seen(tmp_path_factory, service):
