@@ -202,13 +202,20 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         before the compute places any.  Placement's sum fits (24 GB free, up
         to 12 GB at once) but the board has two 8 GB placements left, so it
         refuses the third at claim time; with no other host to retry on, that
-        guest ends in ERROR holding nothing here."""
+        guest ends in ERROR holding nothing here.  The flavor asks MiB alone
+        (made before the size classes, whose inventory would have turned
+        the third away in the scheduler): the board is the last check."""
         twelves = [self.boot(12) for _ in range(4)]     # at slots 0, 12, 24 and 36
         self._delete_server(twelves[0])
         self._delete_server(twelves[2])                 # free: slots 0-11 and 24-35
         self._run_periodics()
         self.assertEqual((48 * GB, 0, 12 * GB, 24 * GB), self.board())
-        servers = self.create_servers("eight", self.flavors[8], 3, ends=("ACTIVE", "ERROR"),
+        mib_only = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name="vgpu-8g-mib-only",
+            extra_spec={f"resources:{RC}": str(8 * GB),
+                        f"trait:{inventory.type_traits('nvidia-1156', None)[0]}":
+                            "required"})
+        servers = self.create_servers("eight", mib_only, 3, ends=("ACTIVE", "ERROR"),
                                       tries=200)
         states = sorted(s["status"] for s in servers)
         self.assertEqual(["ACTIVE", "ACTIVE", "ERROR"], states)
