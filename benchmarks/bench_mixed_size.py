@@ -14,8 +14,12 @@ strategy writing each VF's type on the fake board:
     type's maximum), and the real run must reject what the model said;
 (b) **mixed**: every board in mixed-size mode (switched through NVML) and
     listed under every type of the mix, one ``CUSTOM_VGPU_FRAMEBUFFER_MIB``
-    inventory per board from ``inventory.compute``, each request asking for
-    its size in MiB beside its type's trait.
+    inventory and one per vGPU size per board from ``inventory.compute``,
+    each request asking for its MiB, its size class and its type's trait
+    (:func:`vgpu_driver.size_classes.flavor_spec`).
+
+A share of the requests (``--multi``, 15 % by default) asks two vGPUs of
+its size, as a flavor of two vGPUs does: both on one board.
 
 Each request goes to the first board, by address, among Placement's
 candidates (their order among one host's providers varies between
@@ -55,6 +59,7 @@ from vgpu_driver import framebuffer
 from vgpu_driver import inventory
 from vgpu_driver import nvml
 from vgpu_driver import placement
+from vgpu_driver import size_classes
 from vgpu_driver.conf.mdev_types import MdevConfig
 from vgpu_driver.conf.mdev_types import TypeConfig
 from vgpu_driver.fake import fakekernel
@@ -70,7 +75,7 @@ BOARD_SLOTS = 48
 # The request mix: {vGPU size in GB: (L40S type, share of requests)}.
 MIX = {4: ("nvidia-1155", 0.4), 8: ("nvidia-1156", 0.3), 12: ("nvidia-1157", 0.2),
        24: ("nvidia-1159", 0.1)}
-SEED, BOARDS, ARRIVALS, LOAD = 20261125, 8, 600, 0.9
+SEED, BOARDS, ARRIVALS, LOAD, MULTI = 20261125, 8, 600, 0.9, 0.15
 PROGRESS_EVERY = 200
 PROJECT = USER = "0" * 32
 GOAL = 0.5
@@ -82,6 +87,11 @@ class Request:
     size: int           # GB
     arrives: int        # tick
     leaves: int         # tick
+    count: int = 1      # vGPUs, all on one board
+
+    @property
+    def gb(self):
+        return self.size * self.count
 
 
 def parse_mix(text):
@@ -103,18 +113,20 @@ def parse_mix(text):
     return {size: (type_id, share / total) for size, (type_id, share) in sorted(mix.items())}
 
 
-def trace(seed, arrivals, load, boards):
-    """One request per tick, sizes by :data:`MIX`, exponential lifetimes
-    whose mean puts the framebuffer asked for at ``load`` of the fleet's."""
+def trace(seed, arrivals, load, boards, multi=0.0):
+    """One request per tick, sizes by :data:`MIX`, two vGPUs in a share
+    ``multi`` of them, exponential lifetimes whose mean puts the
+    framebuffer asked for at ``load`` of the fleet's."""
     rng = random.Random(seed)
     sizes, shares = list(MIX), [share for _type, share in MIX.values()]
-    mean_size = sum(size * share for size, (_type, share) in MIX.items())
+    mean_size = sum(size * share for size, (_type, share) in MIX.items()) * (1 + multi)
     mean_life = load * boards * BOARD_SLOTS / mean_size
     requests = []
     for tick in range(arrivals):
         size = rng.choices(sizes, shares)[0]
         life = max(1, round(rng.expovariate(1 / mean_life)))
-        requests.append(Request(tick, size, tick, tick + life))
+        count = 2 if multi and rng.random() < multi else 1
+        requests.append(Request(tick, size, tick, tick + life, count))
     return requests, mean_life
 
 
@@ -155,16 +167,21 @@ def equal_size_max(profile):
 
 def static_rejections(requests, split, per_board):
     """What an equal-size split (``{size: boards}``) rejects: a type's
-    boards are interchangeable, so only the count of each size matters."""
-    live, rejected, held = collections.Counter(), 0, set()
+    boards are interchangeable, so only how full each is matters; a
+    request of two vGPUs needs both on one board (the first that has
+    room, as Placement's first candidate by address)."""
+    boards = {size: [0] * split.get(size, 0) for size in MIX}
+    rejected, held = 0, {}
     for _tick, kind, request in events(requests):
         if kind == "leave":
             if request.id in held:
-                live[request.size] -= 1
+                boards[request.size][held.pop(request.id)] -= request.count
             continue
-        if live[request.size] < split.get(request.size, 0) * per_board[request.size]:
-            live[request.size] += 1
-            held.add(request.id)
+        room = [i for i, used in enumerate(boards[request.size])
+                if used + request.count <= per_board[request.size]]
+        if room:
+            boards[request.size][room[0]] += request.count
+            held[request.id] = room[0]
         else:
             rejected += 1
     return rejected
@@ -210,8 +227,8 @@ class Side(abc.ABC):
         """``{board: GpuProvider}`` of ``boards``, from one read of the host."""
 
     @abc.abstractmethod
-    def candidates_query(self, size):
-        """Placement's query parameters for a request of ``size`` GB."""
+    def candidates_query(self, size, count):
+        """Placement's query parameters for ``count`` vGPUs of ``size`` GB."""
 
     def resync(self, boards):
         self.providers.update(self.board_providers(discovery.discover(self.kernel), boards))
@@ -228,7 +245,7 @@ class Side(abc.ABC):
 
     def arrive(self, request, used_gb):
         found = self.client.request("GET", placement.query_url(
-            "/allocation_candidates", **self.candidates_query(request.size)))
+            "/allocation_candidates", **self.candidates_query(request.size, request.count)))
         if not found["allocation_requests"]:
             self._reject(request, used_gb)
             return
@@ -243,7 +260,7 @@ class Side(abc.ABC):
             "allocations": allocations, "project_id": PROJECT, "user_id": USER,
             "consumer_generation": None, "consumer_type": "INSTANCE"})
         try:
-            vf = self._create(consumer, pf, allocations, {type_trait(request.size)})
+            vfs = self._create(consumer, pf, allocations, {type_trait(request.size)})
         except exception.AllocationError:
             # Placement granted what the board refused: the allocation goes.
             self.stats["granted_then_refused"] += 1
@@ -251,7 +268,7 @@ class Side(abc.ABC):
             self._reject(request, used_gb)
             self.resync([pf])
             return
-        self.vgpus[request.id] = (vf, pf)
+        self.vgpus[request.id] = (vfs, pf)
         self.stats["served"] += 1
         self.resync([pf])
 
@@ -263,7 +280,7 @@ class Side(abc.ABC):
 
     def _create(self, consumer, pf, allocations, type_traits):
         """The real planner and vendor-VFIO strategy: the allocation's
-        request (its type named by the flavor's trait), a free VF, typed."""
+        request (its type named by the flavor's trait), free VFs, typed."""
         by_uuid = {self.sync.known[p.name].uuid: p for p in self.providers.values()}
         (request,) = planner.requests_of(consumer, allocations, by_uuid,
                                          self.config.mdev_classes, type_traits)
@@ -271,20 +288,29 @@ class Side(abc.ABC):
         strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
         state = strategy.gpu_state(consumer, gpu, request.type_id, users)
-        (item,) = planner.plan_gpu(consumer, request, state, {}, users)
-        strategy.create(consumer, item)
-        self.domains.define(consumer, [item.mdev_uuid])
-        return item.mdev_uuid
+        items = planner.plan_gpu(consumer, request, state, {}, users)
+        made = []
+        try:
+            for item in items:
+                strategy.create(consumer, item)
+                made.append(item.mdev_uuid)
+        except exception.AllocationError:
+            for vf in made:
+                strategy.destroy(vf, timeout=5)
+            raise
+        self.domains.define(consumer, made)
+        return made
 
     def leave(self, request):
         held = self.vgpus.pop(request.id, None)
         if held is None:
             return
-        vf, pf = held
+        vfs, pf = held
         consumer = str(uuid.UUID(int=request.id + 1))
         self.domains.undefine(consumer)
-        strategies.VendorVfioStrategy(self.kernel, self.domains, self.config).destroy(
-            vf, timeout=5)
+        for vf in vfs:
+            strategies.VendorVfioStrategy(self.kernel, self.domains, self.config).destroy(
+                vf, timeout=5)
         self.client.request("DELETE", f"/allocations/{consumer}")
         self.resync([pf])
 
@@ -308,8 +334,8 @@ class StaticSide(Side):
         tree = inventory.compute(snapshot, self.config, NODENAME)
         return {pf: tree.by_gpu(pf) for pf in boards}
 
-    def candidates_query(self, size):
-        return {"resources": "VGPU:1", "required": type_trait(size)}
+    def candidates_query(self, size, count):
+        return {"resources": f"VGPU:{count}", "required": type_trait(size)}
 
 
 class MixedSide(Side):
@@ -333,9 +359,10 @@ class MixedSide(Side):
                                                               self.config))
         return {pf: tree.by_gpu(pf) for pf in boards}
 
-    def candidates_query(self, size):
-        return {"resources": f"{framebuffer.RESOURCE_CLASS}:{size * framebuffer.SLOT_MIB}",
-                "required": type_trait(size)}
+    def candidates_query(self, size, count):
+        specs = size_classes.flavor_spec(type_trait(size), size, size * framebuffer.SLOT_MIB,
+                                         count, framebuffer.RESOURCE_CLASS)
+        return size_classes.candidates_query(specs)
 
 
 def type_trait(size):
@@ -354,12 +381,12 @@ def serve_trace(side, requests):
     for _tick, kind, request in events(requests):
         if kind == "leave":
             if request.id in side.vgpus:
-                live_gb -= request.size
+                live_gb -= request.gb
             side.leave(request)
             continue
         side.arrive(request, live_gb)
         if request.id in side.vgpus:
-            live_gb += request.size
+            live_gb += request.gb
         arrived += 1
         if arrived % PROGRESS_EVERY == 0:
             print(f"  {side.label}: {arrived} requests in {time.perf_counter() - began:.0f} s, "
@@ -370,7 +397,7 @@ def serve_trace(side, requests):
 def run(args, tmp):
     profile = fleet_profile(args.boards)
     pfs = tuple(gpu["address"] for gpu in profile["gpus"])
-    requests, mean_life = trace(args.seed, args.arrivals, args.load, args.boards)
+    requests, mean_life = trace(args.seed, args.arrivals, args.load, args.boards, args.multi)
     per_board = equal_size_max(profile)
     split, model_rejected = best_split(requests, args.boards, per_board)
     print(f"best static split: {_split_text(split)}, the model rejects {model_rejected}",
@@ -411,7 +438,8 @@ def report(results, args):
     print(f"\n{args.boards} L40S boards (48 GB, 16 VFs), {args.arrivals} requests, seed "
           f"{args.seed}, offered load {args.load:.0%} of the fleet's framebuffer "
           f"(mean lifetime {results['mean_lifetime']:.1f} arrivals)")
-    print("mix: " + ", ".join(f"{size} GB {share:.0%}" for size, (_t, share) in MIX.items()))
+    print("mix: " + ", ".join(f"{size} GB {share:.0%}" for size, (_t, share) in MIX.items())
+          + f"; {args.multi:.0%} of requests ask two vGPUs")
     print(f"static split (best of every split, by its model): {_split_text(results['split'])}")
     by_size = "/".join(str(size) for size in MIX)
     print(f"{'':8} {'rejected':>9} {f'of {by_size} GB':>16} {'served':>7} "
@@ -439,11 +467,14 @@ def main(argv=None):
     parser.add_argument("--mix", type=parse_mix, default=None, metavar="GB:SHARE,...",
                         help="the sizes asked for and their shares (default "
                              "4:0.4,8:0.3,12:0.2,24:0.1)")
+    parser.add_argument("--multi", type=float, default=MULTI,
+                        help="the share of requests asking two vGPUs (default 0.15)")
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
     parser.add_argument("--tmpdir", metavar="DIR", help="Where to write the fake trees.")
     args = parser.parse_args(argv)
-    if args.boards < 1 or args.arrivals < 1 or args.load <= 0:
-        parser.error("--boards and --arrivals must be at least 1, --load above 0")
+    if args.boards < 1 or args.arrivals < 1 or args.load <= 0 or not 0 <= args.multi <= 1:
+        parser.error("--boards and --arrivals must be at least 1, --load above 0, "
+                     "--multi between 0 and 1")
     if args.mix is not None:
         global MIX
         MIX = args.mix
@@ -456,7 +487,8 @@ def main(argv=None):
     results["ratio"] = mixed / static if static else (0.0 if not mixed else float("inf"))
     results["goal_ok"] = mixed <= GOAL * static
     results.update(benchmark="mixed_size", seed=args.seed, boards=args.boards,
-                   arrivals=args.arrivals, load=args.load, python=platform.python_version(),
+                   arrivals=args.arrivals, load=args.load, multi=args.multi,
+                   python=platform.python_version(),
                    mix={size: share for size, (_t, share) in MIX.items()})
     report(results, args)
     if args.json:

@@ -8,14 +8,15 @@ it; instead the board is one inventory of :data:`RESOURCE_CLASS`, counted
 in MiB of slots (a vGPU of N slots takes ``N * 1024``), and a flavor asks
 for its type's amount beside a trait naming the type.
 
-The inventory is exact for requests arriving one at a time, because
-NVIDIA's placement tables nest: every placement of a size contains a
-placement of each smaller size (true of every table the fake vendor
-driver carries, :mod:`vgpu_driver.fake.placements`; checked by the
-tests).  So the configured sizes that are still creatable are exactly
-those up to the largest creatable one, which becomes ``max_unit``; the
-slots no creatable placement of any configured type covers (holes too
-small or misaligned for them) are ``reserved``; and with no free VF, or
+Alone it is not exact: it cannot say how many vGPUs of one size the free
+slots hold (a free 12 GB region may hold only two 4 GB placements), and
+NVIDIA's tables need not nest (on Blackwell a 32 GB placement holds no
+24 GB one).  So each placement size also has a class counted in vGPUs
+(:mod:`vgpu_driver.size_classes`), which makes Placement exact for every
+one-type request; this class only keeps the framebuffer's account: its
+``max_unit`` is the whole board (2 x 24 GB fit on an empty 48 GB board),
+the slots no creatable placement of any configured type covers (holes too
+small or misaligned for them) are ``reserved``, and with no free VF, or
 nothing creatable, the whole free pool is.  Two requests racing between
 two updates can still both pass Placement: the board refuses the second
 at claim time and nova reschedules it.
@@ -83,13 +84,12 @@ def inventory(board_slots: int, placements: Mapping[str, Placements], used_slots
     if not placements:
         raise ValueError("a mixed-size board needs at least one configured type")
     sizes = sorted({found.size for found in placements.values()})
-    creatable = [found.size for found in placements.values() if found.creatable]
+    creatable = any(found.creatable for found in placements.values())
     usable = len(covered(placements)) if creatable and free_vfs > 0 else 0
-    largest = max(creatable) if usable else sizes[0]
     reserved = max(board_slots - used_slots - usable, 0)
     return FramebufferInventory(
         total=board_slots * SLOT_MIB, reserved=reserved * SLOT_MIB,
-        min_unit=sizes[0] * SLOT_MIB, max_unit=largest * SLOT_MIB,
+        min_unit=sizes[0] * SLOT_MIB, max_unit=board_slots * SLOT_MIB,
         step_size=math.gcd(*sizes) * SLOT_MIB)
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from vgpu_driver import discovery
 from vgpu_driver import framebuffer
 from vgpu_driver import names
+from vgpu_driver import size_classes
 from vgpu_driver.placement import ownership
 
 TRAIT_MAX_LENGTH = 255
@@ -57,6 +58,9 @@ class GpuProvider:
     # A mixed-size board: ``((type id, MiB), ...)`` of the types it serves,
     # its inventory in framebuffer MiB; ``type_id`` then lists them.
     sizes: tuple[tuple[str, int], ...] = ()
+    # A mixed-size board: ``((size class, SizeInventory), ...)``, the vGPUs
+    # of each placement size it can take (:mod:`vgpu_driver.size_classes`).
+    size_inventories: tuple[tuple[str, size_classes.SizeInventory], ...] = ()
 
     @property
     def mixed(self):
@@ -68,11 +72,18 @@ class GpuProvider:
         return dict(self.sizes).get(type_id, 0) if self.sizes else 1
 
     def inventory(self):
-        """The Placement inventory record for this provider's class."""
-        return {self.resource_class: {
+        """The Placement inventory records of this provider's classes."""
+        records = {self.resource_class: {
             "total": self.total, "reserved": self.reserved,
             "min_unit": self.min_unit, "max_unit": self.max_unit,
             "step_size": self.step_size, "allocation_ratio": self.allocation_ratio}}
+        records.update((rc, found.as_placement()) for rc, found in self.size_inventories)
+        return records
+
+    def size_class_of(self, type_id):
+        """The size class of ``type_id`` on a mixed-size board (None: not one)."""
+        mib = dict(self.sizes).get(type_id)
+        return size_classes.class_name(mib // framebuffer.SLOT_MIB) if mib else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,16 +297,26 @@ def unallocated_claims(claim_list, allocated, units_of=None):
     GPU provider has one class); a GPU it lacks has unknown allocations and
     all its claims count: one update reserving too much is better than
     Placement offering what the allocator refuses.  ``units_of(claim)`` is
-    what one claimed vGPU counts for (default 1; its framebuffer MiB on a
-    mixed-size board, :func:`claim_units`).
+    what one claimed vGPU counts for (default 1 of the GPU's one class):
+    a number, or ``{class: units}`` (a mixed-size board's, :func:`claim_units`),
+    whose GPU then gets ``{class: units}`` too, each class counted apart.
     """
-    held = collections.Counter()
+    held = collections.defaultdict(collections.Counter)
     for claim in claim_list:
-        held[claim.gpu, claim.instance_uuid] += units_of(claim) if units_of else 1
-    extra = collections.Counter()
-    for (gpu, instance), count in held.items():
-        units = sum(allocated.get(gpu, {}).get(instance, {}).values())
-        extra[gpu] += max(count - units, 0)
+        units = units_of(claim) if units_of else 1
+        held[claim.gpu, claim.instance_uuid].update(
+            units if isinstance(units, dict) else {None: units})
+    extra = {}
+    for (gpu, instance), counts in held.items():
+        mine = allocated.get(gpu, {}).get(instance, {})
+        for rc, count in counts.items():
+            # None: the GPU's one class, whatever it is named.
+            units = sum(mine.values()) if rc is None else mine.get(rc, 0)
+            missing = max(count - units, 0)
+            if rc is None:
+                extra[gpu] = extra.get(gpu, 0) + missing
+            elif missing:
+                extra.setdefault(gpu, collections.Counter())[rc] += missing
     return {gpu: count for gpu, count in extra.items() if count}
 
 
@@ -313,11 +334,15 @@ def claims_placement_lacks(claim_list, nodename, allocations_on, units_of=None):
 def claim_units(boards):
     """``units_of`` for :func:`unallocated_claims`: a claim on a mixed-size
     board of ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`)
-    counts its type's framebuffer MiB, any other claim one vGPU."""
+    counts its type's framebuffer MiB and one vGPU of its size class
+    (``{class: units}``), any other claim one vGPU."""
     def units_of(claim):
         reading = boards.get(claim.gpu)
         found = reading.placements.get(claim.type_id) if reading else None
-        return found.size * framebuffer.SLOT_MIB if found else 1
+        if not found:
+            return 1
+        return {framebuffer.RESOURCE_CLASS: found.size * framebuffer.SLOT_MIB,
+                size_classes.class_name(found.size): 1}
     return units_of
 
 
@@ -337,15 +362,16 @@ def _units(reserved_for):
 
 
 def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
-                        unallocated_mib=0):
+                        unallocated=None):
     """``(GpuProvider, None)`` of a board serving several vendor-VFIO types
     in mixed-size mode, or ``(None, why it cannot)``.
 
     One inventory of framebuffer MiB (:mod:`vgpu_driver.framebuffer`):
     vGPUs that guests or claims hold count as used; a typed VF nobody holds
     keeps its slots from every other type, so they are reserved with what
-    fragmentation leaves unusable; claims Placement does not count
-    (``unallocated_mib``) are reserved too.
+    fragmentation leaves unusable; and one inventory per placement size
+    (:mod:`vgpu_driver.size_classes`).  Claims Placement does not count
+    (``unallocated``: ``{class: units}``, or MiB alone) are reserved too.
     """
     why_not = _why_not_mixed(gpu, types, reading)
     if why_not:
@@ -359,7 +385,13 @@ def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
     free_vfs = sum(1 for p in gpu.parents if not p.current_vgpu_type
                    and (in_use is None or p.name not in in_use))
     fb = framebuffer.inventory(board_slots, configured, held_slots, free_vfs)
-    claims_mib = min(unallocated_mib, fb.capacity)
+    if not isinstance(unallocated, dict):
+        unallocated = {framebuffer.RESOURCE_CLASS: unallocated or 0}
+    claims_mib = min(unallocated.get(framebuffer.RESOURCE_CLASS, 0), fb.capacity)
+    held = collections.Counter(reading.placements[t].size for vf, t in typed.items()
+                               if in_use is None or vf in in_use)
+    uncounted = {size: unallocated.get(size_classes.class_name(size), 0) for size in held}
+    by_size = size_classes.inventories(configured, held, uncounted, free_vfs)
     room = fb.capacity - claims_mib - held_slots * framebuffer.SLOT_MIB
     reserved_for = (((FRAGMENTED, fb.reserved),) if fb.reserved else ()) + (
         ((CLAIMS, claims_mib),) if claims_mib else ())
@@ -370,18 +402,22 @@ def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
         type_id=",".join(types), type_name=None, resource_class=framebuffer.RESOURCE_CLASS,
         total=fb.total, reserved=fb.reserved + claims_mib, min_unit=fb.min_unit,
         max_unit=fb.max_unit, step_size=fb.step_size, traits=tuple(sorted(traits)),
-        reason=_mixed_size_reason(listed, fb, room),
+        reason=_mixed_size_reason(listed, fb, room, size_classes.fitting(configured, free_vfs)),
         reserved_for=reserved_for,
-        sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types)), None
+        sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types),
+        size_inventories=tuple(sorted(by_size.items()))), None
 
 
-def _mixed_size_reason(listed, fb, room):
-    """What a mixed-size board can still take, for the operator's views."""
+def _mixed_size_reason(listed, fb, room, fitting):
+    """What a mixed-size board can still take, for the operator's views
+    (``fitting``: ``{size: vGPUs of it that fit now}``)."""
     fragmented = f"; {fb.reserved} MiB fragmented" if fb.reserved else ""
-    if room <= 0:
+    fits = ", ".join(f"{count} x {size * framebuffer.SLOT_MIB} MiB"
+                     for size, count in sorted(fitting.items()) if count)
+    if room <= 0 or not fits:
         return (f"none of {listed} fits now (the board is full, or its free framebuffer "
                 f"is fragmented){fragmented}")
-    return f"mixed sizes: vGPUs of up to {fb.max_unit} MiB fit now{fragmented}"
+    return f"mixed sizes: fit now {fits}{fragmented}"
 
 
 def _why_not_mixed(gpu, types, reading):
@@ -444,7 +480,7 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
         if len(types) > 1:
             provider, why_not = mixed_size_provider(
                 snapshot, gpu, types, (boards or {}).get(gpu.address), nodename, in_use,
-                (unallocated or {}).get(gpu.address, 0))
+                (unallocated or {}).get(gpu.address))
             if provider is None:
                 unserved.append((gpu.address, why_not))
             else:
@@ -489,5 +525,6 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
     providers = sorted(providers + mixed, key=lambda p: p.gpu)
     return ProviderTree(root_name=nodename, providers=tuple(providers),
                         unserved=tuple(unserved),
-                        mdev_classes=config.mdev_classes | {"VGPU"},
+                        mdev_classes=config.mdev_classes | {"VGPU"} | {
+                            rc for p in mixed for rc, _found in p.size_inventories},
                         vfs_pending=frozenset(pending))

@@ -1,9 +1,12 @@
 """One L40S serving 4, 8, 12 and 24 GB vGPUs at once, through nova's services.
 
 The board is listed under four vendor-VFIO types and switched to mixed-size
-mode; its provider is one inventory of framebuffer MiB, and each flavor
-asks for its type's MiB and requires its type's trait.  Placement, not the
-board, turns away what no longer fits.
+mode; its provider has one inventory of framebuffer MiB and one per vGPU
+size, and each flavor asks for its type's MiB, one unit of its size class
+per vGPU, and requires its type's trait
+(:func:`vgpu_driver.cmd.flavor_commands.flavor_spec`).  Placement, not the
+board, turns away what no longer fits, and grants what does, for flavors
+of several vGPUs too.
 """
 
 from nova import context
@@ -16,6 +19,7 @@ from tests.functional_nova import test_vgpu
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
 from vgpu_driver import nvml
+from vgpu_driver import size_classes
 
 L40S = "0000:c1:00.0"
 PROVIDER = "host1_pci_0000_c1_00_0"
@@ -36,22 +40,31 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # What "vgpu-manage sriov sizes 0000:c1:00.0 mixed" does, through NVML.
         kernel.set_mixed_sizes(L40S, True)
         self.start_vgpu_compute("host1")
-        self.flavors = {gb: self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{gb}g",
-            extra_spec={f"resources:{RC}": str(gb * GB),
-                        f"trait:{inventory.type_traits(type_id, None)[0]}": "required"})
-            for type_id, gb in SIZES.items()}
+        self.flavors = {gb: self.flavor(type_id, 1) for type_id, gb in SIZES.items()}
+
+    def flavor(self, type_id, count):
+        gb = SIZES[type_id]
+        return self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{count}x{gb}g",
+            extra_spec=size_classes.flavor_spec(inventory.type_traits(type_id, None)[0],
+                                                gb, gb * GB, count, RC))
 
     def boot(self, gb, **kwargs):
         return self._create_server(flavor_id=self.flavors[gb], networks="none",
                                    host="host1", **kwargs)
 
     def board(self):
-        """``(total, reserved, max_unit, usage)`` of the board's provider."""
+        """``(total, reserved, largest size that fits, usage)`` of the
+        board's provider: the framebuffer's, and the largest size whose
+        class has room left."""
         rp = self._get_provider_uuid_by_name(PROVIDER)
-        found = self._get_provider_inventory(rp)[RC]
-        usage = self._get_provider_usages(rp).get(RC, 0)
-        return found["total"], found["reserved"], found["max_unit"], usage
+        inventories = self._get_provider_inventory(rp)
+        usages = self._get_provider_usages(rp)
+        found = inventories[RC]
+        fits = [int(rc.split("_")[3]) for rc, record in inventories.items()
+                if size_classes.is_size_class(rc)
+                and record["total"] - record["reserved"] - usages.get(rc, 0) > 0]
+        return found["total"], found["reserved"], max(fits, default=0), usages.get(RC, 0)
 
     def typed_vfs(self):
         """``{VF: type id}`` as sysfs shows them."""
@@ -91,6 +104,63 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # Each guest's MiB in Placement are the vGPUs it holds here.
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
+
+    def test_two_24_gb_vgpus_on_an_empty_board(self):
+        """No single vGPU is 48 GB, but one flavor of 2 x 24 GB fits."""
+        server = self._create_server(flavor_id=self.flavor("nvidia-1159", 2),
+                                     networks="none", host="host1")
+        self.assertEqual(["nvidia-1159"] * 2,
+                         [self.typed_vfs()[vf] for vf in self.guest_vfs(server)])
+        self.assertEqual((48 * GB, 0, 0, 48 * GB), self.board())
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+    def test_three_4_gb_vgpus_where_only_two_fit(self):
+        """12 GB vGPUs at 0, 12 and 24 leave slots 36-47: 12 GB free, but
+        only two 4 GB placements (36, 44).  3 x 4 GB is turned away by
+        Placement, 2 x 4 GB is served there."""
+        for _ in range(3):
+            self.boot(12)
+        refused = self._create_server(flavor_id=self.flavor("nvidia-1155", 3),
+                                      networks="none", host="host1",
+                                      expected_state="ERROR")
+        self.assertIn("No valid host", refused["fault"]["message"])
+        self.assertEqual(3, len(self.typed_vfs()))
+        served = self._create_server(flavor_id=self.flavor("nvidia-1155", 2),
+                                     networks="none", host="host1")
+        self.assertEqual(["nvidia-1155"] * 2,
+                         [self.typed_vfs()[vf] for vf in self.guest_vfs(served)])
+        kernel = self.kernels["host1"]
+        self.assertEqual(((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)),
+                         tuple(sorted(nvml.located_vgpus(L40S, kernel.nvml_bindings),
+                                      key=lambda v: v[1])))
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+    def test_a_restart_gives_allocations_without_a_size_class_theirs(self):
+        """A guest of a flavor made before the size classes: its 4 GB vGPU
+        is reserved in its class until nova-compute restarts and reshapes
+        its allocation to hold it."""
+        old = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name="vgpu-4g-old",
+            extra_spec={f"resources:{RC}": str(4 * GB),
+                        f"trait:{inventory.type_traits('nvidia-1155', None)[0]}":
+                            "required"})
+        server = self._create_server(flavor_id=old, networks="none", host="host1")
+        rp = self._get_provider_uuid_by_name(PROVIDER)
+        four = size_classes.class_name(4)
+        self.assertNotIn(four, self._get_allocations_by_server_uuid(server["id"])[rp][
+            "resources"])
+        self._run_periodics()
+        record = self._get_provider_inventory(rp)[four]
+        # 8 placements of 4 GB on the board, 1 held: 7 left, the held one
+        # reserved since no allocation counts it.
+        self.assertEqual((8, 1), (record["total"], record["reserved"]))
+        self.restart_compute_service("host1")
+        self.assertEqual(1, self._get_allocations_by_server_uuid(server["id"])[rp][
+            "resources"][four])
+        self.assertIn("Reshaping: 1 allocation(s) on mixed-size boards",
+                      self.stdlog.logger.output)
+        self.assertEqual(0, self._get_provider_inventory(rp)[four]["reserved"])
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
 
     def test_a_placement_conflict_on_the_board_leaves_it_to_the_periodic_update(self):
         """Someone changes the board's provider between the driver's read of
@@ -132,13 +202,20 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         before the compute places any.  Placement's sum fits (24 GB free, up
         to 12 GB at once) but the board has two 8 GB placements left, so it
         refuses the third at claim time; with no other host to retry on, that
-        guest ends in ERROR holding nothing here."""
+        guest ends in ERROR holding nothing here.  The flavor asks MiB alone
+        (made before the size classes, whose inventory would have turned
+        the third away in the scheduler): the board is the last check."""
         twelves = [self.boot(12) for _ in range(4)]     # at slots 0, 12, 24 and 36
         self._delete_server(twelves[0])
         self._delete_server(twelves[2])                 # free: slots 0-11 and 24-35
         self._run_periodics()
         self.assertEqual((48 * GB, 0, 12 * GB, 24 * GB), self.board())
-        servers = self.create_servers("eight", self.flavors[8], 3, ends=("ACTIVE", "ERROR"),
+        mib_only = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name="vgpu-8g-mib-only",
+            extra_spec={f"resources:{RC}": str(8 * GB),
+                        f"trait:{inventory.type_traits('nvidia-1156', None)[0]}":
+                            "required"})
+        servers = self.create_servers("eight", mib_only, 3, ends=("ACTIVE", "ERROR"),
                                       tries=200)
         states = sorted(s["status"] for s in servers)
         self.assertEqual(["ACTIVE", "ACTIVE", "ERROR"], states)

@@ -7,6 +7,8 @@ type the trait names.  The fake vendor driver places each vGPU at the
 lowest placement ID NVIDIA's tables allow for its size.
 """
 
+import re
+
 import pytest
 
 from vgpu_driver import exception
@@ -50,6 +52,18 @@ def allocate(vgpu, instance, type_id, mib):
     provider = vgpu.provider_tree("cn1").by_gpu(L40S)
     return vgpu.allocate(instance, {"rp": {"resources": {RC: mib}}}, {"rp": provider},
                          type_traits={trait(type_id)})
+
+
+def fitting(provider):
+    """``{size GB: vGPUs of it that fit now}``, as the provider says it."""
+    return {int(mib) // GB: int(count)
+            for count, mib in re.findall(r"(\d+) x (\d+) MiB", provider.reason)}
+
+
+def size_capacity(provider):
+    """``{size GB: what Placement may hold in its class}``."""
+    return {int(rc.split("_")[3]) // GB: found.capacity
+            for rc, found in provider.size_inventories}
 
 
 def typed(host):
@@ -137,9 +151,13 @@ class TestInventory:
     def test_an_empty_board_offers_its_whole_framebuffer(self, board):
         _host, vgpu = board()
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-        assert provider.inventory() == {RC: {
-            "total": 48 * GB, "reserved": 0, "min_unit": 4 * GB, "max_unit": 24 * GB,
-            "step_size": 4 * GB, "allocation_ratio": 1.0}}
+        assert provider.inventory()[RC] == {
+            "total": 48 * GB, "reserved": 0, "min_unit": 4 * GB, "max_unit": 48 * GB,
+            "step_size": 4 * GB, "allocation_ratio": 1.0}
+        # Ada's 4 GB row has 8 placements; 8 and 12 GB 4 each; 24 GB 2.
+        assert size_capacity(provider) == {4: 8, 8: 4, 12: 4, 24: 2}
+        assert set(provider.inventory()) == {RC} | {
+            f"CUSTOM_VGPU_SIZE_{s * GB}_MIB" for s in (4, 8, 12, 24)}
         assert {trait(t) for t in MIXED} <= set(provider.traits)
         assert provider.sizes == tuple((t, s * GB) for t, s in zip(
             sorted(MIXED), (4, 8, 12, 24), strict=True))
@@ -153,10 +171,12 @@ class TestInventory:
         # 4 GB at slot 0, 12 GB at 12, 8 GB at 24: no half of the board is
         # empty for 24 GB, and slots 4-7 fit none of the four sizes.
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-        assert (provider.max_unit, provider.reserved) == (12 * GB, 4 * GB)
+        assert (fitting(provider), provider.reserved) == ({4: 4, 8: 1, 12: 1}, 4 * GB)
         assert provider.reserved_for == ((inventory.FRAGMENTED, 4 * GB),)
-        assert provider.reason == ("mixed sizes: vGPUs of up to 12288 MiB fit now; "
-                                   "4096 MiB fragmented")
+        assert provider.reason == ("mixed sizes: fit now 4 x 4096 MiB, 1 x 8192 MiB, "
+                                   "1 x 12288 MiB; 4096 MiB fragmented")
+        # Each size class holds its vGPU and what still fits.
+        assert size_capacity(provider) == {4: 1 + 4, 8: 1 + 1, 12: 1 + 1, 24: 0}
         with pytest.raises(exception.NoGpuCapacity):
             allocate(vgpu, "vm-24", TWENTY_FOUR, 24 * GB)
         assert len(typed(host)) == 3
@@ -166,7 +186,7 @@ class TestInventory:
         allocate(vgpu, "vm-a", TWENTY_FOUR, 24 * GB)
         allocate(vgpu, "vm-b", TWENTY_FOUR, 24 * GB)
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-        assert (provider.reserved, provider.max_unit) == (0, 4 * GB)
+        assert (provider.reserved, fitting(provider)) == (0, {})
         assert provider.reason.startswith(f"none of {', '.join(sorted(MIXED))} fits now")
 
     def test_release_gives_the_framebuffer_back(self, board):
@@ -178,7 +198,7 @@ class TestInventory:
         assert vf not in typed(host)
         # Slots 4-7, beside the 4 GB vGPU at 0, still fit none of the sizes.
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-        assert (provider.max_unit, provider.reserved) == (24 * GB, 4 * GB)
+        assert (fitting(provider)[24], provider.reserved) == (1, 4 * GB)
         allocate(vgpu, "vm-24", TWENTY_FOUR, 24 * GB)
 
     def test_claims_placement_does_not_count_are_reserved_in_mib(self, board):
@@ -249,7 +269,7 @@ class TestReboot:
             (vf, "restored") for vf in vfs}
         assert host.heterogeneous_mode(L40S)
         assert typed(host) == vfs
-        assert vgpu.provider_tree("cn1").by_gpu(L40S).max_unit == 12 * GB
+        assert max(fitting(vgpu.provider_tree("cn1").by_gpu(L40S))) == 12
 
     def test_a_board_that_cannot_take_the_mode_fails_the_restore_and_says_why(self, board):
         host, vgpu = board()
@@ -295,7 +315,7 @@ class TestRace:
         vgpu.release("vm-0")
         vgpu.release("vm-24")                   # free: slots 0-11 and 24-35
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-        assert (provider.reserved, provider.max_unit) == (0, 12 * GB)
+        assert (provider.reserved, fitting(provider)) == (0, {4: 4, 8: 2, 12: 2})
         before = typed(host)
         granted = {"rp": {"resources": {RC: 8 * GB}}}
         got = [vgpu.allocate(name, granted, {"rp": provider}, {trait(EIGHT)})[0]

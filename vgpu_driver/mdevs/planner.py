@@ -106,7 +106,9 @@ def requests_of(instance: str, allocations: Mapping[str, Mapping[str, Any]],
             raise exception.UnknownProvider(instance=instance, provider=rp_uuid)
         units = resources.get(provider.resource_class, 0)
         if units and provider.mixed:
-            requests.append(mixed_size_request(instance, provider, units, type_traits))
+            request = mixed_size_request(instance, provider, units, type_traits)
+            _check_size_class(instance, provider, request, resources)
+            requests.append(request)
         elif units:
             requests.append(Request(provider.gpu, provider.type_id, units))
     return requests
@@ -137,6 +139,22 @@ def mixed_size_request(instance: str, provider: GpuProvider, mib: int,
             instance=instance, gpu=provider.gpu, mib=mib, types=", ".join(sizes),
             reason=f"it is not a whole number of {type_id} vGPUs ({sizes[type_id]} MiB)")
     return Request(provider.gpu, type_id, mib // sizes[type_id])
+
+
+def _check_size_class(instance: str, provider: GpuProvider, request: Request,
+                      resources: Mapping[str, int]) -> None:
+    """Refuse an allocation whose vGPUs of the type's size class are not
+    the vGPUs its MiB make: the board's inventories would no longer add up.
+    An allocation with none (a flavor made before the size classes) is
+    taken; the inventory reserves what it does not count."""
+    size_class = provider.size_class_of(request.type_id)
+    count = resources.get(size_class, 0) if size_class else 0
+    if count and count != request.units:
+        raise exception.MixedSizeTypeUnknown(
+            instance=instance, gpu=provider.gpu, mib=resources[provider.resource_class],
+            types=", ".join(dict(provider.sizes)),
+            reason=f"it asks {count} {size_class} for {request.units} {request.type_id} "
+                   "vGPUs")
 
 
 class _Referenced:

@@ -24,6 +24,7 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import names
+from vgpu_driver import size_classes
 from vgpu_driver.mdevs import planner
 
 if TYPE_CHECKING:
@@ -167,11 +168,35 @@ class VendorVfioStrategy(_Strategy):
         bounds it.
         """
         limit = super().limit(gpu, type_id)
+        if type_id in self.config.mixed_types:
+            return self._mixed_size_limit(gpu, type_id)
         type_config = self.config.type_config(type_id)
         if type_config is not None and type_config.max_instances is not None:
             cap = type_config.max_instances
             limit = cap if limit is None else min(limit, cap)
         return limit
+
+    def _mixed_size_limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
+        """On a mixed-size board: its vGPUs of the type, and as many more as
+        disjoint creatable placements of its size are left
+        (:func:`vgpu_driver.size_classes.disjoint`), as NVML says now; None
+        when NVML cannot say (each VF's list still refuses what cannot go)."""
+        number = _type_number(type_id)
+        if number is None:
+            return 0
+        try:
+            found = self.host.vgpu_placements(gpu.address, [number]).get(number)
+        except (exception.NvmlUnavailable, exception.MixedSizeModeRefused):
+            return None
+        if found is None:
+            return 0
+        # Read now, as the planner counts them: the snapshot may be older.
+        of_type = 0
+        for parent in gpu.parents:
+            vf = self.host.vendor_vf(parent.name)
+            of_type += bool(vf is not None and vf.current_type == number)
+        lists = size_classes.size_lists({type_id: found})[found.size]
+        return of_type + size_classes.disjoint(lists.creatable, found.size)
 
     @staticmethod
     def new_vgpu_id(parent: str) -> str:

@@ -179,7 +179,8 @@ class LibvirtVGPUDriver(allocation.Allocation):
             usage.allocations_on(reportclient, provider_tree, name)))
         # After the GPU providers are in the tree: a reshape moves allocations
         # to them, and sends them with their inventory in the same request.
-        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations)
+        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations,
+                          lambda name: usage.allocations_on(reportclient, provider_tree, name))
         if allocations is not None:
             # Reserve only the claims the moved allocations do not cover.
             tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
