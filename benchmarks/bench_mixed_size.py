@@ -331,7 +331,8 @@ class StaticSide(Side):
             {a: t.type_id for t in type_configs for a in t.device_addresses}))
 
     def board_providers(self, snapshot, boards):
-        tree = inventory.compute(snapshot, self.config, NODENAME)
+        tree = inventory.compute(snapshot, self.config, NODENAME,
+                                 rooms=inventory.read_rooms(self.kernel, snapshot, self.config))
         return {pf: tree.by_gpu(pf) for pf in boards}
 
     def candidates_query(self, size, count):

@@ -127,7 +127,8 @@ class VGPUDriver:
             claim_list, nodename, allocations_on, inventory.claim_units(boards))
             if allocations_on is not None else None)
         tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated,
-                                 boards)
+                                 boards, inventory.read_rooms(self.manager.host, snapshot,
+                                                              self.mdev_config))
         return tree, snapshot, claim_list, users
 
     def _write_metrics(self, nodename, snapshot, tree, claim_list, users):

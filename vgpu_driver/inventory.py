@@ -17,6 +17,7 @@ from vgpu_driver import discovery
 from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver import size_classes
+from vgpu_driver import vf_room
 from vgpu_driver.placement import ownership
 
 TRAIT_MAX_LENGTH = 255
@@ -208,11 +209,14 @@ def vfs_pending_reason(gpu):
             f"manager has not registered them); see vgpu-manage sriov status")
 
 
-def per_gpu_limit(gpu, type_info):
-    """The most mdevs of a type the GPU can ever host, when it is known."""
+def per_gpu_limit(gpu, type_info, most=None):
+    """The most mdevs of a type the GPU can ever host, when it is known
+    (``most``: the board's maximum NVML tells, :mod:`vgpu_driver.vf_room`)."""
     limits = []
     if type_info is not None and type_info.max_instance:
         limits.append(type_info.max_instance)
+    if most:
+        limits.append(most)
     if gpu.sriov:
         limits.append(len(gpu.parents))
     return min(limits) if limits else None
@@ -251,11 +255,19 @@ def _hidden_by_other_vgpus(gpu, type_id):
         p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents)
 
 
-def _gpu_capacity(gpu, type_id, in_use=None):
-    """``(total, reserved_for, reason)`` for one GPU before host-wide caps."""
+def _gpu_capacity(gpu, type_id, in_use=None, room=None):
+    """``(total, reserved_for, reason)`` for one GPU before host-wide caps.
+
+    On an SR-IOV board the free VFs listing the type say that one more
+    fits, not how many: what can still be created is capped by the room
+    the board has left (:func:`vgpu_driver.vf_room.room_for`; ``room``:
+    what NVML said of a vendor-VFIO board).
+    """
     existing = gpu.vgpu_types_in_use().get(type_id, 0)
     creatable = sum(info.available_instances for _, info in gpu.offers(type_id))
-    limit = per_gpu_limit(gpu, gpu.type_info(type_id))
+    if vf_room.one_per_vf(gpu):
+        creatable = min(creatable, vf_room.room_for(gpu, type_id, room))
+    limit = per_gpu_limit(gpu, gpu.type_info(type_id), vf_room.maximum(gpu, type_id, room))
     capacity = existing + creatable
     if limit is not None:
         capacity = min(capacity, max(limit, existing))
@@ -455,14 +467,23 @@ def check_nodename(nodename, snapshot):
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
 
 
-def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=None):
+def read_rooms(host, snapshot, config):
+    """What NVML says of the host's vendor-VFIO boards ``config`` gives one
+    type (:func:`vgpu_driver.vf_room.read_boards`), for :func:`compute`."""
+    return vf_room.read_boards(host, snapshot, configured_types(snapshot, config))
+
+
+def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=None,
+            rooms=None):
     """The desired :class:`ProviderTree` of a host.
 
     ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
     GPU draining for a type change from one blocked by unused mdevs;
     ``unallocated`` (:func:`unallocated_claims`), when known, is reserved;
     ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`) is what NVML
-    says of the mixed-size boards: without it they get no provider.
+    says of the mixed-size boards: without it they get no provider;
+    ``rooms`` (:func:`read_rooms`) how many vGPUs the vendor-VFIO boards
+    serving one type hold: without it they offer one more at a time.
     """
     check_nodename(nodename, snapshot)
     rows, unserved, pending = [], [], set()
@@ -494,7 +515,8 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
             unserved.append((gpu.address, f"does not offer {type_id} (offers: "
                                           f"{', '.join(offered) or 'nothing'})"))
             continue
-        total, reserved_for, reason = _gpu_capacity(gpu, type_id, in_use)
+        total, reserved_for, reason = _gpu_capacity(gpu, type_id, in_use,
+                                                    (rooms or {}).get(gpu.address))
         unreadable = sorted({u for _, info in gpu.offers(type_id) for u in info.unreadable})
         if unreadable:
             reserved_for, reason = ((UNREADABLE, total),), (

@@ -145,6 +145,20 @@ def placements(pf_address: str | PciAddress, type_numbers: Iterable[int],
     return found
 
 
+def max_instances(pf_address: str | PciAddress, type_numbers: Iterable[int],
+                  bindings: Any = None) -> dict[int, int]:
+    """``{type number: most vGPUs of it the GPU holds}``, in one NVML session
+    (``nvmlVgpuTypeGetMaxInstances``: "the maximum number of vGPU instances
+    creatable on a device for given vGPU type", nvml.h): in equal-size mode
+    the per-board maximum of NVIDIA's guide, which a vendor-VFIO VF's
+    ``creatable_vgpu_types`` does not tell."""
+    found: dict[int, int] = {}
+    with _gpu(pf_address, "read the vGPU maxima of", bindings) as (library, handle):
+        for number in type_numbers:
+            found[number] = int(library.nvmlVgpuTypeGetMaxInstances(handle, number))
+    return found
+
+
 def located_vgpus(pf_address: str | PciAddress,
                   bindings: Any = None) -> tuple[tuple[int, int], ...]:
     """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,

@@ -20,10 +20,13 @@ T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
 def tree_of(make_conf):
     def compute(host, conf_text, nodename="cn1", in_use=None):
         config = mdev_types.from_conf(make_conf(conf_text))
-        tree = inventory.compute(discovery.discover(host), config, nodename, in_use)
+        snapshot = discovery.discover(host)
+        # What NVML says of vendor-VFIO boards, as nova-compute's update reads it.
+        rooms = inventory.read_rooms(host, snapshot, config)
+        tree = inventory.compute(snapshot, config, nodename, in_use, rooms=rooms)
         # The update's read, of the configured types only, gives the same tree.
         assert inventory.compute(discovery.discover(host, frozenset(config.enabled)),
-                                 config, nodename, in_use) == tree
+                                 config, nodename, in_use, rooms=rooms) == tree
         return tree
     return compute
 

@@ -48,7 +48,8 @@ def desired_tree(app, sync=None):
     boards = inventory.read_boards(host, snapshot, config)
     unallocated = _claims_placement_lacks(app, snapshot, sync, boards) if sync else None
     return (inventory.compute(snapshot, config, app.options.nodename,
-                              in_use(app, snapshot, view=sync is None), unallocated, boards),
+                              in_use(app, snapshot, view=sync is None), unallocated, boards,
+                              inventory.read_rooms(host, snapshot, config)),
             snapshot)
 
 

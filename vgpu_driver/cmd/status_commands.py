@@ -161,7 +161,8 @@ def read_sources(app):
     users, warning = libvirt_users(app)
     boards = inventory.read_boards(host, snapshot, config)
     tree = inventory.compute(snapshot, config, app.options.nodename,
-                             status.in_use(claim_list, users), boards=boards)
+                             status.in_use(claim_list, users), boards=boards,
+                             rooms=inventory.read_rooms(host, snapshot, config))
     worker = reconciler_state.read(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
     view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now,

@@ -170,6 +170,11 @@ class Bindings:
         size, _supported, creatable = self._kernel().placements(handle, vgpuTypeId)
         return PlacementList(size, creatable)
 
+    def nvmlVgpuTypeGetMaxInstances(self, handle, vgpuTypeId):  # noqa: N802,N803
+        """The most vGPUs of the type the GPU holds, in its mode (pynvml
+        returns the count itself)."""
+        return self._kernel().max_instances(handle, vgpuTypeId)
+
     def nvmlDeviceGetActiveVgpus(self, handle):  # noqa: N802 - pynvml's name
         """The GPU's active vGPU instances (their guests running): here,
         each one's VF address."""
@@ -210,5 +215,6 @@ nvmlDeviceGetVgpuTypeSupportedPlacements = (  # noqa: N816
 nvmlDeviceGetVgpuTypeCreatablePlacements = (  # noqa: N816
     _MODULE_HOST.nvmlDeviceGetVgpuTypeCreatablePlacements)
 nvmlDeviceGetActiveVgpus = _MODULE_HOST.nvmlDeviceGetActiveVgpus  # noqa: N816
+nvmlVgpuTypeGetMaxInstances = _MODULE_HOST.nvmlVgpuTypeGetMaxInstances  # noqa: N816
 nvmlVgpuInstanceGetType = _MODULE_HOST.nvmlVgpuInstanceGetType  # noqa: N816
 nvmlVgpuInstanceGetPlacementId = _MODULE_HOST.nvmlVgpuInstanceGetPlacementId  # noqa: N816

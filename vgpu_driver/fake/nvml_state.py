@@ -93,6 +93,26 @@ class NvmlState:
                 return names.vendor_type_number(type_id), self.placement_of(vf)
         return None
 
+    def max_instances(self, pf_address, type_number):
+        """The most vGPUs of a type the GPU holds (NVML's
+        ``nvmlVgpuTypeGetMaxInstances``, whatever exists now): in
+        equal-size mode the type's per-board maximum (the guide's tables,
+        the profile's ``max``), in mixed-size mode its placements (the
+        guide's mixed-size maxima); INVALID_ARGUMENT for a type the GPU
+        does not support ("if vgpuTypeId is invalid, or is not supported
+        on target device", nvml.h)."""
+        gpu = self._vfio_gpu(pf_address)
+        if gpu["model"] == nvml.DATACENTER_MODEL:   # no vGPU manager: no vGPU call
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+        spec = vendor.type_spec(gpu, names.vendor_type_id(type_number))
+        if spec is None:
+            raise nvml.NVMLError(nvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._locked():
+            mixed = self._mixed_size(gpu)
+        if mixed:
+            return len(vendor.placement_table(gpu, spec, mixed=True)[1])
+        return int(spec.get("max") or 1)
+
     def placements(self, pf_address, type_number, homogeneous=False):
         """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
         on the GPU (NVML's supported and creatable placement lists): the

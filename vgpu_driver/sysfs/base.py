@@ -209,6 +209,13 @@ class SysfsReader(abc.ABC):
         :meth:`mixed_sizes`."""
 
     @abc.abstractmethod
+    def vgpu_max_instances(self, pf_address: str | PciAddress,
+                           type_numbers: Iterable[int]) -> dict[int, int]:
+        """``{type number: most vGPUs of it the board holds}`` (NVML's, not
+        files: a vendor-VFIO VF lists a type, not how many more fit);
+        raises as :meth:`mixed_sizes`."""
+
+    @abc.abstractmethod
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """``((type number, placement ID), ...)`` of the vGPUs placed on a
         board, idle or running, for the operator's map: each VF's

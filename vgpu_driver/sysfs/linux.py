@@ -56,6 +56,11 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsReader):
         return nvml.placements(str(names.parse_pci_address(str(pf_address))),
                                type_numbers, self.nvml_bindings)
 
+    def vgpu_max_instances(self, pf_address: str | PciAddress,
+                           type_numbers: Iterable[int]) -> dict[int, int]:
+        return nvml.max_instances(str(names.parse_pci_address(str(pf_address))),
+                                  type_numbers, self.nvml_bindings)
+
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """Each typed VF's ``nvidia/placement_id``, idle or running; NVML's
         active vGPUs only where a VF has no such file (NVML lists only the
