@@ -3,7 +3,7 @@
 Option syntax is checked by :mod:`vgpu_driver.conf.mdev_types`; here the
 configuration is read against itself and against the host: groups that
 configure nothing, types or addresses the host does not have, nothing
-enabled, vendor-VFIO types with no cap, and a metrics file node_exporter
+enabled, vendor-VFIO boards whose room NVML cannot tell, and a metrics file node_exporter
 would never read.  Each problem names the option and value, and suggests
 the near miss when there is one.
 """
@@ -11,7 +11,6 @@ the near miss when there is one.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -34,11 +33,10 @@ if TYPE_CHECKING:
     from vgpu_driver.framebuffer import BoardReading
     from vgpu_driver.nvml import Placements
     from vgpu_driver.sysfs.host_reads import PciFunction
+    from vgpu_driver.vf_room import BoardRoom
 
 Problems = list[exception.ConfigProblem]
 
-# NVIDIA names a vGPU type after its framebuffer: "NVIDIA L40S-8Q" is 8 GB.
-_FRAMEBUFFER_GB_RE = re.compile(r"-(\d+)[A-Z]+$")
 
 
 def _near_miss(value: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
@@ -221,21 +219,6 @@ def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
     return problems
 
 
-def framebuffer_gb(type_name: str | None) -> int | None:
-    match = _FRAMEBUFFER_GB_RE.search(type_name or "")
-    return int(match[1]) if match else None
-
-
-def vendor_vfio_fit(gpu: PhysicalGPU, type_id: str) -> int | None:
-    """How many vGPUs of ``type_id`` the GPU's memory holds, from the type
-    names its VFs list (the largest type is the whole GPU); None if unknown."""
-    sizes = [framebuffer_gb(t.name) for p in gpu.parents for t in p.types]
-    wanted = [framebuffer_gb(t.name) for _, t in gpu.offers(type_id)]
-    if not wanted or not wanted[0] or not any(sizes):
-        return None
-    return max(s for s in sizes if s) // wanted[0]
-
-
 def boards_that_cannot_mix(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """A board listed under several types that is not one serving
     vendor-VFIO vGPUs: it serves one type, so it gets none."""
@@ -274,29 +257,16 @@ def mixed_size_modes(config: MdevConfig, boards: Mapping[str, BoardReading] | No
     return problems
 
 
-def uncapped_vendor_vfio(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
-    """A vendor-VFIO GPU lists a type on each of its VFs, so without a cap its
-    inventory is the VF count, not what its memory holds (a type sharing a
-    mixed-size board is capped by the framebuffer)."""
-    problems = []
-    sharing = {t for types in _shared_boards(config, snapshot).values() for t in types}
-    for type_config in config.types:
-        if type_config.max_instances is not None or type_config.type_id in config.mixed_types \
-                or type_config.type_id in sharing:
-            continue
-        fits = [vendor_vfio_fit(g, type_config.type_id) for g in snapshot.gpus
-                if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)]
-        if not fits:
-            continue
-        known = [f for f in fits if f]
-        cap = (f"set it to {sum(known)} ({len(fits)} GPU(s) whose memory holds "
-               f"{', '.join(map(str, known))})" if len(known) == len(fits)
-               else "set it from the GPUs' memory and the type's framebuffer")
-        problems.append(exception.ConfigProblem(
-            f"[{devices.group_name(type_config.type_id)}] max_instances", "unset",
-            "unset for a vendor-VFIO type: each VF lists the type, so the inventory "
-            f"would count VFs rather than what fits in memory; {cap}"))
-    return problems
+def unmeasured_vendor_vfio(rooms: Mapping[str, BoardRoom] | None) -> Problems:
+    """Vendor-VFIO boards serving one type whose maximum NVML cannot tell
+    (``rooms``: :func:`vgpu_driver.inventory.read_rooms`): each VF lists the
+    type while one more fits, so the inventory offers one at a time
+    (:mod:`vgpu_driver.vf_room`) and a flavor of several vGPUs finds no room."""
+    return [exception.ConfigProblem(
+        "device_addresses", address, f"NVML cannot say how many vGPUs this board holds "
+        f"({room.error}): its inventory offers one more at a time, so flavors of several "
+        "vGPUs find no room", "warning")
+        for address, room in sorted((rooms or {}).items()) if room.error]
 
 
 def fixed_share_on_mixed_boards(config: MdevConfig, snapshot: HostSnapshot,
@@ -349,13 +319,16 @@ def types_that_cannot_coexist(config: MdevConfig, snapshot: HostSnapshot,
 def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
           boards: Mapping[str, BoardReading] | None = None,
           functions: Mapping[str, PciFunction | None] | None = None,
-          schedulers: Mapping[str, str | None] | None = None) -> Problems:
+          schedulers: Mapping[str, str | None] | None = None,
+          rooms: Mapping[str, BoardRoom] | None = None) -> Problems:
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
     (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI
     devices at the configured addresses
     (:func:`vgpu_driver.host_probe.configured_functions`); ``schedulers``:
-    each board's vGPU scheduler (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
+    each board's vGPU scheduler (:func:`vgpu_driver.vgpu_scheduler.policy`);
+    ``rooms``: what NVML says of the vendor-VFIO boards serving one type
+    (:func:`vgpu_driver.inventory.read_rooms`)."""
     resolved = config.for_host(snapshot)
     return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
             + absent_types(config, snapshot, boards)
@@ -363,7 +336,7 @@ def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
             + types_on_one_board(resolved, snapshot) + boards_that_cannot_mix(config, snapshot)
             + vfs_pending(config, snapshot)
             + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))
-            + uncapped_vendor_vfio(resolved, snapshot)
+            + unmeasured_vendor_vfio(rooms)
             + fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
             + types_that_cannot_coexist(resolved, snapshot, boards)
             + metrics_textfile.problems(conf.vgpu.metrics_textfile))

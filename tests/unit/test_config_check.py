@@ -3,7 +3,10 @@
 import pytest
 
 from tests.unit.test_cli import run  # noqa: F401 - the in-process CLI fixture
+from vgpu_driver import exception
+from vgpu_driver import nvml
 from vgpu_driver.cmd import base
+from vgpu_driver.fake import fakekernel
 
 M60_TWO_TYPES = ("[devices]\nenabled_mdev_types = nvidia-35, nvidia-36\n"
                  "[mdev_nvidia-35]\ndevice_addresses = 0000:84:00.0\n")
@@ -33,19 +36,30 @@ def test_each_mistake_is_one_line_and_exit_1(make_host, run, conf, expected):  #
     assert (code, out.splitlines()) == (base.EXIT_PROBLEMS, [expected])
 
 
-def test_a_vendor_vfio_type_without_a_cap_gets_one_computed(make_host, run):  # noqa: F811
+def test_a_vendor_vfio_type_needs_no_cap_where_nvml_tells_the_room(make_host, run):  # noqa: F811
+    """NVML tells the board's maximum of the type, so its inventory counts
+    what fits, not the VFs listing the type: no cap is needed."""
     host = make_host("l40s-vfio")
+    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check", "--strict",
+                       conf="[devices]\nenabled_mdev_types = nvidia-1156\n")
+    assert code == 0 and out.startswith("ok: ")
+
+
+def test_a_vendor_vfio_board_nvml_cannot_measure_is_a_warning(make_host, run,  # noqa: F811
+                                                             monkeypatch):
+    host = make_host("l40s-vfio")
+    # No NVML bindings for the fake host: NVIDIA's are asked, and absent here.
+    monkeypatch.setattr(fakekernel.FakeKernel, "nvml_bindings", None)
+    monkeypatch.setattr(nvml, "_library", lambda bindings: (_ for _ in ()).throw(
+        exception.NvmlUnavailable(reason="nvidia-ml-py is not installed")))
     code, out, _ = run("--sysfs-root", host.paths.root, "config", "check",
                        conf="[devices]\nenabled_mdev_types = nvidia-1156\n")
-    assert code == base.EXIT_PROBLEMS
-    assert out == ("error: [mdev_nvidia-1156] max_instances = 'unset': unset for a "
-                   "vendor-VFIO type: each VF lists the type, so the inventory would count "
-                   "VFs rather than what fits in memory; set it to 6 (1 GPU(s) whose memory "
-                   "holds 6)\n")
-    code, out, _ = run("--sysfs-root", host.paths.root, "config", "check",
-                       conf="[devices]\nenabled_mdev_types = nvidia-1156\n"
-                            "[mdev_nvidia-1156]\nmax_instances = 6\n")
-    assert code == 0 and out.startswith("ok: ")
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "warning: device_addresses = '0000:c1:00.0': NVML cannot say how many vGPUs this "
+        "board holds (NVIDIA's management library (NVML) cannot be used: nvidia-ml-py is "
+        "not installed.): its inventory offers one more at a time, so flavors of several "
+        "vGPUs find no room")
 
 
 def test_strict_turns_warnings_into_problems(make_host, run):  # noqa: F811

@@ -27,13 +27,14 @@ class CheckConfig(base.Command):
         config, problems = mdev_types.load(self.app.conf)
         host = self.app.open_host()
         snapshot = discovery.discover(host)
-        boards = inventory.read_boards(host, snapshot, config) if not any(
-            p.severity == "error" for p in problems) else None
+        sound = not any(p.severity == "error" for p in problems)
+        boards = inventory.read_boards(host, snapshot, config) if sound else None
+        rooms = inventory.read_rooms(host, snapshot, config) if sound else None
         schedulers = {gpu.address: vgpu_scheduler.policy(host.paths, gpu.address)
                       for gpu in snapshot.gpus if gpu.pci is not None}
         problems += config_check.check(self.app.conf, config, snapshot, boards,
                                        host_probe.configured_functions(host.paths, config),
-                                       schedulers)
+                                       schedulers, rooms)
         for problem in problems:
             self.app.stdout.write(f"{problem}\n")
         failing = ("error", "warning") if parsed_args.strict else ("error",)
