@@ -77,7 +77,10 @@ def one_t4(mdev_uuids):
 
 def placement_allocation(host, config="t4", total=SLOTS):
     """What Placement hands the driver: one VGPU on the GPU's provider."""
-    tree = inventory.compute(discovery.discover(host), CONFIGS[config], "cn1")
+    snapshot = discovery.discover(host)
+    # With what NVML says of vendor-VFIO boards, as nova-compute's update reads it.
+    tree = inventory.compute(snapshot, CONFIGS[config], "cn1",
+                             rooms=inventory.read_rooms(host, snapshot, CONFIGS[config]))
     providers = {str(uuid.uuid5(uuid.NAMESPACE_URL, p.name)): p for p in tree.providers}
     (rp_uuid,) = providers
     assert providers[rp_uuid].total == total

@@ -51,7 +51,10 @@ def api(service):
 def tree_for(make_conf):
     def compute(host, conf_text, nodename="cn1", in_use=None):
         config = mdev_types.from_conf(make_conf(conf_text))
-        return inventory.compute(discovery.discover(host), config, nodename, in_use)
+        snapshot = discovery.discover(host)
+        # What NVML says of vendor-VFIO boards, as nova-compute's update reads it.
+        return inventory.compute(snapshot, config, nodename, in_use,
+                                 rooms=inventory.read_rooms(host, snapshot, config))
     return compute
 
 
