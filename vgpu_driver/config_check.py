@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.inventory.vf_room import BoardRoom
     from vgpu_driver.nvml import Placements
     from vgpu_driver.sysfs.host_reads import PciFunction
-    from vgpu_driver.vf_room import BoardRoom
 
 Problems = list[exception.ConfigProblem]
 
@@ -261,7 +261,7 @@ def unmeasured_vendor_vfio(rooms: Mapping[str, BoardRoom] | None) -> Problems:
     """Vendor-VFIO boards serving one type whose maximum NVML cannot tell
     (``rooms``: :func:`vgpu_driver.inventory.read_rooms`): each VF lists the
     type while one more fits, so the inventory offers one at a time
-    (:mod:`vgpu_driver.vf_room`) and a flavor of several vGPUs finds no room."""
+    (:mod:`vgpu_driver.inventory.vf_room`) and a flavor of several vGPUs finds no room."""
     return [exception.ConfigProblem(
         "device_addresses", address, f"NVML cannot say how many vGPUs this board holds "
         f"({room.error}): its inventory offers one more at a time, so flavors of several "
