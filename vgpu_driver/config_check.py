@@ -38,14 +38,14 @@ if TYPE_CHECKING:
 Problems = list[exception.ConfigProblem]
 
 
-
 def _near_miss(value: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(value, sorted(set(candidates)), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _offered(snapshot: HostSnapshot,
-             boards: Mapping[str, BoardReading] | None = None) -> dict[str, str | None]:
+def _offered(
+    snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None = None
+) -> dict[str, str | None]:
     """``{type id: name}`` of the types the host offers: listed by a parent,
     in use (a full vendor-VFIO board lists nothing), or placeable on a board
     in mixed-size mode (``boards``: :func:`vgpu_driver.inventory.read_boards`)."""
@@ -75,11 +75,20 @@ def stray_groups(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapsho
     for section in conf.list_all_sections():
         if not section.startswith("mdev_") or section in wanted:
             continue
-        hint = (f"; enable {section[len('mdev_'):]} in [devices] enabled_mdev_types or "
-                "remove the group" if section in offered else _near_miss(section, wanted))
-        problems.append(exception.ConfigProblem(
-            "group", f"[{section}]", "configures no enabled type (it is not in [devices] "
-            f"enabled_mdev_types), so its options are ignored{hint}"))
+        hint = (
+            f"; enable {section[len('mdev_') :]} in [devices] enabled_mdev_types or "
+            "remove the group"
+            if section in offered
+            else _near_miss(section, wanted)
+        )
+        problems.append(
+            exception.ConfigProblem(
+                "group",
+                f"[{section}]",
+                "configures no enabled type (it is not in [devices] "
+                f"enabled_mdev_types), so its options are ignored{hint}",
+            )
+        )
     return problems
 
 
@@ -87,42 +96,58 @@ def nothing_enabled(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     if config.enabled:
         return []
     offered = ", ".join(sorted(_offered(snapshot))) or "none"
-    return [exception.ConfigProblem(
-        "[devices] enabled_mdev_types", "", "no type is enabled, so no GPU gets a provider "
-        f"(types offered on this host: {offered})")]
+    return [
+        exception.ConfigProblem(
+            "[devices] enabled_mdev_types",
+            "",
+            "no type is enabled, so no GPU gets a provider "
+            f"(types offered on this host: {offered})",
+        )
+    ]
 
 
 def _model_absent(type_config: TypeConfig | None, snapshot: HostSnapshot) -> bool:
     """A type chosen by GPU model serves a fleet: a host without that model is
     expected, not a mistake."""
     present = {fleet.gpu_device_id(g) for g in snapshot.gpus}
-    return (type_config is not None and bool(type_config.device_ids)
-            and present.isdisjoint(type_config.device_ids))
+    return (
+        type_config is not None
+        and bool(type_config.device_ids)
+        and present.isdisjoint(type_config.device_ids)
+    )
 
 
 def _pending_types(config: MdevConfig, snapshot: HostSnapshot) -> set[str]:
     """Types served by a GPU whose VFs are not there yet: they are offered once
     its VFs are (reported once, by :func:`vfs_pending`)."""
     resolved = config.for_host(snapshot)
-    return {type_id for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
-            if (found := snapshot.gpu(gpu)) is not None
-            and found.mode == discovery.MODE_VFS_PENDING for type_id in types}
+    return {
+        type_id
+        for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
+        if (found := snapshot.gpu(gpu)) is not None and found.mode == discovery.MODE_VFS_PENDING
+        for type_id in types
+    }
 
 
-def absent_types(config: MdevConfig, snapshot: HostSnapshot,
-                 boards: Mapping[str, BoardReading] | None = None) -> Problems:
+def absent_types(
+    config: MdevConfig, snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None = None
+) -> Problems:
     offered = _offered(snapshot, boards)
     pending = _pending_types(config, snapshot)
-    return [exception.ConfigProblem(
-        "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
-        f"{_near_miss(type_id, offered)}")
+    return [
+        exception.ConfigProblem(
+            "[devices] enabled_mdev_types",
+            type_id,
+            f"no device on this host offers this type{_near_miss(type_id, offered)}",
+        )
         for type_id in config.enabled
-        if type_id not in offered and type_id not in pending
-        and not _model_absent(config.type_config(type_id), snapshot)]
+        if type_id not in offered
+        and type_id not in pending
+        and not _model_absent(config.type_config(type_id), snapshot)
+    ]
 
 
-def _serving_option(type_id: str, device_id: str | None,
-                    how: str) -> tuple[str, str | None]:
+def _serving_option(type_id: str, device_id: str | None, how: str) -> tuple[str, str | None]:
     """The option and value that gave a GPU its type, for the problem line."""
     group = devices.group_name(type_id)
     if how.startswith("device_addresses"):
@@ -135,19 +160,29 @@ def _serving_option(type_id: str, device_id: str | None,
 def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """Configured SR-IOV GPUs whose VFs are not there: they get no provider."""
     problems = []
-    for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot),
-                                                        snapshot):
+    for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot), snapshot):
         gpu = snapshot.gpu(address)
         if not types or gpu is None or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
         option, value = _serving_option(types[-1], device_id, how)
-        listed = sorted({a for c in config.types if c.type_id in types
-                         for a in c.device_addresses if a in gpu.addresses})
+        listed = sorted(
+            {
+                a
+                for c in config.types
+                if c.type_id in types
+                for a in c.device_addresses
+                if a in gpu.addresses
+            }
+        )
         vfs = [a for a in listed if a != address]
         board = f"; {', '.join(vfs)} will be VF(s) of it" if vfs else ""
-        problems.append(exception.ConfigProblem(
-            option, value or ", ".join(listed) or address, f"GPU {address} gets no provider: "
-            f"{inventory.vfs_pending_reason(gpu)}{board}"))
+        problems.append(
+            exception.ConfigProblem(
+                option,
+                value or ", ".join(listed) or address,
+                f"GPU {address} gets no provider: {inventory.vfs_pending_reason(gpu)}{board}",
+            )
+        )
     return problems
 
 
@@ -156,9 +191,13 @@ def _shared_boards(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, tupl
     inventory serves with several types, however the configuration names
     them (by the PF, by any of its VFs, or by model); a board whose VFs are
     not there yet cannot tell, and is left to the checks of one type."""
-    return {gpu: types for gpu, types in inventory.configured_types(snapshot, config).items()
-            if len(types) > 1 and (found := snapshot.gpu(gpu)) is not None
-            and found.mode == discovery.MODE_VENDOR_VFIO}
+    return {
+        gpu: types
+        for gpu, types in inventory.configured_types(snapshot, config).items()
+        if len(types) > 1
+        and (found := snapshot.gpu(gpu)) is not None
+        and found.mode == discovery.MODE_VENDOR_VFIO
+    }
 
 
 def types_on_one_board(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
@@ -168,15 +207,19 @@ def types_on_one_board(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     shared = _shared_boards(config, snapshot)
     for gpu in snapshot.gpus:
         if gpu.address in shared:
-            continue        # a mixed-size board: its addresses name it, whichever
+            continue  # a mixed-size board: its addresses name it, whichever
         listed = {a: config.listed_types(a) for a in gpu.addresses if config.listed_types(a)}
         if len(set(listed.values())) > 1:
             where = ", ".join(f"{a} under {' and '.join(t)}" for a, t in sorted(listed.items()))
-            problems.append(exception.ConfigProblem(
-                "device_addresses", ", ".join(sorted(listed)),
-                f"addresses of one board (GPU {gpu.address}) are listed under different "
-                f"types ({where}); a board serves one type, so it gets none: list it "
-                "under one type"))
+            problems.append(
+                exception.ConfigProblem(
+                    "device_addresses",
+                    ", ".join(sorted(listed)),
+                    f"addresses of one board (GPU {gpu.address}) are listed under different "
+                    f"types ({where}); a board serves one type, so it gets none: list it "
+                    "under one type",
+                )
+            )
     return problems
 
 
@@ -184,13 +227,18 @@ def _device_there(function: PciFunction | None) -> str:
     """What the PCI device at an address no parent has is, when there is one."""
     if function is None:
         return ""
-    return (f" (the device there is bound to {function.driver or 'no driver'} and offers no "
-            "vGPU; 'vgpu-manage host check' says why)")
+    return (
+        f" (the device there is bound to {function.driver or 'no driver'} and offers no "
+        "vGPU; 'vgpu-manage host check' says why)"
+    )
 
 
-def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
-                     functions: Mapping[str, PciFunction | None] | None = None,
-                     boards: Mapping[str, BoardReading] | None = None) -> Problems:
+def absent_addresses(
+    config: MdevConfig,
+    snapshot: HostSnapshot,
+    functions: Mapping[str, PciFunction | None] | None = None,
+    boards: Mapping[str, BoardReading] | None = None,
+) -> Problems:
     """Configured addresses no parent has, or whose device does not serve
     the type; ``functions``: the PCI device at each such address
     (``{address: PciFunction or None}``), to say which driver holds it;
@@ -203,19 +251,32 @@ def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
         for address in type_config.device_addresses:
             gpu = snapshot.gpu(address)
             if gpu is None:
-                problems.append(exception.ConfigProblem(
-                    option, address, "no mdev-capable device at this address on this host"
-                    f"{_device_there(functions.get(address))}"
-                    f"{_near_miss(address, addresses, cutoff=0.9)}"))
+                problems.append(
+                    exception.ConfigProblem(
+                        option,
+                        address,
+                        "no mdev-capable device at this address on this host"
+                        f"{_device_there(functions.get(address))}"
+                        f"{_near_miss(address, addresses, cutoff=0.9)}",
+                    )
+                )
             elif gpu.mode == discovery.MODE_VFS_PENDING:
-                continue     # reported by vfs_pending()
-            elif not gpu.offers(type_config.type_id) \
-                    and type_config.type_id not in gpu.vgpu_types_in_use() \
-                    and type_config.type_id not in _placeable(gpu, boards):
+                continue  # reported by vfs_pending()
+            elif (
+                not gpu.offers(type_config.type_id)
+                and type_config.type_id not in gpu.vgpu_types_in_use()
+                and type_config.type_id not in _placeable(gpu, boards)
+            ):
                 offered = sorted({t.type_id for p in gpu.parents for t in p.types})
-                problems.append(exception.ConfigProblem(
-                    option, address, f"does not offer {type_config.type_id} "
-                    f"(offers: {', '.join(offered) or 'nothing'})", "warning"))
+                problems.append(
+                    exception.ConfigProblem(
+                        option,
+                        address,
+                        f"does not offer {type_config.type_id} "
+                        f"(offers: {', '.join(offered) or 'nothing'})",
+                        "warning",
+                    )
+                )
     return problems
 
 
@@ -230,30 +291,49 @@ def boards_that_cannot_mix(config: MdevConfig, snapshot: HostSnapshot) -> Proble
         if len(types) < 2 or why is None:
             continue
         listed = sorted(a for a in gpu.addresses if config.listed_types(a))
-        problems.append(exception.ConfigProblem(
-            f"[{devices.group_name(types[-1])}] device_addresses", ", ".join(listed),
-            f"GPU {gpu.address} gets no provider: {why}"))
+        problems.append(
+            exception.ConfigProblem(
+                f"[{devices.group_name(types[-1])}] device_addresses",
+                ", ".join(listed),
+                f"GPU {gpu.address} gets no provider: {why}",
+            )
+        )
     return problems
 
 
-def mixed_size_modes(config: MdevConfig, boards: Mapping[str, BoardReading] | None,
-                     shared: Mapping[str, tuple[str, ...]] | None = None) -> Problems:
+def mixed_size_modes(
+    config: MdevConfig,
+    boards: Mapping[str, BoardReading] | None,
+    shared: Mapping[str, tuple[str, ...]] | None = None,
+) -> Problems:
     """Boards configured for several sizes whose mode NVML cannot read, or
     that are in equal-size mode: they get no provider until switched;
     ``shared``: :func:`_shared_boards`, to name their types."""
     problems = []
     for address, reading in sorted((boards or {}).items()):
-        types = ", ".join((shared or {}).get(address)
-                          or config.mixed_by_address.get(address, ())) or address
+        types = (
+            ", ".join((shared or {}).get(address) or config.mixed_by_address.get(address, ()))
+            or address
+        )
         if reading.error:
-            problems.append(exception.ConfigProblem(
-                "device_addresses", address, f"configured for mixed sizes ({types}), but "
-                f"NVML cannot say whether the board mixes sizes: {reading.error}"))
+            problems.append(
+                exception.ConfigProblem(
+                    "device_addresses",
+                    address,
+                    f"configured for mixed sizes ({types}), but "
+                    f"NVML cannot say whether the board mixes sizes: {reading.error}",
+                )
+            )
         elif not reading.mixed:
-            problems.append(exception.ConfigProblem(
-                "device_addresses", address, f"configured for mixed sizes ({types}) but in "
-                f"equal-size mode, so it gets no provider: run vgpu-manage sriov sizes "
-                f"{address} mixed"))
+            problems.append(
+                exception.ConfigProblem(
+                    "device_addresses",
+                    address,
+                    f"configured for mixed sizes ({types}) but in "
+                    f"equal-size mode, so it gets no provider: run vgpu-manage sriov sizes "
+                    f"{address} mixed",
+                )
+            )
     return problems
 
 
@@ -262,15 +342,23 @@ def unmeasured_vendor_vfio(rooms: Mapping[str, BoardRoom] | None) -> Problems:
     (``rooms``: :func:`vgpu_driver.inventory.read_rooms`): each VF lists the
     type while one more fits, so the inventory offers one at a time
     (:mod:`vgpu_driver.inventory.vf_room`) and a flavor of several vGPUs finds no room."""
-    return [exception.ConfigProblem(
-        "device_addresses", address, f"NVML cannot say how many vGPUs this board holds "
-        f"({room.error}): its inventory offers one more at a time, so flavors of several "
-        "vGPUs find no room", "warning")
-        for address, room in sorted((rooms or {}).items()) if room.error]
+    return [
+        exception.ConfigProblem(
+            "device_addresses",
+            address,
+            f"NVML cannot say how many vGPUs this board holds "
+            f"({room.error}): its inventory offers one more at a time, so flavors of several "
+            "vGPUs find no room",
+            "warning",
+        )
+        for address, room in sorted((rooms or {}).items())
+        if room.error
+    ]
 
 
-def fixed_share_on_mixed_boards(config: MdevConfig, snapshot: HostSnapshot,
-                                schedulers: Mapping[str, str | None] | None) -> Problems:
+def fixed_share_on_mixed_boards(
+    config: MdevConfig, snapshot: HostSnapshot, schedulers: Mapping[str, str | None] | None
+) -> Problems:
     """A board configured for mixed sizes whose vGPU manager runs the
     fixed-share scheduler, which NVIDIA does not support in mixed-size mode
     (user guide, 2.11); ``schedulers``: ``{GPU address: policy}``
@@ -278,23 +366,31 @@ def fixed_share_on_mixed_boards(config: MdevConfig, snapshot: HostSnapshot,
     problems = []
     for address, types in sorted(_shared_boards(config, snapshot).items()):
         if (schedulers or {}).get(address) == vgpu_scheduler.FIXED_SHARE:
-            problems.append(exception.ConfigProblem(
-                "device_addresses", address, f"configured for mixed sizes ({', '.join(types)}) "
-                "but NVIDIA's vGPU manager runs the fixed-share scheduler on it "
-                f"({vgpu_scheduler.KEY}), which NVIDIA does not support in mixed-size mode: "
-                "use the equal-share or best-effort scheduler", "warning"))
+            problems.append(
+                exception.ConfigProblem(
+                    "device_addresses",
+                    address,
+                    f"configured for mixed sizes ({', '.join(types)}) "
+                    "but NVIDIA's vGPU manager runs the fixed-share scheduler on it "
+                    f"({vgpu_scheduler.KEY}), which NVIDIA does not support in mixed-size mode: "
+                    "use the equal-share or best-effort scheduler",
+                    "warning",
+                )
+            )
     return problems
 
 
 def _coexist(one: Placements, other: Placements) -> bool:
     """Whether some placement of ``one`` and some of ``other`` (NVML's
     Placements) take no slot in common."""
-    return any(a + one.size <= b or b + other.size <= a
-               for a in one.supported for b in other.supported)
+    return any(
+        a + one.size <= b or b + other.size <= a for a in one.supported for b in other.supported
+    )
 
 
-def types_that_cannot_coexist(config: MdevConfig, snapshot: HostSnapshot,
-                              boards: Mapping[str, BoardReading] | None) -> Problems:
+def types_that_cannot_coexist(
+    config: MdevConfig, snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None
+) -> Problems:
     """Configured types no board can hold together: on every board
     configured for both, each placement of one overlaps each of the other,
     so a vGPU of one makes the board refuse the other."""
@@ -304,23 +400,33 @@ def types_that_cannot_coexist(config: MdevConfig, snapshot: HostSnapshot,
         if reading is None or reading.error or not reading.mixed:
             continue
         for i, one in enumerate(types):
-            for other in types[i + 1:]:
+            for other in types[i + 1 :]:
                 first, second = reading.placements.get(one), reading.placements.get(other)
                 if first and second and first.supported and second.supported:
                     pairs.setdefault((one, other), []).append(_coexist(first, second))
-    return [exception.ConfigProblem(
-        "[devices] enabled_mdev_types", f"{one}, {other}",
-        f"{one} and {other} cannot share a board: on every board configured for both, each "
-        f"placement of one overlaps each placement of the other, so a vGPU of either "
-        "makes the board refuse the other", "warning")
-        for (one, other), fits in sorted(pairs.items()) if not any(fits)]
+    return [
+        exception.ConfigProblem(
+            "[devices] enabled_mdev_types",
+            f"{one}, {other}",
+            f"{one} and {other} cannot share a board: on every board configured for both, each "
+            f"placement of one overlaps each placement of the other, so a vGPU of either "
+            "makes the board refuse the other",
+            "warning",
+        )
+        for (one, other), fits in sorted(pairs.items())
+        if not any(fits)
+    ]
 
 
-def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
-          boards: Mapping[str, BoardReading] | None = None,
-          functions: Mapping[str, PciFunction | None] | None = None,
-          schedulers: Mapping[str, str | None] | None = None,
-          rooms: Mapping[str, BoardRoom] | None = None) -> Problems:
+def check(
+    conf: cfg.ConfigOpts,
+    config: MdevConfig,
+    snapshot: HostSnapshot,
+    boards: Mapping[str, BoardReading] | None = None,
+    functions: Mapping[str, PciFunction | None] | None = None,
+    schedulers: Mapping[str, str | None] | None = None,
+    rooms: Mapping[str, BoardRoom] | None = None,
+) -> Problems:
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
     (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI
@@ -330,13 +436,17 @@ def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
     ``rooms``: what NVML says of the vendor-VFIO boards serving one type
     (:func:`vgpu_driver.inventory.read_rooms`)."""
     resolved = config.for_host(snapshot)
-    return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
-            + absent_types(config, snapshot, boards)
-            + absent_addresses(config, snapshot, functions, boards)
-            + types_on_one_board(resolved, snapshot) + boards_that_cannot_mix(config, snapshot)
-            + vfs_pending(config, snapshot)
-            + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))
-            + unmeasured_vendor_vfio(rooms)
-            + fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
-            + types_that_cannot_coexist(resolved, snapshot, boards)
-            + metrics_textfile.problems(conf.vgpu.metrics_textfile))
+    return (
+        nothing_enabled(config, snapshot)
+        + stray_groups(conf, config, snapshot)
+        + absent_types(config, snapshot, boards)
+        + absent_addresses(config, snapshot, functions, boards)
+        + types_on_one_board(resolved, snapshot)
+        + boards_that_cannot_mix(config, snapshot)
+        + vfs_pending(config, snapshot)
+        + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))
+        + unmeasured_vendor_vfio(rooms)
+        + fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
+        + types_that_cannot_coexist(resolved, snapshot, boards)
+        + metrics_textfile.problems(conf.vgpu.metrics_textfile)
+    )

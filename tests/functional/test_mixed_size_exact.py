@@ -70,9 +70,15 @@ def boards():
             gpu["framebuffer_mb"] = board_gb * 1024
             gpu["architecture"] = arch or "ampere"
             gpu["sriov"] = {**gpu["sriov"], "totalvfs": 12, "numvfs": 12}
-            gpu["types"] = [{"id": f"nvidia-{9000 + size}", "name": f"TEST-{size}Q",
-                             "framebuffer_mb": size * 1024, "max": board_gb // size}
-                            for size in sorted(table)]
+            gpu["types"] = [
+                {
+                    "id": f"nvidia-{9000 + size}",
+                    "name": f"TEST-{size}Q",
+                    "framebuffer_mb": size * 1024,
+                    "max": board_gb // size,
+                }
+                for size in sorted(table)
+            ]
             found.append((f"{board_gb}gb-{arch or 'other'}", profile))
     return found
 
@@ -90,11 +96,12 @@ class Walk:
         self.types = tuple(t["id"] for t in profile["gpus"][0]["types"])
         self.config = MdevConfig(
             types=tuple(TypeConfig(t, device_addresses=(PF,)) for t in self.types),
-            mixed_by_address=MappingProxyType({PF: self.types}))
+            mixed_by_address=MappingProxyType({PF: self.types}),
+        )
         self.client, self.nodename, self.old_flavors = client, nodename, old_flavors
         self.sync = placement.ProviderSync(client)
         self.domains = InProcessDomains()
-        self.held = {}          # consumer -> [VF]
+        self.held = {}  # consumer -> [VF]
         for type_id in self.types:
             client.request("PUT", f"/traits/{self.trait(type_id)}")
         self.resync()
@@ -105,9 +112,12 @@ class Walk:
 
     def resync(self):
         snapshot = discovery.discover(self.kernel)
-        self.tree = inventory.compute(snapshot, self.config, self.nodename,
-                                      boards=inventory.read_boards(self.kernel, snapshot,
-                                                                   self.config))
+        self.tree = inventory.compute(
+            snapshot,
+            self.config,
+            self.nodename,
+            boards=inventory.read_boards(self.kernel, snapshot, self.config),
+        )
         self.provider = self.tree.by_gpu(PF)
         assert self.provider is not None, self.tree.unserved
         self.sync.sync(self.tree)
@@ -115,16 +125,23 @@ class Walk:
 
     def spec(self, type_id, count):
         size = dict(self.provider.sizes)[type_id] // framebuffer.SLOT_MIB
-        specs = size_classes.flavor_spec(self.trait(type_id), None if self.old_flavors
-                                         else size, size * framebuffer.SLOT_MIB, count,
-                                         framebuffer.RESOURCE_CLASS)
+        specs = size_classes.flavor_spec(
+            self.trait(type_id),
+            None if self.old_flavors else size,
+            size * framebuffer.SLOT_MIB,
+            count,
+            framebuffer.RESOURCE_CLASS,
+        )
         # in_tree<group>: the walk's own board, not those of walks before it.
-        return {**size_classes.candidates_query(specs),
-                f"in_tree{size_classes.GROUP}": self.root_uuid}
+        return {
+            **size_classes.candidates_query(specs),
+            f"in_tree{size_classes.GROUP}": self.root_uuid,
+        }
 
     def candidates(self, type_id, count):
-        found = self.client.request("GET", placement.query_url(
-            "/allocation_candidates", **self.spec(type_id, count)))
+        found = self.client.request(
+            "GET", placement.query_url("/allocation_candidates", **self.spec(type_id, count))
+        )
         return found["allocation_requests"]
 
     def board_accepts(self, type_id, count):
@@ -136,14 +153,13 @@ class Walk:
                 self.kernel.set_vendor_vgpu_type(vf, number)
                 done.append(vf)
         except (exception.MdevInvalidRequest, exception.MdevNoCapacity):
-            pass      # the board refused: what is asked
+            pass  # the board refused: what is asked
         for vf in done:
             self.kernel.set_vendor_vgpu_type(vf, 0)
         return len(done) == count
 
     def free_vfs(self):
-        return [str(vf.address) for vf in self.kernel.list_vendor_vfio()
-                if not vf.current_type]
+        return [str(vf.address) for vf in self.kernel.list_vendor_vfio() if not vf.current_type]
 
     def counterexample(self):
         """The first ``(type, count, granted, accepted)`` that disagree, or None."""
@@ -161,12 +177,21 @@ class Walk:
             return False
         consumer = str(uuid.uuid4())
         allocations = found[0]["allocations"]
-        self.client.request("PUT", f"/allocations/{consumer}", {
-            "allocations": allocations, "project_id": PROJECT, "user_id": USER,
-            "consumer_generation": None, "consumer_type": "INSTANCE"})
+        self.client.request(
+            "PUT",
+            f"/allocations/{consumer}",
+            {
+                "allocations": allocations,
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": None,
+                "consumer_type": "INSTANCE",
+            },
+        )
         by_uuid = {self.sync.known[p.name].uuid: p for p in self.tree.providers}
-        (request,) = planner.requests_of(consumer, allocations, by_uuid,
-                                         self.config.mdev_classes, {self.trait(type_id)})
+        (request,) = planner.requests_of(
+            consumer, allocations, by_uuid, self.config.mdev_classes, {self.trait(type_id)}
+        )
         gpu = discovery.discover(self.kernel).gpu(PF)
         strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
@@ -212,17 +237,21 @@ _names = itertools.count()
 
 def new_walk(tmp_path_factory, service, profile, **kwargs):
     root = str(tmp_path_factory.mktemp("board") / "sys")
-    return Walk(root, profile, placement.Client(service.connection()),
-                f"cn{next(_names)}", **kwargs)
+    return Walk(
+        root, profile, placement.Client(service.connection()), f"cn{next(_names)}", **kwargs
+    )
 
 
 @pytest.mark.parametrize("label, profile", BOARDS, ids=[b[0] for b in BOARDS])
-@settings(max_examples=properties.examples(3), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=properties.examples(3),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(3, 8))
-def test_placement_grants_iff_the_board_accepts(tmp_path_factory, service, label, profile,
-                                                seed, steps):
+def test_placement_grants_iff_the_board_accepts(
+    tmp_path_factory, service, label, profile, seed, steps
+):
     walk, rng = new_walk(tmp_path_factory, service, profile), random.Random(seed)
     for _step in range(steps):
         assert walk.counterexample() is None, (label, walk.held)
@@ -244,12 +273,15 @@ def seeded_counterexample(tmp_path_factory, service, **kwargs):
 
 def old_max_unit(original):
     """The framebuffer class as it was: max_unit the largest size creatable now."""
+
     def inventory_(board_slots, found, used_slots, free_vfs):
         fb = original(board_slots, found, used_slots, free_vfs)
         creatable = [f.size for f in found.values() if f.creatable]
-        largest = max(creatable) if creatable and free_vfs > 0 else min(
-            f.size for f in found.values())
+        largest = (
+            max(creatable) if creatable and free_vfs > 0 else min(f.size for f in found.values())
+        )
         return dataclasses.replace(fb, max_unit=largest * framebuffer.SLOT_MIB)
+
     return inventory_
 
 
@@ -266,8 +298,9 @@ def test_one_free_vf_enough_fails_it(tmp_path_factory, service, monkeypatch):
     """A size class counting every disjoint placement while one VF is free:
     ten 1 GB vGPUs on a 48 GB board of 12 VFs leave room for many more,
     but two VFs, and 3 x 1 GB is granted."""
-    monkeypatch.setattr(size_classes, "available",
-                        lambda creatable, free_vfs: creatable if free_vfs else 0)
+    monkeypatch.setattr(
+        size_classes, "available", lambda creatable, free_vfs: creatable if free_vfs else 0
+    )
     profile = dict(BOARDS)["48gb-other"]
     walk = new_walk(tmp_path_factory, service, profile)
     one_gb = walk.types[0]
@@ -302,17 +335,21 @@ def test_a_flavors_vgpus_come_from_one_board(tmp_path_factory, service):
     walk = new_walk(tmp_path_factory, service, profile)
     nvml.set_heterogeneous_mode("0000:c2:00.0", True)
     walk.config = MdevConfig(
-        types=tuple(TypeConfig(t, device_addresses=(PF, "0000:c2:00.0"))
-                    for t in walk.types),
-        mixed_by_address=MappingProxyType(dict.fromkeys((PF, "0000:c2:00.0"), walk.types)))
+        types=tuple(TypeConfig(t, device_addresses=(PF, "0000:c2:00.0")) for t in walk.types),
+        mixed_by_address=MappingProxyType(dict.fromkeys((PF, "0000:c2:00.0"), walk.types)),
+    )
     walk.resync()
     assert len(walk.tree.providers) == 2
     found = walk.candidates("nvidia-1155", 2)
     assert found and all(len(c["allocations"]) == 1 for c in found), found
-    specs = size_classes.flavor_spec(walk.trait("nvidia-1155"), 4, 4096, 2,
-                                     framebuffer.RESOURCE_CLASS)
-    ungrouped = ",".join(f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items()
-                         if k.startswith("resources"))
-    split = walk.client.request("GET", placement.query_url(
-        "/allocation_candidates", resources=ungrouped, in_tree=walk.root_uuid))
+    specs = size_classes.flavor_spec(
+        walk.trait("nvidia-1155"), 4, 4096, 2, framebuffer.RESOURCE_CLASS
+    )
+    ungrouped = ",".join(
+        f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items() if k.startswith("resources")
+    )
+    split = walk.client.request(
+        "GET",
+        placement.query_url("/allocation_candidates", resources=ungrouped, in_tree=walk.root_uuid),
+    )
     assert any(len(c["allocations"]) == 2 for c in split["allocation_requests"])

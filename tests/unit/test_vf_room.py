@@ -19,12 +19,14 @@ REQUESTS = (1, 2, 3, 5)
 
 
 def _config(make_conf, type_id):
-    return mdev_types.from_conf(make_conf(f"""
+    return mdev_types.from_conf(
+        make_conf(f"""
         [devices]
         enabled_mdev_types = {type_id}
         [mdev_{type_id}]
         device_addresses = {PF}
-        """))
+        """)
+    )
 
 
 def _provider(host, config, read_rooms=True):
@@ -36,10 +38,11 @@ def _provider(host, config, read_rooms=True):
 
 def _granted(provider, used, count):
     """Placement's check of one resource class for ``count`` units."""
-    return (provider.min_unit <= count <= provider.max_unit
-            and count % provider.step_size == 0
-            and used + count <= (provider.total - provider.reserved)
-            * provider.allocation_ratio)
+    return (
+        provider.min_unit <= count <= provider.max_unit
+        and count % provider.step_size == 0
+        and used + count <= (provider.total - provider.reserved) * provider.allocation_ratio
+    )
 
 
 def _free_vf(host, number):
@@ -79,7 +82,8 @@ def test_a_request_passes_placement_iff_the_board_takes_it(make_host, make_conf,
         provider, _snapshot = _provider(host, config)
         for count in REQUESTS:
             assert _granted(provider, held, count) == _takes(host, number, count), (
-                f"{count} x {type_id} with {held} on the board: total {provider.total}")
+                f"{count} x {type_id} with {held} on the board: total {provider.total}"
+            )
         vf = _free_vf(host, number)
         if vf is None:
             break

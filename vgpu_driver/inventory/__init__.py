@@ -68,18 +68,40 @@ if TYPE_CHECKING:
     from vgpu_driver.sysfs.base import SysfsReader
 
 __all__ = [
-    "BLOCKED", "CLAIMS", "DRAINING", "FRAGMENTED", "MAX_INSTANCES", "NO_CAPACITY",
-    "RESERVED_FOR", "TRAIT_MAX_LENGTH", "TYPE_ID_TRAIT_PREFIX", "UNREADABLE",
-    "GpuProvider", "ProviderTree", "check_nodename", "claim_units", "claims_placement_lacks",
-    "compute", "configured_type", "configured_types", "manager_trait", "manager_version_of",
-    "mixed_size_provider", "per_gpu_limit", "provider_name", "provider_name_for",
-    "provider_traits", "read_boards", "read_rooms", "type_traits", "unallocated_claims",
+    "BLOCKED",
+    "CLAIMS",
+    "DRAINING",
+    "FRAGMENTED",
+    "MAX_INSTANCES",
+    "NO_CAPACITY",
+    "RESERVED_FOR",
+    "TRAIT_MAX_LENGTH",
+    "TYPE_ID_TRAIT_PREFIX",
+    "UNREADABLE",
+    "GpuProvider",
+    "ProviderTree",
+    "check_nodename",
+    "claim_units",
+    "claims_placement_lacks",
+    "compute",
+    "configured_type",
+    "configured_types",
+    "manager_trait",
+    "manager_version_of",
+    "mixed_size_provider",
+    "per_gpu_limit",
+    "provider_name",
+    "provider_name_for",
+    "provider_traits",
+    "read_boards",
+    "read_rooms",
+    "type_traits",
+    "unallocated_claims",
     "vfs_pending_reason",
 ]
 
 
-def configured_types(snapshot: HostSnapshot,
-                     mdev_config: MdevConfig) -> dict[str, tuple[str, ...]]:
+def configured_types(snapshot: HostSnapshot, mdev_config: MdevConfig) -> dict[str, tuple[str, ...]]:
     """``{gpu address: (type id, ...)}`` of every GPU of ``snapshot`` a type
     is configured for (several on a mixed-size board), the fleet's
     configuration resolved once."""
@@ -92,8 +114,7 @@ def configured_types(snapshot: HostSnapshot,
     return served
 
 
-def configured_type(gpu: PhysicalGPU,
-                    config: MdevConfig) -> tuple[tuple[str, ...], str | None]:
+def configured_type(gpu: PhysicalGPU, config: MdevConfig) -> tuple[tuple[str, ...], str | None]:
     """``((type_id, ...), None)`` or ``((), reason the GPU is not served)``:
     one type, or the vendor-VFIO types of a mixed-size board.
 
@@ -102,25 +123,30 @@ def configured_type(gpu: PhysicalGPU,
     """
     assigned = config.types_for(gpu.addresses)
     if len(assigned) > 1 and not _can_mix(gpu, assigned):
-        return (), (f"its addresses are listed under several types ({', '.join(assigned)}); "
-                    "a GPU serves one type, unless it is a board serving vendor-VFIO "
-                    "vGPUs, which mixes sizes: fix device_addresses")
+        return (), (
+            f"its addresses are listed under several types ({', '.join(assigned)}); "
+            "a GPU serves one type, unless it is a board serving vendor-VFIO "
+            "vGPUs, which mixes sizes: fix device_addresses"
+        )
     if assigned:
         return tuple(assigned), None
     if config.default_type:
         return (config.default_type,), None
     if not config.types:
         return (), "no mdev type is enabled ([devices] enabled_mdev_types)"
-    return (), (config.fleet_reason(gpu.address)
-                or "not listed in any [mdev_<type>] device_addresses nor matched by "
-                   "device_ids")
+    return (), (
+        config.fleet_reason(gpu.address)
+        or "not listed in any [mdev_<type>] device_addresses nor matched by device_ids"
+    )
 
 
 def _can_mix(gpu: PhysicalGPU, type_ids: Collection[str]) -> bool:
     """Whether ``gpu`` may serve several types: NVIDIA's, on a board whose
     VFs serve vendor-VFIO vGPUs (or are not there yet to tell)."""
-    return (all(map(names.is_vendor_type_id, type_ids))
-            and gpu.mode in (discovery.MODE_VENDOR_VFIO, discovery.MODE_VFS_PENDING))
+    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in (
+        discovery.MODE_VENDOR_VFIO,
+        discovery.MODE_VFS_PENDING,
+    )
 
 
 def vfs_pending_reason(gpu: PhysicalGPU) -> str:
@@ -128,19 +154,23 @@ def vfs_pending_reason(gpu: PhysicalGPU) -> str:
     if gpu.vfs_off:
         return f"SR-IOV is off: run vgpu-manage sriov enable {gpu.address}"
     numvfs = gpu.pci.sriov_numvfs if gpu.pci is not None else 0
-    return (f"its {numvfs} VFs offer no mdev type yet (the NVIDIA vGPU "
-            f"manager has not registered them); see vgpu-manage sriov status")
+    return (
+        f"its {numvfs} VFs offer no mdev type yet (the NVIDIA vGPU "
+        f"manager has not registered them); see vgpu-manage sriov status"
+    )
 
 
-def read_boards(host: SysfsHost, snapshot: HostSnapshot,
-                config: MdevConfig) -> MappingProxyType[str, BoardReading]:
+def read_boards(
+    host: SysfsHost, snapshot: HostSnapshot, config: MdevConfig
+) -> MappingProxyType[str, BoardReading]:
     """What NVML says of the host's boards ``config`` gives several types
     (:func:`vgpu_driver.framebuffer.read_boards`), for :func:`compute`."""
     return framebuffer.read_boards(host, snapshot, configured_types(snapshot, config))
 
 
-def read_rooms(host: SysfsReader, snapshot: HostSnapshot,
-               config: MdevConfig) -> MappingProxyType[str, BoardRoom]:
+def read_rooms(
+    host: SysfsReader, snapshot: HostSnapshot, config: MdevConfig
+) -> MappingProxyType[str, BoardRoom]:
     """What NVML says of the host's vendor-VFIO boards ``config`` gives one
     type (:func:`vgpu_driver.inventory.vf_room.read_boards`), for :func:`compute`."""
     return vf_room.read_boards(host, snapshot, configured_types(snapshot, config))
@@ -152,11 +182,15 @@ def check_nodename(nodename: str, snapshot: HostSnapshot) -> None:
     names.check_nodename(nodename, [provider_name("", gpu) for gpu in snapshot.gpus])
 
 
-def compute(snapshot: HostSnapshot, config: MdevConfig, nodename: str,
-            in_use: Collection[str] | None = None,
-            unallocated: Mapping[str, Any] | None = None,
-            boards: Mapping[str, BoardReading] | None = None,
-            rooms: Mapping[str, BoardRoom] | None = None) -> ProviderTree:
+def compute(
+    snapshot: HostSnapshot,
+    config: MdevConfig,
+    nodename: str,
+    in_use: Collection[str] | None = None,
+    unallocated: Mapping[str, Any] | None = None,
+    boards: Mapping[str, BoardReading] | None = None,
+    rooms: Mapping[str, BoardRoom] | None = None,
+) -> ProviderTree:
     """The desired :class:`ProviderTree` of a host.
 
     ``in_use`` (mdev UUIDs guests or claims reference), when known, tells a
@@ -184,8 +218,14 @@ def compute(snapshot: HostSnapshot, config: MdevConfig, nodename: str,
             continue
         if len(types) > 1:
             provider, why_not = mixed.mixed_size_provider(
-                snapshot, gpu, types, (boards or {}).get(gpu.address), nodename, in_use,
-                (unallocated or {}).get(gpu.address))
+                snapshot,
+                gpu,
+                types,
+                (boards or {}).get(gpu.address),
+                nodename,
+                in_use,
+                (unallocated or {}).get(gpu.address),
+            )
             if provider is None:
                 unserved.append((gpu.address, why_not or ""))
             else:
@@ -193,22 +233,39 @@ def compute(snapshot: HostSnapshot, config: MdevConfig, nodename: str,
             continue
         type_id = types[0]
         type_info = gpu.type_info(type_id)
-        if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
-                and not capacity.hidden_by_other_vgpus(gpu, type_id):
+        if (
+            type_info is None
+            and not gpu.vgpu_types_in_use().get(type_id)
+            and not capacity.hidden_by_other_vgpus(gpu, type_id)
+        ):
             offered = sorted({t for p in gpu.parents for t in p.type_ids})
-            unserved.append((gpu.address, f"does not offer {type_id} (offers: "
-                                          f"{', '.join(offered) or 'nothing'})"))
+            unserved.append(
+                (
+                    gpu.address,
+                    f"does not offer {type_id} (offers: {', '.join(offered) or 'nothing'})",
+                )
+            )
             continue
-        total, reserved_for, reason = capacity.gpu_capacity(gpu, type_id, in_use,
-                                                            (rooms or {}).get(gpu.address))
+        total, reserved_for, reason = capacity.gpu_capacity(
+            gpu, type_id, in_use, (rooms or {}).get(gpu.address)
+        )
         unreadable = sorted({u for _, info in gpu.offers(type_id) for u in info.unreadable})
         if unreadable:
-            reserved_for, reason = ((UNREADABLE, total),), (
-                f"unreadable sysfs value {unreadable[0]}; check the vendor driver")
-        rows.append({"gpu": gpu, "type_id": type_id, "total": total,
-                     "reserved_for": reserved_for,
-                     "reason": reason, "type_name": type_info.name if type_info else None,
-                     "existing": gpu.vgpu_types_in_use().get(type_id, 0)})
+            reserved_for, reason = (
+                ((UNREADABLE, total),),
+                (f"unreadable sysfs value {unreadable[0]}; check the vendor driver"),
+            )
+        rows.append(
+            {
+                "gpu": gpu,
+                "type_id": type_id,
+                "total": total,
+                "reserved_for": reserved_for,
+                "reason": reason,
+                "type_name": type_info.name if type_info else None,
+                "existing": gpu.vgpu_types_in_use().get(type_id, 0),
+            }
+        )
     for type_config in config.types:
         if type_config.max_instances is None:
             continue
@@ -219,19 +276,31 @@ def compute(snapshot: HostSnapshot, config: MdevConfig, nodename: str,
     providers = []
     for row in rows:
         row_config = config.type_config(row["type_id"])
-        providers.append(GpuProvider(
-            name=provider_name(nodename, row["gpu"]), parent_provider=nodename,
-            gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
-            resource_class=row_config.mdev_class if row_config else "VGPU",
-            total=row["total"], reserved=capacity.units(row["reserved_for"]),
-            max_unit=row["total"],
-            traits=provider_traits(row["type_id"], row["type_name"],
-                                   gpu_manager_version(snapshot, row["gpu"])),
-            reason=row["reason"],
-            reserved_for=row["reserved_for"]))
+        providers.append(
+            GpuProvider(
+                name=provider_name(nodename, row["gpu"]),
+                parent_provider=nodename,
+                gpu=row["gpu"].address,
+                type_id=row["type_id"],
+                type_name=row["type_name"],
+                resource_class=row_config.mdev_class if row_config else "VGPU",
+                total=row["total"],
+                reserved=capacity.units(row["reserved_for"]),
+                max_unit=row["total"],
+                traits=provider_traits(
+                    row["type_id"], row["type_name"], gpu_manager_version(snapshot, row["gpu"])
+                ),
+                reason=row["reason"],
+                reserved_for=row["reserved_for"],
+            )
+        )
     providers = sorted(providers + mixed_providers, key=lambda p: p.gpu)
-    return ProviderTree(root_name=nodename, providers=tuple(providers),
-                        unserved=tuple(unserved),
-                        mdev_classes=config.mdev_classes | {"VGPU"} | {
-                            rc for p in mixed_providers for rc, _found in p.size_inventories},
-                        vfs_pending=frozenset(pending))
+    return ProviderTree(
+        root_name=nodename,
+        providers=tuple(providers),
+        unserved=tuple(unserved),
+        mdev_classes=config.mdev_classes
+        | {"VGPU"}
+        | {rc for p in mixed_providers for rc, _found in p.size_inventories},
+        vfs_pending=frozenset(pending),
+    )

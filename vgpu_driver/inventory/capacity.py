@@ -30,8 +30,9 @@ Row = dict[str, Any]
 ReservedFor = tuple[tuple[str, int], ...]
 
 
-def per_gpu_limit(gpu: PhysicalGPU, type_info: MdevTypeInfo | None,
-                  most: int | None = None) -> int | None:
+def per_gpu_limit(
+    gpu: PhysicalGPU, type_info: MdevTypeInfo | None, most: int | None = None
+) -> int | None:
     """The most mdevs of a type the GPU can ever host, when it is known
     (``most``: the board's maximum NVML tells, :mod:`vgpu_driver.inventory.vf_room`)."""
     limits = []
@@ -44,8 +45,9 @@ def per_gpu_limit(gpu: PhysicalGPU, type_info: MdevTypeInfo | None,
     return min(limits) if limits else None
 
 
-def blocked_reason(gpu: PhysicalGPU, type_id: str,
-                   in_use: Collection[str] | None) -> tuple[str, str]:
+def blocked_reason(
+    gpu: PhysicalGPU, type_id: str, in_use: Collection[str] | None
+) -> tuple[str, str]:
     """``(kind, why)`` a GPU cannot serve its type now: mdevs of other types."""
     others: dict[str, list[str]] = {}
     for mdev in gpu.mdevs:
@@ -58,14 +60,18 @@ def blocked_reason(gpu: PhysicalGPU, type_id: str,
         return providers.NO_CAPACITY, f"no {type_id} can be created now"
     listed = ", ".join(f"{len(u)} of {t}" for t, u in sorted(others.items()))
     if in_use is None:
-        return providers.BLOCKED, (f"blocked by existing mdevs ({listed}); remove the unused "
-                                   f"ones to serve {type_id}")
+        return providers.BLOCKED, (
+            f"blocked by existing mdevs ({listed}); remove the unused ones to serve {type_id}"
+        )
     busy = sum(1 for uuids in others.values() for u in uuids if u in in_use)
     if busy:
-        return providers.DRAINING, (f"draining: mdevs ({listed}) of which {busy} in use by "
-                                    f"guests; serves {type_id} once they are gone")
-    return providers.BLOCKED, (f"blocked by unused mdevs ({listed}); they are reclaimed "
-                               "automatically")
+        return providers.DRAINING, (
+            f"draining: mdevs ({listed}) of which {busy} in use by "
+            f"guests; serves {type_id} once they are gone"
+        )
+    return providers.BLOCKED, (
+        f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
+    )
 
 
 def hidden_by_other_vgpus(gpu: PhysicalGPU, type_id: str) -> bool:
@@ -76,11 +82,16 @@ def hidden_by_other_vgpus(gpu: PhysicalGPU, type_id: str) -> bool:
     size: it is draining (or blocked), not a GPU that never offers the type.
     """
     return gpu.mode == discovery.MODE_VENDOR_VFIO and any(
-        p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents)
+        p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents
+    )
 
 
-def gpu_capacity(gpu: PhysicalGPU, type_id: str, in_use: Collection[str] | None = None,
-                 room: BoardRoom | None = None) -> tuple[int, ReservedFor, str | None]:
+def gpu_capacity(
+    gpu: PhysicalGPU,
+    type_id: str,
+    in_use: Collection[str] | None = None,
+    room: BoardRoom | None = None,
+) -> tuple[int, ReservedFor, str | None]:
     """``(total, reserved_for, reason)`` for one GPU before host-wide caps.
 
     On an SR-IOV board the free VFs listing the type say that one more
@@ -108,8 +119,12 @@ def apply_host_cap(rows: Iterable[Row], max_instances: int) -> list[Row]:
     remaining = max_instances
     capped = []
     for row in rows:
-        total, reserved_for, reason, existing = (row["total"], row["reserved_for"],
-                                                 row["reason"], row["existing"])
+        total, reserved_for, reason, existing = (
+            row["total"],
+            row["reserved_for"],
+            row["reason"],
+            row["existing"],
+        )
         usable = total - units(reserved_for)
         allowed = max(existing, min(usable, remaining))
         remaining = max(remaining - allowed, 0)
@@ -128,8 +143,13 @@ def reserve_unallocated(rows: Iterable[Row], unallocated: Mapping[str, Any]) -> 
     for row in rows:
         held = units(row["reserved_for"])
         extra = min(row["total"] - held, unallocated.get(row["gpu"].address, 0))
-        reserved.append({**row, "reserved_for": row["reserved_for"] + (
-            ((providers.CLAIMS, extra),) if extra > 0 else ())})
+        reserved.append(
+            {
+                **row,
+                "reserved_for": row["reserved_for"]
+                + (((providers.CLAIMS, extra),) if extra > 0 else ()),
+            }
+        )
     return reserved
 
 

@@ -25,15 +25,14 @@ TRAIT_MAX_LENGTH = 255
 TYPE_ID_TRAIT_PREFIX = "CUSTOM_MDEV_"
 
 # What a GPU's reserved units are held back for (GpuProvider.reserved_for).
-NO_CAPACITY = "no_capacity"      # the GPU offers no more of its type, for no reason seen
-BLOCKED = "blocked"              # unused vGPUs of another type are in the way
-DRAINING = "draining"            # guests' vGPUs of another type are in the way
+NO_CAPACITY = "no_capacity"  # the GPU offers no more of its type, for no reason seen
+BLOCKED = "blocked"  # unused vGPUs of another type are in the way
+DRAINING = "draining"  # guests' vGPUs of another type are in the way
 MAX_INSTANCES = "max_instances"  # the type's host-wide max_instances is used elsewhere
-UNREADABLE = "unreadable"        # a sysfs value the vendor driver wrote is garbage
-CLAIMS = "claims"                # claimed vGPUs no Placement allocation covers
-FRAGMENTED = "fragmented"        # mixed-size framebuffer no configured type can take now
-RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS,
-                FRAGMENTED)
+UNREADABLE = "unreadable"  # a sysfs value the vendor driver wrote is garbage
+CLAIMS = "claims"  # claimed vGPUs no Placement allocation covers
+FRAGMENTED = "fragmented"  # mixed-size framebuffer no configured type can take now
+RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS, FRAGMENTED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +74,16 @@ class GpuProvider:
 
     def inventory(self) -> dict[str, dict[str, Any]]:
         """The Placement inventory records of this provider's classes."""
-        records: dict[str, dict[str, Any]] = {self.resource_class: {
-            "total": self.total, "reserved": self.reserved,
-            "min_unit": self.min_unit, "max_unit": self.max_unit,
-            "step_size": self.step_size, "allocation_ratio": self.allocation_ratio}}
+        records: dict[str, dict[str, Any]] = {
+            self.resource_class: {
+                "total": self.total,
+                "reserved": self.reserved,
+                "min_unit": self.min_unit,
+                "max_unit": self.max_unit,
+                "step_size": self.step_size,
+                "allocation_ratio": self.allocation_ratio,
+            }
+        }
         records.update((rc, found.as_placement()) for rc, found in self.size_inventories)
         return records
 
@@ -142,11 +147,12 @@ def manager_trait(version: str) -> str:
 
 def manager_version_of(trait: str) -> str:
     """The version a :func:`manager_trait` names, dotted again."""
-    return trait[len(ownership.MANAGER_TRAIT_PREFIX):].replace("_", ".")
+    return trait[len(ownership.MANAGER_TRAIT_PREFIX) :].replace("_", ".")
 
 
-def provider_traits(type_id: str, type_name: str | None,
-                    manager_version: str | None = None) -> tuple[str, ...]:
+def provider_traits(
+    type_id: str, type_name: str | None, manager_version: str | None = None
+) -> tuple[str, ...]:
     """A GPU provider's traits: its type's, the one saying it is ours, and
     on an NVIDIA GPU the one naming the host's vGPU manager version."""
     traits = {*type_traits(type_id, type_name), ownership.OWNER_TRAIT}

@@ -30,9 +30,11 @@ Units = int | dict[str, int]
 Allocated = Mapping[str, Mapping[str, int]]
 
 
-def unallocated_claims(claim_list: Iterable[Claim], allocated: Mapping[str, Allocated],
-                       units_of: Callable[[Claim], Units] | None = None,
-                       ) -> dict[str, Any]:
+def unallocated_claims(
+    claim_list: Iterable[Claim],
+    allocated: Mapping[str, Allocated],
+    units_of: Callable[[Claim], Units] | None = None,
+) -> dict[str, Any]:
     """``{gpu address: claimed vGPUs that Placement does not count}``.
 
     Placement already counts the units an instance has allocated on a GPU's
@@ -49,11 +51,13 @@ def unallocated_claims(claim_list: Iterable[Claim], allocated: Mapping[str, Allo
     whose GPU then gets ``{class: units}`` too, each class counted apart.
     """
     held: collections.defaultdict[tuple[str, str], collections.Counter[str | None]] = (
-        collections.defaultdict(collections.Counter))
+        collections.defaultdict(collections.Counter)
+    )
     for claim in claim_list:
         units = units_of(claim) if units_of else 1
         held[claim.gpu, claim.instance_uuid].update(
-            units if isinstance(units, dict) else {None: units})
+            units if isinstance(units, dict) else {None: units}
+        )
     extra: dict[str, Any] = {}
     for (gpu, instance), counts in held.items():
         mine = allocated.get(gpu, {}).get(instance, {})
@@ -68,10 +72,12 @@ def unallocated_claims(claim_list: Iterable[Claim], allocated: Mapping[str, Allo
     return {gpu: count for gpu, count in extra.items() if count}
 
 
-def claims_placement_lacks(claim_list: Sequence[Claim], nodename: str,
-                           allocations_on: Callable[[str], Allocated | None],
-                           units_of: Callable[[Claim], Units] | None = None,
-                           ) -> dict[str, Any]:
+def claims_placement_lacks(
+    claim_list: Sequence[Claim],
+    nodename: str,
+    allocations_on: Callable[[str], Allocated | None],
+    units_of: Callable[[Claim], Units] | None = None,
+) -> dict[str, Any]:
     """:func:`unallocated_claims`, asking ``allocations_on(provider name)``
     (None when Placement cannot say) only about GPUs that hold claims."""
     allocated = {}
@@ -87,12 +93,16 @@ def claim_units(boards: Mapping[str, BoardReading]) -> Callable[[Claim], Units]:
     board of ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`)
     counts its type's framebuffer MiB and one vGPU of its size class
     (``{class: units}``), any other claim one vGPU."""
+
     def units_of(claim: Claim) -> Units:
         reading = boards.get(claim.gpu)
         found = reading.placements.get(claim.type_id) if reading else None
         if not found:
             return 1
         size: int = found.size
-        return {framebuffer.RESOURCE_CLASS: size * framebuffer.SLOT_MIB,
-                size_classes.class_name(size): 1}
+        return {
+            framebuffer.RESOURCE_CLASS: size * framebuffer.SLOT_MIB,
+            size_classes.class_name(size): 1,
+        }
+
     return units_of

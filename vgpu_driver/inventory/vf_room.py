@@ -66,27 +66,37 @@ def read_board(host: SysfsReader, gpu: PhysicalGPU, type_id: str) -> BoardRoom:
     try:
         if host.mixed_sizes(gpu.address):
             found = host.vgpu_placements(gpu.address, [number]).get(number)
-            return BoardRoom(creatable=size_classes.disjoint(found.creatable, found.size)
-                             if found else 0)
+            return BoardRoom(
+                creatable=size_classes.disjoint(found.creatable, found.size) if found else 0
+            )
         return BoardRoom(maximum=host.vgpu_max_instances(gpu.address, [number])[number])
     except (exception.NvmlUnavailable, exception.MixedSizeModeRefused, KeyError) as exc:
         if gpu.address not in _LOGGED:
             _LOGGED.add(gpu.address)
-            LOG.warning("NVML cannot say how many vGPUs of %s board %s holds (%s): its "
-                        "inventory offers one more at a time", type_id, gpu.address, exc)
+            LOG.warning(
+                "NVML cannot say how many vGPUs of %s board %s holds (%s): its "
+                "inventory offers one more at a time",
+                type_id,
+                gpu.address,
+                exc,
+            )
         return BoardRoom(error=str(exc) or type(exc).__name__)
 
 
-def read_boards(host: SysfsReader, snapshot: HostSnapshot,
-                served: Mapping[str, Collection[str]]) -> types.MappingProxyType[str, BoardRoom]:
+def read_boards(
+    host: SysfsReader, snapshot: HostSnapshot, served: Mapping[str, Collection[str]]
+) -> types.MappingProxyType[str, BoardRoom]:
     """``{board address: BoardRoom}`` of the vendor-VFIO boards ``served``
     (``{gpu address: (type id, ...)}``, see
     :func:`vgpu_driver.inventory.configured_types`) gives one type."""
     rooms: dict[str, BoardRoom] = {}
     for gpu in snapshot.gpus:
         type_ids = tuple(served.get(gpu.address, ()))
-        if (len(type_ids) == 1 and gpu.mode == discovery.MODE_VENDOR_VFIO
-                and names.is_vendor_type_id(type_ids[0])):
+        if (
+            len(type_ids) == 1
+            and gpu.mode == discovery.MODE_VENDOR_VFIO
+            and names.is_vendor_type_id(type_ids[0])
+        ):
             rooms[gpu.address] = read_board(host, gpu, type_ids[0])
     return types.MappingProxyType(rooms)
 
