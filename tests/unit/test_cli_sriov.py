@@ -281,7 +281,7 @@ def test_enable_switches_a_board_configured_for_mixed_sizes(make_host, run,  # n
     [row] = json.loads(out)
     assert (row["type"], row["resource_class"], row["total"], row["max_unit"]) == (
         "nvidia-1155 (4096 MiB), nvidia-1157 (12288 MiB)", "CUSTOM_VGPU_FRAMEBUFFER_MIB",
-        49152, 12288)
+        49152, 49152)
     code, out, _ = run(*root, "config", "check", conf=conf)
     assert code == 0 and out.startswith("ok: ")
 
@@ -354,7 +354,7 @@ def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(
     code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
     [row] = json.loads(out)
     assert (row["type"], row["total"], row["max_unit"]) == (
-        "nvidia-471 (10240 MiB), nvidia-472 (20480 MiB)", 40960, 20480)
+        "nvidia-471 (10240 MiB), nvidia-472 (20480 MiB)", 40960, 40960)
     code, out, _ = run(*root, "config", "check", conf=conf)
     assert code == 0 and out.startswith("ok: "), out
     host.set_vendor_vgpu_type("0000:41:00.4", 471)      # 10 GB at 0
@@ -461,7 +461,7 @@ def test_config_check_agrees_with_inventory_however_the_board_is_named(
     root = ("--sysfs-root", host.paths.root)
     code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
     [row] = json.loads(out)
-    assert (row["gpu"], row["total"], row["max_unit"]) == (L40S, 49152, 12288)
+    assert (row["gpu"], row["total"], row["max_unit"]) == (L40S, 49152, 49152)
     code, out, _ = run(*root, "config", "check", "--strict", conf=conf)
     assert (code, out.splitlines()[-1]) == (0, "ok: 2 enabled type(s), 1 mdev-capable "
                                                "device(s) on this host"), out
