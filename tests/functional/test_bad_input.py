@@ -262,7 +262,8 @@ CASES = [
     case("metrics-output-under-a-file", ["metrics", "--output", "{w}/nova.conf/vgpu.prom"],
          "Cannot write the metrics to {w}/nova.conf/vgpu.prom: Not a directory"),
     case("metrics-output-a-directory", ["metrics", "--output", "{w}/empty-dir"],
-         "Cannot write the metrics to {w}/empty-dir: Is a directory"),
+         "--output '{w}/empty-dir': node_exporter's textfile collector reads only files "
+         "named *.prom"),
     case("metrics-nodename-empty", ["--nodename", "", "metrics"], "Refusing nodename ''"),
     case("metrics-journal-garbage", [D, f"{J}/garbage", "metrics"],
          f"{J}/garbage/claims.sqlite is unusable (file is not a database"),

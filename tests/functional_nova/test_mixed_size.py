@@ -18,7 +18,6 @@ from tests.functional_nova import test_vendor_vfio_live_migration
 from tests.functional_nova import test_vgpu
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
-from vgpu_driver import nvml
 from vgpu_driver import size_classes
 
 L40S = "0000:c1:00.0"
@@ -85,7 +84,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # 24 GB, and slots 4-7 fit no configured size.
         kernel = self.kernels["host1"]
         self.assertEqual(((1155, 0), (1157, 12), (1156, 24)),
-                         nvml.located_vgpus(L40S, kernel.nvml_bindings))
+                         kernel.vgpu_locations(L40S))
         self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
         refused = self.boot(24, expected_state="ERROR")
         self.assertIn("No valid host", refused["fault"]["message"])
@@ -131,8 +130,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
                          [self.typed_vfs()[vf] for vf in self.guest_vfs(served)])
         kernel = self.kernels["host1"]
         self.assertEqual(((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)),
-                         tuple(sorted(nvml.located_vgpus(L40S, kernel.nvml_bindings),
-                                      key=lambda v: v[1])))
+                         kernel.vgpu_locations(L40S))
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
     def test_a_restart_gives_allocations_without_a_size_class_theirs(self):
@@ -229,7 +227,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual([], self.guest_vfs(refused))
         kernel = self.kernels["host1"]
         self.assertEqual(((1156, 0), (1157, 12), (1156, 24), (1157, 36)),
-                         nvml.located_vgpus(L40S, kernel.nvml_bindings))
+                         kernel.vgpu_locations(L40S))
         self.assertEqual(40 * GB, self.board()[3])
         self._run_periodics()
         self.assertEqual([], host_audit.audit_of(self, "host1"))
