@@ -76,12 +76,19 @@ def host_profile():
     Returns ``(profile, {gpu address: [mdev uuids, sorted]})``.
     """
     profile = profiles.load("t4x8")
-    by_gpu = {gpu["address"]: sorted(str(uuid.uuid4()) for _ in range(MDEVS_PER_GPU))
-              for gpu in profile["gpus"]}
-    profile["mdevs"] = [{"parent": address, "type": TYPE_ID, "uuid": u}
-                        for address, uuids in by_gpu.items() for u in uuids]
-    profile["description"] = (f"8 x T4 (t4x8), {MDEVS_PER_GPU} {TYPE_ID} mdevs on each "
-                              f"({MDEVS_PER_GPU * len(by_gpu)} in all)")
+    by_gpu = {
+        gpu["address"]: sorted(str(uuid.uuid4()) for _ in range(MDEVS_PER_GPU))
+        for gpu in profile["gpus"]
+    }
+    profile["mdevs"] = [
+        {"parent": address, "type": TYPE_ID, "uuid": u}
+        for address, uuids in by_gpu.items()
+        for u in uuids
+    ]
+    profile["description"] = (
+        f"8 x T4 (t4x8), {MDEVS_PER_GPU} {TYPE_ID} mdevs on each "
+        f"({MDEVS_PER_GPU * len(by_gpu)} in all)"
+    )
     return profile, by_gpu
 
 
@@ -108,12 +115,20 @@ class Guests:
         remote_count = max(SIZES) - len(self.local)
         self.remote = [str(uuid.uuid4()) for _ in range(remote_count)]
         self.domain_uuids = [str(uuid.uuid4()) for _ in range(max(SIZES))]
-        self.claims = [(self.domain_uuids[i], mdev, gpu, claims_mod.ATTACHED)
-                       for i, (gpu, mdev) in enumerate(self.local)]
+        self.claims = [
+            (self.domain_uuids[i], mdev, gpu, claims_mod.ATTACHED)
+            for i, (gpu, mdev) in enumerate(self.local)
+        ]
         pending = CLAIMS - len(self.claims)
-        self.claims += [(self.domain_uuids[len(self.local) + i], mdev,
-                         others[i % len(others)], claims_mod.ATTACHED)
-                        for i, mdev in enumerate(self.remote[:pending])]
+        self.claims += [
+            (
+                self.domain_uuids[len(self.local) + i],
+                mdev,
+                others[i % len(others)],
+                claims_mod.ATTACHED,
+            )
+            for i, mdev in enumerate(self.remote[:pending])
+        ]
 
     def mdev_of(self, index):
         if index < len(self.local):
@@ -146,7 +161,8 @@ def nova_conf(tmp, uri):
     journal and the fake tree."""
     path = os.path.join(tmp, "nova.conf")
     with open(path, "w") as f:
-        f.write(textwrap.dedent(f"""
+        f.write(
+            textwrap.dedent(f"""
             [DEFAULT]
             host = {NODENAME}
             state_path = {tmp}/nova
@@ -159,7 +175,8 @@ def nova_conf(tmp, uri):
             [vgpu]
             state_dir = {tmp}/state
             sysfs_root = {tmp}/sys
-            """))
+            """)
+        )
     return path
 
 
@@ -169,8 +186,7 @@ class _NoPlacement:
     is asked of Placement; a question would be a change in what is measured."""
 
     def __getattr__(self, name):
-        raise AssertionError(f"the benchmark runs no Placement, yet reportclient.{name} "
-                             "was used")
+        raise AssertionError(f"the benchmark runs no Placement, yet reportclient.{name} was used")
 
 
 class _VirtAPI(fake_virt.FakeVirtAPI):
@@ -189,13 +205,11 @@ def compute_driver(conf_file, kernel):
     """
     nova_alias.install()  # as vgpu-nova-compute does before nova-compute runs
     nova_config.parse_args([], default_config_files=[conf_file])
-    drv = virt_driver.load_compute_driver(_VirtAPI(),
-                                          "vgpu_driver.nova.LibvirtVGPUDriver")
+    drv = virt_driver.load_compute_driver(_VirtAPI(), "vgpu_driver.nova.LibvirtVGPUDriver")
     # nova-compute's handler records the connection in nova's database through
     # the conductor; neither runs here.
     drv._host._conn_event_handler = None
-    drv._vgpu = core.VGPUDriver(libvirt_driver.CONF, drv._domains,
-                                 host=kernel)
+    drv._vgpu = core.VGPUDriver(libvirt_driver.CONF, drv._domains, host=kernel)
     libvirt_driver.LibvirtDriver.init_host(drv, NODENAME)
     drv.vgpu.domains.event_driven = True
     return drv
@@ -229,8 +243,7 @@ class Ours:
 
     def guest_comes_and_goes(self, instance_uuid, mdev_uuid):
         self.spawns += 1
-        dom = self.conn.defineXML(domain_xml(0xF000000 + self.spawns, instance_uuid,
-                                             mdev_uuid))
+        dom = self.conn.defineXML(domain_xml(0xF000000 + self.spawns, instance_uuid, mdev_uuid))
         libvirt_domains.wait_for(self.index, mdev_uuid, present=True)
         self.drv.vgpu.instance_defined(instance_uuid)
         dom.undefine()
@@ -266,8 +279,7 @@ def time_rounds(rounds, baseline, baseline_expected, ours, expected):
         got = baseline()
         elapsed = (time.perf_counter() - start) * 1000
         if got != baseline_expected:
-            wrong.append(f"nova found {len(got)} assigned mdevs, expected "
-                         f"{len(baseline_expected)}")
+            wrong.append(f"nova found {len(got)} assigned mdevs, expected {len(baseline_expected)}")
         return elapsed
 
     def one_ours():
@@ -303,16 +315,21 @@ def profile_ours(ours, rounds):
     rows = []
     for (filename, line, func), (_cc, calls, tottime, cumtime, _) in stats.stats.items():
         where = _short(filename)
-        rows.append({"function": f"{where}:{line}({func})", "calls": calls // rounds,
-                     "tottime_ms": tottime * 1000 / rounds,
-                     "cumtime_ms": cumtime * 1000 / rounds})
+        rows.append(
+            {
+                "function": f"{where}:{line}({func})",
+                "calls": calls // rounds,
+                "tottime_ms": tottime * 1000 / rounds,
+                "cumtime_ms": cumtime * 1000 / rounds,
+            }
+        )
     return rows
 
 
 def _short(filename):
     for marker in ("vgpu_driver" + os.sep, "benchmarks" + os.sep):
         if marker in filename:
-            return filename[filename.index(marker):]
+            return filename[filename.index(marker) :]
     return os.path.basename(filename) if filename.startswith(("/", "<frozen")) else filename
 
 
@@ -321,57 +338,84 @@ def _short(filename):
 
 def print_setup(results):
     print(f"Host: {results['host']}")
-    print(f"  allocating 1 x {TYPE_ID} on {results['gpu']}: {TARGET_USED} of its "
-          f"{MDEVS_PER_GPU} mdevs are in use, the free one is last in name order")
+    print(
+        f"  allocating 1 x {TYPE_ID} on {results['gpu']}: {TARGET_USED} of its "
+        f"{MDEVS_PER_GPU} mdevs are in use, the free one is last in name order"
+    )
     local = results["local_domains"]
-    print(f"Journal: {CLAIMS} attached claims ({local} for guests on host mdevs, the "
-          f"others on other GPUs); state dir on {results['state_fs']}")
-    print(f"Domains: a private libvirtd ({results['daemon']}, libvirt "
-          f"{results['libvirt']}), KVM guests each with a disk, an interface and one "
-          f"mdev hostdev; {local} use host mdevs, the others mdevs not on this host")
-    print("Ours: LibvirtVGPUDriver._allocate_mdevs inside nova's spawn context, index fed "
-          "by nova's Host events; baseline: nova's "
-          "LibvirtDriver._get_all_assigned_mediated_devices on the same driver")
+    print(
+        f"Journal: {CLAIMS} attached claims ({local} for guests on host mdevs, the "
+        f"others on other GPUs); state dir on {results['state_fs']}"
+    )
+    print(
+        f"Domains: a private libvirtd ({results['daemon']}, libvirt "
+        f"{results['libvirt']}), KVM guests each with a disk, an interface and one "
+        f"mdev hostdev; {local} use host mdevs, the others mdevs not on this host"
+    )
+    print(
+        "Ours: LibvirtVGPUDriver._allocate_mdevs inside nova's spawn context, index fed "
+        "by nova's Host events; baseline: nova's "
+        "LibvirtDriver._get_all_assigned_mediated_devices on the same driver"
+    )
     print()
     print("Setup per size (untimed in the rounds)")
     print(f"  {'domains':>7} {'defineXML ms':>13} {'index build ms':>15} {'rounds':>7}")
     for size in results["sizes"]:
-        print(f"  {size['domains']:>7} {size['define_ms']:>13.1f} "
-              f"{size['index_build_ms']:>15.1f} {size['rounds']:>7}")
+        print(
+            f"  {size['domains']:>7} {size['define_ms']:>13.1f} "
+            f"{size['index_build_ms']:>15.1f} {size['rounds']:>7}"
+        )
     print("  (defineXML: the domains added for this size; index build: one full re-read,")
     print("   which the index repeats at most once per max_staleness)")
     print()
 
 
 def print_timing(results):
-    print(f"Timing: allocate 1 VGPU, interleaved rounds (above) per size "
-          f"(Python {platform.python_version()}, tree and journal under "
-          f"{results['tmp_dir']})")
-    print(f"  {'domains':>7} {'ours ms':>9} {'min':>7} {'baseline ms':>12} {'min':>8} "
-          f"{'baseline/ours':>14}")
+    print(
+        f"Timing: allocate 1 VGPU, interleaved rounds (above) per size "
+        f"(Python {platform.python_version()}, tree and journal under "
+        f"{results['tmp_dir']})"
+    )
+    print(
+        f"  {'domains':>7} {'ours ms':>9} {'min':>7} {'baseline ms':>12} {'min':>8} "
+        f"{'baseline/ours':>14}"
+    )
     for size in results["sizes"]:
         ours, base = size["ours_ms"], size["baseline_ms"]
-        print(f"  {size['domains']:>7} {ours['median']:>9.3f} {ours['min']:>7.3f} "
-              f"{base['median']:>12.2f} {base['min']:>8.2f} {size['ratio_median']:>14.1f}")
-    print(f"  (medians; baseline/ours is the ratio of the medians; each timed window "
-          f"follows {results['settle']})")
+        print(
+            f"  {size['domains']:>7} {ours['median']:>9.3f} {ours['min']:>7.3f} "
+            f"{base['median']:>12.2f} {base['min']:>8.2f} {size['ratio_median']:>14.1f}"
+        )
+    print(
+        f"  (medians; baseline/ours is the ratio of the medians; each timed window "
+        f"follows {results['settle']})"
+    )
     print()
     targets = results["targets"]
     print("Targets")
-    print(f"  [{common.mark(targets['ratio_ok'])}] baseline/ours at {RATIO_SIZE} domains "
-          f"{targets['ratio_at_size']:.1f} >= {RATIO_TARGET:.0f}")
-    print(f"  [{common.mark(targets['flat_ok'])}] ours({max(SIZES)}) / ours({min(SIZES)}) "
-          f"{targets['flatness']:.2f} <= {FLAT_TARGET}")
+    print(
+        f"  [{common.mark(targets['ratio_ok'])}] baseline/ours at {RATIO_SIZE} domains "
+        f"{targets['ratio_at_size']:.1f} >= {RATIO_TARGET:.0f}"
+    )
+    print(
+        f"  [{common.mark(targets['flat_ok'])}] ours({max(SIZES)}) / ours({min(SIZES)}) "
+        f"{targets['flatness']:.2f} <= {FLAT_TARGET}"
+    )
 
 
 # Parts of an allocation, as ``(label, [function suffixes whose cumulative times add up])``.
 PROFILE_PARTS = (
-    ("claims journal (claims_journal.py, claims.py, sqlite3)",
-     ["claims_journal.py(transaction)", "claims_journal.py(claims)", "claims.py(claims)",
-      "claims.py(add)"]),
+    (
+        "claims journal (claims_journal.py, claims.py, sqlite3)",
+        [
+            "claims_journal.py(transaction)",
+            "claims_journal.py(claims)",
+            "claims.py(claims)",
+            "claims.py(add)",
+        ],
+    ),
     ("one GPU's sysfs (mdevs/manager.py _gpu_state)", ["mdevs/manager.py(_gpu_state)"]),
-    ("nova's connection test in get_connection (getLibVersion)",
-     ["virConnectGetLibVersion>)"]),
+    ("nova's connection test in get_connection (getLibVersion)", ["virConnectGetLibVersion>)"]),
     ("domain index, without that test (mdev_users)", ["(mdev_users)"]),
 )
 
@@ -380,7 +424,7 @@ def _cum(rows, suffixes):
     total = 0.0
     for row in rows:
         function = row["function"]
-        name = function[:function.index(":")] + function[function.index("("):]
+        name = function[: function.index(":")] + function[function.index("(") :]
         if any(name.endswith(suffix) for suffix in suffixes):
             total += row["cumtime_ms"]
     return total
@@ -401,14 +445,18 @@ def profile_parts(rows):
 def print_profile(rows, size, rounds):
     total, parts = profile_parts(rows)
     print()
-    print(f"Where ours spends its time: cProfile over {rounds} allocations at {size} domains, "
-          f"{total:.3f} ms each (profiled)")
+    print(
+        f"Where ours spends its time: cProfile over {rounds} allocations at {size} domains, "
+        f"{total:.3f} ms each (profiled)"
+    )
     for label, ms in parts:
         print(f"  {ms:>7.3f} ms {100 * ms / total:>4.0f} %  {label}")
     print(f"  {'own ms':>7} {'cum ms':>7} {'calls':>5}  functions by own time")
     for row in sorted(rows, key=lambda r: r["tottime_ms"], reverse=True)[:10]:
-        print(f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
-              f"{row['function']}")
+        print(
+            f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
+            f"{row['function']}"
+        )
 
 
 # -- one size, and the whole run --------------------------------------------------------
@@ -439,14 +487,20 @@ def run_size(args, count, drv, conn, guests, allocations):
     if problems:
         return None, problems, None
     baseline_ms, ours_ms, wrong = time_rounds(
-        rounds, lambda: nova_scan(drv), guests.domain_mdevs(count), ours, guests.free)
+        rounds, lambda: nova_scan(drv), guests.domain_mdevs(count), ours, guests.free
+    )
     problems = wrong + check_state(drv, conn, guests, count)
     profile = profile_ours(ours, rounds) if count == max(SIZES) else None
     base, mine = common.summary(baseline_ms), common.summary(ours_ms)
-    size = {"domains": count, "rounds": rounds, "index_build_ms": build_ms,
-            "baseline_ms": base, "ours_ms": mine,
-            "ratio_median": base["median"] / mine["median"],
-            "ratio_min": base["min"] / mine["min"]}
+    size = {
+        "domains": count,
+        "rounds": rounds,
+        "index_build_ms": build_ms,
+        "baseline_ms": base,
+        "ours_ms": mine,
+        "ratio_median": base["median"] / mine["median"],
+        "ratio_min": base["min"] / mine["min"],
+    }
     return size, problems, profile
 
 
@@ -483,18 +537,21 @@ def measure(args, tmp):
         for count in SIZES:
             define_ms[count] = define(conn, guests, defined, count)
             defined = count
-            size, wrong, size_profile = run_size(args, count, drv, conn, guests,
-                                                 allocations)
+            size, wrong, size_profile = run_size(args, count, drv, conn, guests, allocations)
             problems += [f"{count} domains: {p}" for p in wrong]
             if size is None:
                 break
             size["define_ms"] = define_ms[count]
             sizes.append(size)
             profile = size_profile or profile
-        info = {"host": host_profile_["description"], "gpu": guests.target,
-                "local_domains": len(guests.local), "state_fs": common.fs_type(tmp),
-                "libvirt": libvirt_domains.libvirt_version(),
-                "daemon": daemon.uri.split("?")[0]}
+        info = {
+            "host": host_profile_["description"],
+            "gpu": guests.target,
+            "local_domains": len(guests.local),
+            "state_fs": common.fs_type(tmp),
+            "libvirt": libvirt_domains.libvirt_version(),
+            "daemon": daemon.uri.split("?")[0],
+        }
         return sizes, problems, profile, info
     finally:
         if conn is not None:
@@ -505,11 +562,13 @@ def measure(args, tmp):
 
 
 def main(argv=None):
-    args = common.parse_args(argv, __doc__.split("\n\n")[0],
-                             'Timed rounds of each path per size (at most '
-                             f'{BASELINE_ROUNDS_CAP[5000]} at 5000 domains)',
-                             "Where to write the fake tree, the claims journal and the "
-                             "daemon's files (default: the system's temp dir).")
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        f"Timed rounds of each path per size (at most {BASELINE_ROUNDS_CAP[5000]} at 5000 domains)",
+        "Where to write the fake tree, the claims journal and the "
+        "daemon's files (default: the system's temp dir).",
+    )
     if os.geteuid() != 0:
         sys.exit("bench_allocation runs a qemu:///system libvirtd: run it as root")
     with tempfile.TemporaryDirectory(prefix="bench-allocation-", dir=args.tmpdir) as tmp:
@@ -518,18 +577,27 @@ def main(argv=None):
         print("WRONG RESULTS, the timings mean nothing:\n  " + "\n  ".join(problems[:20]))
         return 1
     by_size = {s["domains"]: s for s in sizes}
-    flatness = by_size[max(SIZES)]["ours_ms"]["median"] / by_size[min(SIZES)]["ours_ms"][
-        "median"]
+    flatness = by_size[max(SIZES)]["ours_ms"]["median"] / by_size[min(SIZES)]["ours_ms"]["median"]
     results = {
-        "benchmark": "allocation", **info, "claims": CLAIMS,
-        "rounds": args.rounds, "settle": common.SETTLE,
+        "benchmark": "allocation",
+        **info,
+        "claims": CLAIMS,
+        "rounds": args.rounds,
+        "settle": common.SETTLE,
         "python": platform.python_version(),
-        "tmp_dir": os.path.dirname(tmp), "sizes": sizes,
-        "profile": {"domains": max(SIZES), "parts_ms": dict(profile_parts(profile)[1]),
-                    "functions": sorted(profile, key=lambda r: r["tottime_ms"],
-                                        reverse=True)[:40]},
-        "targets": {"ratio": RATIO_TARGET, "ratio_at_size": by_size[RATIO_SIZE][
-            "ratio_median"], "flat": FLAT_TARGET, "flatness": flatness},
+        "tmp_dir": os.path.dirname(tmp),
+        "sizes": sizes,
+        "profile": {
+            "domains": max(SIZES),
+            "parts_ms": dict(profile_parts(profile)[1]),
+            "functions": sorted(profile, key=lambda r: r["tottime_ms"], reverse=True)[:40],
+        },
+        "targets": {
+            "ratio": RATIO_TARGET,
+            "ratio_at_size": by_size[RATIO_SIZE]["ratio_median"],
+            "flat": FLAT_TARGET,
+            "flatness": flatness,
+        },
     }
     results["targets"]["ratio_ok"] = results["targets"]["ratio_at_size"] >= RATIO_TARGET
     results["targets"]["flat_ok"] = flatness <= FLAT_TARGET

@@ -64,8 +64,7 @@ def _vf_addresses(gpu):
     """The VF addresses the fake kernel derives from a PF (offset, stride)."""
     pf = names.parse_pci_address(gpu["address"])
     sriov = gpu["sriov"]
-    return [str(pf.offset(sriov["offset"] + i * sriov["stride"]))
-            for i in range(sriov["numvfs"])]
+    return [str(pf.offset(sriov["offset"] + i * sriov["stride"])) for i in range(sriov["numvfs"])]
 
 
 def _check_addresses_distinct(gpus):
@@ -97,17 +96,22 @@ def large_host_profile():
         board = copy.deepcopy(a100)
         board["gpus"][0]["address"] = f"0000:{bus:02x}:00.0"
         boards.append(board)
-    profile = profiles.combine("bench-large", *boards, t4x8,
-                               description="8 x A100 (16 VFs) + 8 x T4, 200 mdevs")
+    profile = profiles.combine(
+        "bench-large", *boards, t4x8, description="8 x A100 (16 VFs) + 8 x T4, 200 mdevs"
+    )
     _check_addresses_distinct(profile["gpus"])
     mdevs = []
     for board in boards:
         vfs = _vf_addresses(board["gpus"][0])
-        mdevs += [{"parent": vf, "type": A100_TYPE, "uuid": str(uuid.uuid4())}
-                  for vf in vfs[:A100_MDEVS_PER_BOARD]]
+        mdevs += [
+            {"parent": vf, "type": A100_TYPE, "uuid": str(uuid.uuid4())}
+            for vf in vfs[:A100_MDEVS_PER_BOARD]
+        ]
     for gpu in t4x8["gpus"]:
-        mdevs += [{"parent": gpu["address"], "type": T4_TYPE, "uuid": str(uuid.uuid4())}
-                  for _ in range(T4_MDEVS_PER_GPU)]
+        mdevs += [
+            {"parent": gpu["address"], "type": T4_TYPE, "uuid": str(uuid.uuid4())}
+            for _ in range(T4_MDEVS_PER_GPU)
+        ]
     profile["mdevs"] = mdevs
     a100_pfs = tuple(board["gpus"][0]["address"] for board in boards)
     return profile, a100_pfs
@@ -127,7 +131,8 @@ def mdev_config(a100_pfs):
     return MdevConfig(
         types=(TypeConfig(A100_TYPE, device_addresses=a100_pfs), TypeConfig(T4_TYPE)),
         default_type=T4_TYPE,
-        by_address=MappingProxyType(dict.fromkeys(a100_pfs, A100_TYPE)))
+        by_address=MappingProxyType(dict.fromkeys(a100_pfs, A100_TYPE)),
+    )
 
 
 # -- the two paths ------------------------------------------------------------
@@ -226,8 +231,10 @@ class IoCounter:
     @property
     def opened(self):
         """Opened files, resolved only now: ``realpath`` itself calls ``os``."""
-        return {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-                for path in self._opened}
+        return {
+            os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            for path in self._opened
+        }
 
     def _record(self, call, path_or_fd):
         self.counts[call] += 1
@@ -248,6 +255,7 @@ class IoCounter:
                     if call == "open":
                         self.counts["open_missing"] += 1
                     raise
+
             return wrapper
 
         for name, func in originals.items():
@@ -299,16 +307,23 @@ def print_tree(tree):
     print(f"Inventory of {tree.root_name}: {len(tree.providers)} providers")
     print(f"  {'provider':<34} {'type':<11} {'name':<16} {'total':>5} {'reserved':>8}")
     for p in tree.providers:
-        print(f"  {p.name:<34} {p.type_id:<11} {p.type_name or '-':<16} "
-              f"{p.total:>5} {p.reserved:>8}")
+        print(
+            f"  {p.name:<34} {p.type_id:<11} {p.type_name or '-':<16} {p.total:>5} {p.reserved:>8}"
+        )
     print()
 
 
 def print_io(real, floor):
     print("File-system calls per run (untimed verification pass)")
     print(f"  {'call':<22} {'real':>7} {'floor':>7}")
-    labels = {"open": "open (attempts)", "open_missing": "  of which missing",
-              "read": "os.read", "readlink": "readlink", "listdir": "listdir", "stat": "stat"}
+    labels = {
+        "open": "open (attempts)",
+        "open_missing": "  of which missing",
+        "read": "os.read",
+        "readlink": "readlink",
+        "listdir": "listdir",
+        "stat": "stat",
+    }
     for call, label in labels.items():
         print(f"  {label:<22} {real.counts[call]:>7} {floor.counts[call]:>7}")
     missing = sorted(real.opened - floor.opened)
@@ -321,31 +336,39 @@ def print_io(real, floor):
 
 def print_timing(results):
     floor, real = results["floor_ms"], results["real_ms"]
-    print(f"Timing ({results['clock']} time): {results['rounds']} interleaved rounds, "
-          "warm cache "
-          f"(Python {platform.python_version()}, tree on {results['tree_dir']})")
+    print(
+        f"Timing ({results['clock']} time): {results['rounds']} interleaved rounds, "
+        "warm cache "
+        f"(Python {platform.python_version()}, tree on {results['tree_dir']})"
+    )
     print(f"  {'':<8} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     for label, summary in (("floor", floor), ("real", real)):
-        print(f"  {label:<8} {summary['median']:>10.2f} {summary['min']:>8.2f} "
-              f"{summary['max']:>8.2f}")
+        print(
+            f"  {label:<8} {summary['median']:>10.2f} {summary['min']:>8.2f} {summary['max']:>8.2f}"
+        )
     ratio, ratio_min = results["ratio_median"], results["ratio_min"]
     print(f"  ratio real/floor: {ratio:.2f}x (of medians), {ratio_min:.2f}x (of minimums)")
     print()
     print("Targets")
-    print(f"  [{common.mark(results['targets']['ratio_ok'])}] real/floor {ratio:.2f} "
-          f"<= {RATIO_TARGET}")
-    print(f"  [{common.mark(results['targets']['real_ms_ok'])}] real {real['median']:.2f} ms "
-          f"< {REAL_MS_TARGET:.0f} ms")
-
-
+    print(
+        f"  [{common.mark(results['targets']['ratio_ok'])}] real/floor {ratio:.2f} "
+        f"<= {RATIO_TARGET}"
+    )
+    print(
+        f"  [{common.mark(results['targets']['real_ms_ok'])}] real {real['median']:.2f} ms "
+        f"< {REAL_MS_TARGET:.0f} ms"
+    )
 
 
 def main(argv=None):
-    args = common.parse_args(argv, __doc__.split("\n\n")[0],
-                             'Timed rounds of each path',
-                             "Where to write the fake tree (default: the system's temp "
-                             "dir; /dev/shm is closer to sysfs, which lives in memory).",
-                             cpu_option=True)
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        "Timed rounds of each path",
+        "Where to write the fake tree (default: the system's temp "
+        "dir; /dev/shm is closer to sysfs, which lives in memory).",
+        cpu_option=True,
+    )
     clock = time.process_time if args.cpu else time.perf_counter
     profile, a100_pfs = large_host_profile()
     config = mdev_config(a100_pfs)
@@ -353,8 +376,10 @@ def main(argv=None):
         root = os.path.join(tmp, "sys")
         build_host(root, profile)
         tree = real_path(root, config)
-        print(f"Host: {profile['description']} -> {len(tree.providers)} GPUs "
-              f"(8 SR-IOV A100 boards x 16 VFs + 8 T4s)")
+        print(
+            f"Host: {profile['description']} -> {len(tree.providers)} GPUs "
+            f"(8 SR-IOV A100 boards x 16 VFs + 8 T4s)"
+        )
         print()
         print_tree(tree)
         problems = check_tree(tree, a100_pfs)
@@ -368,15 +393,20 @@ def main(argv=None):
         floor_io = count_io(raw_floor, root)
         print_io(real_io, floor_io)
         floor_ms, real_ms = common.interleaved(
-            args.rounds, lambda: _timed(clock, raw_floor, root),
-            lambda: _timed(clock, real_path, root, config))
+            args.rounds,
+            lambda: _timed(clock, raw_floor, root),
+            lambda: _timed(clock, real_path, root, config),
+        )
     floor, real = common.summary(floor_ms), common.summary(real_ms)
     results = {
-        "benchmark": "discovery+inventory", "host": profile["description"],
-        "rounds": args.rounds, "python": platform.python_version(),
+        "benchmark": "discovery+inventory",
+        "host": profile["description"],
+        "rounds": args.rounds,
+        "python": platform.python_version(),
         "clock": "cpu" if args.cpu else "wall",
         "tree_dir": os.path.dirname(tmp),
-        "floor_ms": floor, "real_ms": real,
+        "floor_ms": floor,
+        "real_ms": real,
         "ratio_median": real["median"] / floor["median"],
         "ratio_min": real["min"] / floor["min"],
         "io": {"real": real_io.counts, "floor": floor_io.counts},

@@ -93,8 +93,7 @@ def time_events(host, conn, rounds):
         name = f"instance-{EVENT_INDEX + number:08x}"
         common.settle()
         start = time.perf_counter()
-        dom = conn.defineXML(libvirt_domains.domain_xml(EVENT_INDEX + number, dom_uuid,
-                                                        mdev_uuid))
+        dom = conn.defineXML(libvirt_domains.domain_xml(EVENT_INDEX + number, dom_uuid, mdev_uuid))
         call_ms = (time.perf_counter() - start) * 1000
         libvirt_domains.wait_for(host, mdev_uuid, present=True)
         define_ms = _applied_after(host, dom_uuid, start)
@@ -134,8 +133,9 @@ def time_lookups(host, conn, expected, rounds):
         answers = [key in host.mdev_users() for key in keys]
         elapsed = (time.perf_counter() - start) * 1e6 / len(keys)
         if answers != truth:
-            wrong.append(f"the index answered {sum(answers)} of {len(keys)} lookups used, "
-                         f"not {sum(truth)}")
+            wrong.append(
+                f"the index answered {sum(answers)} of {len(keys)} lookups used, not {sum(truth)}"
+            )
         return elapsed
 
     rescans = itertools.count()
@@ -178,11 +178,13 @@ def event_during_refresh(host, conn):
     definer.join()
     libvirt_domains.flush_events(conn)
     entered = host.entered.get(dom_uuid)
-    result = {"refresh_ms": (end - start) * 1000,
-              "handler_started_ms": None if entered is None else (entered - start) * 1000,
-              "conclusive": entered is not None and start < entered < end,
-              "indexed": mdev_uuid in host.mdev_users(),
-              "in_libvirt": mdev_uuid in libvirt_domains.scan(conn)}
+    result = {
+        "refresh_ms": (end - start) * 1000,
+        "handler_started_ms": None if entered is None else (entered - start) * 1000,
+        "conclusive": entered is not None and start < entered < end,
+        "indexed": mdev_uuid in host.mdev_users(),
+        "in_libvirt": mdev_uuid in libvirt_domains.scan(conn),
+    }
     conn.lookupByUUIDString(dom_uuid).undefine()
     libvirt_domains.wait_for(host, mdev_uuid, present=False)
     return result
@@ -210,7 +212,7 @@ def run_size(args, count):
     expected = {mdev_uuid: dom_uuid for _i, dom_uuid, mdev_uuid in guests}
     start = time.perf_counter()
     host = Host()
-    host.mdev_users()   # the first lookup builds the index
+    host.mdev_users()  # the first lookup builds the index
     first_build_ms = (time.perf_counter() - start) * 1000
     try:
         problems = check(host, conn, expected, "after the first build")
@@ -221,24 +223,30 @@ def run_size(args, count):
         build_ms = time_builds(host, args.rounds)
         problems += check(host, conn, expected, f"after {args.rounds} refresh()")
         events, wrong = time_events(host, conn, args.rounds)
-        problems += wrong + check(host, conn, expected,
-                                  f"after {2 * (args.rounds + 1)} events")
+        problems += wrong + check(host, conn, expected, f"after {2 * (args.rounds + 1)} events")
         index_us, rescan_ms, wrong = time_lookups(host, conn, expected, args.rounds)
         problems += wrong
         race = event_during_refresh(host, conn) if count == max(SIZES) else None
         problems += check(host, conn, expected, "at the end")
         lookup, rescan = common.summary(index_us), common.summary(rescan_ms)
         define, undefine = common.summary(events["define"]), common.summary(events["undefine"])
-        size = {"domains": count, "define_ms": define_ms, "first_build_ms": first_build_ms,
-                "build_ms": common.summary(build_ms),
-                "event_define_ms": define, "event_undefine_ms": undefine,
-                # Not the median of both together: they are two clusters apart.
-                "event_ms": (define["median"] + undefine["median"]) / 2,
-                "define_call_ms": common.summary(events["call"]),
-                "handler_ms": common.summary(events["handler"]),
-                "lookup_index_us": lookup, "lookup_rescan_ms": rescan,
-                "ratio_median": rescan["median"] * 1000 / lookup["median"],
-                "ratio_min": rescan["min"] * 1000 / lookup["min"], "refresh_race": race}
+        size = {
+            "domains": count,
+            "define_ms": define_ms,
+            "first_build_ms": first_build_ms,
+            "build_ms": common.summary(build_ms),
+            "event_define_ms": define,
+            "event_undefine_ms": undefine,
+            # Not the median of both together: they are two clusters apart.
+            "event_ms": (define["median"] + undefine["median"]) / 2,
+            "define_call_ms": common.summary(events["call"]),
+            "handler_ms": common.summary(events["handler"]),
+            "lookup_index_us": lookup,
+            "lookup_rescan_ms": rescan,
+            "ratio_median": rescan["median"] * 1000 / lookup["median"],
+            "ratio_min": rescan["min"] * 1000 / lookup["min"],
+            "refresh_race": race,
+        }
         return size, problems
     finally:
         host.close()
@@ -249,67 +257,99 @@ def run_size(args, count):
 
 
 def print_report(results):
-    print(f"Domains: libvirt {results['libvirt']} test driver ({libvirt_domains.URI}), each "
-          f"with a disk, an interface and one mdev hostdev")
-    print(f"Index: vgpu_driver.domain_index.DomainIndex on its own connection, "
-          f"events: {', '.join(results['events'])}")
-    print(f"  (Python {platform.python_version()}; {results['rounds']} rounds of each "
-          f"measurement per size; each timed window follows {results['settle']})")
+    print(
+        f"Domains: libvirt {results['libvirt']} test driver ({libvirt_domains.URI}), each "
+        f"with a disk, an interface and one mdev hostdev"
+    )
+    print(
+        f"Index: vgpu_driver.domain_index.DomainIndex on its own connection, "
+        f"events: {', '.join(results['events'])}"
+    )
+    print(
+        f"  (Python {platform.python_version()}; {results['rounds']} rounds of each "
+        f"measurement per size; each timed window follows {results['settle']})"
+    )
     print()
     print("Build: refresh() of the whole index")
-    print(f"  {'domains':>7} {'defineXML ms':>13} {'first ms':>9} {'refresh ms':>11} "
-          f"{'min':>8} {'us/domain':>10}")
+    print(
+        f"  {'domains':>7} {'defineXML ms':>13} {'first ms':>9} {'refresh ms':>11} "
+        f"{'min':>8} {'us/domain':>10}"
+    )
     for size in results["sizes"]:
         build = size["build_ms"]
-        print(f"  {size['domains']:>7} {size['define_ms']:>13.1f} "
-              f"{size['first_build_ms']:>9.1f} {build['median']:>11.2f} {build['min']:>8.2f} "
-              f"{build['median'] * 1000 / size['domains']:>10.1f}")
-    print("  (first: the constructor, which connects and subscribes, and the first lookup, "
-          "which builds)")
+        print(
+            f"  {size['domains']:>7} {size['define_ms']:>13.1f} "
+            f"{size['first_build_ms']:>9.1f} {build['median']:>11.2f} {build['min']:>8.2f} "
+            f"{build['median'] * 1000 / size['domains']:>10.1f}"
+        )
+    print(
+        "  (first: the constructor, which connects and subscribes, and the first lookup, "
+        "which builds)"
+    )
     print()
     print("Events: from defineXML/undefine until mdev_users() shows the change")
-    print(f"  {'domains':>7} {'define ms':>10} {'min':>7} {'undefine ms':>12} {'min':>7} "
-          f"{'event ms':>9} {'call ms':>8} {'handler ms':>11}")
+    print(
+        f"  {'domains':>7} {'define ms':>10} {'min':>7} {'undefine ms':>12} {'min':>7} "
+        f"{'event ms':>9} {'call ms':>8} {'handler ms':>11}"
+    )
     for size in results["sizes"]:
         define, undefine = size["event_define_ms"], size["event_undefine_ms"]
-        print(f"  {size['domains']:>7} {define['median']:>10.3f} {define['min']:>7.3f} "
-              f"{undefine['median']:>12.3f} {undefine['min']:>7.3f} "
-              f"{size['event_ms']:>9.3f} {size['define_call_ms']['median']:>8.3f} "
-              f"{size['handler_ms']['median']:>11.3f}")
-    print("  (medians; event: the mean of the define and undefine medians; call: the "
-          "defineXML call alone;\n   handler: the index applying a noted event alone, its "
-          "XMLDesc and parse and the new maps)")
+        print(
+            f"  {size['domains']:>7} {define['median']:>10.3f} {define['min']:>7.3f} "
+            f"{undefine['median']:>12.3f} {undefine['min']:>7.3f} "
+            f"{size['event_ms']:>9.3f} {size['define_call_ms']['median']:>8.3f} "
+            f"{size['handler_ms']['median']:>11.3f}"
+        )
+    print(
+        "  (medians; event: the mean of the define and undefine medians; call: the "
+        "defineXML call alone;\n   handler: the index applying a noted event alone, its "
+        "XMLDesc and parse and the new maps)"
+    )
     print()
-    print(f"Lookup: 'uuid in mdev_users()' against a full rescan per lookup "
-          f"({LOOKUPS} lookups per index round, half of them used)")
-    print(f"  {'domains':>7} {'index us':>9} {'min':>7} {'rescan ms':>10} {'min':>8} "
-          f"{'rescan/index':>13}")
+    print(
+        f"Lookup: 'uuid in mdev_users()' against a full rescan per lookup "
+        f"({LOOKUPS} lookups per index round, half of them used)"
+    )
+    print(
+        f"  {'domains':>7} {'index us':>9} {'min':>7} {'rescan ms':>10} {'min':>8} "
+        f"{'rescan/index':>13}"
+    )
     for size in results["sizes"]:
         lookup, rescan = size["lookup_index_us"], size["lookup_rescan_ms"]
-        print(f"  {size['domains']:>7} {lookup['median']:>9.3f} {lookup['min']:>7.3f} "
-              f"{rescan['median']:>10.2f} {rescan['min']:>8.2f} {size['ratio_median']:>13.0f}")
+        print(
+            f"  {size['domains']:>7} {lookup['median']:>9.3f} {lookup['min']:>7.3f} "
+            f"{rescan['median']:>10.2f} {rescan['min']:>8.2f} {size['ratio_median']:>13.0f}"
+        )
     print("  (medians; rescan/index is the ratio of the medians)")
     race = results["refresh_race"]
     print()
-    print(f"A guest defined during refresh() at {max(SIZES)} domains "
-          f"({race['refresh_ms']:.0f} ms): its event handled at "
-          + ("-" if race["handler_started_ms"] is None else
-             f"{race['handler_started_ms']:.0f} ms")
-          + f", {'indexed' if race['indexed'] else 'NOT indexed'} after the refresh"
-          + ("" if race["conclusive"] else " (inconclusive: not handled during the refresh)"))
+    print(
+        f"A guest defined during refresh() at {max(SIZES)} domains "
+        f"({race['refresh_ms']:.0f} ms): its event handled at "
+        + ("-" if race["handler_started_ms"] is None else f"{race['handler_started_ms']:.0f} ms")
+        + f", {'indexed' if race['indexed'] else 'NOT indexed'} after the refresh"
+        + ("" if race["conclusive"] else " (inconclusive: not handled during the refresh)")
+    )
     print()
     targets = results["targets"]
     print("Targets")
-    print(f"  [{common.mark(targets['ratio_ok'])}] rescan/index at {RATIO_SIZE} domains "
-          f"{targets['ratio_at_size']:.0f} >= {RATIO_TARGET:.0f}")
-    print(f"  [{common.mark(targets['flat_ok'])}] event latency({max(SIZES)}) / "
-          f"event latency({min(SIZES)}) {targets['flatness']:.2f} <= {FLAT_TARGET}")
+    print(
+        f"  [{common.mark(targets['ratio_ok'])}] rescan/index at {RATIO_SIZE} domains "
+        f"{targets['ratio_at_size']:.0f} >= {RATIO_TARGET:.0f}"
+    )
+    print(
+        f"  [{common.mark(targets['flat_ok'])}] event latency({max(SIZES)}) / "
+        f"event latency({min(SIZES)}) {targets['flatness']:.2f} <= {FLAT_TARGET}"
+    )
 
 
 def main(argv=None):
-    args = common.parse_args(argv, __doc__.split("\n\n")[0],
-                             "Timed rounds of each measurement per size",
-                             "Not used: the test driver keeps its state in memory.")
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        "Timed rounds of each measurement per size",
+        "Not used: the test driver keeps its state in memory.",
+    )
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     libvirt_domains.libvirt_events.start_event_loop()
     sizes, problems = [], []
@@ -325,15 +365,25 @@ def main(argv=None):
     by_size = {s["domains"]: s for s in sizes}
     flatness = by_size[max(SIZES)]["event_ms"] / by_size[min(SIZES)]["event_ms"]
     results = {
-        "benchmark": "index", "index": "vgpu_driver.domain_index.DomainIndex",
-        "events": [e.removeprefix("VIR_DOMAIN_EVENT_ID_").lower()
-                   for e in libvirt_domains.libvirt_events.EVENTS],
-        "rounds": args.rounds, "lookups_per_round": LOOKUPS, "settle": common.SETTLE,
+        "benchmark": "index",
+        "index": "vgpu_driver.domain_index.DomainIndex",
+        "events": [
+            e.removeprefix("VIR_DOMAIN_EVENT_ID_").lower()
+            for e in libvirt_domains.libvirt_events.EVENTS
+        ],
+        "rounds": args.rounds,
+        "lookups_per_round": LOOKUPS,
+        "settle": common.SETTLE,
         "python": platform.python_version(),
         "libvirt": libvirt_domains.libvirt_version(),
-        "sizes": sizes, "refresh_race": by_size[max(SIZES)]["refresh_race"],
-        "targets": {"ratio": RATIO_TARGET, "ratio_at_size": by_size[RATIO_SIZE][
-            "ratio_median"], "flat": FLAT_TARGET, "flatness": flatness},
+        "sizes": sizes,
+        "refresh_race": by_size[max(SIZES)]["refresh_race"],
+        "targets": {
+            "ratio": RATIO_TARGET,
+            "ratio_at_size": by_size[RATIO_SIZE]["ratio_median"],
+            "flat": FLAT_TARGET,
+            "flatness": flatness,
+        },
     }
     for size in sizes:
         size.pop("refresh_race", None)
@@ -343,8 +393,10 @@ def main(argv=None):
     common.write_json(args.json, results)
     race = results["refresh_race"]
     if race["in_libvirt"] and not race["indexed"]:
-        print("\nTHE INDEX IS WRONG: a guest defined while refresh() ran is missing from it "
-              "until its next event, so its mdev looks free")
+        print(
+            "\nTHE INDEX IS WRONG: a guest defined while refresh() ran is missing from it "
+            "until its next event, so its mdev looks free"
+        )
         return 1
     return 0
 

@@ -73,8 +73,12 @@ from vgpu_driver.placement_service import EmbeddedPlacement
 NODENAME = "mixed-bench"
 BOARD_SLOTS = 48
 # The request mix: {vGPU size in GB: (L40S type, share of requests)}.
-MIX = {4: ("nvidia-1155", 0.4), 8: ("nvidia-1156", 0.3), 12: ("nvidia-1157", 0.2),
-       24: ("nvidia-1159", 0.1)}
+MIX = {
+    4: ("nvidia-1155", 0.4),
+    8: ("nvidia-1156", 0.3),
+    12: ("nvidia-1157", 0.2),
+    24: ("nvidia-1159", 0.1),
+}
 SEED, BOARDS, ARRIVALS, LOAD, MULTI = 20261125, 8, 600, 0.9, 0.15
 PROGRESS_EVERY = 200
 PROJECT = USER = "0" * 32
@@ -84,10 +88,10 @@ GOAL = 0.5
 @dataclasses.dataclass(frozen=True)
 class Request:
     id: int
-    size: int           # GB
-    arrives: int        # tick
-    leaves: int         # tick
-    count: int = 1      # vGPUs, all on one board
+    size: int  # GB
+    arrives: int  # tick
+    leaves: int  # tick
+    count: int = 1  # vGPUs, all on one board
 
     @property
     def gb(self):
@@ -96,8 +100,9 @@ class Request:
 
 def parse_mix(text):
     """``4:0.4,8:0.6`` -> :data:`MIX`'s shape, over the sizes an L40S offers."""
-    offered = {t["framebuffer_mb"] // 1024: t["id"]
-               for t in profiles.load("l40s-vfio")["gpus"][0]["types"]}
+    offered = {
+        t["framebuffer_mb"] // 1024: t["id"] for t in profiles.load("l40s-vfio")["gpus"][0]["types"]
+    }
     mix = {}
     for part in text.split(","):
         size, _colon, share = part.partition(":")
@@ -107,7 +112,8 @@ def parse_mix(text):
             raise argparse.ArgumentTypeError(f"{part!r} is not SIZE_GB:SHARE") from None
         if size not in offered or share <= 0 or size in mix:
             raise argparse.ArgumentTypeError(
-                f"{part!r}: each size once, among {sorted(offered)} GB, with a share above 0")
+                f"{part!r}: each size once, among {sorted(offered)} GB, with a share above 0"
+            )
         mix[size] = (offered[size], share)
     total = sum(share for _type, share in mix.values())
     return {size: (type_id, share / total) for size, (type_id, share) in sorted(mix.items())}
@@ -150,10 +156,9 @@ def fleet_profile(boards):
     copies = []
     for index in range(boards):
         board = copy.deepcopy(one)
-        board["gpus"][0]["address"] = f"0000:{0xc1 + index:02x}:00.0"
+        board["gpus"][0]["address"] = f"0000:{0xC1 + index:02x}:00.0"
         copies.append(board)
-    return profiles.combine("mixed-bench", *copies,
-                            description=f"{boards} x L40S (48 GB, 16 VFs)")
+    return profiles.combine("mixed-bench", *copies, description=f"{boards} x L40S (48 GB, 16 VFs)")
 
 
 def equal_size_max(profile):
@@ -177,8 +182,11 @@ def static_rejections(requests, split, per_board):
             if request.id in held:
                 boards[request.size][held.pop(request.id)] -= request.count
             continue
-        room = [i for i, used in enumerate(boards[request.size])
-                if used + request.count <= per_board[request.size]]
+        room = [
+            i
+            for i, used in enumerate(boards[request.size])
+            if used + request.count <= per_board[request.size]
+        ]
         if room:
             boards[request.size][room[0]] += request.count
             held[request.id] = room[0]
@@ -217,7 +225,7 @@ class Side(abc.ABC):
         self.sync = placement.ProviderSync(client)
         self.domains = InProcessDomains()
         self.providers = {}
-        self.vgpus = {}         # request id -> (VF, board)
+        self.vgpus = {}  # request id -> (VF, board)
         self.stats = collections.Counter()
         self.first_rejection_used = None
         self.rejected_by_size = collections.Counter()
@@ -233,8 +241,10 @@ class Side(abc.ABC):
     def resync(self, boards):
         self.providers.update(self.board_providers(discovery.discover(self.kernel), boards))
         tree = inventory.ProviderTree(
-            root_name=NODENAME, providers=tuple(self.providers[pf] for pf in self.pfs),
-            mdev_classes=frozenset(p.resource_class for p in self.providers.values()))
+            root_name=NODENAME,
+            providers=tuple(self.providers[pf] for pf in self.pfs),
+            mdev_classes=frozenset(p.resource_class for p in self.providers.values()),
+        )
         self.sync.sync(tree)
 
     def _board_of(self, rp_uuid):
@@ -244,21 +254,37 @@ class Side(abc.ABC):
         raise SystemExit(f"{self.label}: a candidate on provider {rp_uuid}, not a board")
 
     def arrive(self, request, used_gb):
-        found = self.client.request("GET", placement.query_url(
-            "/allocation_candidates", **self.candidates_query(request.size, request.count)))
+        found = self.client.request(
+            "GET",
+            placement.query_url(
+                "/allocation_candidates", **self.candidates_query(request.size, request.count)
+            ),
+        )
         if not found["allocation_requests"]:
             self._reject(request, used_gb)
             return
         # First fit, by board address: the order of Placement's candidates
         # among one host's providers varies from one process to the next.
-        pf, allocations = min(((self._board_of(rp_uuid), candidate["allocations"])
-                               for candidate in found["allocation_requests"]
-                               for rp_uuid in candidate["allocations"]),
-                              key=lambda pair: pair[0])
+        pf, allocations = min(
+            (
+                (self._board_of(rp_uuid), candidate["allocations"])
+                for candidate in found["allocation_requests"]
+                for rp_uuid in candidate["allocations"]
+            ),
+            key=lambda pair: pair[0],
+        )
         consumer = str(uuid.UUID(int=request.id + 1))
-        self.client.request("PUT", f"/allocations/{consumer}", {
-            "allocations": allocations, "project_id": PROJECT, "user_id": USER,
-            "consumer_generation": None, "consumer_type": "INSTANCE"})
+        self.client.request(
+            "PUT",
+            f"/allocations/{consumer}",
+            {
+                "allocations": allocations,
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": None,
+                "consumer_type": "INSTANCE",
+            },
+        )
         try:
             vfs = self._create(consumer, pf, allocations, {type_trait(request.size)})
         except exception.AllocationError:
@@ -282,8 +308,9 @@ class Side(abc.ABC):
         """The real planner and vendor-VFIO strategy: the allocation's
         request (its type named by the flavor's trait), free VFs, typed."""
         by_uuid = {self.sync.known[p.name].uuid: p for p in self.providers.values()}
-        (request,) = planner.requests_of(consumer, allocations, by_uuid,
-                                         self.config.mdev_classes, type_traits)
+        (request,) = planner.requests_of(
+            consumer, allocations, by_uuid, self.config.mdev_classes, type_traits
+        )
         gpu = discovery.discover(self.kernel).gpu(pf)
         strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
@@ -310,7 +337,8 @@ class Side(abc.ABC):
         self.domains.undefine(consumer)
         for vf in vfs:
             strategies.VendorVfioStrategy(self.kernel, self.domains, self.config).destroy(
-                vf, timeout=5)
+                vf, timeout=5
+            )
         self.client.request("DELETE", f"/allocations/{consumer}")
         self.resync([pf])
 
@@ -324,11 +352,16 @@ class StaticSide(Side):
         super().__init__(kernel, client, pfs)
         boards = iter(pfs)
         type_configs = tuple(
-            TypeConfig(MIX[size][0], device_addresses=tuple(
-                next(boards) for _ in range(count)))
-            for size, count in sorted(split.items()) if count)
-        self.config = MdevConfig(types=type_configs, by_address=MappingProxyType(
-            {a: t.type_id for t in type_configs for a in t.device_addresses}))
+            TypeConfig(MIX[size][0], device_addresses=tuple(next(boards) for _ in range(count)))
+            for size, count in sorted(split.items())
+            if count
+        )
+        self.config = MdevConfig(
+            types=type_configs,
+            by_address=MappingProxyType(
+                {a: t.type_id for t in type_configs for a in t.device_addresses}
+            ),
+        )
 
     def board_providers(self, snapshot, boards):
         tree = inventory.compute(snapshot, self.config, NODENAME)
@@ -349,19 +382,24 @@ class MixedSide(Side):
         types = tuple(t for t, _share in MIX.values())
         self.config = MdevConfig(
             types=tuple(TypeConfig(t, device_addresses=tuple(pfs)) for t in types),
-            mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)))
+            mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)),
+        )
         for pf in pfs:
             nvml.set_heterogeneous_mode(pf, True, bindings)
 
     def board_providers(self, snapshot, boards):
-        tree = inventory.compute(snapshot, self.config, NODENAME,
-                                 boards=inventory.read_boards(self.kernel, snapshot,
-                                                              self.config))
+        tree = inventory.compute(
+            snapshot,
+            self.config,
+            NODENAME,
+            boards=inventory.read_boards(self.kernel, snapshot, self.config),
+        )
         return {pf: tree.by_gpu(pf) for pf in boards}
 
     def candidates_query(self, size, count):
-        specs = size_classes.flavor_spec(type_trait(size), size, size * framebuffer.SLOT_MIB,
-                                         count, framebuffer.RESOURCE_CLASS)
+        specs = size_classes.flavor_spec(
+            type_trait(size), size, size * framebuffer.SLOT_MIB, count, framebuffer.RESOURCE_CLASS
+        )
         return size_classes.candidates_query(specs)
 
 
@@ -389,8 +427,11 @@ def serve_trace(side, requests):
             live_gb += request.gb
         arrived += 1
         if arrived % PROGRESS_EVERY == 0:
-            print(f"  {side.label}: {arrived} requests in {time.perf_counter() - began:.0f} s, "
-                  f"{side.stats['rejected']} rejected", flush=True)
+            print(
+                f"  {side.label}: {arrived} requests in {time.perf_counter() - began:.0f} s, "
+                f"{side.stats['rejected']} rejected",
+                flush=True,
+            )
     return side.stats, time.perf_counter() - began
 
 
@@ -400,33 +441,46 @@ def run(args, tmp):
     requests, mean_life = trace(args.seed, args.arrivals, args.load, args.boards, args.multi)
     per_board = equal_size_max(profile)
     split, model_rejected = best_split(requests, args.boards, per_board)
-    print(f"best static split: {_split_text(split)}, the model rejects {model_rejected}",
-          flush=True)
-    results, wrong = {"mean_lifetime": mean_life, "split": split,
-                      "model_rejected": model_rejected}, []
+    print(
+        f"best static split: {_split_text(split)}, the model rejects {model_rejected}", flush=True
+    )
+    results, wrong = (
+        {"mean_lifetime": mean_life, "split": split, "model_rejected": model_rejected},
+        [],
+    )
     for label in ("static", "mixed"):
         root = os.path.join(tmp, label, "sys")
         kernel = fakekernel.FakeKernel.build(root, profile)
         with EmbeddedPlacement() as service:
             client = placement.Client(service.connection())
-            side = (StaticSide(kernel, client, pfs, split) if label == "static" else
-                    MixedSide(kernel, client, pfs, fake_nvml.Bindings(root)))
+            side = (
+                StaticSide(kernel, client, pfs, split)
+                if label == "static"
+                else MixedSide(kernel, client, pfs, fake_nvml.Bindings(root))
+            )
             stats, seconds = serve_trace(side, requests)
         capacity = args.boards * BOARD_SLOTS
         results[label] = {
-            "rejected": stats["rejected"], "served": stats["served"],
+            "rejected": stats["rejected"],
+            "served": stats["served"],
             "granted_then_refused": stats["granted_then_refused"],
             "rejected_by_size": {size: side.rejected_by_size[size] for size in MIX},
             "used_at_first_rejection_gb": side.first_rejection_used,
-            "used_at_first_rejection": (None if side.first_rejection_used is None
-                                        else side.first_rejection_used / capacity),
-            "seconds": seconds}
+            "used_at_first_rejection": (
+                None if side.first_rejection_used is None else side.first_rejection_used / capacity
+            ),
+            "seconds": seconds,
+        }
         if stats["granted_then_refused"]:
-            wrong.append(f"{label}: the board refused {stats['granted_then_refused']} "
-                         "grant(s) with requests coming one at a time")
+            wrong.append(
+                f"{label}: the board refused {stats['granted_then_refused']} "
+                "grant(s) with requests coming one at a time"
+            )
     if results["static"]["rejected"] != model_rejected:
-        wrong.append(f"static: the real run rejected {results['static']['rejected']}, "
-                     f"its model {model_rejected}")
+        wrong.append(
+            f"static: the real run rejected {results['static']['rejected']}, "
+            f"its model {model_rejected}"
+        )
     return results, wrong
 
 
@@ -435,23 +489,33 @@ def _split_text(split):
 
 
 def report(results, args):
-    print(f"\n{args.boards} L40S boards (48 GB, 16 VFs), {args.arrivals} requests, seed "
-          f"{args.seed}, offered load {args.load:.0%} of the fleet's framebuffer "
-          f"(mean lifetime {results['mean_lifetime']:.1f} arrivals)")
-    print("mix: " + ", ".join(f"{size} GB {share:.0%}" for size, (_t, share) in MIX.items())
-          + f"; {args.multi:.0%} of requests ask two vGPUs")
+    print(
+        f"\n{args.boards} L40S boards (48 GB, 16 VFs), {args.arrivals} requests, seed "
+        f"{args.seed}, offered load {args.load:.0%} of the fleet's framebuffer "
+        f"(mean lifetime {results['mean_lifetime']:.1f} arrivals)"
+    )
+    print(
+        "mix: "
+        + ", ".join(f"{size} GB {share:.0%}" for size, (_t, share) in MIX.items())
+        + f"; {args.multi:.0%} of requests ask two vGPUs"
+    )
     print(f"static split (best of every split, by its model): {_split_text(results['split'])}")
     by_size = "/".join(str(size) for size in MIX)
-    print(f"{'':8} {'rejected':>9} {f'of {by_size} GB':>16} {'served':>7} "
-          f"{'used at 1st rejection':>22} {'grants refused':>15} {'seconds':>8}")
+    print(
+        f"{'':8} {'rejected':>9} {f'of {by_size} GB':>16} {'served':>7} "
+        f"{'used at 1st rejection':>22} {'grants refused':>15} {'seconds':>8}"
+    )
     for label in ("static", "mixed"):
         row = results[label]
         first = row["used_at_first_rejection"]
-        first_text = "-" if first is None else (
-            f"{row['used_at_first_rejection_gb']} GB ({first:.0%})")
+        first_text = (
+            "-" if first is None else (f"{row['used_at_first_rejection_gb']} GB ({first:.0%})")
+        )
         sizes = "/".join(str(row["rejected_by_size"][size]) for size in MIX)
-        print(f"{label:8} {row['rejected']:>9} {sizes:>16} {row['served']:>7} "
-              f"{first_text:>22} {row['granted_then_refused']:>15} {row['seconds']:>8.1f}")
+        print(
+            f"{label:8} {row['rejected']:>9} {sizes:>16} {row['served']:>7} "
+            f"{first_text:>22} {row['granted_then_refused']:>15} {row['seconds']:>8.1f}"
+        )
     ratio = results["ratio"]
     verdict = "PASS" if results["goal_ok"] else "MISS"
     print(f"mixed / static rejections: {ratio:.2f} (goal <= {GOAL}): {verdict}")
@@ -462,19 +526,32 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--boards", type=int, default=BOARDS)
     parser.add_argument("--arrivals", type=int, default=ARRIVALS)
-    parser.add_argument("--load", type=float, default=LOAD,
-                        help="framebuffer asked for, as a share of the fleet's (default 0.9)")
-    parser.add_argument("--mix", type=parse_mix, default=None, metavar="GB:SHARE,...",
-                        help="the sizes asked for and their shares (default "
-                             "4:0.4,8:0.3,12:0.2,24:0.1)")
-    parser.add_argument("--multi", type=float, default=MULTI,
-                        help="the share of requests asking two vGPUs (default 0.15)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=LOAD,
+        help="framebuffer asked for, as a share of the fleet's (default 0.9)",
+    )
+    parser.add_argument(
+        "--mix",
+        type=parse_mix,
+        default=None,
+        metavar="GB:SHARE,...",
+        help="the sizes asked for and their shares (default 4:0.4,8:0.3,12:0.2,24:0.1)",
+    )
+    parser.add_argument(
+        "--multi",
+        type=float,
+        default=MULTI,
+        help="the share of requests asking two vGPUs (default 0.15)",
+    )
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
     parser.add_argument("--tmpdir", metavar="DIR", help="Where to write the fake trees.")
     args = parser.parse_args(argv)
     if args.boards < 1 or args.arrivals < 1 or args.load <= 0 or not 0 <= args.multi <= 1:
-        parser.error("--boards and --arrivals must be at least 1, --load above 0, "
-                     "--multi between 0 and 1")
+        parser.error(
+            "--boards and --arrivals must be at least 1, --load above 0, --multi between 0 and 1"
+        )
     if args.mix is not None:
         global MIX
         MIX = args.mix
@@ -486,13 +563,20 @@ def main(argv=None):
     static, mixed = results["static"]["rejected"], results["mixed"]["rejected"]
     results["ratio"] = mixed / static if static else (0.0 if not mixed else float("inf"))
     results["goal_ok"] = mixed <= GOAL * static
-    results.update(benchmark="mixed_size", seed=args.seed, boards=args.boards,
-                   arrivals=args.arrivals, load=args.load, multi=args.multi,
-                   python=platform.python_version(),
-                   mix={size: share for size, (_t, share) in MIX.items()})
+    results.update(
+        benchmark="mixed_size",
+        seed=args.seed,
+        boards=args.boards,
+        arrivals=args.arrivals,
+        load=args.load,
+        multi=args.multi,
+        python=platform.python_version(),
+        mix={size: share for size, (_t, share) in MIX.items()},
+    )
     report(results, args)
     if args.json:
         import json
+
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)
     return 0

@@ -73,6 +73,7 @@ class RequestCounter:
             with self._lock:
                 self.counts[environ["REQUEST_METHOD"]] += 1
             return app(environ, start_response)
+
         return counted
 
     def snapshot(self):
@@ -149,8 +150,7 @@ def _check_counts(label, report, counter_before, counter_after, expected):
     if got != expected:
         problems.append(f"{label}: (reads, writes) {got}, expected {expected}")
     if seen != got:
-        problems.append(f"{label}: Placement received (GET, other) {seen}, the report "
-                        f"says {got}")
+        problems.append(f"{label}: Placement received (GET, other) {seen}, the report says {got}")
     return problems
 
 
@@ -171,21 +171,28 @@ def run_large(args, tmp):
             common.settle()
             first, ms = _timed(sync.sync, tree)
             first_ms.append(ms)
-            problems += _check_counts(f"first sync {index}", first, before, counter.snapshot(),
-                                      (first_reads(tree), expected_writes(tree)))
+            problems += _check_counts(
+                f"first sync {index}",
+                first,
+                before,
+                counter.snapshot(),
+                (first_reads(tree), expected_writes(tree)),
+            )
         problems += check_in_placement(conn, sync, tree)
         for index in range(args.rounds):
             before = counter.snapshot()
             common.settle()
             again, ms = _timed(sync.sync, tree)
             again_ms.append(ms)
-            problems += _check_counts(f"no-change sync {index}", again, before,
-                                      counter.snapshot(), (1, 0))
-    return {"host": profile["description"], "providers": len(tree.providers),
-            "first": {"reads": first.reads, "writes": first.writes,
-                      "ms": common.summary(first_ms)},
-            "no_change": {"reads": again.reads, "writes": again.writes,
-                          "ms": common.summary(again_ms)}}, problems
+            problems += _check_counts(
+                f"no-change sync {index}", again, before, counter.snapshot(), (1, 0)
+            )
+    return {
+        "host": profile["description"],
+        "providers": len(tree.providers),
+        "first": {"reads": first.reads, "writes": first.writes, "ms": common.summary(first_ms)},
+        "no_change": {"reads": again.reads, "writes": again.writes, "ms": common.summary(again_ms)},
+    }, problems
 
 
 # -- (b) many hosts on PostgreSQL ---------------------------------------------------------------
@@ -197,8 +204,7 @@ def fleet_trees(tmp, hosts):
     fakekernel.FakeKernel.build(root, profiles.load("t4x8"))
     snapshot = discovery.discover(sysfs.open_host(root))
     configs = [MdevConfig(types=(TypeConfig(t),), default_type=t) for t in (T4_1B, T4_2Q)]
-    return [inventory.compute(snapshot, configs[i % 2], f"compute-{i:04d}")
-            for i in range(hosts)]
+    return [inventory.compute(snapshot, configs[i % 2], f"compute-{i:04d}") for i in range(hosts)]
 
 
 def sync_fleet(conn, trees, counter):
@@ -221,21 +227,37 @@ def sync_fleet(conn, trees, counter):
     reads, writes = sum(r.reads for r in reports), sum(r.writes for r in reports)
     problems = []
     # Each ProviderSync is new and knows no trait yet: each PUTs its type's two.
-    expected = (sum(first_reads(tree) for tree in trees),
-                sum(expected_writes(tree) for tree in trees))
+    expected = (
+        sum(first_reads(tree) for tree in trees),
+        sum(expected_writes(tree) for tree in trees),
+    )
     if (reads, writes) != expected:
         problems.append(f"fleet sync: (reads, writes) {(reads, writes)}, expected {expected}")
     if (after[0] - before[0], after[1] - before[1]) != (reads, writes):
-        problems.append(f"fleet sync: Placement received {after} - {before}, the reports say "
-                        f"{(reads, writes)}")
-    return syncs, {"hosts": len(trees), "wall_s": wall, "hosts_per_s": len(trees) / wall,
-                   "reads": reads, "writes": writes, "per_host_ms": common.summary(per_host_ms)
-                   }, problems
+        problems.append(
+            f"fleet sync: Placement received {after} - {before}, the reports say {(reads, writes)}"
+        )
+    return (
+        syncs,
+        {
+            "hosts": len(trees),
+            "wall_s": wall,
+            "hosts_per_s": len(trees) / wall,
+            "reads": reads,
+            "writes": writes,
+            "per_host_ms": common.summary(per_host_ms),
+        },
+        problems,
+    )
 
 
 def gpu_uuids(syncs, trees, type_id=None):
-    return {sync.known[p.name].uuid for sync, tree in zip(syncs, trees, strict=True)
-            for p in tree.providers if type_id in (None, p.type_id)}
+    return {
+        sync.known[p.name].uuid
+        for sync, tree in zip(syncs, trees, strict=True)
+        for p in tree.providers
+        if type_id in (None, p.type_id)
+    }
 
 
 def time_candidates(conn, query, calls):
@@ -258,14 +280,18 @@ def check_candidates(label, answers, t4_1b, every_gpu):
     problems = []
     trait_rps = candidate_rps(answers[TRAIT_QUERY])
     if sorted(trait_rps) != sorted(t4_1b):
-        problems.append(f"{label}: {len(trait_rps)} candidates for {TRAIT_QUERY} "
-                        f"({len(set(trait_rps) - t4_1b)} not T4-1B GPUs), expected "
-                        f"{len(t4_1b)}")
+        problems.append(
+            f"{label}: {len(trait_rps)} candidates for {TRAIT_QUERY} "
+            f"({len(set(trait_rps) - t4_1b)} not T4-1B GPUs), expected "
+            f"{len(t4_1b)}"
+        )
     limit_rps = candidate_rps(answers[LIMIT_QUERY])
     wanted = min(LIMIT, len(every_gpu))
     if len(limit_rps) != wanted or not set(limit_rps) <= every_gpu:
-        problems.append(f"{label}: {len(limit_rps)} candidates for {LIMIT_QUERY} "
-                        f"({len(set(limit_rps) - every_gpu)} unknown), expected {wanted}")
+        problems.append(
+            f"{label}: {len(limit_rps)} candidates for {LIMIT_QUERY} "
+            f"({len(set(limit_rps) - every_gpu)} unknown), expected {wanted}"
+        )
     return problems
 
 
@@ -284,11 +310,18 @@ def count_rows(cluster):
         with db.cursor() as cur:
             cur.execute("SELECT count(*) FROM resource_providers")
             count = cur.fetchone()[0]
-            cur.execute("SELECT current_setting('server_version'), current_setting('fsync'), "
-                        "current_setting('synchronous_commit'), "
-                        "current_setting('shared_buffers')")
-            settings = dict(zip(("version", "fsync", "synchronous_commit", "shared_buffers"),
-                                cur.fetchone(), strict=True))
+            cur.execute(
+                "SELECT current_setting('server_version'), current_setting('fsync'), "
+                "current_setting('synchronous_commit'), "
+                "current_setting('shared_buffers')"
+            )
+            settings = dict(
+                zip(
+                    ("version", "fsync", "synchronous_commit", "shared_buffers"),
+                    cur.fetchone(),
+                    strict=True,
+                )
+            )
     finally:
         db.close()
     return count, settings
@@ -310,8 +343,7 @@ def copy_rows(source_url, engine):
             for table in dst_meta.sorted_tables:
                 if table.name == "alembic_version":
                     continue
-                rows = [dict(r._mapping) for r in src.execute(src_meta.tables[table.name]
-                                                              .select())]
+                rows = [dict(r._mapping) for r in src.execute(src_meta.tables[table.name].select())]
                 if rows:
                     dst.execute(table.insert(), rows)
                 copied += len(rows)
@@ -326,8 +358,10 @@ def run_fleet(args, tmp):
     with postgres.private_cluster(parent=args.tmpdir) as cluster:
         counter = RequestCounter()
         with serve(cluster.url, counter) as service:
-            print(f"Syncing {args.hosts} hosts into Placement on PostgreSQL "
-                  f"({service.endpoint}) ...", flush=True)
+            print(
+                f"Syncing {args.hosts} hosts into Placement on PostgreSQL ({service.endpoint}) ...",
+                flush=True,
+            )
             syncs, fleet, wrong = sync_fleet(service.connection(), trees, counter)
             problems += wrong
             t4_1b, every_gpu = gpu_uuids(syncs, trees, T4_1B), gpu_uuids(syncs, trees)
@@ -335,8 +369,9 @@ def run_fleet(args, tmp):
             problems += check_candidates("PostgreSQL", pg_answers, t4_1b, every_gpu)
         rows, settings = count_rows(cluster)
         if rows != args.hosts * 9:
-            problems.append(f"PostgreSQL holds {rows} resource providers, expected "
-                            f"{args.hosts * 9}")
+            problems.append(
+                f"PostgreSQL holds {rows} resource providers, expected {args.hosts * 9}"
+            )
         fleet["postgres"] = {**settings, "rows": rows, "data_fs": common.fs_type(cluster.workdir)}
         with serve(SQLITE, RequestCounter()) as service:
             from placement import db_api
@@ -345,10 +380,14 @@ def run_fleet(args, tmp):
             sq_answers, sq_timings = candidates_on(service.connection(), args.calls)
             problems += check_candidates("sqlite", sq_answers, t4_1b, every_gpu)
     fleet["candidates"] = {
-        query: {"postgres": pg_timings[query], "sqlite": sq_timings[query],
-                "count": len(candidate_rps(pg_answers[query])),
-                "ratio": pg_timings[query]["ms"]["median"] / sq_timings[query]["ms"]["median"]}
-        for query in (TRAIT_QUERY, LIMIT_QUERY)}
+        query: {
+            "postgres": pg_timings[query],
+            "sqlite": sq_timings[query],
+            "count": len(candidate_rps(pg_answers[query])),
+            "ratio": pg_timings[query]["ms"]["median"] / sq_timings[query]["ms"]["median"],
+        }
+        for query in (TRAIT_QUERY, LIMIT_QUERY)
+    }
     fleet["expected_trait_candidates"] = len(t4_1b)
     return fleet, problems
 
@@ -361,55 +400,83 @@ def _ms(summary):
 
 
 def print_large(large, rounds):
-    print(f"(a) One large host on sqlite: {large['host']} -> {large['providers']} GPU "
-          f"providers")
-    print(f"  {'sync':<22} {'reads':>6} {'writes':>6} {'median ms':>9} {'min ms':>9} "
-          f"{'max ms':>9}  rounds")
-    for label, key, count in (("first (new nodename)", "first", FIRST_SYNC_ROUNDS),
-                              ("no change", "no_change", rounds)):
+    print(f"(a) One large host on sqlite: {large['host']} -> {large['providers']} GPU providers")
+    print(
+        f"  {'sync':<22} {'reads':>6} {'writes':>6} {'median ms':>9} {'min ms':>9} "
+        f"{'max ms':>9}  rounds"
+    )
+    for label, key, count in (
+        ("first (new nodename)", "first", FIRST_SYNC_ROUNDS),
+        ("no change", "no_change", rounds),
+    ):
         part = large[key]
-        print(f"  {label:<22} {part['reads']:>6} {part['writes']:>6} {_ms(part['ms'])}  "
-              f"{count}")
+        print(f"  {label:<22} {part['reads']:>6} {part['writes']:>6} {_ms(part['ms'])}  {count}")
     print()
 
 
 def print_fleet(fleet):
     pg = fleet["postgres"]
-    print(f"(b) {fleet['hosts']} hosts x 8 T4 into one Placement on PostgreSQL "
-          f"{pg['version']} (fsync={pg['fsync']}, synchronous_commit="
-          f"{pg['synchronous_commit']}, shared_buffers={pg['shared_buffers']}, data on "
-          f"{pg['data_fs']})")
+    print(
+        f"(b) {fleet['hosts']} hosts x 8 T4 into one Placement on PostgreSQL "
+        f"{pg['version']} (fsync={pg['fsync']}, synchronous_commit="
+        f"{pg['synchronous_commit']}, shared_buffers={pg['shared_buffers']}, data on "
+        f"{pg['data_fs']})"
+    )
     per_host = fleet["per_host_ms"]
-    print(f"  synced one after another in {fleet['wall_s']:.1f} s: "
-          f"{fleet['hosts_per_s']:.2f} hosts/s; per host median {per_host['median']:.1f} ms, "
-          f"max {per_host['max']:.1f} ms")
-    print(f"  requests: {fleet['reads'] + fleet['writes']} ({fleet['reads']} reads, "
-          f"{fleet['writes']} writes); {pg['rows']} resource providers in the database")
-    print(f"  allocation candidates, median of {fleet['calls']} calls after one untimed "
-          f"(sqlite: the same {fleet['sqlite_rows_copied']} rows, copied)")
-    print(f"  {'query':<52} {'found':>5} {'PG ms':>8} {'sqlite ms':>9} {'PG/sqlite':>9} "
-          f"{'bytes':>9}")
+    print(
+        f"  synced one after another in {fleet['wall_s']:.1f} s: "
+        f"{fleet['hosts_per_s']:.2f} hosts/s; per host median {per_host['median']:.1f} ms, "
+        f"max {per_host['max']:.1f} ms"
+    )
+    print(
+        f"  requests: {fleet['reads'] + fleet['writes']} ({fleet['reads']} reads, "
+        f"{fleet['writes']} writes); {pg['rows']} resource providers in the database"
+    )
+    print(
+        f"  allocation candidates, median of {fleet['calls']} calls after one untimed "
+        f"(sqlite: the same {fleet['sqlite_rows_copied']} rows, copied)"
+    )
+    print(
+        f"  {'query':<52} {'found':>5} {'PG ms':>8} {'sqlite ms':>9} {'PG/sqlite':>9} {'bytes':>9}"
+    )
     for query, result in fleet["candidates"].items():
-        print(f"  {query:<52} {result['count']:>5} "
-              f"{result['postgres']['ms']['median']:>8.1f} "
-              f"{result['sqlite']['ms']['median']:>9.1f} {result['ratio']:>9.2f} "
-              f"{result['postgres']['bytes']:>9}")
+        print(
+            f"  {query:<52} {result['count']:>5} "
+            f"{result['postgres']['ms']['median']:>8.1f} "
+            f"{result['sqlite']['ms']['median']:>9.1f} {result['ratio']:>9.2f} "
+            f"{result['postgres']['bytes']:>9}"
+        )
     print()
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=HOSTS,
-                        help=f"Hosts of 8 GPUs synced into PostgreSQL (default: {HOSTS}).")
-    parser.add_argument("--calls", type=int, default=CALLS,
-                        help=f"Timed calls per allocation-candidates query (default: {CALLS}).")
-    parser.add_argument("--rounds", type=int, default=30,
-                        help="Timed no-change syncs of the large host (default: 30).")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=HOSTS,
+        help=f"Hosts of 8 GPUs synced into PostgreSQL (default: {HOSTS}).",
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=CALLS,
+        help=f"Timed calls per allocation-candidates query (default: {CALLS}).",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=30,
+        help="Timed no-change syncs of the large host (default: 30).",
+    )
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
-    parser.add_argument("--tmpdir", metavar="DIR",
-                        help="Where to write the fake trees and the PostgreSQL cluster "
-                             "(default: the system's temp dir; the postgres user must reach "
-                             "it).")
+    parser.add_argument(
+        "--tmpdir",
+        metavar="DIR",
+        help="Where to write the fake trees and the PostgreSQL cluster "
+        "(default: the system's temp dir; the postgres user must reach "
+        "it).",
+    )
     args = parser.parse_args(argv)
     for name in ("hosts", "calls", "rounds"):
         if getattr(args, name) < 2:
@@ -434,8 +501,14 @@ def main(argv=None):
         print("WRONG RESULTS, the timings mean nothing:\n  " + "\n  ".join(problems[:20]))
         return 1
     print_fleet(fleet)
-    results.update({"large_host": large, "fleet": fleet, "rounds": args.rounds,
-                    "first_sync_rounds": FIRST_SYNC_ROUNDS})
+    results.update(
+        {
+            "large_host": large,
+            "fleet": fleet,
+            "rounds": args.rounds,
+            "first_sync_rounds": FIRST_SYNC_ROUNDS,
+        }
+    )
     common.write_json(args.json, results)
     return 0
 

@@ -85,12 +85,14 @@ def nova_database_conf_file(tmp):
     nova's schema, with no instance on it."""
     path = os.path.join(tmp, "nova-db.conf")
     with open(path, "w") as f:
-        f.write(textwrap.dedent(f"""
+        f.write(
+            textwrap.dedent(f"""
             [database]
             connection = sqlite:///{tmp}/nova.sqlite
             [api_database]
             connection = sqlite:///{tmp}/nova_api.sqlite
-            """))
+            """)
+        )
     return path
 
 
@@ -99,12 +101,14 @@ def vgpu_conf_file(tmp, root):
     tree (which announces its devices as udev does), full reads hourly."""
     path = os.path.join(tmp, "vgpu.conf")
     with open(path, "w") as f:
-        f.write(textwrap.dedent(f"""
+        f.write(
+            textwrap.dedent(f"""
             [vgpu]
             sysfs_root = {root}
             hotplug_events = udev
             full_refresh_interval = 3600
-            """))
+            """)
+        )
     return path
 
 
@@ -119,8 +123,9 @@ def shipped_driver(conf_files):
     nova_config.parse_args([], default_config_files=conf_files)
     for database in ("api", "main"):
         nova_migration.db_sync(database=database)
-    drv = virt_driver.load_compute_driver(bench_allocation._VirtAPI(),
-                                          "vgpu_driver.nova.LibvirtVGPUDriver")
+    drv = virt_driver.load_compute_driver(
+        bench_allocation._VirtAPI(), "vgpu_driver.nova.LibvirtVGPUDriver"
+    )
     drv._host._conn_event_handler = None  # records in nova's DB, which is absent here
     drv.init_host(NODENAME)
     return drv
@@ -144,10 +149,12 @@ def our_driver(tmp, root, events):
     conf = cfg.ConfigOpts()
     vgpu_conf.register_opts(conf)
     from vgpu_driver.conf import devices
+
     devices.register_opts(conf)
     path = os.path.join(tmp, f"vgpu-{events}.conf")
     with open(path, "w") as f:
-        f.write(textwrap.dedent(f"""
+        f.write(
+            textwrap.dedent(f"""
             [devices]
             enabled_mdev_types = {TYPE_ID}
             [vgpu]
@@ -155,7 +162,8 @@ def our_driver(tmp, root, events):
             state_dir = {tmp}/state-{events}
             hotplug_events = {events}
             full_refresh_interval = 3600
-            """))
+            """)
+        )
     conf([], project="nova", default_config_files=[path])
     return core.VGPUDriver(conf, domains.InProcessDomains(), host=linux.LinuxSysfs(root))
 
@@ -189,7 +197,7 @@ def nova_totals(inventories):
 
 
 def bench_allocation_address(libvirt_name):
-    domain, bus, slot, function = libvirt_name[len("pci_"):].split("_")
+    domain, bus, slot, function = libvirt_name[len("pci_") :].split("_")
     return f"{domain}:{bus}:{slot}.{function}"
 
 
@@ -228,6 +236,7 @@ class Rounds:
             elapsed, got = timed(func)
             self.check("nova", totals(got), {names(a): 16 for a in self.expected})
             return elapsed
+
         return run
 
     def ours(self, func, totals, drv):
@@ -235,11 +244,17 @@ class Rounds:
             self.change.toggle()
             elapsed, got = timed(func)
             # One mdev fewer on a GPU: one more can be created, the total stays.
-            self.check("ours", totals(got), {self.names(a): 16 for a in self.expected}
-                       if totals is tree_totals else dict(self.expected))
+            self.check(
+                "ours",
+                totals(got),
+                {self.names(a): 16 for a in self.expected}
+                if totals is tree_totals
+                else dict(self.expected),
+            )
             if drv is not None:
                 self.partial.append(drv.discovery.last == "partial")
             return elapsed
+
         return run
 
     def libvirtd_lists(self, mdev_uuid, timeout=10.0):
@@ -250,11 +265,11 @@ class Rounds:
         conn = self.shipped._host.get_connection()
         flag = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
         deadline = time.monotonic() + timeout
-        while not any(mdev_uuid.replace("-", "_") in dev.name()
-                      for dev in conn.listAllDevices(flag)):
+        while not any(
+            mdev_uuid.replace("-", "_") in dev.name() for dev in conn.listAllDevices(flag)
+        ):
             if time.monotonic() > deadline:
-                self.wrong.append(f"libvirtd: mdev {mdev_uuid} not listed after "
-                                  f"{timeout:.0f} s")
+                self.wrong.append(f"libvirtd: mdev {mdev_uuid} not listed after {timeout:.0f} s")
                 return
             time.sleep(0.01)
 
@@ -263,12 +278,18 @@ class Rounds:
         return inventory.provider_name_for(NODENAME, address)
 
     def nova_update(self):
-        return self.nova(lambda: nova_update(self.shipped, self.nova_tree) or self.nova_tree,
-                         tree_totals, self.names)
+        return self.nova(
+            lambda: nova_update(self.shipped, self.nova_tree) or self.nova_tree,
+            tree_totals,
+            self.names,
+        )
 
     def nova_inventories(self):
-        return self.nova(lambda: libvirt_driver.LibvirtDriver._get_gpu_inventories(
-            self.shipped), nova_totals, lambda a: a)
+        return self.nova(
+            lambda: libvirt_driver.LibvirtDriver._get_gpu_inventories(self.shipped),
+            nova_totals,
+            lambda a: a,
+        )
 
     def shipped_update(self):
         return self.ours(self.update_ours, tree_totals, self.shipped.vgpu)
@@ -290,9 +311,13 @@ def measure(args, tmp):
     try:
         # bench_allocation's nova.conf (nova's libvirt on the private daemon),
         # with udev on the fake tree.
-        shipped = shipped_driver([bench_allocation.nova_conf(tmp, daemon.uri),
-                                  nova_database_conf_file(tmp),
-                                  vgpu_conf_file(tmp, root)])
+        shipped = shipped_driver(
+            [
+                bench_allocation.nova_conf(tmp, daemon.uri),
+                nova_database_conf_file(tmp),
+                vgpu_conf_file(tmp, root),
+            ]
+        )
         ours = our_driver(tmp, root, "udev")
         polled = our_driver(tmp, root, "off")
         for drv in (shipped.vgpu, ours):
@@ -300,17 +325,23 @@ def measure(args, tmp):
                 sys.exit(f"udev is not usable here: {drv.changes.reason}")
         rounds = Rounds(kernel, change, {address: 16 for address in by_gpu}, shipped)
         nova_update_ms, shipped_ms = common.interleaved(
-            args.rounds, rounds.nova_update(), rounds.shipped_update())
+            args.rounds, rounds.nova_update(), rounds.shipped_update()
+        )
         shipped_partial = rounds.partial
         rounds.partial = []
         nova_ms, ours_ms = common.interleaved(
-            args.rounds, rounds.nova_inventories(),
-            rounds.ours(lambda: ours.provider_tree(NODENAME), our_totals, ours))
+            args.rounds,
+            rounds.nova_inventories(),
+            rounds.ours(lambda: ours.provider_tree(NODENAME), our_totals, ours),
+        )
         _, full_ms = common.interleaved(
-            max(args.rounds // 3, 1), rounds.nova_inventories(),
-            rounds.ours(lambda: polled.provider_tree(NODENAME), our_totals, None))
-        discover_full = [timed(lambda: discovery.discover(ours.host))[0]
-                         for _ in range(args.rounds)]
+            max(args.rounds // 3, 1),
+            rounds.nova_inventories(),
+            rounds.ours(lambda: polled.provider_tree(NODENAME), our_totals, None),
+        )
+        discover_full = [
+            timed(lambda: discovery.discover(ours.host))[0] for _ in range(args.rounds)
+        ]
         discover_cached = []
         for _ in range(args.rounds):
             change.toggle()
@@ -322,26 +353,32 @@ def measure(args, tmp):
             if drv is not None:
                 drv.close()
         daemon.stop()
-    return {"nova_update_ms": common.summary(nova_update_ms),
-            "shipped_ms": common.summary(shipped_ms),
-            "nova_ms": common.summary(nova_ms), "ours_ms": common.summary(ours_ms),
-            "ours_udev_off_ms": common.summary(full_ms),
-            "discover_full_ms": common.summary(discover_full),
-            "discover_cached_ms": common.summary(discover_cached),
-            "partial_rounds": sum(shipped_partial), "rounds_ours": len(shipped_partial),
-            "profile": parts,
-            "libvirt_nodedevs": nodedevs, "host": profile["description"],
-            "daemon": daemon.uri.split("?")[0]}, rounds.wrong
+    return {
+        "nova_update_ms": common.summary(nova_update_ms),
+        "shipped_ms": common.summary(shipped_ms),
+        "nova_ms": common.summary(nova_ms),
+        "ours_ms": common.summary(ours_ms),
+        "ours_udev_off_ms": common.summary(full_ms),
+        "discover_full_ms": common.summary(discover_full),
+        "discover_cached_ms": common.summary(discover_cached),
+        "partial_rounds": sum(shipped_partial),
+        "rounds_ours": len(shipped_partial),
+        "profile": parts,
+        "libvirt_nodedevs": nodedevs,
+        "host": profile["description"],
+        "daemon": daemon.uri.split("?")[0],
+    }, rounds.wrong
 
 
 # Parts of one shipped update, as ``(label, [function suffixes whose cumulative
 # times add up])``; bench_allocation's way of reading cProfile's rows.
 PROFILE_PARTS = (
-    ("core provider_tree (reconciler's pass, discovery, inventory)",
-     ["driver.py(provider_tree)"]),
-    ("  of which the host reconciler's pass, waited for (claims, removals, restore, "
-     "stale types, libvirt's mdev definitions; on its own thread)",
-     ["host_reconciler.py(run_now)"]),
+    ("core provider_tree (reconciler's pass, discovery, inventory)", ["driver.py(provider_tree)"]),
+    (
+        "  of which the host reconciler's pass, waited for (claims, removals, restore, "
+        "stale types, libvirt's mdev definitions; on its own thread)",
+        ["host_reconciler.py(run_now)"],
+    ),
     ("  of which discovery (cached, udev)", ["discovery_cache.py(snapshot)"]),
     ("nova's provider tree written (providers.write)", ["nova/providers.py(write)"]),
     ("reshape check (reshape.take_over)", ["nova/reshape.py(take_over)"]),
@@ -361,13 +398,18 @@ def profile_shipped(rounds, count):
     stats = pstats.Stats(profiler)
     rows = []
     for (filename, line, func), (_cc, calls, tottime, cumtime, _) in stats.stats.items():
-        rows.append({"function": f"{bench_allocation._short(filename)}:{line}({func})",
-                     "calls": calls // count, "tottime_ms": tottime * 1000 / count,
-                     "cumtime_ms": cumtime * 1000 / count})
-    total = max(r["cumtime_ms"] for r in rows
-                if r["function"].endswith("(_update_provider_tree_for_vgpu)"))
-    parts = [(label, bench_allocation._cum(rows, suffixes))
-             for label, suffixes in PROFILE_PARTS]
+        rows.append(
+            {
+                "function": f"{bench_allocation._short(filename)}:{line}({func})",
+                "calls": calls // count,
+                "tottime_ms": tottime * 1000 / count,
+                "cumtime_ms": cumtime * 1000 / count,
+            }
+        )
+    total = max(
+        r["cumtime_ms"] for r in rows if r["function"].endswith("(_update_provider_tree_for_vgpu)")
+    )
+    parts = [(label, bench_allocation._cum(rows, suffixes)) for label, suffixes in PROFILE_PARTS]
     counted = sum(ms for label, ms in parts if not label.startswith(" "))
     parts.append(("the rest", total - counted))
     top = sorted(rows, key=lambda r: r["tottime_ms"], reverse=True)[:10]
@@ -375,48 +417,62 @@ def profile_shipped(rounds, count):
 
 
 def report(results):
-    print(f"Host: {results['host']}; libvirtd ({results['daemon']}) sees it as "
-          f"{results['libvirt_nodedevs']} node devices")
+    print(
+        f"Host: {results['host']}; libvirtd ({results['daemon']}) sees it as "
+        f"{results['libvirt_nodedevs']} node devices"
+    )
     print("Each of our rounds follows one mdev removed or created on one GPU (untimed).")
-    print(f"Shipped updates that re-read only what changed: {results['partial_rounds']} of "
-          f"{results['rounds_ours']}")
+    print(
+        f"Shipped updates that re-read only what changed: {results['partial_rounds']} of "
+        f"{results['rounds_ours']}"
+    )
     print()
     print(f"  {'path':<64} {'median ms':>10} {'min':>8} {'max':>8}")
-    rows = (("nova LibvirtDriver._update_provider_tree_for_vgpu", "nova_update_ms"),
-            ("ours LibvirtVGPUDriver._update_provider_tree_for_vgpu (shipped)",
-             "shipped_ms"),
-            ("breakdown: nova LibvirtDriver._get_gpu_inventories", "nova_ms"),
-            ("breakdown: ours VGPUDriver.provider_tree, udev + cached", "ours_ms"),
-            ("breakdown: ours VGPUDriver.provider_tree, udev off (full read)",
-             "ours_udev_off_ms"),
-            ("  discovery alone: cached after a change", "discover_cached_ms"),
-            ("  discovery alone: full", "discover_full_ms"))
+    rows = (
+        ("nova LibvirtDriver._update_provider_tree_for_vgpu", "nova_update_ms"),
+        ("ours LibvirtVGPUDriver._update_provider_tree_for_vgpu (shipped)", "shipped_ms"),
+        ("breakdown: nova LibvirtDriver._get_gpu_inventories", "nova_ms"),
+        ("breakdown: ours VGPUDriver.provider_tree, udev + cached", "ours_ms"),
+        ("breakdown: ours VGPUDriver.provider_tree, udev off (full read)", "ours_udev_off_ms"),
+        ("  discovery alone: cached after a change", "discover_cached_ms"),
+        ("  discovery alone: full", "discover_full_ms"),
+    )
     for label, key in rows:
         s = results[key]
         print(f"  {label:<64} {s['median']:>10.2f} {s['min']:>8.2f} {s['max']:>8.2f}")
     ratio = results["ratio_median"]
     print()
-    print(f"nova / ours, shipped update (median): {ratio:.1f}x, target >= "
-          f"{RATIO_TARGET:g}x: {common.mark(ratio >= RATIO_TARGET)}")
-    print(f"nova inventories / our core provider_tree (median): "
-          f"{results['core_ratio_median']:.1f}x")
+    print(
+        f"nova / ours, shipped update (median): {ratio:.1f}x, target >= "
+        f"{RATIO_TARGET:g}x: {common.mark(ratio >= RATIO_TARGET)}"
+    )
+    print(
+        f"nova inventories / our core provider_tree (median): {results['core_ratio_median']:.1f}x"
+    )
     print(f"ours udev off / ours udev on (median): {results['cache_gain']:.1f}x")
     profile = results["profile"]
     print()
-    print(f"Where the shipped update spends its time: cProfile over {profile['rounds']} "
-          f"updates, {profile['total_ms']:.2f} ms each (profiled)")
+    print(
+        f"Where the shipped update spends its time: cProfile over {profile['rounds']} "
+        f"updates, {profile['total_ms']:.2f} ms each (profiled)"
+    )
     for label, ms in profile["parts_ms"]:
         print(f"  {ms:>7.2f} ms {100 * ms / profile['total_ms']:>4.0f} %  {label}")
     print(f"  {'own ms':>7} {'cum ms':>7} {'calls':>5}  functions by own time")
     for row in profile["functions"]:
-        print(f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
-              f"{row['function']}")
+        print(
+            f"  {row['tottime_ms']:>7.3f} {row['cumtime_ms']:>7.3f} {row['calls']:>5}  "
+            f"{row['function']}"
+        )
 
 
 def main(argv=None):
-    args = common.parse_args(argv, __doc__.split("\n\n")[0], "Timed rounds of each path",
-                             "Where to write the fake tree and the daemon's files "
-                             "(default: the system's temp dir).")
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        "Timed rounds of each path",
+        "Where to write the fake tree and the daemon's files (default: the system's temp dir).",
+    )
     if os.geteuid() != 0:
         sys.exit("bench_refresh needs root (a private mount namespace, udev's group)")
     with tempfile.TemporaryDirectory(prefix="bench-refresh-", dir=args.tmpdir) as tmp:
@@ -424,13 +480,15 @@ def main(argv=None):
     if wrong:
         print("WRONG RESULTS, the timings mean nothing:\n  " + "\n  ".join(wrong[:20]))
         return 1
-    results.update(benchmark="refresh", rounds=args.rounds, settle=common.SETTLE,
-                   python=platform.python_version(),
-                   ratio_median=(results["nova_update_ms"]["median"]
-                                 / results["shipped_ms"]["median"]),
-                   core_ratio_median=results["nova_ms"]["median"] / results["ours_ms"]["median"],
-                   cache_gain=(results["ours_udev_off_ms"]["median"]
-                               / results["ours_ms"]["median"]))
+    results.update(
+        benchmark="refresh",
+        rounds=args.rounds,
+        settle=common.SETTLE,
+        python=platform.python_version(),
+        ratio_median=(results["nova_update_ms"]["median"] / results["shipped_ms"]["median"]),
+        core_ratio_median=results["nova_ms"]["median"] / results["ours_ms"]["median"],
+        cache_gain=(results["ours_udev_off_ms"]["median"] / results["ours_ms"]["median"]),
+    )
     results["target_ok"] = results["ratio_median"] >= RATIO_TARGET
     report(results)
     common.write_json(args.json, results)

@@ -24,25 +24,28 @@ import unittest
 
 import common
 
-sys.path.insert(0, common.REPO)   # the soak imports ``tests`` as a package
+sys.path.insert(0, common.REPO)  # the soak imports ``tests`` as a package
 
 from tests.functional_nova import soak  # noqa: E402 - needs the path above
 
 DEFAULT_OPS = 10_000
-EXIT_STOPPED = 130          # as a shell reports a command SIGINT ended
+EXIT_STOPPED = 130  # as a shell reports a command SIGINT ended
 
 
 class LongSoak(soak.SoakTestBase):
     """The soak case; its result is kept where nova's cleanup leaves it."""
 
     stop_requested = False
-    in_run = False          # between nova's set-up and its clean-up
+    in_run = False  # between nova's set-up and its clean-up
 
     def setUp(self):
         super().setUp()
         kept = _keep_in_memory_databases()
-        print(f"{kept} in-memory database(s) kept from oslo.db's hourly recycling",
-              file=sys.stderr, flush=True)
+        print(
+            f"{kept} in-memory database(s) kept from oslo.db's hourly recycling",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def test_long_soak(self):
         self._long_began = time.monotonic()
@@ -70,15 +73,23 @@ class LongSoak(soak.SoakTestBase):
 
     def _progress(self, index, result):
         elapsed = time.monotonic() - self._long_began
-        print(f"{index} operations in {elapsed:.0f} s, {len(result.violations)} "
-              f"violation(s), max RSS {_max_rss_mb():.0f} MB", file=sys.stderr, flush=True)
+        print(
+            f"{index} operations in {elapsed:.0f} s, {len(result.violations)} "
+            f"violation(s), max RSS {_max_rss_mb():.0f} MB",
+            file=sys.stderr,
+            flush=True,
+        )
         # Each new violation as soon as it is seen: a run cut short still says it.
         shown = getattr(self, "_shown", set())
         for key, violation in result.violations.items():
             if key not in shown:
-                print(f"  [{violation.category}] {violation.subject}: {violation.detail} "
-                      f"(first after op {violation.first_op}; before it: "
-                      f"{' / '.join(violation.ops_before)})", file=sys.stderr, flush=True)
+                print(
+                    f"  [{violation.category}] {violation.subject}: {violation.detail} "
+                    f"(first after op {violation.first_op}; before it: "
+                    f"{' / '.join(violation.ops_before)})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self._shown = shown | set(result.violations)
         # nova's log capture would otherwise hold every line of the run.
         self.forget_nova_log()
@@ -94,10 +105,14 @@ def _keep_in_memory_databases():
     failed on every request with "no such table".  Returns how many engines
     it changed."""
     from sqlalchemy.engine import Engine
+
     kept = 0
     for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
         if engine.url.get_backend_name() == "sqlite" and engine.url.database in (
-                None, "", ":memory:"):
+            None,
+            "",
+            ":memory:",
+        ):
             engine.pool._recycle = -1
             kept += 1
     return kept
@@ -112,6 +127,7 @@ def _say_lost_connections(case):
     from nova import utils as nova_utils  # after the soak's eventlet patching
     from sqlalchemy import event
     from sqlalchemy import pool
+
     if nova_utils.concurrency_mode_threading():
         return
 
@@ -119,10 +135,11 @@ def _say_lost_connections(case):
         def listener(dbapi_connection, record, *exception):
             if case.in_run:
                 why = repr(exception[0]) if exception else "no exception"
-                print(f"a database connection was {kind} ({why}):", file=sys.stderr,
-                      flush=True)
+                print(f"a database connection was {kind} ({why}):", file=sys.stderr, flush=True)
                 traceback.print_stack(limit=30, file=sys.stderr)
+
         return listener
+
     event.listen(pool.Pool, "invalidate", lost("invalidated"))
     event.listen(pool.Pool, "close", lost("closed"))
 
@@ -133,10 +150,12 @@ def _max_rss_mb():
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=DEFAULT_OPS,
-                        help=f"Operations to run (default: {DEFAULT_OPS}).")
-    parser.add_argument("--seed", type=int,
-                        help="The random seed (default: a new one, printed first).")
+    parser.add_argument(
+        "--ops", type=int, default=DEFAULT_OPS, help=f"Operations to run (default: {DEFAULT_OPS})."
+    )
+    parser.add_argument(
+        "--seed", type=int, help="The random seed (default: a new one, printed first)."
+    )
     args = parser.parse_args(argv)
     if args.ops < 1:
         parser.error("--ops must be at least 1")
@@ -178,10 +197,12 @@ def _stop_between_operations(case):
     would fail.  Every signal only asks: one operator action often sends two
     (``pkill -f`` matching both ``timeout`` and the run, which ``timeout``
     then forwards to).  SIGKILL is what stops it at once."""
+
     def request_stop(signum, frame):
         # Nothing is printed here: the signal may have come in the middle
         # of a write to stderr, which would then be entered twice.
         case.stop_requested = True
+
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
@@ -192,8 +213,10 @@ def _report_stopped(case):
         print("stopped before the first operation ended", file=sys.stderr)
         return EXIT_STOPPED
     print(result.report())
-    print(f"stopped after {result.ops} operations: the end checks (everything deleted, "
-          f"nothing left) did not run; max RSS {_max_rss_mb():.0f} MB")
+    print(
+        f"stopped after {result.ops} operations: the end checks (everything deleted, "
+        f"nothing left) did not run; max RSS {_max_rss_mb():.0f} MB"
+    )
     return EXIT_STOPPED
 
 

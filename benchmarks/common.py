@@ -35,8 +35,12 @@ def settle():
 
 
 def summary(samples):
-    return {"median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "samples": samples}
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": samples,
+    }
 
 
 def interleaved(rounds, first, second):
@@ -68,8 +72,9 @@ def fs_type(path):
         with open("/proc/mounts") as f:
             for line in f:
                 mount, kind = line.split()[1:3]
-                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and \
-                        len(mount) > len(best):
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(
+                    best
+                ):
                     best, fs = mount, kind
     except OSError:
         pass
@@ -83,11 +88,13 @@ def mark(ok):
 def parse_args(argv, description, rounds_help, tmpdir_help, cpu_option=False):
     parser = argparse.ArgumentParser(description=description)
     if cpu_option:
-        parser.add_argument("--cpu", action="store_true",
-                            help="Time this process's CPU time (time.process_time) "
-                                 "instead of wall time: steadier on a loaded machine.")
-    parser.add_argument("--rounds", type=int, default=30,
-                        help=f"{rounds_help} (default: 30).")
+        parser.add_argument(
+            "--cpu",
+            action="store_true",
+            help="Time this process's CPU time (time.process_time) "
+            "instead of wall time: steadier on a loaded machine.",
+        )
+    parser.add_argument("--rounds", type=int, default=30, help=f"{rounds_help} (default: 30).")
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
     parser.add_argument("--tmpdir", metavar="DIR", help=tmpdir_help)
     args = parser.parse_args(argv)
@@ -110,7 +117,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def load_test_helper(name):
     """``tests/<name>.py``, by its path: ``tests`` is no installed package."""
     spec = importlib.util.spec_from_file_location(
-        f"vgpu_bench_{name}", os.path.join(REPO, "tests", f"{name}.py"))
+        f"vgpu_bench_{name}", os.path.join(REPO, "tests", f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

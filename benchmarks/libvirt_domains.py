@@ -112,8 +112,9 @@ def flush_events(conn):
         if dom.UUIDString() == sentinel and event == libvirt.VIR_DOMAIN_EVENT_UNDEFINED:
             done.set()
 
-    callback = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                           on_event, None)
+    callback = conn.domainEventRegisterAny(
+        None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, on_event, None
+    )
     try:
         conn.defineXML(domain_xml(0xFFFFFFF, sentinel, str(uuid.uuid4()))).undefine()
         if not done.wait(EVENT_TIMEOUT):
@@ -143,8 +144,10 @@ def index_problems(host, conn, expected):
     scanned = scan(conn)
     found = indexed(host)
     if found != scanned:
-        problems.append(f"the index has {len(found)} mdevs, a full rescan finds "
-                        f"{len(scanned)} ({len(set(found) ^ set(scanned))} differ)")
+        problems.append(
+            f"the index has {len(found)} mdevs, a full rescan finds "
+            f"{len(scanned)} ({len(set(found) ^ set(scanned))} differ)"
+        )
     if scanned != expected:
         problems.append(f"libvirt holds {len(scanned)} mdev references, not {len(expected)}")
     return problems

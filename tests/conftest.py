@@ -95,13 +95,23 @@ def make_driver(make_conf, tmp_path):
     made = []
 
     def make(host, extra="", domains=None, types="nvidia-468"):
-        conf = make_conf("\n".join((
-            "[devices]", f"enabled_mdev_types = {types}",
-            "[vgpu]", f"sysfs_root = {host.paths.root}",
-            f"state_dir = {tmp_path / 'state'}",
-            *(extra.splitlines() if isinstance(extra, str) else extra))))
-        vgpu = driver.VGPUDriver(conf, domains or domains_mod.InProcessDomains(),
-                                 host=fakekernel.FakeKernel(host.paths.root))
+        conf = make_conf(
+            "\n".join(
+                (
+                    "[devices]",
+                    f"enabled_mdev_types = {types}",
+                    "[vgpu]",
+                    f"sysfs_root = {host.paths.root}",
+                    f"state_dir = {tmp_path / 'state'}",
+                    *(extra.splitlines() if isinstance(extra, str) else extra),
+                )
+            )
+        )
+        vgpu = driver.VGPUDriver(
+            conf,
+            domains or domains_mod.InProcessDomains(),
+            host=fakekernel.FakeKernel(host.paths.root),
+        )
         made.append(vgpu)
         return vgpu
 

@@ -32,11 +32,19 @@ def assert_golden(name, text):
         with open(path, encoding="utf-8") as f:
             expected = f.read()
     except FileNotFoundError:
-        raise AssertionError(f"no golden file {path}; write it with "
-                             f"{REGENERATE}=1 and review it") from None
+        raise AssertionError(
+            f"no golden file {path}; write it with {REGENERATE}=1 and review it"
+        ) from None
     if text != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), text.splitlines(keepends=True),
-            f"tests/golden/{name}", "produced"))
-        raise AssertionError(f"output differs from tests/golden/{name} (if the change "
-                             f"is meant, regenerate with {REGENERATE}=1):\n{diff}")
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                f"tests/golden/{name}",
+                "produced",
+            )
+        )
+        raise AssertionError(
+            f"output differs from tests/golden/{name} (if the change "
+            f"is meant, regenerate with {REGENERATE}=1):\n{diff}"
+        )

@@ -40,10 +40,12 @@ def _configure(state_dir):
     conf_file = os.path.join(state_dir, "keystone.conf")
     keys = os.path.join(state_dir, "fernet-keys")
     with open(conf_file, "w") as out:
-        out.write(f"[database]\nconnection = sqlite:///{state_dir}/keystone.db\n"
-                  f"[fernet_tokens]\nkey_repository = {keys}\n"
-                  f"[fernet_receipts]\nkey_repository = {keys}\n"
-                  "[identity]\npassword_hash_rounds = 4\n")
+        out.write(
+            f"[database]\nconnection = sqlite:///{state_dir}/keystone.db\n"
+            f"[fernet_tokens]\nkey_repository = {keys}\n"
+            f"[fernet_receipts]\nkey_repository = {keys}\n"
+            "[identity]\npassword_hash_rounds = 4\n"
+        )
     keystone.conf.configure()
     sql.initialize()
     keystone.conf.set_config_defaults()
@@ -54,8 +56,7 @@ def _configure(state_dir):
 def _fernet_setup(conf, keys):
     from keystone.common import fernet_utils
 
-    futils = fernet_utils.FernetUtils(keys, conf.fernet_tokens.max_active_keys,
-                                      "fernet_tokens")
+    futils = fernet_utils.FernetUtils(keys, conf.fernet_tokens.max_active_keys, "fernet_tokens")
     futils.create_key_directory(os.getuid(), os.getgid())
     futils.initialize_key_repository(os.getuid(), os.getgid())
 
@@ -65,7 +66,7 @@ def _bootstrap(public_url):
     from keystone.common.sql import upgrades
 
     upgrades.offline_sync_database_to_version()
-    boot = bootstrap.Bootstrapper()   # loads the backends, once per process
+    boot = bootstrap.Bootstrapper()  # loads the backends, once per process
     boot.admin_username, boot.admin_password = ADMIN
     boot.project_name = "admin"
     boot.admin_role_name = "admin"
@@ -105,8 +106,7 @@ def _build():
     _fernet_setup(conf, keys)
     _bootstrap(url)
     app = core.setup_app_middleware(ks_application.application_factory("public"))
-    _APP.update(app=placement_service._one_at_a_time(app), port=port, url=url,
-                state_dir=state_dir)
+    _APP.update(app=placement_service._one_at_a_time(app), port=port, url=url, state_dir=state_dir)
 
 
 class EmbeddedKeystone:
@@ -119,8 +119,7 @@ class EmbeddedKeystone:
     def start(self):
         built = application()
         self.auth_url = built["url"]
-        self._server = placement_service.serve_on_loopback(built["port"], built["app"],
-                                                           "keystone")
+        self._server = placement_service.serve_on_loopback(built["port"], built["app"], "keystone")
         self._ensure_nova_and_reader()
         return self
 
@@ -144,23 +143,37 @@ class EmbeddedKeystone:
         import openstack
 
         return openstack.connection.Connection(
-            auth_type="password", region_name=REGION,
-            auth={"auth_url": self.auth_url, "username": username, "password": password,
-                  "user_domain_name": "Default", "system_scope": "all"})
+            auth_type="password",
+            region_name=REGION,
+            auth={
+                "auth_url": self.auth_url,
+                "username": username,
+                "password": password,
+                "user_domain_name": "Default",
+                "system_scope": "all",
+            },
+        )
 
     def oslo_limit_section(self, username, password, endpoint_id=None):
         """The ``[oslo_limit]`` text a nova.conf would have."""
-        return (f"[oslo_limit]\nauth_type = password\nauth_url = {self.auth_url}\n"
-                f"username = {username}\npassword = {password}\n"
-                f"user_domain_name = Default\nsystem_scope = all\n"
-                f"endpoint_id = {endpoint_id or self.nova_endpoint_id}\n")
+        return (
+            f"[oslo_limit]\nauth_type = password\nauth_url = {self.auth_url}\n"
+            f"username = {username}\npassword = {password}\n"
+            f"user_domain_name = Default\nsystem_scope = all\n"
+            f"endpoint_id = {endpoint_id or self.nova_endpoint_id}\n"
+        )
 
     def cli_environment(self):
         """``OS_*`` for the official ``openstack`` CLI, as the admin."""
-        return {"OS_AUTH_URL": self.auth_url, "OS_USERNAME": ADMIN[0],
-                "OS_PASSWORD": ADMIN[1], "OS_USER_DOMAIN_NAME": "Default",
-                "OS_SYSTEM_SCOPE": "all", "OS_IDENTITY_API_VERSION": "3",
-                "OS_REGION_NAME": REGION}
+        return {
+            "OS_AUTH_URL": self.auth_url,
+            "OS_USERNAME": ADMIN[0],
+            "OS_PASSWORD": ADMIN[1],
+            "OS_USER_DOMAIN_NAME": "Default",
+            "OS_SYSTEM_SCOPE": "all",
+            "OS_IDENTITY_API_VERSION": "3",
+            "OS_REGION_NAME": REGION,
+        }
 
     def nova_service_id(self):
         (service,) = self.admin_connection().identity.services(name="nova")
@@ -174,15 +187,21 @@ class EmbeddedKeystone:
     def _ensure_nova_and_reader(self):
         identity = self.admin_connection().identity
         service = next(iter(identity.services(name="nova")), None) or identity.create_service(
-            name="nova", type="compute", enabled=True)
+            name="nova", type="compute", enabled=True
+        )
         endpoints = list(identity.endpoints(service_id=service.id))
-        endpoint = endpoints[0] if endpoints else identity.create_endpoint(
-            service_id=service.id, interface="public", region_id=REGION,
-            url="http://127.0.0.1:8774/v2.1")
+        endpoint = (
+            endpoints[0]
+            if endpoints
+            else identity.create_endpoint(
+                service_id=service.id,
+                interface="public",
+                region_id=REGION,
+                url="http://127.0.0.1:8774/v2.1",
+            )
+        )
         self.nova_endpoint_id = endpoint.id
         if not list(identity.users(name=READER[0])):
-            user = identity.create_user(name=READER[0], password=READER[1],
-                                        domain_id="default")
+            user = identity.create_user(name=READER[0], password=READER[1], domain_id="default")
             (role,) = identity.roles(name="reader")
             identity.assign_system_role_to_user(user=user, role=role, system="all")
-

@@ -45,8 +45,11 @@ def migrated_xml(xml, mapping):
         if hostdev.get("type") == "mdev":
             address.set("uuid", mapping[address.get("uuid")])
             continue
-        vf = guest.pci_vfs(etree.fromstring(
-            f"<domain><devices>{etree.tostring(hostdev, encoding='unicode')}</devices></domain>"))
+        vf = guest.pci_vfs(
+            etree.fromstring(
+                f"<domain><devices>{etree.tostring(hostdev, encoding='unicode')}</devices></domain>"
+            )
+        )
         if vf and vf[0] in mapping:
             new = guest.pci_hostdev(mapping[vf[0]]).find("source/address")
             for key, value in new.attrib.items():

@@ -49,9 +49,9 @@ class EventedIndex(domain_index.DomainIndex):
         #: come before it asserts what the index makes of it.
         self.heard = collections.Counter()
         self._callbacks = [
-            self.conn.domainEventRegisterAny(None, getattr(libvirt, name),
-                                             self._on_event, None)
-            for name in EVENTS]
+            self.conn.domainEventRegisterAny(None, getattr(libvirt, name), self._on_event, None)
+            for name in EVENTS
+        ]
         # As nova's driver does once its event loop runs on this connection.
         self.connected(self.conn)
         self.event_driven = True

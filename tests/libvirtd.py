@@ -27,16 +27,22 @@ import time
 
 LIBVIRTD = "/usr/sbin/libvirtd"
 # Where libvirtd's drivers keep state and configuration when run as root.
-STATE_DIRS = ("/etc/libvirt", "/run/libvirt", "/var/lib/libvirt", "/var/cache/libvirt",
-              "/var/log/libvirt")
+STATE_DIRS = (
+    "/etc/libvirt",
+    "/run/libvirt",
+    "/var/lib/libvirt",
+    "/var/cache/libvirt",
+    "/var/log/libvirt",
+)
 IDLE_EXIT_SECONDS = 120
-
 
 
 def _namespace_script(targets):
     """Bind "$1".. on ``targets``, in order, then exec the rest of the arguments."""
-    return " && ".join([f'mount --bind "${i + 1}" {path}' for i, path in enumerate(targets)]
-                       + [f"shift {len(targets)}", 'exec "$@"'])
+    return " && ".join(
+        [f'mount --bind "${i + 1}" {path}' for i, path in enumerate(targets)]
+        + [f"shift {len(targets)}", 'exec "$@"']
+    )
 
 
 _NAMESPACE_SCRIPT = _namespace_script(STATE_DIRS)
@@ -49,8 +55,12 @@ class LibvirtdFailed(AssertionError):
 def can_unshare_mounts():
     """Whether this process may make a private mount namespace (CAP_SYS_ADMIN)."""
     try:
-        result = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                                capture_output=True, timeout=10, check=False)
+        result = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return result.returncode == 0
@@ -94,8 +104,14 @@ class Libvirtd:
         return "\n".join(parts) or "(no log)"
 
     def _argv(self):
-        daemon = [LIBVIRTD, "--config", str(self.config), "--pid-file", str(self.pid_file),
-                  f"--timeout={IDLE_EXIT_SECONDS}"]
+        daemon = [
+            LIBVIRTD,
+            "--config",
+            str(self.config),
+            "--pid-file",
+            str(self.pid_file),
+            f"--timeout={IDLE_EXIT_SECONDS}",
+        ]
         if not can_unshare_mounts():
             if self.sysfs:
                 raise LibvirtdFailed("a fake /sys needs a private mount namespace")
@@ -113,8 +129,18 @@ class Libvirtd:
         if self.sysfs:
             sources.append(str(self.sysfs))
             targets.append("/sys")
-        return ["unshare", "--mount", "--propagation", "private",
-                "sh", "-c", _namespace_script(targets), "sh", *sources, *daemon]
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _namespace_script(targets),
+            "sh",
+            *sources,
+            *daemon,
+        ]
 
     def start(self, timeout=20.0):
         """Start the daemon; return once a client can open the URI (or raise)."""
@@ -125,14 +151,20 @@ class Libvirtd:
         self.config.write_text(
             f'unix_sock_dir = "{self.sock_dir}"\n'
             f'log_outputs = "3:file:{self.log_file}"\n'
-            "listen_tcp = 0\nlisten_tls = 0\n")
+            "listen_tcp = 0\nlisten_tls = 0\n"
+        )
         argv = self._argv()
         # libudev refuses a /sys that is not sysfs unless told not to check.
         env = {**os.environ, "SYSTEMD_DEVICE_VERIFY_SYSFS": "0"} if self.sysfs else None
         with open(self.out_file, "wb") as out:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=subprocess.STDOUT, cwd=self.workdir,
-                                            env=env)
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+            )
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
@@ -156,8 +188,10 @@ class Libvirtd:
         opener.start()
         opener.join(max(deadline - time.monotonic(), 1.0))
         if not answer.get("ok"):
-            self._fail(f"libvirtd did not answer on {self.socket} within {timeout:.0f} s: "
-                       f"{answer.get('error', 'no reply')}")
+            self._fail(
+                f"libvirtd did not answer on {self.socket} within {timeout:.0f} s: "
+                f"{answer.get('error', 'no reply')}"
+            )
         written = self.pid_file.read_text().strip()
         if written != str(self.pid):
             self._fail(f"libvirtd wrote PID {written}, we started {self.pid}")
@@ -166,8 +200,10 @@ class Libvirtd:
     def _fail(self, message):
         """Stop what was started, then raise with the daemon's log."""
         self.stop()
-        raise LibvirtdFailed(f"{message} ({' '.join(self.process.args)}, exit status "
-                             f"{self.process.returncode})\n{self.log()}")
+        raise LibvirtdFailed(
+            f"{message} ({' '.join(self.process.args)}, exit status "
+            f"{self.process.returncode})\n{self.log()}"
+        )
 
     def stop(self, timeout=10.0):
         """SIGTERM the PID, SIGKILL it if it lingers; return its exit status."""

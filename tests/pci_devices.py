@@ -8,16 +8,21 @@ NIC = "0000:05:00.0"
 
 def plant_nic(tree, address=NIC, vendor="0x8086", device="0x1572", totalvfs=8):
     """A network card with SR-IOV: what a VF-enabling tool must not touch."""
-    bus = address.rsplit(":", 1)[0]          # devices/pci0000:05/0000:05:00.0
+    bus = address.rsplit(":", 1)[0]  # devices/pci0000:05/0000:05:00.0
     dev = os.path.join(tree, "devices", f"pci{bus}", address)
     os.makedirs(dev)
-    for name, text in (("vendor", f"{vendor}\n"), ("device", f"{device}\n"),
-                       ("class", "0x020000\n"), ("sriov_totalvfs", f"{totalvfs}\n"),
-                       ("sriov_numvfs", "0\n")):
+    for name, text in (
+        ("vendor", f"{vendor}\n"),
+        ("device", f"{device}\n"),
+        ("class", "0x020000\n"),
+        ("sriov_totalvfs", f"{totalvfs}\n"),
+        ("sriov_numvfs", "0\n"),
+    ):
         with open(os.path.join(dev, name), "w") as f:
             f.write(text)
-    os.symlink(f"../../../devices/pci{bus}/{address}",
-               os.path.join(tree, "bus", "pci", "devices", address))
+    os.symlink(
+        f"../../../devices/pci{bus}/{address}", os.path.join(tree, "bus", "pci", "devices", address)
+    )
     return dev
 
 

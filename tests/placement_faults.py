@@ -47,8 +47,13 @@ BYPASS_HEADER = "X-Fault-Injector-Bypass"
 _BYPASS_ENVIRON = "HTTP_" + BYPASS_HEADER.upper().replace("-", "_")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
-_REASONS = {409: "Conflict", 500: "Internal Server Error", 502: "Bad Gateway",
-            503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {
+    409: "Conflict",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 @dataclasses.dataclass
@@ -58,9 +63,9 @@ class Request:
     method: str
     path: str
     query: str
-    status: int | None = None    # what the client was answered
-    injected: bool = False       # the answer came from the injector
-    handled: bool = False        # Placement itself handled the request
+    status: int | None = None  # what the client was answered
+    injected: bool = False  # the answer came from the injector
+    handled: bool = False  # Placement itself handled the request
     delayed: float = 0.0
 
     @property
@@ -72,7 +77,7 @@ class Request:
 class _Rule:
     method: str | None
     path: re.Pattern | None
-    times: int | None            # None: forever
+    times: int | None  # None: forever
     status: int | None = None
     body: bytes = b""
     delay: float = 0.0
@@ -80,16 +85,27 @@ class _Rule:
     lost: bool = False
 
     def matches(self, method, path):
-        return ((self.method is None or re.fullmatch(self.method, method) is not None)
-                and (self.path is None or self.path.fullmatch(path) is not None))
+        return (self.method is None or re.fullmatch(self.method, method) is not None) and (
+            self.path is None or self.path.fullmatch(path) is not None
+        )
 
 
 def placement_error_body(status, detail, code="placement.undefined_code"):
     """An error body shaped as Placement writes its own (``{"errors": [...]}``)."""
     title = _REASONS.get(status, "Error")
-    return json.dumps({"errors": [{
-        "status": status, "title": title, "detail": detail, "code": code,
-        "request_id": f"req-{uuid.uuid4()}"}]}).encode()
+    return json.dumps(
+        {
+            "errors": [
+                {
+                    "status": status,
+                    "title": title,
+                    "detail": detail,
+                    "code": code,
+                    "request_id": f"req-{uuid.uuid4()}",
+                }
+            ]
+        }
+    ).encode()
 
 
 class FaultInjector:
@@ -99,16 +115,15 @@ class FaultInjector:
         self.app = app
         self._lock = threading.Lock()
         self._rules = []
-        self._outage = None          # (status, writes that may still pass)
-        self.requests = []           # Request, in arrival order (bypass excluded)
-        self.bypassed = []           # Request made with BYPASS_HEADER
-        self.errors = []             # exceptions raised by hooks (answered 500)
+        self._outage = None  # (status, writes that may still pass)
+        self.requests = []  # Request, in arrival order (bypass excluded)
+        self.bypassed = []  # Request made with BYPASS_HEADER
+        self.errors = []  # exceptions raised by hooks (answered 500)
 
     # -- scripting -------------------------------------------------------------------
 
     def _add(self, method, path, times, **kwargs):
-        rule = _Rule(method, re.compile(path) if path is not None else None, times,
-                     **kwargs)
+        rule = _Rule(method, re.compile(path) if path is not None else None, times, **kwargs)
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -119,16 +134,23 @@ class FaultInjector:
         ``lost``: let Placement handle the request first, then drop its answer.
         """
         detail = detail or f"injected fault: HTTP {status}"
-        return self._add(method, path, times, status=status, lost=lost,
-                         body=placement_error_body(status, detail))
+        return self._add(
+            method, path, times, status=status, lost=lost, body=placement_error_body(status, detail)
+        )
 
     def conflict(self, method=None, path=None, times=1):
         """Answer with Placement's own 409 for a resource provider generation conflict."""
-        detail = ("There was a conflict when trying to complete your request.\n\n "
-                  "resource provider generation conflict  ")
-        return self._add(method, path, times, status=409,
-                         body=placement_error_body(409, detail,
-                                                   code="placement.concurrent_update"))
+        detail = (
+            "There was a conflict when trying to complete your request.\n\n "
+            "resource provider generation conflict  "
+        )
+        return self._add(
+            method,
+            path,
+            times,
+            status=409,
+            body=placement_error_body(409, detail, code="placement.concurrent_update"),
+        )
 
     def delay(self, method=None, path=None, seconds=0.2, times=None):
         """Sleep ``seconds`` before passing matching requests to Placement."""
@@ -176,12 +198,15 @@ class FaultInjector:
         """Recorded requests matching a method regex, a path regex, a status..."""
         with self._lock:
             recorded = list(self.requests)
-        return [r for r in recorded
-                if (method is None or re.fullmatch(method, r.method))
-                and (path is None or re.fullmatch(path, r.path))
-                and (status is None or r.status == status)
-                and (injected is None or r.injected == injected)
-                and (handled is None or r.handled == handled)]
+        return [
+            r
+            for r in recorded
+            if (method is None or re.fullmatch(method, r.method))
+            and (path is None or re.fullmatch(path, r.path))
+            and (status is None or r.status == status)
+            and (injected is None or r.injected == injected)
+            and (handled is None or r.handled == handled)
+        ]
 
     def count(self, method=None, path=None, status=None, injected=None, handled=None):
         return len(self.calls(method, path, status, injected, handled))
@@ -204,8 +229,13 @@ class FaultInjector:
             if self._outage is not None:
                 status, left = self._outage
                 if left <= 0:
-                    return _Rule(None, None, None, status=status,
-                                 body=placement_error_body(status, "injected outage"))
+                    return _Rule(
+                        None,
+                        None,
+                        None,
+                        status=status,
+                        body=placement_error_body(status, "injected outage"),
+                    )
                 if record.write:
                     self._outage = (status, left - 1)
             for rule in self._rules:
@@ -218,8 +248,9 @@ class FaultInjector:
         return None
 
     def __call__(self, environ, start_response):
-        record = Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                         environ.get("QUERY_STRING", ""))
+        record = Request(
+            environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
+        )
         if environ.get(_BYPASS_ENVIRON):
             with self._lock:
                 self.bypassed.append(record)
@@ -231,9 +262,10 @@ class FaultInjector:
             if rule.lost:
                 self._drain(self._through(record, environ, lambda *a, **k: None))
             record.status, record.injected = rule.status, True
-            start_response(f"{rule.status} {_REASONS.get(rule.status, 'Error')}",
-                           [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(rule.body)))])
+            start_response(
+                f"{rule.status} {_REASONS.get(rule.status, 'Error')}",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(rule.body)))],
+            )
             return [rule.body]
         if rule is not None and rule.delay:
             record.delayed = rule.delay
@@ -246,9 +278,10 @@ class FaultInjector:
                     self.errors.append(exc)
                 body = placement_error_body(500, f"fault injector hook failed: {exc!r}")
                 record.status, record.injected = 500, True
-                start_response("500 Internal Server Error",
-                               [("Content-Type", "application/json"),
-                                ("Content-Length", str(len(body)))])
+                start_response(
+                    "500 Internal Server Error",
+                    [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+                )
                 return [body]
         return self._through(record, environ, start_response)
 

@@ -46,8 +46,7 @@ def bin_dir():
     """The newest ``/usr/lib/postgresql/<version>/bin`` with a server, or None."""
     found = []
     for path in glob.glob(BIN_GLOB):
-        if all(os.access(os.path.join(path, b), os.X_OK) for b in ("initdb", "pg_ctl",
-                                                                   "postgres")):
+        if all(os.access(os.path.join(path, b), os.X_OK) for b in ("initdb", "pg_ctl", "postgres")):
             version = os.path.basename(os.path.dirname(path))
             found.append((int(version) if version.isdigit() else 0, path))
     return max(found)[1] if found else None
@@ -172,8 +171,10 @@ class PrivateCluster:
         return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{self.database}"
 
     def dsn(self, database=None):
-        return (f"host=127.0.0.1 port={self.port} user=postgres "
-                f"dbname={database or self.database} connect_timeout=10")
+        return (
+            f"host=127.0.0.1 port={self.port} user=postgres "
+            f"dbname={database or self.database} connect_timeout=10"
+        )
 
     def log(self):
         try:
@@ -187,8 +188,15 @@ class PrivateCluster:
         """Run a PostgreSQL binary as the postgres user; (returncode, output)."""
         argv = ["runuser", "-u", OS_USER, "--", os.path.join(self.bin_dir, binary), *args]
         try:
-            result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                    text=True, timeout=timeout, cwd=self.workdir, check=False)
+            result = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=self.workdir,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             return None, f"{' '.join(argv)}: no answer within {timeout:.0f} s\n{exc.output}"
         return result.returncode, f"{' '.join(argv)}\n{result.stdout}{result.stderr}"
@@ -211,20 +219,32 @@ class PrivateCluster:
         for path in (self.workdir, self.data_dir, self.socket_dir):
             path.mkdir(mode=0o700, exist_ok=True)
             os.chown(path, user.pw_uid, user.pw_gid)
-        code, output = self._as_postgres("initdb", "-D", str(self.data_dir), "-U", "postgres",
-                                         "--auth=trust", "-E", "UTF8", "--no-sync",
-                                         timeout=120)
+        code, output = self._as_postgres(
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            timeout=120,
+        )
         if code != 0:
-            self._fail(f"initdb failed (is {self.workdir.parent} reachable by "
-                       f"'{OS_USER}'?):\n{output}")
+            self._fail(
+                f"initdb failed (is {self.workdir.parent} reachable by '{OS_USER}'?):\n{output}"
+            )
         for attempt in range(1, START_ATTEMPTS + 1):
             self.port = free_port()
             if self._pg_ctl_start(timeout):
                 break
             taken = "Address already in use" in self.log()
             if not taken or attempt == START_ATTEMPTS:
-                self._fail(f"PostgreSQL did not start on 127.0.0.1:{self.port} (pg_ctl "
-                           f"waits {timeout:.0f} s at most)")
+                self._fail(
+                    f"PostgreSQL did not start on 127.0.0.1:{self.port} (pg_ctl "
+                    f"waits {timeout:.0f} s at most)"
+                )
         self.pid = self._postmaster_pid()
         if self.pid is None or not _alive(self.pid):
             self._fail(f"no running postmaster behind {self.data_dir / 'postmaster.pid'}")
@@ -233,13 +253,26 @@ class PrivateCluster:
 
     def _pg_ctl_start(self, timeout):
         # pg_ctl hands these to a shell: quote what could hold spaces.
-        options = ["-c listen_addresses=127.0.0.1", f"-p {self.port}",
-                   f"-k {shlex.quote(str(self.socket_dir))}"]
+        options = [
+            "-c listen_addresses=127.0.0.1",
+            f"-p {self.port}",
+            f"-k {shlex.quote(str(self.socket_dir))}",
+        ]
         with _subreaper():
             code, output = self._as_postgres(
-                "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file),
-                "-o", " ".join(options), "-w", "-t", str(int(timeout)), "start",
-                timeout=timeout + 15)
+                "pg_ctl",
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_file),
+                "-o",
+                " ".join(options),
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "start",
+                timeout=timeout + 15,
+            )
         if code == 0:
             return True
         with contextlib.suppress(OSError), open(self.log_file, "a") as log:
@@ -265,7 +298,7 @@ class PrivateCluster:
         try:
             conn.autocommit = True
             with conn.cursor() as cur:
-                cur.execute(f'CREATE DATABASE "{self.database}" ENCODING \'UTF8\'')
+                cur.execute(f"CREATE DATABASE \"{self.database}\" ENCODING 'UTF8'")
         finally:
             conn.close()
 
@@ -273,8 +306,18 @@ class PrivateCluster:
         pid = self._postmaster_pid() or self.pid
         if pid is None or _wait_gone(pid, 0):
             return True
-        self._as_postgres("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t",
-                          str(int(timeout)), "stop", timeout=timeout + 15)
+        self._as_postgres(
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "stop",
+            timeout=timeout + 15,
+        )
         if _wait_gone(pid, 5):
             return True
         for sig in (signal.SIGQUIT, signal.SIGKILL):  # immediate shutdown, then force
@@ -311,4 +354,3 @@ def private_cluster(**kwargs):
     """A started :class:`PrivateCluster`, stopped (by PID) and removed on exit."""
     with PrivateCluster(**kwargs) as cluster:
         yield cluster
-

@@ -19,8 +19,11 @@ JOB = "vgpu"
 
 def samples(text):
     """``[(name, labels, value)]`` of an exposition, parsed by prometheus_client."""
-    return [(s.name, s.labels, s.value) for family in
-            parser.text_string_to_metric_families(text) for s in family.samples]
+    return [
+        (s.name, s.labels, s.value)
+        for family in parser.text_string_to_metric_families(text)
+        for s in family.samples
+    ]
 
 
 def selector(name, labels):
@@ -38,26 +41,35 @@ def input_series(text, instance, minutes, steps=None, job=JOB):
     """promtool's ``input_series`` of one scrape held for ``minutes``;
     ``steps`` ``{name: per-minute step}`` moves some on."""
     steps = steps or {}
-    return [{"series": selector(name, {**labels, "instance": instance, "job": job}),
-             "values": f"{value!r}+{steps.get(name, 0)}x{minutes}"}
-            for name, labels, value in samples(text)]
+    return [
+        {
+            "series": selector(name, {**labels, "instance": instance, "job": job}),
+            "values": f"{value!r}+{steps.get(name, 0)}x{minutes}",
+        }
+        for name, labels, value in samples(text)
+    ]
 
 
 def run_tests(tmp_path, tests, rule_files=RULE_FILES):
     """Run ``promtool test rules`` on ``tests`` (its ``tests`` list) with the
     shipped ``rule_files``; promtool's output when it fails."""
-    document = {"rule_files": [os.path.abspath(f) for f in rule_files],
-                "evaluation_interval": "1m", "tests": tests}
+    document = {
+        "rule_files": [os.path.abspath(f) for f in rule_files],
+        "evaluation_interval": "1m",
+        "tests": tests,
+    }
     path = tmp_path / "promtool-tests.yml"
     path.write_text(yaml.safe_dump(document))
-    done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
 def check_metrics(text):
     """``promtool check metrics`` of an exposition: its complaints."""
-    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
     return done.returncode, done.stdout + done.stderr

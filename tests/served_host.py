@@ -82,8 +82,10 @@ def served(tmp_path, *profile_names):
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     host = ServedHost(process, mount, state)
     try:
-        wait_for(lambda: os.path.ismount(mount) or process.poll() is not None,
-                 what="the fake host's mount")
+        wait_for(
+            lambda: os.path.ismount(mount) or process.poll() is not None,
+            what="the fake host's mount",
+        )
         if process.poll() is not None:
             log.seek(0)
             raise AssertionError(f"fake-host serve exited: {log.read()}")

@@ -38,8 +38,15 @@ if TYPE_CHECKING:
     from vgpu_driver.placement.sync import ProviderSync
 
 HELD_STATES = (claims.CLAIMED, claims.ATTACHED, claims.MIGRATING_IN)
-KINDS = ("allocation-without-mdev", "mdev-without-allocation", "stale-provider",
-         "missing-provider", "inventory", "traits", "name-clash")
+KINDS = (
+    "allocation-without-mdev",
+    "mdev-without-allocation",
+    "stale-provider",
+    "missing-provider",
+    "inventory",
+    "traits",
+    "name-clash",
+)
 # What the last audit found, in the state directory, for ``vgpu-manage metrics``.
 RECORD_FILE = "audit.json"
 
@@ -53,10 +60,12 @@ class Drift:
     detail: str
 
 
-def host_usage(snapshot: HostSnapshot, claim_list: Iterable[claims.Claim],
-               domain_users: Mapping[str, DomainRef],
-               providers: Mapping[str, GpuProvider] | None = None,
-               ) -> collections.Counter[tuple[str, str]]:
+def host_usage(
+    snapshot: HostSnapshot,
+    claim_list: Iterable[claims.Claim],
+    domain_users: Mapping[str, DomainRef],
+    providers: Mapping[str, GpuProvider] | None = None,
+) -> collections.Counter[tuple[str, str]]:
     """``{(gpu, consumer): units}`` from claims and guests' domains: what a
     vGPU counts for in its GPU's provider of ``providers`` (``{gpu:
     GpuProvider}``; one each without), framebuffer MiB on a mixed-size board.
@@ -85,17 +94,29 @@ def host_usage(snapshot: HostSnapshot, claim_list: Iterable[claims.Claim],
     return usage
 
 
-def _inventory_detail(have: Mapping[str, Mapping[str, Any]],
-                      want: Mapping[str, Mapping[str, Any]]) -> str:
+def _inventory_detail(
+    have: Mapping[str, Mapping[str, Any]], want: Mapping[str, Mapping[str, Any]]
+) -> str:
     def short(inventories: Mapping[str, Mapping[str, Any]]) -> str:
-        return ", ".join(f"{rc} total={i['total']} reserved={i['reserved']}"
-                         for rc, i in sorted(inventories.items())) or "none"
+        return (
+            ", ".join(
+                f"{rc} total={i['total']} reserved={i['reserved']}"
+                for rc, i in sorted(inventories.items())
+            )
+            or "none"
+        )
+
     return f"Placement has {short(have)}; the host computes {short(want)}"
 
 
-def audit(sync: ProviderSync, tree: ProviderTree, snapshot: HostSnapshot,
-          claim_list: Iterable[claims.Claim], domain_users: Mapping[str, DomainRef],
-          moves: Callable[[], Mapping[str, str]] | None = None) -> list[Drift]:
+def audit(
+    sync: ProviderSync,
+    tree: ProviderTree,
+    snapshot: HostSnapshot,
+    claim_list: Iterable[claims.Claim],
+    domain_users: Mapping[str, DomainRef],
+    moves: Callable[[], Mapping[str, str]] | None = None,
+) -> list[Drift]:
     """Every difference between the host and Placement, as Drift rows.
 
     ``moves`` gives ``{migration uuid: instance uuid}`` of nova's moves
@@ -108,59 +129,93 @@ def audit(sync: ProviderSync, tree: ProviderTree, snapshot: HostSnapshot,
     """
     sync.observe(tree)
     clashes = {c.name: c for c in sync.clashes(tree)}
-    drifts = [Drift("name-clash", c.name, getattr(tree.provider(c.name), "gpu", None), None,
-                    c.detail()) for c in clashes.values()]
+    drifts = [
+        Drift("name-clash", c.name, getattr(tree.provider(c.name), "gpu", None), None, c.detail())
+        for c in clashes.values()
+    ]
     if tree.root_name in clashes:
-        return drifts      # no tree of this host to compare with
+        return drifts  # no tree of this host to compare with
     desired = {p.name: p for p in tree.providers if p.name not in clashes}
     for name, held in sorted(sync.known.items()):
         if sync.root_uuid is not None and placement.is_vanished_gpu_provider(
-                tree, name, held.parent_uuid, sync.root_uuid, held.inventories,
-                held.traits):
-            drifts.append(Drift("stale-provider", name, None, None,
-                                "no GPU of this host has this provider's name any more"))
-    usage = host_usage(snapshot, claim_list, domain_users,
-                       {p.gpu: p for p in tree.providers})
+            tree, name, held.parent_uuid, sync.root_uuid, held.inventories, held.traits
+        ):
+            drifts.append(
+                Drift(
+                    "stale-provider",
+                    name,
+                    None,
+                    None,
+                    "no GPU of this host has this provider's name any more",
+                )
+            )
+    usage = host_usage(snapshot, claim_list, domain_users, {p.gpu: p for p in tree.providers})
     # (position in drifts, provider, its allocations)
     compared: list[tuple[int, GpuProvider, dict[str, dict[str, int]]]] = []
     for name, provider in sorted(desired.items()):
         known = sync.known.get(name)
         if known is None:
-            drifts.append(Drift("missing-provider", name, provider.gpu, None,
-                                "Placement has no provider for this GPU"))
+            drifts.append(
+                Drift(
+                    "missing-provider",
+                    name,
+                    provider.gpu,
+                    None,
+                    "Placement has no provider for this GPU",
+                )
+            )
             continue
         if known.inventories != provider.inventory():
-            drifts.append(Drift("inventory", name, provider.gpu, None,
-                                _inventory_detail(known.inventories, provider.inventory())))
+            drifts.append(
+                Drift(
+                    "inventory",
+                    name,
+                    provider.gpu,
+                    None,
+                    _inventory_detail(known.inventories, provider.inventory()),
+                )
+            )
         managed = {t for t in known.traits if placement.is_managed_trait(t)}
         if managed != set(provider.traits):
-            drifts.append(Drift("traits", name, provider.gpu, None,
-                                f"Placement has {sorted(managed)}; the host computes "
-                                f"{sorted(provider.traits)}"))
+            drifts.append(
+                Drift(
+                    "traits",
+                    name,
+                    provider.gpu,
+                    None,
+                    f"Placement has {sorted(managed)}; the host computes {sorted(provider.traits)}",
+                )
+            )
         compared.append((len(drifts), provider, sync.allocations(name)))
     return _with_allocation_drift(drifts, compared, usage, moves)
 
 
-def _with_allocation_drift(drifts: list[Drift],
-                           compared: list[tuple[int, GpuProvider, dict[str, dict[str, int]]]],
-                           usage: Mapping[tuple[str, str], int],
-                           moves: Callable[[], Mapping[str, str]] | None) -> list[Drift]:
+def _with_allocation_drift(
+    drifts: list[Drift],
+    compared: list[tuple[int, GpuProvider, dict[str, dict[str, int]]]],
+    usage: Mapping[tuple[str, str], int],
+    moves: Callable[[], Mapping[str, str]] | None,
+) -> list[Drift]:
     """``drifts`` with each provider's allocation drift at its place; moves
     asked for only when there is some (Placement is read once either way)."""
     found = [_allocation_drift(p, allocations, usage, {}) for _, p, allocations in compared]
     if moves is not None and any(found):
         known_moves = moves()
-        found = [_allocation_drift(p, allocations, usage, known_moves)
-                 for _, p, allocations in compared]
+        found = [
+            _allocation_drift(p, allocations, usage, known_moves) for _, p, allocations in compared
+        ]
     merged = list(drifts)
     for (position, _p, _a), rows in reversed(list(zip(compared, found, strict=True))):
         merged[position:position] = rows
     return merged
 
 
-def _allocation_drift(provider: GpuProvider, allocations: Mapping[str, Mapping[str, int]],
-                      usage: Mapping[tuple[str, str], int],
-                      moves: Mapping[str, str]) -> list[Drift]:
+def _allocation_drift(
+    provider: GpuProvider,
+    allocations: Mapping[str, Mapping[str, int]],
+    usage: Mapping[tuple[str, str], int],
+    moves: Mapping[str, str],
+) -> list[Drift]:
     drifts: list[Drift] = []
     name = provider.name
     allocated: collections.Counter[str] = collections.Counter()
@@ -169,15 +224,29 @@ def _allocation_drift(provider: GpuProvider, allocations: Mapping[str, Mapping[s
     here = {consumer: n for (gpu, consumer), n in usage.items() if gpu == provider.gpu}
     for consumer, units in sorted(allocated.items()):
         if here.get(consumer, 0) < units:
-            drifts.append(Drift("allocation-without-mdev", name, provider.gpu, consumer,
-                                f"{units} {provider.resource_class} allocated, "
-                                f"{_held(provider, here.get(consumer, 0))} held here"))
+            drifts.append(
+                Drift(
+                    "allocation-without-mdev",
+                    name,
+                    provider.gpu,
+                    consumer,
+                    f"{units} {provider.resource_class} allocated, "
+                    f"{_held(provider, here.get(consumer, 0))} held here",
+                )
+            )
     for consumer, count in sorted(here.items()):
         if allocated.get(consumer, 0) < count:
-            drifts.append(Drift("mdev-without-allocation", name, provider.gpu, consumer,
-                                f"{_held(provider, count)} held here, "
-                                f"{allocated.get(consumer, 0)} "
-                                f"{provider.resource_class} allocated"))
+            drifts.append(
+                Drift(
+                    "mdev-without-allocation",
+                    name,
+                    provider.gpu,
+                    consumer,
+                    f"{_held(provider, count)} held here, "
+                    f"{allocated.get(consumer, 0)} "
+                    f"{provider.resource_class} allocated",
+                )
+            )
     return drifts
 
 
@@ -189,8 +258,10 @@ def write_record(state_dir: str, drifts: Iterable[Drift], now: float) -> None:
     """Leave how much drift of each kind this audit found, and when, for
     ``vgpu-manage metrics`` to export (OSError if it cannot be written)."""
     found = collections.Counter(d.kind for d in drifts)
-    state_files.write(os.path.join(state_dir, RECORD_FILE),
-                      {"at": now, "drift": {kind: found.get(kind, 0) for kind in KINDS}})
+    state_files.write(
+        os.path.join(state_dir, RECORD_FILE),
+        {"at": now, "drift": {kind: found.get(kind, 0) for kind in KINDS}},
+    )
 
 
 def read_record(state_dir: str) -> Any:

@@ -61,19 +61,18 @@ CREATE INDEX IF NOT EXISTS claims_by_gpu ON claims (gpu);
 MIGRATIONS = (_SCHEMA,)
 SCHEMA_VERSION = len(MIGRATIONS)
 
-COLUMNS = ("mdev_uuid, instance_uuid, gpu, parent, type_id, state, created, created_at, "
-            "updated_at")
+COLUMNS = "mdev_uuid, instance_uuid, gpu, parent, type_id, state, created, created_at, updated_at"
 
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    mdev_uuid: str    # the vGPU's id: an mdev UUID, or a vendor-VFIO VF's address
+    mdev_uuid: str  # the vGPU's id: an mdev UUID, or a vendor-VFIO VF's address
     instance_uuid: str
     gpu: str
     parent: str
     type_id: str
     state: str
-    created: bool     # this claim's allocation created the mdev (set the VF's type)
+    created: bool  # this claim's allocation created the mdev (set the VF's type)
     created_at: float
     updated_at: float
 
@@ -111,11 +110,20 @@ class Transaction:
         marks = ", ".join("?" * len(gpus))
         rows = self._db.execute(
             f"SELECT {COLUMNS} FROM claims WHERE gpu IN ({marks}) OR instance_uuid = ?",
-            (*gpus, instance_uuid))
+            (*gpus, instance_uuid),
+        )
         return {row[0]: claim_of(row) for row in rows}
 
-    def add(self, instance_uuid: str, mdev_uuid: str, gpu: str, parent: str, type_id: str,
-            state: str = CLAIMED, created: bool = False) -> None:
+    def add(
+        self,
+        instance_uuid: str,
+        mdev_uuid: str,
+        gpu: str,
+        parent: str,
+        type_id: str,
+        state: str = CLAIMED,
+        created: bool = False,
+    ) -> None:
         mdev_uuid = names.check_vgpu_id(mdev_uuid)
         if state not in STATES:
             raise ValueError(state)
@@ -123,17 +131,23 @@ class Transaction:
         try:
             self._db.execute(
                 f"INSERT INTO claims ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (mdev_uuid, instance_uuid, gpu, parent, type_id, state, int(created), now,
-                 now))
+                (mdev_uuid, instance_uuid, gpu, parent, type_id, state, int(created), now, now),
+            )
         except sqlite3.IntegrityError:
-            owner = self._db.execute("SELECT instance_uuid FROM claims WHERE mdev_uuid = ?",
-                                     (mdev_uuid,)).fetchone()
-            raise exception.ClaimConflict(mdev=mdev_uuid,
-                                          owner=owner[0] if owner else "?") from None
+            owner = self._db.execute(
+                "SELECT instance_uuid FROM claims WHERE mdev_uuid = ?", (mdev_uuid,)
+            ).fetchone()
+            raise exception.ClaimConflict(
+                mdev=mdev_uuid, owner=owner[0] if owner else "?"
+            ) from None
 
-    def set_state(self, instance_uuid: str, state: str,
-                  mdev_uuids: Collection[str] | None = None,
-                  from_states: Collection[str] | None = None) -> int:
+    def set_state(
+        self,
+        instance_uuid: str,
+        state: str,
+        mdev_uuids: Collection[str] | None = None,
+        from_states: Collection[str] | None = None,
+    ) -> int:
         """Move the instance's claims (those of ``mdev_uuids``, and only
         those now in ``from_states``, if given) to ``state``; how many."""
         if state not in STATES or not set(from_states or ()) <= set(STATES):
@@ -150,12 +164,17 @@ class Transaction:
 
     def move(self, mdev_uuid: str, parent: str) -> None:
         """Record that an mdev now lives on another parent of its GPU."""
-        self._db.execute("UPDATE claims SET parent = ?, updated_at = ? WHERE mdev_uuid = ?",
-                         (parent, time.time(), mdev_uuid))
+        self._db.execute(
+            "UPDATE claims SET parent = ?, updated_at = ? WHERE mdev_uuid = ?",
+            (parent, time.time(), mdev_uuid),
+        )
 
-    def remove(self, instance_uuid: str | None = None,
-               mdev_uuids: Collection[str] | None = None,
-               state: str | None = None) -> list[Claim]:
+    def remove(
+        self,
+        instance_uuid: str | None = None,
+        mdev_uuids: Collection[str] | None = None,
+        state: str | None = None,
+    ) -> list[Claim]:
         """Delete claims of an instance and/or of given mdevs (only those in
         ``state`` if given); returns them."""
         clauses: list[str] = []
@@ -172,8 +191,10 @@ class Transaction:
         if instance_uuid is None and mdev_uuids is None:
             raise ValueError("refusing to delete every claim")
         where = " AND ".join(clauses)
-        gone = [claim_of(row) for row in self._db.execute(
-            f"SELECT {COLUMNS} FROM claims WHERE {where}", args)]
+        gone = [
+            claim_of(row)
+            for row in self._db.execute(f"SELECT {COLUMNS} FROM claims WHERE {where}", args)
+        ]
         self._db.execute(f"DELETE FROM claims WHERE {where}", args)
         return gone
 
@@ -189,7 +210,8 @@ class Transaction:
             cursor = self._db.execute(
                 "DELETE FROM claims WHERE mdev_uuid = ? AND instance_uuid = ? AND state = ?"
                 " AND updated_at = ?",
-                (claim.mdev_uuid, claim.instance_uuid, claim.state, claim.updated_at))
+                (claim.mdev_uuid, claim.instance_uuid, claim.state, claim.updated_at),
+            )
             if cursor.rowcount:
                 gone.append(claim)
         return gone

@@ -35,15 +35,19 @@ def _make_state_dir(state_dir: str, path: str) -> None:
         os.makedirs(state_dir, mode=0o750, exist_ok=True)
     except OSError as exc:
         raise exception.JournalMissing(
-            path=path, reason=f"cannot create {state_dir}: {exc.strerror}") from exc
+            path=path, reason=f"cannot create {state_dir}: {exc.strerror}"
+        ) from exc
 
 
 def _check_state_dir(state_dir: str, path: str) -> None:
     """Refuse a state dir that is not there: reading it as empty would make
     every claimed mdev look free."""
     if not os.path.isdir(state_dir):
-        reason = ("the state directory is not a directory" if os.path.exists(state_dir)
-                  else "the state directory does not exist")
+        reason = (
+            "the state directory is not a directory"
+            if os.path.exists(state_dir)
+            else "the state directory does not exist"
+        )
         raise exception.JournalMissing(path=path, reason=reason)
 
 
@@ -57,15 +61,17 @@ def check_new_state_dir(state_dir: str, also_ours: Iterable[str] = ()) -> None:
     try:
         entries = sorted(os.listdir(state_dir))
     except (FileNotFoundError, NotADirectoryError):
-        return      # created, or refused, when the journal is made
+        return  # created, or refused, when the journal is made
     if Journal.FILENAME in entries:
         return
     ours = (Journal.FILENAME, *also_ours)
-    others = [e for e in entries
-              if e != "lost+found" and not any(e.startswith(name) for name in ours)]
+    others = [
+        e for e in entries if e != "lost+found" and not any(e.startswith(name) for name in ours)
+    ]
     if others:
-        raise exception.NotAStateDirectory(state_dir=state_dir, count=len(others),
-                                           examples=", ".join(others[:3]))
+        raise exception.NotAStateDirectory(
+            state_dir=state_dir, count=len(others), examples=", ".join(others[:3])
+        )
 
 
 class Journal:
@@ -90,8 +96,10 @@ class Journal:
         self.read_only: str | None = None
         if not os.access(state_dir, os.X_OK, effective_ids=True):
             raise exception.JournalNotReadable(
-                path=self.path, user=journal_files.this_process(),
-                reason=f"the state directory is {journal_files.describe(self._place.directory)}")
+                path=self.path,
+                user=journal_files.this_process(),
+                reason=f"the state directory is {journal_files.describe(self._place.directory)}",
+            )
         if create and not os.path.lexists(self.path):
             why = journal_files.why_not_writable(self._place, {})
             if why:
@@ -123,8 +131,9 @@ class Journal:
     def _access(self, found: dict[str, os.stat_result | None], create: bool) -> str | None:
         why = journal_files.why_not_readable(self._place, found)
         if why:
-            raise exception.JournalNotReadable(path=self.path,
-                                               user=journal_files.this_process(), reason=why)
+            raise exception.JournalNotReadable(
+                path=self.path, user=journal_files.this_process(), reason=why
+            )
         why = journal_files.why_not_writable(self._place, found)
         if why and create:
             raise self._not_writable(why)
@@ -137,14 +146,19 @@ class Journal:
         if self.read_only:
             fix = f"Run this as root or as {owner}."
         elif self._place.directory.st_uid != os.geteuid():
-            fix = (f"The state directory must be the writer's (nova-compute's user): "
-                   f"install -d -o USER -g GROUP -m 0750 {self._place.state_dir} (it is "
-                   f"{owner}'s).")
+            fix = (
+                f"The state directory must be the writer's (nova-compute's user): "
+                f"install -d -o USER -g GROUP -m 0750 {self._place.state_dir} (it is "
+                f"{owner}'s)."
+            )
         else:
-            fix = (f"Run 'vgpu-manage claims init' as root: it gives the journal's files to "
-                   f"the state directory's owner ({owner}), its claims unchanged.")
-        return exception.JournalNotWritable(path=self.path, user=journal_files.this_process(),
-                                            reason=why, fix=fix)
+            fix = (
+                f"Run 'vgpu-manage claims init' as root: it gives the journal's files to "
+                f"the state directory's owner ({owner}), its claims unchanged."
+            )
+        return exception.JournalNotWritable(
+            path=self.path, user=journal_files.this_process(), reason=why, fix=fix
+        )
 
     def _open_checked(self, create: bool, created: bool, size: int) -> None:
         """Integrity and version checked read-only (a refused file is left
@@ -154,21 +168,23 @@ class Journal:
             # A file that is there is ours only if it holds our table: an
             # empty file or another program's database is never adopted.
             if size == 0:
-                raise exception.JournalUnreadable(path=self.path,
-                                                  reason="the file is empty (0 bytes)")
+                raise exception.JournalUnreadable(
+                    path=self.path, reason="the file is empty (0 bytes)"
+                )
             version, tables = self._check_read_only()
             has_claims = "claims" in tables
             # Without claims: another program's tables are never adopted; a
             # database with none (a first start cut short) only by a creator.
             if not has_claims and (tables or not create):
-                raise exception.JournalUnreadable(path=self.path,
-                                                  reason="it holds no claims table")
+                raise exception.JournalUnreadable(path=self.path, reason="it holds no claims table")
         # Written before versioning: the version-1 schema, user_version 0.
         schema = 1 if version == 0 and has_claims else version
         if self.read_only:
             if schema < claims_mod.SCHEMA_VERSION:
-                raise self._not_writable(f"its schema (version {version}) must be brought "
-                                         f"to version {claims_mod.SCHEMA_VERSION} by a writer")
+                raise self._not_writable(
+                    f"its schema (version {version}) must be brought "
+                    f"to version {claims_mod.SCHEMA_VERSION} by a writer"
+                )
             return
         db = self._db()
         if version < claims_mod.SCHEMA_VERSION:
@@ -177,19 +193,23 @@ class Journal:
     def _check_read_only(self) -> tuple[int, set[str]]:
         """``(schema version, its table names)`` of a journal that passes
         sqlite's integrity check and is not newer than this code."""
+
         def check(db: sqlite3.Connection) -> tuple[int, set[str]]:
             verdict = db.execute("PRAGMA quick_check").fetchone()[0]
             if verdict != "ok":
-                raise exception.JournalUnreadable(path=self.path,
-                                                  reason=f"integrity check: {verdict}")
+                raise exception.JournalUnreadable(
+                    path=self.path, reason=f"integrity check: {verdict}"
+                )
             version: int = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {row[0] for row in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
             return version, tables
 
         if self.read_only:
             version, tables = journal_lock.patiently(
-                lambda: journal_files.read(self._place, check), self._busy_timeout)
+                lambda: journal_files.read(self._place, check), self._busy_timeout
+            )
         else:
             db = journal_files.connect(self._place, "mode=ro", timeout=self._busy_timeout)
             try:
@@ -197,8 +217,9 @@ class Journal:
             finally:
                 db.close()
         if version > claims_mod.SCHEMA_VERSION:
-            raise exception.JournalTooNew(path=self.path, found=version,
-                                          known=claims_mod.SCHEMA_VERSION)
+            raise exception.JournalTooNew(
+                path=self.path, found=version, known=claims_mod.SCHEMA_VERSION
+            )
         return version, tables
 
     def _migrate(self, db: sqlite3.Connection, version: int) -> None:
@@ -235,8 +256,13 @@ class Journal:
         if getattr(local, "pid", None) != os.getpid():
             # mode=rw: sqlite never creates the file (that is done above,
             # following no link); the file it opened is checked.
-            db = journal_files.connect(self._place, "mode=rw", timeout=journal_lock.BUSY_POLL,
-                                       isolation_level=None, check_same_thread=True)
+            db = journal_files.connect(
+                self._place,
+                "mode=rw",
+                timeout=journal_lock.BUSY_POLL,
+                isolation_level=None,
+                check_same_thread=True,
+            )
             db.execute("PRAGMA journal_mode=WAL")
             # Claims must survive power loss too: a reboot restores from them.
             db.execute("PRAGMA synchronous=FULL")
@@ -276,4 +302,5 @@ class Journal:
     def claims(self, instance_uuid: str | None = None) -> list[claims_mod.Claim]:
         return journal_lock.patiently(
             lambda: self._read(lambda db: claims_mod.Transaction(db).claims(instance_uuid)),
-            self._busy_timeout)
+            self._busy_timeout,
+        )

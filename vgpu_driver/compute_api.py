@@ -24,16 +24,19 @@ MICROVERSION = "2.80"
 # more: nova moved it back to the instance, or deleted it.  ("error" and
 # "failed" included: an allocation left under such a migration is nova's
 # leak, and the audit shows it.)
-ENDED = frozenset({"confirmed", "reverted", "completed", "done", "cancelled", "error",
-                   "failed"})
+ENDED = frozenset({"confirmed", "reverted", "completed", "done", "cancelled", "error", "failed"})
 
 
 def moves_from(migrations: Iterable[Mapping[str, Any]], host: str) -> dict[str, str]:
     """``{migration uuid: instance uuid}`` of the moves under way to or
     from ``host``, from ``GET /os-migrations``'s entries."""
-    return {m["uuid"]: m["instance_uuid"] for m in migrations
-            if m.get("uuid") and m.get("status") not in ENDED
-            and host in (m.get("source_compute"), m.get("dest_compute"))}
+    return {
+        m["uuid"]: m["instance_uuid"]
+        for m in migrations
+        if m.get("uuid")
+        and m.get("status") not in ENDED
+        and host in (m.get("source_compute"), m.get("dest_compute"))
+    }
 
 
 def moves_on(connection: Any, host: str) -> dict[str, str]:
@@ -44,15 +47,20 @@ def moves_on(connection: Any, host: str) -> dict[str, str]:
     refuses (no compute endpoint in the catalog, no admin role).
     """
     config = connection.config
-    api = ks_adapter.Adapter(session=connection.session, service_type="compute",
-                             interface=config.get_interface("compute"),
-                             region_name=config.get_region_name("compute"),
-                             endpoint_override=config.get_endpoint("compute"))
+    api = ks_adapter.Adapter(
+        session=connection.session,
+        service_type="compute",
+        interface=config.get_interface("compute"),
+        region_name=config.get_region_name("compute"),
+        endpoint_override=config.get_endpoint("compute"),
+    )
     try:
-        response = api.get("/os-migrations", params={"host": host},
-                           microversion=MICROVERSION, raise_exc=True)
+        response = api.get(
+            "/os-migrations", params={"host": host}, microversion=MICROVERSION, raise_exc=True
+        )
         migrations = response.json()["migrations"]
     except (ks_exceptions.ClientException, ValueError, KeyError) as exc:
-        raise exception.ComputeApiUnavailable(host=host, reason=f"{type(exc).__name__}: {exc}") \
-            from exc
+        raise exception.ComputeApiUnavailable(
+            host=host, reason=f"{type(exc).__name__}: {exc}"
+        ) from exc
     return moves_from(migrations, host)

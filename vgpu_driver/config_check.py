@@ -46,8 +46,9 @@ def _near_miss(value: str, candidates: Iterable[str], cutoff: float = 0.6) -> st
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _offered(snapshot: HostSnapshot,
-             boards: Mapping[str, BoardReading] | None = None) -> dict[str, str | None]:
+def _offered(
+    snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None = None
+) -> dict[str, str | None]:
     """``{type id: name}`` of the types the host offers: listed by a parent,
     in use (a full vendor-VFIO board lists nothing), or placeable on a board
     in mixed-size mode (``boards``: :func:`vgpu_driver.inventory.read_boards`)."""
@@ -77,11 +78,20 @@ def stray_groups(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapsho
     for section in conf.list_all_sections():
         if not section.startswith("mdev_") or section in wanted:
             continue
-        hint = (f"; enable {section[len('mdev_'):]} in [devices] enabled_mdev_types or "
-                "remove the group" if section in offered else _near_miss(section, wanted))
-        problems.append(exception.ConfigProblem(
-            "group", f"[{section}]", "configures no enabled type (it is not in [devices] "
-            f"enabled_mdev_types), so its options are ignored{hint}"))
+        hint = (
+            f"; enable {section[len('mdev_') :]} in [devices] enabled_mdev_types or "
+            "remove the group"
+            if section in offered
+            else _near_miss(section, wanted)
+        )
+        problems.append(
+            exception.ConfigProblem(
+                "group",
+                f"[{section}]",
+                "configures no enabled type (it is not in [devices] "
+                f"enabled_mdev_types), so its options are ignored{hint}",
+            )
+        )
     return problems
 
 
@@ -89,42 +99,58 @@ def nothing_enabled(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     if config.enabled:
         return []
     offered = ", ".join(sorted(_offered(snapshot))) or "none"
-    return [exception.ConfigProblem(
-        "[devices] enabled_mdev_types", "", "no type is enabled, so no GPU gets a provider "
-        f"(types offered on this host: {offered})")]
+    return [
+        exception.ConfigProblem(
+            "[devices] enabled_mdev_types",
+            "",
+            "no type is enabled, so no GPU gets a provider "
+            f"(types offered on this host: {offered})",
+        )
+    ]
 
 
 def _model_absent(type_config: TypeConfig | None, snapshot: HostSnapshot) -> bool:
     """A type chosen by GPU model serves a fleet: a host without that model is
     expected, not a mistake."""
     present = {fleet.gpu_device_id(g) for g in snapshot.gpus}
-    return (type_config is not None and bool(type_config.device_ids)
-            and present.isdisjoint(type_config.device_ids))
+    return (
+        type_config is not None
+        and bool(type_config.device_ids)
+        and present.isdisjoint(type_config.device_ids)
+    )
 
 
 def _pending_types(config: MdevConfig, snapshot: HostSnapshot) -> set[str]:
     """Types served by a GPU whose VFs are not there yet: they are offered once
     its VFs are (reported once, by :func:`vfs_pending`)."""
     resolved = config.for_host(snapshot)
-    return {type_id for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
-            if (found := snapshot.gpu(gpu)) is not None
-            and found.mode == discovery.MODE_VFS_PENDING for type_id in types}
+    return {
+        type_id
+        for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
+        if (found := snapshot.gpu(gpu)) is not None and found.mode == discovery.MODE_VFS_PENDING
+        for type_id in types
+    }
 
 
-def absent_types(config: MdevConfig, snapshot: HostSnapshot,
-                 boards: Mapping[str, BoardReading] | None = None) -> Problems:
+def absent_types(
+    config: MdevConfig, snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None = None
+) -> Problems:
     offered = _offered(snapshot, boards)
     pending = _pending_types(config, snapshot)
-    return [exception.ConfigProblem(
-        "[devices] enabled_mdev_types", type_id, "no device on this host offers this type"
-        f"{_near_miss(type_id, offered)}")
+    return [
+        exception.ConfigProblem(
+            "[devices] enabled_mdev_types",
+            type_id,
+            f"no device on this host offers this type{_near_miss(type_id, offered)}",
+        )
         for type_id in config.enabled
-        if type_id not in offered and type_id not in pending
-        and not _model_absent(config.type_config(type_id), snapshot)]
+        if type_id not in offered
+        and type_id not in pending
+        and not _model_absent(config.type_config(type_id), snapshot)
+    ]
 
 
-def _serving_option(type_id: str, device_id: str | None,
-                    how: str) -> tuple[str, str | None]:
+def _serving_option(type_id: str, device_id: str | None, how: str) -> tuple[str, str | None]:
     """The option and value that gave a GPU its type, for the problem line."""
     group = devices.group_name(type_id)
     if how.startswith("device_addresses"):
@@ -137,19 +163,29 @@ def _serving_option(type_id: str, device_id: str | None,
 def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     """Configured SR-IOV GPUs whose VFs are not there: they get no provider."""
     problems = []
-    for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot),
-                                                        snapshot):
+    for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot), snapshot):
         gpu = snapshot.gpu(address)
         if not types or gpu is None or gpu.mode != discovery.MODE_VFS_PENDING:
             continue
         option, value = _serving_option(types[-1], device_id, how)
-        listed = sorted({a for c in config.types if c.type_id in types
-                         for a in c.device_addresses if a in gpu.addresses})
+        listed = sorted(
+            {
+                a
+                for c in config.types
+                if c.type_id in types
+                for a in c.device_addresses
+                if a in gpu.addresses
+            }
+        )
         vfs = [a for a in listed if a != address]
         board = f"; {', '.join(vfs)} will be VF(s) of it" if vfs else ""
-        problems.append(exception.ConfigProblem(
-            option, value or ", ".join(listed) or address, f"GPU {address} gets no provider: "
-            f"{inventory.vfs_pending_reason(gpu)}{board}"))
+        problems.append(
+            exception.ConfigProblem(
+                option,
+                value or ", ".join(listed) or address,
+                f"GPU {address} gets no provider: {inventory.vfs_pending_reason(gpu)}{board}",
+            )
+        )
     return problems
 
 
@@ -157,13 +193,18 @@ def _device_there(function: PciFunction | None) -> str:
     """What the PCI device at an address no parent has is, when there is one."""
     if function is None:
         return ""
-    return (f" (the device there is bound to {function.driver or 'no driver'} and offers no "
-            "vGPU; 'vgpu-manage host check' says why)")
+    return (
+        f" (the device there is bound to {function.driver or 'no driver'} and offers no "
+        "vGPU; 'vgpu-manage host check' says why)"
+    )
 
 
-def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
-                     functions: Mapping[str, PciFunction | None] | None = None,
-                     boards: Mapping[str, BoardReading] | None = None) -> Problems:
+def absent_addresses(
+    config: MdevConfig,
+    snapshot: HostSnapshot,
+    functions: Mapping[str, PciFunction | None] | None = None,
+    boards: Mapping[str, BoardReading] | None = None,
+) -> Problems:
     """Configured addresses no parent has, or whose device does not serve
     the type; ``functions``: the PCI device at each such address
     (``{address: PciFunction or None}``), to say which driver holds it;
@@ -176,19 +217,32 @@ def absent_addresses(config: MdevConfig, snapshot: HostSnapshot,
         for address in type_config.device_addresses:
             gpu = snapshot.gpu(address)
             if gpu is None:
-                problems.append(exception.ConfigProblem(
-                    option, address, "no mdev-capable device at this address on this host"
-                    f"{_device_there(functions.get(address))}"
-                    f"{_near_miss(address, addresses, cutoff=0.9)}"))
+                problems.append(
+                    exception.ConfigProblem(
+                        option,
+                        address,
+                        "no mdev-capable device at this address on this host"
+                        f"{_device_there(functions.get(address))}"
+                        f"{_near_miss(address, addresses, cutoff=0.9)}",
+                    )
+                )
             elif gpu.mode == discovery.MODE_VFS_PENDING:
-                continue     # reported by vfs_pending()
-            elif not gpu.offers(type_config.type_id) \
-                    and type_config.type_id not in gpu.vgpu_types_in_use() \
-                    and type_config.type_id not in _placeable(gpu, boards):
+                continue  # reported by vfs_pending()
+            elif (
+                not gpu.offers(type_config.type_id)
+                and type_config.type_id not in gpu.vgpu_types_in_use()
+                and type_config.type_id not in _placeable(gpu, boards)
+            ):
                 offered = sorted({t.type_id for p in gpu.parents for t in p.types})
-                problems.append(exception.ConfigProblem(
-                    option, address, f"does not offer {type_config.type_id} "
-                    f"(offers: {', '.join(offered) or 'nothing'})", "warning"))
+                problems.append(
+                    exception.ConfigProblem(
+                        option,
+                        address,
+                        f"does not offer {type_config.type_id} "
+                        f"(offers: {', '.join(offered) or 'nothing'})",
+                        "warning",
+                    )
+                )
     return problems
 
 
@@ -214,28 +268,45 @@ def uncapped_vendor_vfio(config: MdevConfig, snapshot: HostSnapshot) -> Problems
     problems = []
     sharing = {t for types in boards_mod.shared_boards(config, snapshot).values() for t in types}
     for type_config in config.types:
-        if type_config.max_instances is not None or type_config.type_id in config.mixed_types \
-                or type_config.type_id in sharing:
+        if (
+            type_config.max_instances is not None
+            or type_config.type_id in config.mixed_types
+            or type_config.type_id in sharing
+        ):
             continue
-        fits = [vendor_vfio_fit(g, type_config.type_id) for g in snapshot.gpus
-                if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)]
+        fits = [
+            vendor_vfio_fit(g, type_config.type_id)
+            for g in snapshot.gpus
+            if g.mode == discovery.MODE_VENDOR_VFIO and g.offers(type_config.type_id)
+        ]
         if not fits:
             continue
         known = [f for f in fits if f]
-        cap = (f"set it to {sum(known)} ({len(fits)} GPU(s) whose memory holds "
-               f"{', '.join(map(str, known))})" if len(known) == len(fits)
-               else "set it from the GPUs' memory and the type's framebuffer")
-        problems.append(exception.ConfigProblem(
-            f"[{devices.group_name(type_config.type_id)}] max_instances", "unset",
-            "unset for a vendor-VFIO type: each VF lists the type, so the inventory "
-            f"would count VFs rather than what fits in memory; {cap}"))
+        cap = (
+            f"set it to {sum(known)} ({len(fits)} GPU(s) whose memory holds "
+            f"{', '.join(map(str, known))})"
+            if len(known) == len(fits)
+            else "set it from the GPUs' memory and the type's framebuffer"
+        )
+        problems.append(
+            exception.ConfigProblem(
+                f"[{devices.group_name(type_config.type_id)}] max_instances",
+                "unset",
+                "unset for a vendor-VFIO type: each VF lists the type, so the inventory "
+                f"would count VFs rather than what fits in memory; {cap}",
+            )
+        )
     return problems
 
 
-def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
-          boards: Mapping[str, BoardReading] | None = None,
-          functions: Mapping[str, PciFunction | None] | None = None,
-          schedulers: Mapping[str, str | None] | None = None) -> Problems:
+def check(
+    conf: cfg.ConfigOpts,
+    config: MdevConfig,
+    snapshot: HostSnapshot,
+    boards: Mapping[str, BoardReading] | None = None,
+    functions: Mapping[str, PciFunction | None] | None = None,
+    schedulers: Mapping[str, str | None] | None = None,
+) -> Problems:
     """Every problem found, errors first in the order they are checked;
     ``boards``: what NVML says of the boards configured for mixed sizes
     (:func:`vgpu_driver.inventory.read_boards`); ``functions``: the PCI
@@ -243,15 +314,17 @@ def check(conf: cfg.ConfigOpts, config: MdevConfig, snapshot: HostSnapshot,
     (:func:`vgpu_driver.host_probe.configured_functions`); ``schedulers``:
     each board's vGPU scheduler (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
     resolved = config.for_host(snapshot)
-    return (nothing_enabled(config, snapshot) + stray_groups(conf, config, snapshot)
-            + absent_types(config, snapshot, boards)
-            + absent_addresses(config, snapshot, functions, boards)
-            + boards_mod.types_on_one_board(resolved, snapshot)
-            + boards_mod.boards_that_cannot_mix(config, snapshot)
-            + vfs_pending(config, snapshot)
-            + boards_mod.mixed_size_modes(config, boards,
-                                          boards_mod.shared_boards(resolved, snapshot))
-            + uncapped_vendor_vfio(resolved, snapshot)
-            + boards_mod.fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
-            + boards_mod.types_that_cannot_coexist(resolved, snapshot, boards)
-            + metrics_textfile.problems(conf.vgpu.metrics_textfile))
+    return (
+        nothing_enabled(config, snapshot)
+        + stray_groups(conf, config, snapshot)
+        + absent_types(config, snapshot, boards)
+        + absent_addresses(config, snapshot, functions, boards)
+        + boards_mod.types_on_one_board(resolved, snapshot)
+        + boards_mod.boards_that_cannot_mix(config, snapshot)
+        + vfs_pending(config, snapshot)
+        + boards_mod.mixed_size_modes(config, boards, boards_mod.shared_boards(resolved, snapshot))
+        + uncapped_vendor_vfio(resolved, snapshot)
+        + boards_mod.fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
+        + boards_mod.types_that_cannot_coexist(resolved, snapshot, boards)
+        + metrics_textfile.problems(conf.vgpu.metrics_textfile)
+    )

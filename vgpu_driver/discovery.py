@@ -144,8 +144,12 @@ class HostSnapshot:
     def vgpus(self) -> tuple[Vgpu, ...]:
         """Every vGPU of the host, mdevs first (by UUID), then VFs (by address)."""
         found = [Vgpu(m.uuid, m.parent, m.type_id) for m in self.mdevs]
-        found += [Vgpu(p.name, p.name, p.current_vgpu_type)
-                  for gpu in self.gpus for p in gpu.parents if p.current_vgpu_type]
+        found += [
+            Vgpu(p.name, p.name, p.current_vgpu_type)
+            for gpu in self.gpus
+            for p in gpu.parents
+            if p.current_vgpu_type
+        ]
         return tuple(found)
 
     def gpu(self, address: str) -> PhysicalGPU | None:
@@ -174,28 +178,41 @@ def _gpu_key(host: SysfsReader, parent: base.ParentInfo) -> tuple[str, str]:
 def _vendor_vfio_parents(vendor_vfs: Iterable[base.VendorVfioInfo]) -> dict[str, list[Parent]]:
     by_gpu: collections.defaultdict[str, list[Parent]] = collections.defaultdict(list)
     for vf in vendor_vfs:
-        types = tuple(base.MdevTypeInfo(type_id=names.vendor_type_id(number),
-                                        available_instances=1, device_api="vfio-pci",
-                                        name=name)
-                      for number, name in vf.creatable)
+        types = tuple(
+            base.MdevTypeInfo(
+                type_id=names.vendor_type_id(number),
+                available_instances=1,
+                device_api="vfio-pci",
+                name=name,
+            )
+            for number, name in vf.creatable
+        )
         current = names.vendor_type_id(vf.current_type) if vf.current_type else None
         by_gpu[str(vf.physfn or vf.address)].append(
-            Parent(name=str(vf.address), types=types, current_vgpu_type=current))
+            Parent(name=str(vf.address), types=types, current_vgpu_type=current)
+        )
     return by_gpu
 
 
 def is_sriov_gpu(pci: base.PciDeviceInfo | None) -> TypeGuard[base.PciDeviceInfo]:
     """An NVIDIA display or 3D controller that can have VFs (not a NIC)."""
-    return bool(pci is not None and pci.sriov_totalvfs and pci.vendor == NVIDIA_VENDOR
-                and (pci.pci_class or "").startswith(host_reads.DISPLAY_CLASS_PREFIX))
+    return bool(
+        pci is not None
+        and pci.sriov_totalvfs
+        and pci.vendor == NVIDIA_VENDOR
+        and (pci.pci_class or "").startswith(host_reads.DISPLAY_CLASS_PREFIX)
+    )
 
 
-def _pending_gpus(sriov_pfs: Mapping[str, base.PciDeviceInfo],
-                  found: Container[str]) -> list[PhysicalGPU]:
+def _pending_gpus(
+    sriov_pfs: Mapping[str, base.PciDeviceInfo], found: Container[str]
+) -> list[PhysicalGPU]:
     """SR-IOV GPUs none of whose VFs is a parent yet."""
-    return [PhysicalGPU(address=address, mode=MODE_VFS_PENDING, parents=(), pci=pci)
-            for address, pci in sriov_pfs.items()
-            if is_sriov_gpu(pci) and address not in found]
+    return [
+        PhysicalGPU(address=address, mode=MODE_VFS_PENDING, parents=(), pci=pci)
+        for address, pci in sriov_pfs.items()
+        if is_sriov_gpu(pci) and address not in found
+    ]
 
 
 def gpu_key(host: SysfsReader, parent: base.ParentInfo) -> str:
@@ -214,9 +231,15 @@ def discover(host: SysfsReader, wanted: Container[str] | None = None) -> HostSna
     mdevs = tuple(host.list_mdevs())
     parents = host.list_parents(wanted)
     vendor_vfs = host.list_vendor_vfio(parent_names(parents))
-    return assemble(host, mdevs, parents, vendor_vfs, host.pci_device,
-                    host.list_sriov_pfs(known_vfs(parents, vendor_vfs)),
-                    host.vgpu_manager_version())
+    return assemble(
+        host,
+        mdevs,
+        parents,
+        vendor_vfs,
+        host.pci_device,
+        host.list_sriov_pfs(known_vfs(parents, vendor_vfs)),
+        host.vgpu_manager_version(),
+    )
 
 
 def parent_names(parent_infos: Iterable[base.ParentInfo]) -> frozenset[str]:
@@ -225,25 +248,32 @@ def parent_names(parent_infos: Iterable[base.ParentInfo]) -> frozenset[str]:
     return frozenset(p.name for p in parent_infos)
 
 
-def known_vfs(parent_infos: Iterable[base.ParentInfo],
-              vendor_vfs: Iterable[base.VendorVfioInfo]) -> frozenset[str]:
+def known_vfs(
+    parent_infos: Iterable[base.ParentInfo], vendor_vfs: Iterable[base.VendorVfioInfo]
+) -> frozenset[str]:
     """The addresses of this pass's parents and vendor-VFIO functions that
     are VFs (they have a ``physfn`` link): no SR-IOV PF is among them."""
-    return frozenset([*(p.name for p in parent_infos if p.physfn is not None),
-                      *(str(vf.address) for vf in vendor_vfs if vf.physfn is not None)])
+    return frozenset(
+        [
+            *(p.name for p in parent_infos if p.physfn is not None),
+            *(str(vf.address) for vf in vendor_vfs if vf.physfn is not None),
+        ]
+    )
 
 
-def assemble(host: SysfsReader, mdevs: tuple[base.MdevInfo, ...],
-             parent_infos: Iterable[base.ParentInfo],
-             vendor_vfs: Iterable[base.VendorVfioInfo],
-             pci_device: Callable[[str], base.PciDeviceInfo | None],
-             sriov_pfs: Iterable[base.PciDeviceInfo],
-             manager_version: str | None = None) -> HostSnapshot:
+def assemble(
+    host: SysfsReader,
+    mdevs: tuple[base.MdevInfo, ...],
+    parent_infos: Iterable[base.ParentInfo],
+    vendor_vfs: Iterable[base.VendorVfioInfo],
+    pci_device: Callable[[str], base.PciDeviceInfo | None],
+    sriov_pfs: Iterable[base.PciDeviceInfo],
+    manager_version: str | None = None,
+) -> HostSnapshot:
     """The snapshot made of what was read: ``parent_infos`` sorted by name,
     ``pci_device(address)`` the PCI facts of a GPU (read now or kept),
     ``sriov_pfs`` the host's SR-IOV physical functions (the same)."""
-    by_parent: collections.defaultdict[str, list[base.MdevInfo]] = \
-        collections.defaultdict(list)
+    by_parent: collections.defaultdict[str, list[base.MdevInfo]] = collections.defaultdict(list)
     for mdev in mdevs:
         by_parent[mdev.parent].append(mdev)
     grouped: collections.defaultdict[str, list[Parent]] = collections.defaultdict(list)
@@ -251,9 +281,14 @@ def assemble(host: SysfsReader, mdevs: tuple[base.MdevInfo, ...],
     for info in parent_infos:
         key, mode = _gpu_key(host, info)
         modes[key] = mode
-        grouped[key].append(Parent(name=info.name, types=info.types,
-                                   mdevs=tuple(by_parent.get(info.name, ())),
-                                   unread=info.unread))
+        grouped[key].append(
+            Parent(
+                name=info.name,
+                types=info.types,
+                mdevs=tuple(by_parent.get(info.name, ())),
+                unread=info.unread,
+            )
+        )
     for key, parents in _vendor_vfio_parents(vendor_vfs).items():
         modes[key] = MODE_VENDOR_VFIO
         grouped[key].extend(parents)
@@ -263,8 +298,17 @@ def assemble(host: SysfsReader, mdevs: tuple[base.MdevInfo, ...],
         pci: base.PciDeviceInfo | None = None
         if modes[key] != MODE_VIRTUAL:
             pci = pfs.get(key) or pci_device(key)
-        gpus.append(PhysicalGPU(address=key, mode=modes[key], pci=pci,
-                                parents=tuple(sorted(grouped[key], key=lambda p: p.name))))
+        gpus.append(
+            PhysicalGPU(
+                address=key,
+                mode=modes[key],
+                pci=pci,
+                parents=tuple(sorted(grouped[key], key=lambda p: p.name)),
+            )
+        )
     gpus += _pending_gpus(pfs, grouped)
-    return HostSnapshot(gpus=tuple(sorted(gpus, key=lambda g: g.address)), mdevs=mdevs,
-                        vgpu_manager_version=manager_version)
+    return HostSnapshot(
+        gpus=tuple(sorted(gpus, key=lambda g: g.address)),
+        mdevs=mdevs,
+        vgpu_manager_version=manager_version,
+    )

@@ -45,9 +45,14 @@ LOG = logging.getLogger(__name__)
 
 
 class CachedDiscovery:
-    def __init__(self, host: LinuxSysfs, monitor: UdevMonitor | Polling,
-                 full_every: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 wanted: Container[str] | None = None) -> None:
+    def __init__(
+        self,
+        host: LinuxSysfs,
+        monitor: UdevMonitor | Polling,
+        full_every: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        wanted: Container[str] | None = None,
+    ) -> None:
         """``monitor``: a :mod:`~vgpu_driver.sysfs.udev` monitor (or its
         polling stand-in, whose changes always say "everything");
         ``wanted``: the type ids whose attributes are read (all when None),
@@ -72,8 +77,10 @@ class CachedDiscovery:
         self._lock = threading.Lock()
 
     def _can_read_partially(self) -> bool:
-        return all(hasattr(self.host, attr)
-                   for attr in ("parent_names", "read_parent", "mdev_uuids", "read_mdev"))
+        return all(
+            hasattr(self.host, attr)
+            for attr in ("parent_names", "read_parent", "mdev_uuids", "read_mdev")
+        )
 
     def snapshot(self) -> HostSnapshot:
         """The host's snapshot, read in full or only where it changed."""
@@ -83,8 +90,13 @@ class CachedDiscovery:
     def _snapshot_now(self) -> HostSnapshot:
         changes = self.monitor.take_changes()
         now = self.clock()
-        if (changes.everything or self._snapshot is None or not self._can_read_partially()
-                or self._full_at is None or now - self._full_at >= self.full_every):
+        if (
+            changes.everything
+            or self._snapshot is None
+            or not self._can_read_partially()
+            or self._full_at is None
+            or now - self._full_at >= self.full_every
+        ):
             return self._read_all(now)
         return self._read_changed(changes)
 
@@ -101,8 +113,15 @@ class CachedDiscovery:
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
         self._pci = {}
         self._sriov_pfs = host.list_sriov_pfs(discovery.known_vfs(infos, vendor_vfs))
-        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
-                                            self._sriov_pfs, host.vgpu_manager_version())
+        self._snapshot = discovery.assemble(
+            host,
+            mdevs,
+            infos,
+            vendor_vfs,
+            self._pci_device,
+            self._sriov_pfs,
+            host.vgpu_manager_version(),
+        )
         self._full_at = now
         self.last = "full"
         return self._snapshot
@@ -142,15 +161,23 @@ class CachedDiscovery:
         vendor_vfs = self._vendor_vfs(changes)
         self._sriov_pfs = self._sriov_functions(known, present, changes)
         infos = [self._parents[name] for name in listed if name in self._parents]
-        self._snapshot = discovery.assemble(host, mdevs, infos, vendor_vfs, self._pci_device,
-                                            self._sriov_pfs, host.vgpu_manager_version())
+        self._snapshot = discovery.assemble(
+            host,
+            mdevs,
+            infos,
+            vendor_vfs,
+            self._pci_device,
+            self._sriov_pfs,
+            host.vgpu_manager_version(),
+        )
         self.last = "partial"
         if dirty:
             LOG.debug("Re-read GPUs %s", ", ".join(sorted(dirty)))
         return self._snapshot
 
-    def _sriov_functions(self, known: set[str], present: set[str],
-                         changes: Changes) -> list[PciDeviceInfo]:
+    def _sriov_functions(
+        self, known: set[str], present: set[str], changes: Changes
+    ) -> list[PciDeviceInfo]:
         """The SR-IOV physical functions, listed again only when VFs or GPUs
         came or went (their list, and their VF counts, can then differ):
         parents or vendor-VFIO VFs other than before, or an event on a device

@@ -57,8 +57,9 @@ class DomainIndex(domains.DomainReferences):
 
     sees_pci_hostdevs = True
 
-    def __init__(self, connection: Callable[[], Any], libvirt: Any,
-                 max_staleness: float = 60.0) -> None:
+    def __init__(
+        self, connection: Callable[[], Any], libvirt: Any, max_staleness: float = 60.0
+    ) -> None:
         """``connection``: a callable returning the owner's current
         connection; ``libvirt``: the module it comes from (its errors)."""
         self._connection = connection
@@ -134,9 +135,12 @@ class DomainIndex(domains.DomainReferences):
 
     def _must_reread(self, conn: Any) -> bool:
         listed_on, started = self._listed
-        return (not self.event_driven or conn is not self._evented
-                or listed_on is not conn
-                or time.monotonic() - started > self.max_staleness)
+        return (
+            not self.event_driven
+            or conn is not self._evented
+            or listed_on is not conn
+            or time.monotonic() - started > self.max_staleness
+        )
 
     def _refresh(self, conn: Any, evented: Any) -> None:
         """Read every domain; ``evented``: ``conn`` if its events are heard."""
@@ -146,8 +150,10 @@ class DomainIndex(domains.DomainReferences):
         self._changed.clear()
         started = time.monotonic()
         by_domain: dict[str, Entry] = {}
-        every = (self._libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
-                 | self._libvirt.VIR_CONNECT_LIST_DOMAINS_INACTIVE)
+        every = (
+            self._libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
+            | self._libvirt.VIR_CONNECT_LIST_DOMAINS_INACTIVE
+        )
         for dom in conn.listAllDomains(every):
             entry = self._read_listed(dom)
             if entry is not None:
@@ -177,8 +183,7 @@ class DomainIndex(domains.DomainReferences):
 
     def _read(self, conn: Any, uuid: str) -> Entry | None:
         """The domain's entry, or None once it is no longer defined."""
-        return self._unless_undefined(
-            lambda: read_domain(conn.lookupByUUIDString(uuid)))
+        return self._unless_undefined(lambda: read_domain(conn.lookupByUUIDString(uuid)))
 
     def _read_listed(self, dom: Any) -> Entry | None:
         """A listed domain's entry, or None if undefined since the listing."""
@@ -193,8 +198,9 @@ class DomainIndex(domains.DomainReferences):
             raise
 
 
-def _replace(by_domain: dict[str, Entry], users: dict[str, domains.DomainRef], uuid: str,
-             entry: Entry | None) -> None:
+def _replace(
+    by_domain: dict[str, Entry], users: dict[str, domains.DomainRef], uuid: str, entry: Entry | None
+) -> None:
     """Put one domain's new ``entry`` (None: undefined) in both maps."""
     old_ref, old_mdevs = by_domain.pop(uuid, (None, ()))
     for mdev in old_mdevs:

@@ -41,16 +41,23 @@ class VGPUDriver:
         ``journal``: an open Journal (else opened, and created if missing)."""
         self.conf = conf
         self.mdev_config = mdev_config or mdev_types.from_conf(conf)
-        self.metrics_file = (metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
-                             if conf.vgpu.metrics_textfile else None)
+        self.metrics_file = (
+            metrics_textfile.TextfileWriter(conf.vgpu.metrics_textfile)
+            if conf.vgpu.metrics_textfile
+            else None
+        )
         self.host = host or hosts.open_host(conf)
         self.journal = journal or claims_journal.Journal(conf.vgpu.state_dir)
         self.domains = domains
         self.manager = mdevs.MdevManager(
-            self.host, self.journal, domains, self.mdev_config,
+            self.host,
+            self.journal,
+            domains,
+            self.mdev_config,
             remove_on_release=conf.vgpu.remove_mdevs_on_release,
             remove_timeout=conf.vgpu.mdev_remove_timeout,
-            removals=removals.Removals(conf.vgpu.max_removals_in_flight))
+            removals=removals.Removals(conf.vgpu.max_removals_in_flight),
+        )
         self.reconciler = reconcile.Reconciler(self.manager)
         self.migrations = migration.Migrations(self.manager)
         #: What udev says changed (or the polling stand-in), and the
@@ -59,16 +66,22 @@ class VGPUDriver:
         # The inventory and the reconciler look at the configured types
         # only: the others' attributes are not read at each update.
         self.discovery = discovery_cache.CachedDiscovery(
-            self.host, self.changes, full_every=conf.vgpu.full_refresh_interval,
-            wanted=frozenset(self.mdev_config.enabled))
+            self.host,
+            self.changes,
+            full_every=conf.vgpu.full_refresh_interval,
+            wanted=frozenset(self.mdev_config.enabled),
+        )
         #: The one worker for everything the host changes on its own.
         self.worker = host_reconciler.HostReconciler(
-            self.reconciler, conf, changes=self.changes, discovery=self.discovery,
-            state_dir=conf.vgpu.state_dir)
+            self.reconciler,
+            conf,
+            changes=self.changes,
+            discovery=self.discovery,
+            state_dir=conf.vgpu.state_dir,
+        )
         # A removal the kernel blocked past its caller's wait is finished
         # as soon as it returns.
-        self.manager.removals.on_done = (
-            lambda vgpu: self.worker.poke(host_reconciler.REMOVAL_DONE))
+        self.manager.removals.on_done = lambda vgpu: self.worker.poke(host_reconciler.REMOVAL_DONE)
 
     def close(self):
         """Stop the host reconciler and udev (nova-compute's exit does as much)."""
@@ -123,11 +136,14 @@ class VGPUDriver:
         claim_list = self.journal.claims()
         in_use = self.reconciler.referenced(snapshot, claim_list, users)
         boards = inventory.read_boards(self.manager.host, snapshot, self.mdev_config)
-        unallocated = (inventory.claims_placement_lacks(
-            claim_list, nodename, allocations_on, inventory.claim_units(boards))
-            if allocations_on is not None else None)
-        tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated,
-                                 boards)
+        unallocated = (
+            inventory.claims_placement_lacks(
+                claim_list, nodename, allocations_on, inventory.claim_units(boards)
+            )
+            if allocations_on is not None
+            else None
+        )
+        tree = inventory.compute(snapshot, self.mdev_config, nodename, in_use, unallocated, boards)
         return tree, snapshot, claim_list, users
 
     def _write_metrics(self, nodename, snapshot, tree, claim_list, users):
@@ -140,12 +156,22 @@ class VGPUDriver:
             state = self.worker.state()
             view = status.of_host(nodename, snapshot, tree, claim_list, users, state, now)
             reading = metrics.build_reading(
-                view, snapshot, self.mdev_config, tree, claim_list, users, state,
-                audit.read_record(self.conf.vgpu.state_dir), self.conf.vgpu, now)
+                view,
+                snapshot,
+                self.mdev_config,
+                tree,
+                claim_list,
+                users,
+                state,
+                audit.read_record(self.conf.vgpu.state_dir),
+                self.conf.vgpu,
+                now,
+            )
         except Exception:
-            LOG.exception("Cannot compute the metrics for %s; the inventory update goes "
-                          "on without them",
-                          self.metrics_file.path)  # type: ignore[union-attr]  # only called with one
+            LOG.exception(
+                "Cannot compute the metrics for %s; the inventory update goes on without them",
+                self.metrics_file.path,  # type: ignore[union-attr]  # only called with one
+            )
             return
         self.metrics_file.write(reading)  # type: ignore[union-attr]  # only called with one
 
@@ -161,8 +187,7 @@ class VGPUDriver:
     def allocate(self, instance_uuid, allocations, providers, type_traits=None):
         """vGPU ids for an instance (mdev UUIDs; VF addresses on vendor-VFIO
         GPUs); see :meth:`MdevManager.allocate`."""
-        return self.manager.allocate(instance_uuid, allocations, providers,
-                                     type_traits=type_traits)
+        return self.manager.allocate(instance_uuid, allocations, providers, type_traits=type_traits)
 
     def instance_claims(self, instance_uuid):
         """``{mdev_uuid: Claim}`` the instance holds here (not those going away)."""
@@ -195,8 +220,11 @@ class VGPUDriver:
         """
         keep = set(keep)
         with self.journal.transaction() as txn:
-            stale = [c for c in txn.claims(instance_uuid)
-                     if c.mdev_uuid not in keep and c.state != claims.RELEASING]
+            stale = [
+                c
+                for c in txn.claims(instance_uuid)
+                if c.mdev_uuid not in keep and c.state != claims.RELEASING
+            ]
             if not stale or not self.manager.remove_on_release:
                 return [c.mdev_uuid for c in txn.remove_exact(stale)]
             txn.set_state(instance_uuid, claims.RELEASING, [c.mdev_uuid for c in stale])
@@ -234,8 +262,12 @@ class VGPUDriver:
             gpu = snapshot.gpu_of_parent(mdev.parent)
             info = gpu.type_info(mdev.type_id) if gpu else None
             type_config = self.mdev_config.type_config(mdev.type_id)
-            elements.append(guest.mdev_hostdev(
-                uuid, device_api=(info.device_api if info else None) or "vfio-pci",
-                display=type_config.display if type_config else None,
-                ramfb=type_config.ramfb if type_config else None))
+            elements.append(
+                guest.mdev_hostdev(
+                    uuid,
+                    device_api=(info.device_api if info else None) or "vfio-pci",
+                    display=type_config.display if type_config else None,
+                    ramfb=type_config.ramfb if type_config else None,
+                )
+            )
         return elements

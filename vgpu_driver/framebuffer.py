@@ -59,9 +59,14 @@ class FramebufferInventory:
     step_size: int
 
     def as_placement(self) -> dict[str, Any]:
-        return {"total": self.total, "reserved": self.reserved, "min_unit": self.min_unit,
-                "max_unit": self.max_unit, "step_size": self.step_size,
-                "allocation_ratio": 1.0}
+        return {
+            "total": self.total,
+            "reserved": self.reserved,
+            "min_unit": self.min_unit,
+            "max_unit": self.max_unit,
+            "step_size": self.step_size,
+            "allocation_ratio": 1.0,
+        }
 
     @property
     def capacity(self) -> int:
@@ -72,12 +77,17 @@ class FramebufferInventory:
 def covered(placements: Mapping[str, Placements]) -> set[int]:
     """The slots the creatable placements of ``placements`` (a mapping of
     type to :class:`vgpu_driver.nvml.Placements`) cover."""
-    return {slot for found in placements.values() for start in found.creatable
-            for slot in range(start, start + found.size)}
+    return {
+        slot
+        for found in placements.values()
+        for start in found.creatable
+        for slot in range(start, start + found.size)
+    }
 
 
-def inventory(board_slots: int, placements: Mapping[str, Placements], used_slots: int,
-              free_vfs: int) -> FramebufferInventory:
+def inventory(
+    board_slots: int, placements: Mapping[str, Placements], used_slots: int, free_vfs: int
+) -> FramebufferInventory:
     """The inventory of a board of ``board_slots`` slots whose vGPUs take
     ``used_slots``; ``placements``: ``{type: Placements}`` of each configured
     type, read together; ``free_vfs``: VFs without a vGPU (one per vGPU)."""
@@ -88,9 +98,12 @@ def inventory(board_slots: int, placements: Mapping[str, Placements], used_slots
     usable = len(covered(placements)) if creatable and free_vfs > 0 else 0
     reserved = max(board_slots - used_slots - usable, 0)
     return FramebufferInventory(
-        total=board_slots * SLOT_MIB, reserved=reserved * SLOT_MIB,
-        min_unit=sizes[0] * SLOT_MIB, max_unit=board_slots * SLOT_MIB,
-        step_size=math.gcd(*sizes) * SLOT_MIB)
+        total=board_slots * SLOT_MIB,
+        reserved=reserved * SLOT_MIB,
+        min_unit=sizes[0] * SLOT_MIB,
+        max_unit=board_slots * SLOT_MIB,
+        step_size=math.gcd(*sizes) * SLOT_MIB,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +115,8 @@ class BoardReading:
 
     mixed: bool = False
     placements: types.MappingProxyType[str, Placements] = dataclasses.field(
-        default_factory=lambda: types.MappingProxyType({}))
+        default_factory=lambda: types.MappingProxyType({})
+    )
     error: str | None = None
 
 
@@ -114,17 +128,22 @@ def read_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str]) -> Bo
     try:
         if not host.mixed_sizes(gpu.address):
             return BoardReading(mixed=False)
-        found = host.vgpu_placements(gpu.address, [names.vendor_type_number(t)
-                                                   for t in wanted])
+        found = host.vgpu_placements(gpu.address, [names.vendor_type_number(t) for t in wanted])
     except (exception.NvmlUnavailable, exception.MixedSizeModeRefused) as exc:
         return BoardReading(error=str(exc))
-    return BoardReading(mixed=True, placements=types.MappingProxyType(
-        {names.vendor_type_id(number): placed for number, placed in found.items()}))
+    return BoardReading(
+        mixed=True,
+        placements=types.MappingProxyType(
+            {names.vendor_type_id(number): placed for number, placed in found.items()}
+        ),
+    )
 
 
-def read_boards(host: SysfsHost, snapshot: HostSnapshot,
-                served: Mapping[str, Collection[str]],
-                ) -> types.MappingProxyType[str, BoardReading]:
+def read_boards(
+    host: SysfsHost,
+    snapshot: HostSnapshot,
+    served: Mapping[str, Collection[str]],
+) -> types.MappingProxyType[str, BoardReading]:
     """``{board address: BoardReading}`` of the vendor-VFIO boards ``served``
     (``{gpu address: (type id, ...)}``, see
     :func:`vgpu_driver.inventory.configured_types`) gives several types."""
@@ -139,15 +158,16 @@ def read_boards(host: SysfsHost, snapshot: HostSnapshot,
 def board_slots(placements: Mapping[str, Placements]) -> int:
     """A board's slots as far as the placements of ``placements`` (``{type:
     Placements}``) reach: its framebuffer as the configured types see it."""
-    reach: int = max(start + found.size for found in placements.values()
-                     for start in found.supported)
+    reach: int = max(
+        start + found.size for found in placements.values() for start in found.supported
+    )
     return reach
 
 
 # What a slot of a BoardMap holds, besides a vGPU's mark.
-FREE = "."          # free, and a configured size can be created over it now
-FRAGMENTED_SLOT = "-"   # free, but no configured size fits over it now
-UNKNOWN = "?"       # a vGPU NVML does not place, or fragmented: not told apart
+FREE = "."  # free, and a configured size can be created over it now
+FRAGMENTED_SLOT = "-"  # free, but no configured size fits over it now
+UNKNOWN = "?"  # a vGPU NVML does not place, or fragmented: not told apart
 MARKS = string.ascii_lowercase + string.ascii_uppercase
 
 
@@ -156,7 +176,7 @@ class LocatedVgpu:
     mark: str
     type_id: str
     placement: int
-    size: int           # slots
+    size: int  # slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +195,12 @@ class BoardMap:
         return " ".join(f"{v.mark}={v.type_id}@{v.placement}" for v in self.vgpus)
 
 
-def board_map(reading: BoardReading, type_ids: Iterable[str],
-              located: Iterable[tuple[int, int]], typed_vfs: int) -> BoardMap:
+def board_map(
+    reading: BoardReading,
+    type_ids: Iterable[str],
+    located: Iterable[tuple[int, int]],
+    typed_vfs: int,
+) -> BoardMap:
     """The :class:`BoardMap` of a board whose NVML ``reading`` covers
     ``type_ids`` (its configured types), from ``located`` (``((type number,
     placement ID), ...)``, :meth:`SysfsHost.vgpu_locations`) and the number
@@ -188,20 +212,19 @@ def board_map(reading: BoardReading, type_ids: Iterable[str],
         found = reading.placements.get(names.vendor_type_id(number))
         if found is None or len(vgpus) == len(MARKS) or placement + found.size > len(slots):
             continue
-        vgpu = LocatedVgpu(MARKS[len(vgpus)], names.vendor_type_id(number), placement,
-                           found.size)
+        vgpu = LocatedVgpu(MARKS[len(vgpus)], names.vendor_type_id(number), placement, found.size)
         vgpus.append(vgpu)
-        slots[placement:placement + found.size] = [vgpu.mark] * found.size
+        slots[placement : placement + found.size] = [vgpu.mark] * found.size
     unlocated = max(typed_vfs - len(vgpus), 0)
     usable = covered(configured)
     rest = UNKNOWN if unlocated else FRAGMENTED_SLOT
-    drawn = "".join(mark or (FREE if slot in usable else rest)
-                    for slot, mark in enumerate(slots))
+    drawn = "".join(mark or (FREE if slot in usable else rest) for slot, mark in enumerate(slots))
     return BoardMap(slots=drawn, vgpus=tuple(vgpus), unlocated=unlocated)
 
 
-def map_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str],
-              reading: BoardReading) -> BoardMap:
+def map_board(
+    host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str], reading: BoardReading
+) -> BoardMap:
     """:func:`board_map` of ``gpu``, asking NVML where its vGPUs are."""
     try:
         located = host.vgpu_locations(gpu.address)
@@ -211,8 +234,9 @@ def map_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str],
     return board_map(reading, type_ids, located, typed)
 
 
-def map_boards(host: SysfsHost, snapshot: HostSnapshot, tree: ProviderTree,
-               boards: Mapping[str, BoardReading]) -> types.MappingProxyType[str, BoardMap]:
+def map_boards(
+    host: SysfsHost, snapshot: HostSnapshot, tree: ProviderTree, boards: Mapping[str, BoardReading]
+) -> types.MappingProxyType[str, BoardMap]:
     """``{board address: BoardMap}`` of the boards that have a mixed-size
     provider in ``tree`` (:class:`vgpu_driver.inventory.ProviderTree`),
     ``boards`` being what :func:`read_boards` said of them."""

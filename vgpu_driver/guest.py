@@ -24,8 +24,7 @@ _PCI_XPATH = "./devices/hostdev[@type='pci']"
 
 def parse(xml):
     """A domain XML (str or bytes) as an lxml tree; comments and blanks kept."""
-    parser = etree.XMLParser(remove_blank_text=False, resolve_entities=False,
-                             no_network=True)
+    parser = etree.XMLParser(remove_blank_text=False, resolve_entities=False, no_network=True)
     data = xml.encode() if isinstance(xml, str) else xml
     return etree.fromstring(data, parser)
 
@@ -58,9 +57,11 @@ def _append(devices, element):
 
 def mdev_uuids(root):
     """The mdev UUIDs a domain references, lower-cased, in document order."""
-    return [h.find("source/address").get("uuid").lower()
-            for h in root.findall(_MDEV_XPATH)
-            if h.find("source/address") is not None]
+    return [
+        h.find("source/address").get("uuid").lower()
+        for h in root.findall(_MDEV_XPATH)
+        if h.find("source/address") is not None
+    ]
 
 
 def mdev_hostdev(uuid, device_api="vfio-pci", display=None, ramfb=None):
@@ -69,8 +70,9 @@ def mdev_hostdev(uuid, device_api="vfio-pci", display=None, ramfb=None):
     uuid = names.check_mdev_uuid(uuid)
     if device_api not in MODELS:
         raise UnsupportedDeviceApi(api=device_api, known=", ".join(sorted(MODELS)))
-    hostdev = etree.Element("hostdev", mode="subsystem", type="mdev",
-                            model=MODELS[device_api], managed="no")
+    hostdev = etree.Element(
+        "hostdev", mode="subsystem", type="mdev", model=MODELS[device_api], managed="no"
+    )
     if display is not None:
         hostdev.set("display", "on" if display else "off")
     if ramfb is not None:
@@ -131,15 +133,21 @@ def _drop(element):
 
 def _pci_address_attrs(address):
     address = names.parse_pci_address(str(address))
-    return {"domain": f"0x{address.domain:04x}", "bus": f"0x{address.bus:02x}",
-            "slot": f"0x{address.slot:02x}", "function": f"0x{address.function:x}"}
+    return {
+        "domain": f"0x{address.domain:04x}",
+        "bus": f"0x{address.bus:02x}",
+        "slot": f"0x{address.slot:02x}",
+        "function": f"0x{address.function:x}",
+    }
 
 
 def _pci_address(element):
     """A ``<address domain= bus= slot= function=>`` as ``dddd:bb:ss.f``, or None."""
     try:
-        parts = [int(element.get(k, "0" if k == "domain" else ""), 16)
-                 for k in ("domain", "bus", "slot", "function")]
+        parts = [
+            int(element.get(k, "0" if k == "domain" else ""), 16)
+            for k in ("domain", "bus", "slot", "function")
+        ]
     except ValueError:
         return None
     address = str(names.PciAddress(*parts))

@@ -45,7 +45,7 @@ _PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
 
 @dataclasses.dataclass(frozen=True)
 class HostFile:
-    path: str          # relative to the root it is installed under
+    path: str  # relative to the root it is installed under
     mode: int
     text: str
 
@@ -67,8 +67,9 @@ class Settings:
 EXAMPLE = Settings(bin_dir="/usr/bin", user="nova", config_files=("/etc/nova/nova.conf",))
 
 
-def settings_for(conf: cfg.ConfigOpts, user: str, bin_dir: str | None = None,
-                 tmpdir: str = "/tmp") -> Settings:
+def settings_for(
+    conf: cfg.ConfigOpts, user: str, bin_dir: str | None = None, tmpdir: str = "/tmp"
+) -> Settings:
     """The settings of the files for the configuration ``conf`` was read
     from: its files and directory, as absolute paths; ``bin_dir`` defaults
     to the running command's directory (pip puts the scripts together);
@@ -76,10 +77,13 @@ def settings_for(conf: cfg.ConfigOpts, user: str, bin_dir: str | None = None,
     if tmpdir.startswith("/"):
         tmpdir = tmpdir.rstrip("/") or "/"
     return Settings(
-        bin_dir=bin_dir or default_bin_dir(), user=user,
+        bin_dir=bin_dir or default_bin_dir(),
+        user=user,
         config_files=tuple(os.path.abspath(f) for f in conf.config_file or ()),
         config_dirs=(os.path.abspath(conf.config_dir),) if conf.config_dir else (),
-        tmpdir=tmpdir, sriov_manage_path=conf.vgpu.sriov_manage_path)
+        tmpdir=tmpdir,
+        sriov_manage_path=conf.vgpu.sriov_manage_path,
+    )
 
 
 def default_bin_dir() -> str:
@@ -90,32 +94,45 @@ def default_bin_dir() -> str:
 def check(settings: Settings) -> None:
     """Refuse settings the files cannot carry; nothing is rendered before."""
     if not _USER.fullmatch(settings.user):
-        raise exception.InvalidOption(option="--user", value=settings.user,
-                                      reason="not a user name (lower-case letters, digits, "
-                                             "_ and -, at most 32)")
+        raise exception.InvalidOption(
+            option="--user",
+            value=settings.user,
+            reason="not a user name (lower-case letters, digits, _ and -, at most 32)",
+        )
     if not settings.config_files:
         raise exception.InvalidOption(
-            option="--config-file", value="", reason="name nova-compute's configuration "
-                                                     "files (vgpu-manage --config-file F)")
-    for option, paths in (("--bin-dir", (settings.bin_dir,)), ("--tmpdir", (settings.tmpdir,)),
-                          ("--config-file", settings.config_files),
-                          ("--config-dir", settings.config_dirs)):
+            option="--config-file",
+            value="",
+            reason="name nova-compute's configuration files (vgpu-manage --config-file F)",
+        )
+    for option, paths in (
+        ("--bin-dir", (settings.bin_dir,)),
+        ("--tmpdir", (settings.tmpdir,)),
+        ("--config-file", settings.config_files),
+        ("--config-dir", settings.config_dirs),
+    ):
         for path in paths:
             if not _PATH.fullmatch(path) or "/../" in f"{path}/" or "//" in path:
                 raise exception.InvalidOption(
-                    option=option, value=path,
+                    option=option,
+                    value=path,
                     reason="not an absolute, normalised path of letters, digits and "
-                           "._/+- only (it goes into a command line and a sudo rule)")
+                    "._/+- only (it goes into a command line and a sudo rule)",
+                )
 
 
 def _config_args(settings: Settings) -> list[str]:
-    return [f"--config-file {f}" for f in settings.config_files] + \
-        [f"--config-dir {d}" for d in settings.config_dirs]
+    return [f"--config-file {f}" for f in settings.config_files] + [
+        f"--config-dir {d}" for d in settings.config_dirs
+    ]
 
 
 def _template(name: str) -> string.Template:
-    return string.Template(importlib.resources.files("vgpu_driver.templates").joinpath(
-        name).read_text(encoding="utf-8"))
+    return string.Template(
+        importlib.resources.files("vgpu_driver.templates")
+        .joinpath(name)
+        .read_text(encoding="utf-8")
+    )
 
 
 def render(settings: Settings) -> list[HostFile]:
@@ -123,22 +140,27 @@ def render(settings: Settings) -> list[HostFile]:
     settings only)."""
     check(settings)
     args = " ".join(_config_args(settings))
-    values = {"bin_dir": settings.bin_dir, "user": settings.user, "config_args": args,
-              "config_files": ",".join(settings.config_files),
-              "config_dirs": "".join(f" {d}" for d in settings.config_dirs[:1]) +
-                             "".join(f",{d}" for d in settings.config_dirs[1:]),
-              "tmpdir": settings.tmpdir,
-              # mkdtemp() joins the directory and the name: "/" + "tmp..."
-              "tmpdir_regex": _sudo_regex(settings.tmpdir.rstrip("/"))}
+    values = {
+        "bin_dir": settings.bin_dir,
+        "user": settings.user,
+        "config_args": args,
+        "config_files": ",".join(settings.config_files),
+        "config_dirs": "".join(f" {d}" for d in settings.config_dirs[:1])
+        + "".join(f",{d}" for d in settings.config_dirs[1:]),
+        "tmpdir": settings.tmpdir,
+        # mkdtemp() joins the directory and the name: "/" + "tmp..."
+        "tmpdir_regex": _sudo_regex(settings.tmpdir.rstrip("/")),
+    }
     return [
         HostFile(SUDOERS, 0o440, _template("sudoers.tmpl").substitute(values)),
         HostFile(PRIVSEP_CONF, 0o644, _template("privsep.conf.tmpl").substitute(values)),
-        HostFile(SRIOV_UNIT, 0o644,
-                 _template("vgpu-driver-sriov.service.tmpl").substitute(values)),
-        HostFile(COMPUTE_DROPIN, 0o644,
-                 _template("nova-compute-dropin.conf.tmpl").substitute(values)),
-        HostFile(METRICS_UNIT, 0o644,
-                 _template("vgpu-driver-metrics.service.tmpl").substitute(values)),
+        HostFile(SRIOV_UNIT, 0o644, _template("vgpu-driver-sriov.service.tmpl").substitute(values)),
+        HostFile(
+            COMPUTE_DROPIN, 0o644, _template("nova-compute-dropin.conf.tmpl").substitute(values)
+        ),
+        HostFile(
+            METRICS_UNIT, 0o644, _template("vgpu-driver-metrics.service.tmpl").substitute(values)
+        ),
     ]
 
 

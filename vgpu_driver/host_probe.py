@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 _OS_VARIABLES = ("OS_CLOUD", "OS_AUTH_URL", "OS_AUTH_TYPE", "OS_ENDPOINT")
 
 
-def read(conf: cfg.ConfigOpts, host: LinuxSysfs, settings: host_files.Settings,
-         root: str = "/") -> host_check.HostFacts:
+def read(
+    conf: cfg.ConfigOpts, host: LinuxSysfs, settings: host_files.Settings, root: str = "/"
+) -> host_check.HostFacts:
     """The :class:`~vgpu_driver.host_check.HostFacts` of ``host``;
     ``settings`` (:class:`vgpu_driver.host_files.Settings`) are what
     install-units renders the sudo rule with, ``root`` where it is installed."""
@@ -61,7 +62,9 @@ def read(conf: cfg.ConfigOpts, host: LinuxSysfs, settings: host_files.Settings,
         mdev_core=host_reads.has_mdev_core(paths),
         mdev_parents=host_reads.has_mdev_parents(paths),
         nvidia_module=host.vgpu_manager_version(),
-        nvml=nvml_facts, nvml_error=nvml_error, snapshot=snapshot,
+        nvml=nvml_facts,
+        nvml_error=nvml_error,
+        snapshot=snapshot,
         sriov_manage=_executable(conf.vgpu.sriov_manage_path),
         config=config,
         config_problems=tuple(p for p in problems if p.severity == "error"),
@@ -70,7 +73,9 @@ def read(conf: cfg.ConfigOpts, host: LinuxSysfs, settings: host_files.Settings,
             sudo=_sudo_rule(conf, settings, root),
             helper_conf=_helper_conf(conf, settings, root),
             state_dir=_state_dir(conf.vgpu.state_dir, settings.user),
-            placement=_placement(conf)))
+            placement=_placement(conf),
+        ),
+    )
 
 
 def unoffered_gpus(host: LinuxSysfs, snapshot: HostSnapshot) -> str | None:
@@ -80,12 +85,16 @@ def unoffered_gpus(host: LinuxSysfs, snapshot: HostSnapshot) -> str | None:
     if not gpus or any(snapshot.gpu(g.address) for g in gpus):
         return None
     listed = ", ".join(f"{g.address} (driver {g.driver or 'none'})" for g in gpus)
-    return (f"{len(gpus)} NVIDIA GPU(s) on this host, none offering a vGPU type: {listed}; "
-            "'vgpu-manage host check' says why")
+    return (
+        f"{len(gpus)} NVIDIA GPU(s) on this host, none offering a vGPU type: {listed}; "
+        "'vgpu-manage host check' says why"
+    )
 
 
-def _nvml(host: LinuxSysfs, gpus: tuple[host_reads.PciFunction, ...],
-          ) -> tuple[dict[str, nvml.GpuFacts] | None, str | None]:
+def _nvml(
+    host: LinuxSysfs,
+    gpus: tuple[host_reads.PciFunction, ...],
+) -> tuple[dict[str, nvml.GpuFacts] | None, str | None]:
     if not gpus:
         return None, None
     try:
@@ -94,8 +103,9 @@ def _nvml(host: LinuxSysfs, gpus: tuple[host_reads.PciFunction, ...],
         return None, str(exc)
 
 
-def configured_functions(paths: SysfsPaths,
-                         config: MdevConfig) -> dict[str, host_reads.PciFunction | None]:
+def configured_functions(
+    paths: SysfsPaths, config: MdevConfig
+) -> dict[str, host_reads.PciFunction | None]:
     """``{address: PciFunction or None}`` of every configured address."""
     found: dict[str, host_reads.PciFunction | None] = {}
     for type_config in config.types:
@@ -135,29 +145,54 @@ def _helper_commands(conf: cfg.ConfigOpts) -> list[str]:
     return commands
 
 
-def _sudo_rule(conf: cfg.ConfigOpts, settings: host_files.Settings,
-               root: str) -> service_check.RootOnlyFile:
-    described = (f"user {settings.user}, {settings.bin_dir}/vgpu-privsep-helper, "
-                 f"{' '.join(settings.config_files) or 'no configuration file'}")
-    return _root_only_file(conf, settings, root, host_files.SUDOERS, described, (
-        "sudo-rule", "rule", "nova-compute cannot start its privileged helpers"),
-        lambda path, status: () if status is None else service_check.sudoers_refused(
-            path, status.st_mode & 0o7777, status.st_uid))
+def _sudo_rule(
+    conf: cfg.ConfigOpts, settings: host_files.Settings, root: str
+) -> service_check.RootOnlyFile:
+    described = (
+        f"user {settings.user}, {settings.bin_dir}/vgpu-privsep-helper, "
+        f"{' '.join(settings.config_files) or 'no configuration file'}"
+    )
+    return _root_only_file(
+        conf,
+        settings,
+        root,
+        host_files.SUDOERS,
+        described,
+        ("sudo-rule", "rule", "nova-compute cannot start its privileged helpers"),
+        lambda path, status: (
+            ()
+            if status is None
+            else service_check.sudoers_refused(path, status.st_mode & 0o7777, status.st_uid)
+        ),
+    )
 
 
-def _helper_conf(conf: cfg.ConfigOpts, settings: host_files.Settings,
-                 root: str) -> service_check.RootOnlyFile:
+def _helper_conf(
+    conf: cfg.ConfigOpts, settings: host_files.Settings, root: str
+) -> service_check.RootOnlyFile:
     described = " ".join(settings.config_files) or "no configuration file"
-    return _root_only_file(conf, settings, root, host_files.PRIVSEP_CONF, described, (
-        "helper-conf", "file", "the privileged helper cannot start"),
+    return _root_only_file(
+        conf,
+        settings,
+        root,
+        host_files.PRIVSEP_CONF,
+        described,
+        ("helper-conf", "file", "the privileged helper cannot start"),
         lambda path, status: service_check.helper_conf_refused(
-            path, tuple(root_only.problems(path))))
+            path, tuple(root_only.problems(path))
+        ),
+    )
 
 
-def _root_only_file(conf: cfg.ConfigOpts, settings: host_files.Settings, root: str, name: str,
-                    described: str, labels: tuple[str, str, str],
-                    refused: Callable[[str, os.stat_result | None], tuple[str, ...]],
-                    ) -> service_check.RootOnlyFile:
+def _root_only_file(
+    conf: cfg.ConfigOpts,
+    settings: host_files.Settings,
+    root: str,
+    name: str,
+    described: str,
+    labels: tuple[str, str, str],
+    refused: Callable[[str, os.stat_result | None], tuple[str, ...]],
+) -> service_check.RootOnlyFile:
     """The installed file ``name`` beside what install-units renders;
     ``labels`` the fact's check, noun and what its absence stops;
     ``refused(path, its stat or None)`` says why its reader would refuse it."""
@@ -165,8 +200,10 @@ def _root_only_file(conf: cfg.ConfigOpts, settings: host_files.Settings, root: s
     check, noun, missing = labels
     fact = functools.partial(service_check.RootOnlyFile, check, path, noun, missing)
     if all(_helper_commands(conf)):
-        return fact(not_needed="both [vgpu_driver_sysfs_writer] and [vgpu_driver_gpu_admin] "
-                               "set helper_command")
+        return fact(
+            not_needed="both [vgpu_driver_sysfs_writer] and [vgpu_driver_gpu_admin] "
+            "set helper_command"
+        )
     try:
         expected = next(f.text for f in host_files.render(settings) if f.path == name)
     except exception.VgpuDriverError as exc:
@@ -178,11 +215,13 @@ def _root_only_file(conf: cfg.ConfigOpts, settings: host_files.Settings, root: s
     except FileNotFoundError:
         return fact(expected=expected, settings=described)
     except (OSError, UnicodeDecodeError) as exc:
-        return fact(expected=expected, settings=described,
-                    refused=refused(path, None),
-                    unreadable=getattr(exc, "strerror", None) or str(exc))
-    return fact(expected=expected, actual=actual, refused=refused(path, status),
-                settings=described)
+        return fact(
+            expected=expected,
+            settings=described,
+            refused=refused(path, None),
+            unreadable=getattr(exc, "strerror", None) or str(exc),
+        )
+    return fact(expected=expected, actual=actual, refused=refused(path, status), settings=described)
 
 
 def _state_dir(path: str, user: str) -> service_check.StateDir:
@@ -194,9 +233,15 @@ def _state_dir(path: str, user: str) -> service_check.StateDir:
         status = os.stat(path)
     except FileNotFoundError:
         return service_check.StateDir(path, user, uid)
-    return service_check.StateDir(path, user, uid, exists=True,
-                                  is_dir=os.path.isdir(path), owner_uid=status.st_uid,
-                                  mode=status.st_mode & 0o7777)
+    return service_check.StateDir(
+        path,
+        user,
+        uid,
+        exists=True,
+        is_dir=os.path.isdir(path),
+        owner_uid=status.st_uid,
+        mode=status.st_mode & 0o7777,
+    )
 
 
 def _placement(conf: cfg.ConfigOpts) -> service_check.Reached | None:
@@ -212,8 +257,9 @@ def _placement(conf: cfg.ConfigOpts) -> service_check.Reached | None:
         client.request("GET", "/")
         target = client.proxy.get_endpoint() or "its endpoint"
     except ImportError as exc:
-        return service_check.Reached("Placement", error=f"{exc} (pip install "
-                                     "'vgpu-driver[placement]')")
+        return service_check.Reached(
+            "Placement", error=f"{exc} (pip install 'vgpu-driver[placement]')"
+        )
     except (exception.VgpuDriverError, ks_exceptions.ClientException) as exc:
         return service_check.Reached("Placement", error=_one_line(exc))
     return service_check.Reached(target)

@@ -74,10 +74,15 @@ _REMOVAL_WAIT = 1.0
 class HostReconciler:
     """One worker per host, fed by reasons, one pass at a time."""
 
-    def __init__(self, rules: Reconciler, conf: cfg.ConfigOpts,
-                 changes: UdevMonitor | Polling | None = None,
-                 discovery: CachedDiscovery | None = None, state_dir: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        rules: Reconciler,
+        conf: cfg.ConfigOpts,
+        changes: UdevMonitor | Polling | None = None,
+        discovery: CachedDiscovery | None = None,
+        state_dir: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         """``rules``: a :class:`vgpu_driver.reconcile.Reconciler`; ``conf``:
         the options (``[vgpu]``); ``changes``: udev's monitor (or polling);
         ``discovery``: the cached discovery each pass reads the host through
@@ -89,8 +94,9 @@ class HostReconciler:
         self.changes = changes
         self.discovery = discovery
         self.clock = clock
-        self.state_path = (os.path.join(state_dir, reconciler_state.STATE_FILE)
-                           if state_dir else None)
+        self.state_path = (
+            os.path.join(state_dir, reconciler_state.STATE_FILE) if state_dir else None
+        )
         self._extra_steps: list[tuple[str, Step]] = []
         #: ``keeper(instance uuids)`` -> those whose claims no pass drops
         #: though no domain uses them: an operation is under way on them,
@@ -100,17 +106,17 @@ class HostReconciler:
         self._cond = threading.Condition()
         self._pass_lock = threading.Lock()
         self._reasons: set[str] = set()
-        self._taken = 0          # passes that took their reasons
-        self._done = 0           # passes finished
+        self._taken = 0  # passes that took their reasons
+        self._done = 0  # passes finished
         self._stopping = False
         self._threads: list[threading.Thread] = []
         #: ``{vgpu: first seen missing}`` of vGPUs waiting for their parent.
         self.waiting: dict[str, float] = {}
         self._reported_late: set[str] = set()
         self.last: reconciler_state.PassReport | None = None
-        self.last_error: tuple[float, str, str] | None = None   # (time, step, message)
+        self.last_error: tuple[float, str, str] | None = None  # (time, step, message)
         self.passes = 0
-        self.errors = 0          # steps that failed, in all passes
+        self.errors = 0  # steps that failed, in all passes
         # (started at, seconds) of the last inventory update.
         self.last_update: tuple[float, float] | None = None
 
@@ -122,14 +128,15 @@ class HostReconciler:
         self._extra_steps.append((name, step))
 
     def _steps(self, reasons: Collection[str]) -> list[tuple[str, Step]]:
-        steps: list[tuple[str, Step]] = [("host", self._read_host),
-                 ("removals", self._finish_removals),
-                 ("stale claims", self._clean_claims),
-                 ("unused claims", self._release_unused)]
+        steps: list[tuple[str, Step]] = [
+            ("host", self._read_host),
+            ("removals", self._finish_removals),
+            ("stale claims", self._clean_claims),
+            ("unused claims", self._release_unused),
+        ]
         if START_UP in reasons:
             steps.append(("takeover", lambda _: takeover.adopt(self.manager)))
-        steps += [("restore", self._restore),
-                  ("stale types", self._stale_types)]
+        steps += [("restore", self._restore), ("stale types", self._stale_types)]
         return steps + self._extra_steps
 
     def _finish_removals(self, reasons: Collection[str]) -> None:
@@ -142,21 +149,26 @@ class HostReconciler:
         # the service was killed in, which the compute resumes), or when
         # the guest keeps its vGPUs without a domain.
         self.rules.clean_stale_claims(
-            grace=self.conf.vgpu.claim_grace, attached_too=START_UP in reasons,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout, busy=self.keeper)
+            grace=self.conf.vgpu.claim_grace,
+            attached_too=START_UP in reasons,
+            migration_timeout=self.conf.vgpu.migration_claim_timeout,
+            busy=self.keeper,
+        )
 
     def _release_unused(self, reasons: Collection[str]) -> None:
         # Later, claims no domain uses go after their own grace, unless the
         # compute driver keeps them (:mod:`vgpu_driver.unused_claims`).
         if START_UP not in reasons:
-            unused_claims.release(self.manager, self.keeper,
-                                  self.conf.vgpu.unused_claim_grace, self.clock())
+            unused_claims.release(
+                self.manager, self.keeper, self.conf.vgpu.unused_claim_grace, self.clock()
+            )
 
     def _read_host(self, reasons: Collection[str]) -> None:
         """One read of the host for the whole pass (creations and removals
         change no structure the later steps need)."""
-        self.manager.use_snapshot(self.discovery.snapshot() if self.discovery
-                                  else self.manager.snapshot(refresh=True))
+        self.manager.use_snapshot(
+            self.discovery.snapshot() if self.discovery else self.manager.snapshot(refresh=True)
+        )
 
     def _restore(self, reasons: Collection[str]) -> tuple[Outcome, ...]:
         # At start-up nothing is being allocated yet: every claim is the
@@ -169,9 +181,13 @@ class HostReconciler:
         for vgpu, since in self.waiting.items():
             if now - since >= self.conf.vgpu.restore_wait and vgpu not in self._reported_late:
                 self._reported_late.add(vgpu)
-                LOG.error("vGPU %s is still not back %.0fs after it was found missing "
-                          "([vgpu] restore_wait): its parent has not appeared; it is "
-                          "retried at each pass", vgpu, now - since)
+                LOG.error(
+                    "vGPU %s is still not back %.0fs after it was found missing "
+                    "([vgpu] restore_wait): its parent has not appeared; it is "
+                    "retried at each pass",
+                    vgpu,
+                    now - since,
+                )
         self._reported_late &= set(self.waiting)
         return tuple(outcomes)
 
@@ -191,8 +207,12 @@ class HostReconciler:
                 try:
                     result = step(ordered)
                 except Exception as exc:  # noqa: BLE001 - logged, the next step runs
-                    LOG.exception("Host reconciler: the %s step failed in the pass for "
-                                  "%s; the next pass tries again", name, ", ".join(ordered))
+                    LOG.exception(
+                        "Host reconciler: the %s step failed in the pass for "
+                        "%s; the next pass tries again",
+                        name,
+                        ", ".join(ordered),
+                    )
                     errors.append(f"{name}: {exc}")
                     self.errors += 1
                     self.last_error = (self.clock(), name, str(exc))
@@ -201,7 +221,8 @@ class HostReconciler:
                     restore = result
             self.passes += 1
             self.last = reconciler_state.PassReport(
-                ordered, started, time.monotonic() - began, restore, tuple(errors))
+                ordered, started, time.monotonic() - began, restore, tuple(errors)
+            )
             self._save_state()
         return self.last
 
@@ -228,11 +249,11 @@ class HostReconciler:
         if self.running:
             return
         self._stopping = False
-        self._threads = [threading.Thread(target=self._work, name="vgpu-reconciler",
-                                          daemon=True)]
+        self._threads = [threading.Thread(target=self._work, name="vgpu-reconciler", daemon=True)]
         if self.changes is not None and getattr(self.changes, "running", False):
-            self._threads.append(threading.Thread(target=self._feed_udev,
-                                                  name="vgpu-reconciler-udev", daemon=True))
+            self._threads.append(
+                threading.Thread(target=self._feed_udev, name="vgpu-reconciler-udev", daemon=True)
+            )
         for thread in self._threads:
             thread.start()
 
@@ -263,8 +284,12 @@ class HostReconciler:
             while self._done < target:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.running:
-                    LOG.warning("The host reconciler's pass for %s did not finish within "
-                                "%gs; going on without it", reason, timeout)
+                    LOG.warning(
+                        "The host reconciler's pass for %s did not finish within "
+                        "%gs; going on without it",
+                        reason,
+                        timeout,
+                    )
                     return False
                 self._cond.wait(min(left, 1.0))
         return True
@@ -301,7 +326,7 @@ class HostReconciler:
     def _feed_udev(self) -> None:
         """While vGPUs wait for their parents, each udev event asks for a
         pass (the VFs the vendor enables after a boot)."""
-        if self.changes is None:    # started only with changes to wait on
+        if self.changes is None:  # started only with changes to wait on
             return
         waiter = self.changes.waiter()
         while not self._stopping:

@@ -23,15 +23,14 @@ TRAIT_MAX_LENGTH = 255
 TYPE_ID_TRAIT_PREFIX = "CUSTOM_MDEV_"
 
 # What a GPU's reserved units are held back for (GpuProvider.reserved_for).
-NO_CAPACITY = "no_capacity"      # the GPU offers no more of its type, for no reason seen
-BLOCKED = "blocked"              # unused vGPUs of another type are in the way
-DRAINING = "draining"            # guests' vGPUs of another type are in the way
+NO_CAPACITY = "no_capacity"  # the GPU offers no more of its type, for no reason seen
+BLOCKED = "blocked"  # unused vGPUs of another type are in the way
+DRAINING = "draining"  # guests' vGPUs of another type are in the way
 MAX_INSTANCES = "max_instances"  # the type's host-wide max_instances is used elsewhere
-UNREADABLE = "unreadable"        # a sysfs value the vendor driver wrote is garbage
-CLAIMS = "claims"                # claimed vGPUs no Placement allocation covers
-FRAGMENTED = "fragmented"        # mixed-size framebuffer no configured type can take now
-RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS,
-                FRAGMENTED)
+UNREADABLE = "unreadable"  # a sysfs value the vendor driver wrote is garbage
+CLAIMS = "claims"  # claimed vGPUs no Placement allocation covers
+FRAGMENTED = "fragmented"  # mixed-size framebuffer no configured type can take now
+RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS, FRAGMENTED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +72,16 @@ class GpuProvider:
 
     def inventory(self):
         """The Placement inventory records of this provider's classes."""
-        records = {self.resource_class: {
-            "total": self.total, "reserved": self.reserved,
-            "min_unit": self.min_unit, "max_unit": self.max_unit,
-            "step_size": self.step_size, "allocation_ratio": self.allocation_ratio}}
+        records = {
+            self.resource_class: {
+                "total": self.total,
+                "reserved": self.reserved,
+                "min_unit": self.min_unit,
+                "max_unit": self.max_unit,
+                "step_size": self.step_size,
+                "allocation_ratio": self.allocation_ratio,
+            }
+        }
         records.update((rc, found.as_placement()) for rc, found in self.size_inventories)
         return records
 
@@ -140,7 +145,7 @@ def manager_trait(version):
 
 def manager_version_of(trait):
     """The version a :func:`manager_trait` names, dotted again."""
-    return trait[len(ownership.MANAGER_TRAIT_PREFIX):].replace("_", ".")
+    return trait[len(ownership.MANAGER_TRAIT_PREFIX) :].replace("_", ".")
 
 
 def provider_traits(type_id, type_name, manager_version=None):
@@ -179,33 +184,40 @@ def configured_type(gpu, config):
     """
     assigned = config.types_for(gpu.addresses)
     if len(assigned) > 1 and not _can_mix(gpu, assigned):
-        return (), (f"its addresses are listed under several types ({', '.join(assigned)}); "
-                    "a GPU serves one type, unless it is a board serving vendor-VFIO "
-                    "vGPUs, which mixes sizes: fix device_addresses")
+        return (), (
+            f"its addresses are listed under several types ({', '.join(assigned)}); "
+            "a GPU serves one type, unless it is a board serving vendor-VFIO "
+            "vGPUs, which mixes sizes: fix device_addresses"
+        )
     if assigned:
         return tuple(assigned), None
     if config.default_type:
         return (config.default_type,), None
     if not config.types:
         return (), "no mdev type is enabled ([devices] enabled_mdev_types)"
-    return (), (config.fleet_reason(gpu.address)
-                or "not listed in any [mdev_<type>] device_addresses nor matched by "
-                   "device_ids")
+    return (), (
+        config.fleet_reason(gpu.address)
+        or "not listed in any [mdev_<type>] device_addresses nor matched by device_ids"
+    )
 
 
 def _can_mix(gpu, type_ids):
     """Whether ``gpu`` may serve several types: NVIDIA's, on a board whose
     VFs serve vendor-VFIO vGPUs (or are not there yet to tell)."""
-    return (all(map(names.is_vendor_type_id, type_ids))
-            and gpu.mode in (discovery.MODE_VENDOR_VFIO, discovery.MODE_VFS_PENDING))
+    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in (
+        discovery.MODE_VENDOR_VFIO,
+        discovery.MODE_VFS_PENDING,
+    )
 
 
 def vfs_pending_reason(gpu):
     """Why a configured SR-IOV GPU has no provider yet, and the fix."""
     if gpu.vfs_off:
         return f"SR-IOV is off: run vgpu-manage sriov enable {gpu.address}"
-    return (f"its {gpu.pci.sriov_numvfs} VFs offer no mdev type yet (the NVIDIA vGPU "
-            f"manager has not registered them); see vgpu-manage sriov status")
+    return (
+        f"its {gpu.pci.sriov_numvfs} VFs offer no mdev type yet (the NVIDIA vGPU "
+        f"manager has not registered them); see vgpu-manage sriov status"
+    )
 
 
 def per_gpu_limit(gpu, type_info):
@@ -231,12 +243,15 @@ def _blocked_reason(gpu, type_id, in_use):
         return NO_CAPACITY, f"no {type_id} can be created now"
     listed = ", ".join(f"{len(u)} of {t}" for t, u in sorted(others.items()))
     if in_use is None:
-        return BLOCKED, (f"blocked by existing mdevs ({listed}); remove the unused ones to "
-                         f"serve {type_id}")
+        return BLOCKED, (
+            f"blocked by existing mdevs ({listed}); remove the unused ones to serve {type_id}"
+        )
     busy = sum(1 for uuids in others.values() for u in uuids if u in in_use)
     if busy:
-        return DRAINING, (f"draining: mdevs ({listed}) of which {busy} in use by guests; "
-                          f"serves {type_id} once they are gone")
+        return DRAINING, (
+            f"draining: mdevs ({listed}) of which {busy} in use by guests; "
+            f"serves {type_id} once they are gone"
+        )
     return BLOCKED, f"blocked by unused mdevs ({listed}); they are reclaimed automatically"
 
 
@@ -248,7 +263,8 @@ def _hidden_by_other_vgpus(gpu, type_id):
     size: it is draining (or blocked), not a GPU that never offers the type.
     """
     return gpu.mode == discovery.MODE_VENDOR_VFIO and any(
-        p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents)
+        p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents
+    )
 
 
 def _gpu_capacity(gpu, type_id, in_use=None):
@@ -271,8 +287,12 @@ def _apply_host_cap(rows, max_instances):
     remaining = max_instances
     capped = []
     for row in rows:
-        total, reserved_for, reason, existing = (row["total"], row["reserved_for"],
-                                                 row["reason"], row["existing"])
+        total, reserved_for, reason, existing = (
+            row["total"],
+            row["reserved_for"],
+            row["reason"],
+            row["existing"],
+        )
         usable = total - _units(reserved_for)
         allowed = max(existing, min(usable, remaining))
         remaining = max(remaining - allowed, 0)
@@ -305,7 +325,8 @@ def unallocated_claims(claim_list, allocated, units_of=None):
     for claim in claim_list:
         units = units_of(claim) if units_of else 1
         held[claim.gpu, claim.instance_uuid].update(
-            units if isinstance(units, dict) else {None: units})
+            units if isinstance(units, dict) else {None: units}
+        )
     extra = {}
     for (gpu, instance), counts in held.items():
         mine = allocated.get(gpu, {}).get(instance, {})
@@ -336,13 +357,17 @@ def claim_units(boards):
     board of ``boards`` (:func:`vgpu_driver.framebuffer.read_boards`)
     counts its type's framebuffer MiB and one vGPU of its size class
     (``{class: units}``), any other claim one vGPU."""
+
     def units_of(claim):
         reading = boards.get(claim.gpu)
         found = reading.placements.get(claim.type_id) if reading else None
         if not found:
             return 1
-        return {framebuffer.RESOURCE_CLASS: found.size * framebuffer.SLOT_MIB,
-                size_classes.class_name(found.size): 1}
+        return {
+            framebuffer.RESOURCE_CLASS: found.size * framebuffer.SLOT_MIB,
+            size_classes.class_name(found.size): 1,
+        }
+
     return units_of
 
 
@@ -352,8 +377,9 @@ def _reserve_unallocated(rows, unallocated):
     for row in rows:
         held = _units(row["reserved_for"])
         extra = min(row["total"] - held, unallocated.get(row["gpu"].address, 0))
-        reserved.append({**row, "reserved_for": row["reserved_for"] + (
-            ((CLAIMS, extra),) if extra > 0 else ())})
+        reserved.append(
+            {**row, "reserved_for": row["reserved_for"] + (((CLAIMS, extra),) if extra > 0 else ())}
+        )
     return reserved
 
 
@@ -361,8 +387,7 @@ def _units(reserved_for):
     return sum(units for _kind, units in reserved_for)
 
 
-def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
-                        unallocated=None):
+def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None, unallocated=None):
     """``(GpuProvider, None)`` of a board serving several vendor-VFIO types
     in mixed-size mode, or ``(None, why it cannot)``.
 
@@ -380,43 +405,66 @@ def mixed_size_provider(snapshot, gpu, types, reading, nodename, in_use=None,
     configured = {t: reading.placements[t] for t in types}
     typed = {p.name: p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
     board_slots = framebuffer.board_slots(configured)
-    held_slots = sum(reading.placements[t].size for vf, t in typed.items()
-                     if in_use is None or vf in in_use)
-    free_vfs = sum(1 for p in gpu.parents if not p.current_vgpu_type
-                   and (in_use is None or p.name not in in_use))
+    held_slots = sum(
+        reading.placements[t].size for vf, t in typed.items() if in_use is None or vf in in_use
+    )
+    free_vfs = sum(
+        1
+        for p in gpu.parents
+        if not p.current_vgpu_type and (in_use is None or p.name not in in_use)
+    )
     fb = framebuffer.inventory(board_slots, configured, held_slots, free_vfs)
     if not isinstance(unallocated, dict):
         unallocated = {framebuffer.RESOURCE_CLASS: unallocated or 0}
     claims_mib = min(unallocated.get(framebuffer.RESOURCE_CLASS, 0), fb.capacity)
-    held = collections.Counter(reading.placements[t].size for vf, t in typed.items()
-                               if in_use is None or vf in in_use)
+    held = collections.Counter(
+        reading.placements[t].size for vf, t in typed.items() if in_use is None or vf in in_use
+    )
     uncounted = {size: unallocated.get(size_classes.class_name(size), 0) for size in held}
     by_size = size_classes.inventories(configured, held, uncounted, free_vfs)
     room = fb.capacity - claims_mib - held_slots * framebuffer.SLOT_MIB
     reserved_for = (((FRAGMENTED, fb.reserved),) if fb.reserved else ()) + (
-        ((CLAIMS, claims_mib),) if claims_mib else ())
-    traits = {t for type_id in types for t in provider_traits(
-        type_id, None, _manager_version(snapshot, gpu))}
+        ((CLAIMS, claims_mib),) if claims_mib else ()
+    )
+    traits = {
+        t
+        for type_id in types
+        for t in provider_traits(type_id, None, _manager_version(snapshot, gpu))
+    }
     return GpuProvider(
-        name=provider_name(nodename, gpu), parent_provider=nodename, gpu=gpu.address,
-        type_id=",".join(types), type_name=None, resource_class=framebuffer.RESOURCE_CLASS,
-        total=fb.total, reserved=fb.reserved + claims_mib, min_unit=fb.min_unit,
-        max_unit=fb.max_unit, step_size=fb.step_size, traits=tuple(sorted(traits)),
+        name=provider_name(nodename, gpu),
+        parent_provider=nodename,
+        gpu=gpu.address,
+        type_id=",".join(types),
+        type_name=None,
+        resource_class=framebuffer.RESOURCE_CLASS,
+        total=fb.total,
+        reserved=fb.reserved + claims_mib,
+        min_unit=fb.min_unit,
+        max_unit=fb.max_unit,
+        step_size=fb.step_size,
+        traits=tuple(sorted(traits)),
         reason=_mixed_size_reason(listed, fb, room, size_classes.fitting(configured, free_vfs)),
         reserved_for=reserved_for,
         sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types),
-        size_inventories=tuple(sorted(by_size.items()))), None
+        size_inventories=tuple(sorted(by_size.items())),
+    ), None
 
 
 def _mixed_size_reason(listed, fb, room, fitting):
     """What a mixed-size board can still take, for the operator's views
     (``fitting``: ``{size: vGPUs of it that fit now}``)."""
     fragmented = f"; {fb.reserved} MiB fragmented" if fb.reserved else ""
-    fits = ", ".join(f"{count} x {size * framebuffer.SLOT_MIB} MiB"
-                     for size, count in sorted(fitting.items()) if count)
+    fits = ", ".join(
+        f"{count} x {size * framebuffer.SLOT_MIB} MiB"
+        for size, count in sorted(fitting.items())
+        if count
+    )
     if room <= 0 or not fits:
-        return (f"none of {listed} fits now (the board is full, or its free framebuffer "
-                f"is fragmented){fragmented}")
+        return (
+            f"none of {listed} fits now (the board is full, or its free framebuffer "
+            f"is fragmented){fragmented}"
+        )
     return f"mixed sizes: fit now {fits}{fragmented}"
 
 
@@ -428,18 +476,30 @@ def _why_not_mixed(gpu, types, reading):
         why = reading.error if reading else "NVML was not asked"
         return f"configured for mixed sizes ({listed}), but NVML cannot say: {why}"
     if not reading.mixed:
-        return (f"configured for mixed sizes ({listed}) but in equal-size mode: run "
-                f"vgpu-manage sriov sizes {gpu.address} mixed")
-    unplaceable = [t for t in types if not reading.placements.get(t)
-                   or not reading.placements[t].supported]
+        return (
+            f"configured for mixed sizes ({listed}) but in equal-size mode: run "
+            f"vgpu-manage sriov sizes {gpu.address} mixed"
+        )
+    unplaceable = [
+        t for t in types if not reading.placements.get(t) or not reading.placements[t].supported
+    ]
     if unplaceable:
-        return (f"cannot place {', '.join(unplaceable)} in mixed-size mode: not a vGPU "
-                "type of this board (see vgpu-manage types)")
-    unknown = sorted({p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type
-                      and p.current_vgpu_type not in reading.placements})
+        return (
+            f"cannot place {', '.join(unplaceable)} in mixed-size mode: not a vGPU "
+            "type of this board (see vgpu-manage types)"
+        )
+    unknown = sorted(
+        {
+            p.current_vgpu_type
+            for p in gpu.parents
+            if p.current_vgpu_type and p.current_vgpu_type not in reading.placements
+        }
+    )
     if unknown:
-        return (f"its VFs hold {', '.join(unknown)}, whose size NVML was not asked; it "
-                "gets a provider once they are gone")
+        return (
+            f"its VFs hold {', '.join(unknown)}, whose size NVML was not asked; it "
+            "gets a provider once they are gone"
+        )
     return None
 
 
@@ -479,8 +539,14 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
             continue
         if len(types) > 1:
             provider, why_not = mixed_size_provider(
-                snapshot, gpu, types, (boards or {}).get(gpu.address), nodename, in_use,
-                (unallocated or {}).get(gpu.address))
+                snapshot,
+                gpu,
+                types,
+                (boards or {}).get(gpu.address),
+                nodename,
+                in_use,
+                (unallocated or {}).get(gpu.address),
+            )
             if provider is None:
                 unserved.append((gpu.address, why_not))
             else:
@@ -488,21 +554,37 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
             continue
         type_id = types[0]
         type_info = gpu.type_info(type_id)
-        if type_info is None and not gpu.vgpu_types_in_use().get(type_id) \
-                and not _hidden_by_other_vgpus(gpu, type_id):
+        if (
+            type_info is None
+            and not gpu.vgpu_types_in_use().get(type_id)
+            and not _hidden_by_other_vgpus(gpu, type_id)
+        ):
             offered = sorted({t for p in gpu.parents for t in p.type_ids})
-            unserved.append((gpu.address, f"does not offer {type_id} (offers: "
-                                          f"{', '.join(offered) or 'nothing'})"))
+            unserved.append(
+                (
+                    gpu.address,
+                    f"does not offer {type_id} (offers: {', '.join(offered) or 'nothing'})",
+                )
+            )
             continue
         total, reserved_for, reason = _gpu_capacity(gpu, type_id, in_use)
         unreadable = sorted({u for _, info in gpu.offers(type_id) for u in info.unreadable})
         if unreadable:
-            reserved_for, reason = ((UNREADABLE, total),), (
-                f"unreadable sysfs value {unreadable[0]}; check the vendor driver")
-        rows.append({"gpu": gpu, "type_id": type_id, "total": total,
-                     "reserved_for": reserved_for,
-                     "reason": reason, "type_name": type_info.name if type_info else None,
-                     "existing": gpu.vgpu_types_in_use().get(type_id, 0)})
+            reserved_for, reason = (
+                ((UNREADABLE, total),),
+                (f"unreadable sysfs value {unreadable[0]}; check the vendor driver"),
+            )
+        rows.append(
+            {
+                "gpu": gpu,
+                "type_id": type_id,
+                "total": total,
+                "reserved_for": reserved_for,
+                "reason": reason,
+                "type_name": type_info.name if type_info else None,
+                "existing": gpu.vgpu_types_in_use().get(type_id, 0),
+            }
+        )
     for type_config in config.types:
         if type_config.max_instances is None:
             continue
@@ -513,18 +595,31 @@ def compute(snapshot, config, nodename, in_use=None, unallocated=None, boards=No
     providers = []
     for row in rows:
         type_config = config.type_config(row["type_id"])
-        providers.append(GpuProvider(
-            name=provider_name(nodename, row["gpu"]), parent_provider=nodename,
-            gpu=row["gpu"].address, type_id=row["type_id"], type_name=row["type_name"],
-            resource_class=type_config.mdev_class, total=row["total"],
-            reserved=_units(row["reserved_for"]), max_unit=row["total"],
-            traits=provider_traits(row["type_id"], row["type_name"],
-                                   _manager_version(snapshot, row["gpu"])),
-            reason=row["reason"],
-            reserved_for=row["reserved_for"]))
+        providers.append(
+            GpuProvider(
+                name=provider_name(nodename, row["gpu"]),
+                parent_provider=nodename,
+                gpu=row["gpu"].address,
+                type_id=row["type_id"],
+                type_name=row["type_name"],
+                resource_class=type_config.mdev_class,
+                total=row["total"],
+                reserved=_units(row["reserved_for"]),
+                max_unit=row["total"],
+                traits=provider_traits(
+                    row["type_id"], row["type_name"], _manager_version(snapshot, row["gpu"])
+                ),
+                reason=row["reason"],
+                reserved_for=row["reserved_for"],
+            )
+        )
     providers = sorted(providers + mixed, key=lambda p: p.gpu)
-    return ProviderTree(root_name=nodename, providers=tuple(providers),
-                        unserved=tuple(unserved),
-                        mdev_classes=config.mdev_classes | {"VGPU"} | {
-                            rc for p in mixed for rc, _found in p.size_inventories},
-                        vfs_pending=frozenset(pending))
+    return ProviderTree(
+        root_name=nodename,
+        providers=tuple(providers),
+        unserved=tuple(unserved),
+        mdev_classes=config.mdev_classes
+        | {"VGPU"}
+        | {rc for p in mixed for rc, _found in p.size_inventories},
+        vfs_pending=frozenset(pending),
+    )

@@ -116,8 +116,10 @@ def _refusal(place: Place, path: str, found: os.stat_result) -> str | None:
     if found.st_nlink != 1:
         return f"it has {found.st_nlink} hard links (another name may be any file)"
     if found.st_uid not in (0, place.directory.st_uid):
-        return (f"it belongs to {user(found.st_uid)}, neither the state directory's "
-                f"owner ({place.owner}) nor root")
+        return (
+            f"it belongs to {user(found.st_uid)}, neither the state directory's "
+            f"owner ({place.owner}) nor root"
+        )
     now: os.stat_result | None
     try:
         now = os.lstat(path)
@@ -137,8 +139,9 @@ def create(place: Place) -> bool:
     """Create the journal's (empty) file for sqlite, following no link and
     given to the directory's owner; False if something is already there."""
     try:
-        fd = os.open(place.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, MODE)
+        fd = os.open(
+            place.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, MODE
+        )
     except FileExistsError:
         return False
     try:
@@ -180,20 +183,22 @@ def give_to_owner(place: Place, found: Found) -> list[str]:
         return []
     given: list[str] = []
     for suffix, st in found.items():
-        if st is None or (st.st_uid, st.st_gid) == (place.directory.st_uid,
-                                                    place.directory.st_gid):
+        if st is None or (st.st_uid, st.st_gid) == (place.directory.st_uid, place.directory.st_gid):
             continue
         path = place.path + suffix
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             now = os.fstat(fd)
             if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-                raise exception.JournalUnsafe(path=place.path, file=path,
-                                              reason="it was replaced while it was checked")
+                raise exception.JournalUnsafe(
+                    path=place.path, file=path, reason="it was replaced while it was checked"
+                )
             if now.st_nlink != 1:
                 raise exception.JournalUnsafe(
-                    path=place.path, file=path,
-                    reason=f"it has {now.st_nlink} hard links (another name may be any file)")
+                    path=place.path,
+                    file=path,
+                    reason=f"it has {now.st_nlink} hard links (another name may be any file)",
+                )
             give(fd, place.directory)
         finally:
             os.close(fd)
@@ -216,8 +221,7 @@ def why_not_readable(place: Place, found: Found) -> str | None:
     """Why this process cannot read the journal, or None if it can (side
     files too: a reader of a journal being written reads its WAL)."""
     for suffix, st in found.items():
-        if st is not None and suffix != "-journal" and not _may(place.path + suffix,
-                                                                 os.R_OK):
+        if st is not None and suffix != "-journal" and not _may(place.path + suffix, os.R_OK):
             return f"{os.path.basename(place.path + suffix)} is {describe(st)}"
     return None
 
@@ -230,17 +234,22 @@ def connect(place: Place, mode: str, **kwargs: Any) -> sqlite3.Connection:
     """A sqlite connection to the checked journal (``mode``: sqlite's URI
     parameters, ``rw`` or ``ro``...); refused if sqlite reached another file."""
     before = inspect(place, place.path)
-    db: sqlite3.Connection = sqlite3.connect(f"file:{parse.quote(place.path)}?{mode}",
-                                             uri=True, **kwargs)
+    db: sqlite3.Connection = sqlite3.connect(
+        f"file:{parse.quote(place.path)}?{mode}", uri=True, **kwargs
+    )
     try:
         opened = db.execute("PRAGMA database_list").fetchone()[2]
         after = inspect(place, place.path)
-        expected = os.path.join(os.path.realpath(place.state_dir),
-                                os.path.basename(place.path))
-        if opened != expected or before is None or after is None \
-                or (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
-            raise exception.JournalUnsafe(path=place.path, file=place.path,
-                                          reason=f"sqlite reached {opened} through it")
+        expected = os.path.join(os.path.realpath(place.state_dir), os.path.basename(place.path))
+        if (
+            opened != expected
+            or before is None
+            or after is None
+            or (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino)
+        ):
+            raise exception.JournalUnsafe(
+                path=place.path, file=place.path, reason=f"sqlite reached {opened} through it"
+            )
     except BaseException:
         db.close()
         raise
@@ -292,8 +301,9 @@ def refused(path: str, exc: sqlite3.Error) -> exception.JournalError:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in _CORRUPT:
         return exception.JournalUnreadable(path=path, reason=str(exc))
-    return exception.JournalError(path=path, reason=f"sqlite cannot use it ({exc}); it was "
-                                                    f"left as it was")
+    return exception.JournalError(
+        path=path, reason=f"sqlite cannot use it ({exc}); it was left as it was"
+    )
 
 
 _NOTICED: set[tuple[int, str]] = set()
@@ -303,6 +313,10 @@ def notice_read_only(path: str, why: str) -> None:
     """Once per process and journal: a reader that cannot write says so."""
     if (os.getpid(), path) not in _NOTICED:
         _NOTICED.add((os.getpid(), path))
-        LOG.warning("Claims journal %s is opened read-only: %s cannot write it (%s); this "
-                    "process reads claims and writes none", path,
-                    this_process(), why)
+        LOG.warning(
+            "Claims journal %s is opened read-only: %s cannot write it (%s); this "
+            "process reads claims and writes none",
+            path,
+            this_process(),
+            why,
+        )

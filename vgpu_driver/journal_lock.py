@@ -43,8 +43,10 @@ def patiently(action: Callable[[], _T], patience: float) -> _T:
         try:
             return action()
         except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES \
-                    or time.monotonic() >= deadline:
+            if (
+                getattr(exc, "sqlite_errorcode", None) not in _BUSY_CODES
+                or time.monotonic() >= deadline
+            ):
                 raise
         time.sleep(BUSY_POLL)
 

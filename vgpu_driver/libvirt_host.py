@@ -22,8 +22,9 @@ def _libvirt(uri):
     try:
         import libvirt
     except ImportError as exc:
-        raise LibvirtUnavailable(uri=uri, reason="libvirt-python is not installed "
-                                                 "(pip install vgpu-driver[libvirt])") from exc
+        raise LibvirtUnavailable(
+            uri=uri, reason="libvirt-python is not installed (pip install vgpu-driver[libvirt])"
+        ) from exc
     return libvirt
 
 
@@ -68,5 +69,8 @@ class LibvirtHost(domain_index.DomainIndex):
             hypervisor = version_tuple(self.conn.getVersion())
         except self._libvirt.libvirtError:
             hypervisor = (0, 0, 0)
-        return {"libvirt": version_tuple(self.conn.getLibVersion()),
-                "qemu": hypervisor, "kernel": kernel_version()}
+        return {
+            "libvirt": version_tuple(self.conn.getLibVersion()),
+            "qemu": hypervisor,
+            "kernel": kernel_version(),
+        }

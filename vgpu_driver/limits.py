@@ -51,18 +51,22 @@ class RegisteredLimits:
         self.endpoint_id = endpoint_id
         # Every use of the proxy is inside _call: openstacksdk raises as an
         # attribute is looked up (a service it could not load, for one).
-        endpoint = self._call("read endpoint " + endpoint_id,
-                              lambda: self.identity.get_endpoint(endpoint_id))
+        endpoint = self._call(
+            "read endpoint " + endpoint_id, lambda: self.identity.get_endpoint(endpoint_id)
+        )
         self.service_id, self.region_id = endpoint.service_id, endpoint.region_id
 
     def check(self, names: Iterable[str]) -> list[LimitRow]:
         """One :class:`LimitRow` per name, ``ok`` or ``missing``."""
         existing = self._existing()
-        return [LimitRow(name, existing.get(name), OK if name in existing else MISSING)
-                for name in names]
+        return [
+            LimitRow(name, existing.get(name), OK if name in existing else MISSING)
+            for name in names
+        ]
 
-    def apply(self, names: Iterable[str], default_limit: int,
-              dry_run: bool = False) -> list[LimitRow]:
+    def apply(
+        self, names: Iterable[str], default_limit: int, dry_run: bool = False
+    ) -> list[LimitRow]:
         """Create the missing limits with ``default_limit``; rows of what was
         (or would be) created.  Existing limits are left as they are."""
         rows: list[LimitRow] = []
@@ -70,38 +74,50 @@ class RegisteredLimits:
             if row.status == OK:
                 continue
             if not dry_run:
-                self._call(f"create registered limit {row.resource_name}",
-                           lambda name=row.resource_name: self.identity.create_registered_limit(
-                               service_id=self.service_id, region_id=self.region_id,
-                               resource_name=name, default_limit=default_limit))
-            rows.append(LimitRow(row.resource_name, default_limit,
-                                 WOULD_CREATE if dry_run else CREATED))
+                self._call(
+                    f"create registered limit {row.resource_name}",
+                    lambda name=row.resource_name: self.identity.create_registered_limit(
+                        service_id=self.service_id,
+                        region_id=self.region_id,
+                        resource_name=name,
+                        default_limit=default_limit,
+                    ),
+                )
+            rows.append(
+                LimitRow(row.resource_name, default_limit, WOULD_CREATE if dry_run else CREATED)
+            )
         return rows
 
     def _existing(self) -> dict[str, int]:
-        limits = self._call("list registered limits", lambda: list(
-            self.identity.registered_limits(service_id=self.service_id,
-                                            region_id=self.region_id)))
+        limits = self._call(
+            "list registered limits",
+            lambda: list(
+                self.identity.registered_limits(
+                    service_id=self.service_id, region_id=self.region_id
+                )
+            ),
+        )
         return {limit.resource_name: limit.default_limit for limit in limits}
 
-    def _call(self, action: str, function: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> Any:
+    def _call(self, action: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         import openstack.exceptions as sdk_exceptions
 
         try:
             return function(*args, **kwargs)
         except ks_exceptions.ConnectionError as exc:
-            raise exception.KeystoneUnavailable(
-                url=self._url, reason=_first_line(exc)) from exc
+            raise exception.KeystoneUnavailable(url=self._url, reason=_first_line(exc)) from exc
         except ks_exceptions.Unauthorized as exc:
             raise exception.KeystoneRefused(
-                action=action, reason=f"the [oslo_limit] credentials were rejected "
-                                      f"({_first_line(exc)})") from exc
+                action=action,
+                reason=f"the [oslo_limit] credentials were rejected ({_first_line(exc)})",
+            ) from exc
         except sdk_exceptions.ForbiddenException as exc:
             raise exception.KeystoneRefused(
-                action=action, reason=f"the [oslo_limit] user lacks the role for it "
-                                      f"(creating limits needs a system admin; "
-                                      f"{_first_line(exc)})") from exc
+                action=action,
+                reason=f"the [oslo_limit] user lacks the role for it "
+                f"(creating limits needs a system admin; "
+                f"{_first_line(exc)})",
+            ) from exc
         except (ks_exceptions.ClientException, sdk_exceptions.SDKException) as exc:
             raise exception.KeystoneRefused(action=action, reason=_first_line(exc)) from exc
 

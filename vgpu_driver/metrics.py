@@ -60,12 +60,12 @@ class Reading:
     vgpus: frozenset[str]
     users: frozenset[str] | None
     guests: dict[str, DomainRef] | None
-    vgpu_gpus: dict[str, tuple[str, str]]    # vgpu id -> (gpu address, type id)
-    providers: dict[str, GpuProvider]   # gpu address -> GpuProvider of the computed tree
-    models: dict[str, str]              # gpu address -> "vendor:device"
+    vgpu_gpus: dict[str, tuple[str, str]]  # vgpu id -> (gpu address, type id)
+    providers: dict[str, GpuProvider]  # gpu address -> GpuProvider of the computed tree
+    models: dict[str, str]  # gpu address -> "vendor:device"
     configured: dict[str, tuple[str, ...]]  # gpu address -> the types nova.conf gives it
     reconciler: dict[str, Any] | None
-    audit: dict[str, Any] | None        # what the last ``vgpu-manage audit`` found
+    audit: dict[str, Any] | None  # what the last ``vgpu-manage audit`` found
     types: tuple[str, ...]
     grace: float
     migration_timeout: float
@@ -75,10 +75,18 @@ class Reading:
     read_seconds: float | None = None
 
 
-def build_reading(view: HostStatus, snapshot: HostSnapshot, config: MdevConfig,
-                  tree: ProviderTree, claim_list: Iterable[Claim],
-                  users: Mapping[str, DomainRef] | None, reconciler: dict[str, Any] | None,
-                  audit_record: dict[str, Any] | None, vgpu_conf: Any, now: float) -> Reading:
+def build_reading(
+    view: HostStatus,
+    snapshot: HostSnapshot,
+    config: MdevConfig,
+    tree: ProviderTree,
+    claim_list: Iterable[Claim],
+    users: Mapping[str, DomainRef] | None,
+    reconciler: dict[str, Any] | None,
+    audit_record: dict[str, Any] | None,
+    vgpu_conf: Any,
+    now: float,
+) -> Reading:
     """The :class:`Reading` of sources already read: ``view`` is their
     :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
     ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
@@ -89,17 +97,22 @@ def build_reading(view: HostStatus, snapshot: HostSnapshot, config: MdevConfig,
         if gpu is not None:
             vgpu_gpus[vgpu.id] = (gpu.address, vgpu.type_id)
     return Reading(
-        host=view, claims=tuple(claim_list),
+        host=view,
+        claims=tuple(claim_list),
         vgpus=frozenset(v.id for v in snapshot.vgpus),
         users=None if users is None else frozenset(users),
-        guests=None if users is None else dict(users), vgpu_gpus=vgpu_gpus,
+        guests=None if users is None else dict(users),
+        vgpu_gpus=vgpu_gpus,
         providers={p.gpu: p for p in tree.providers},
         models={gpu.address: fleet.gpu_device_id(gpu) or "" for gpu in snapshot.gpus},
         configured=inventory.configured_types(snapshot, config),
-        reconciler=reconciler, audit=audit_record,
+        reconciler=reconciler,
+        audit=audit_record,
         types=tuple(t.type_id for t in config.types),
-        grace=vgpu_conf.claim_grace, migration_timeout=vgpu_conf.migration_claim_timeout,
-        now=now)
+        grace=vgpu_conf.claim_grace,
+        migration_timeout=vgpu_conf.migration_claim_timeout,
+        now=now,
+    )
 
 
 class HostCollector:
@@ -114,15 +127,18 @@ class HostCollector:
     nothing in it.  Without ``failed`` the error goes to the caller.
     """
 
-    def __init__(self, read: Callable[[], Reading],
-                 expected: Iterable[type[BaseException]] = (),
-                 failed: Callable[[BaseException, bool], object] | None = None) -> None:
+    def __init__(
+        self,
+        read: Callable[[], Reading],
+        expected: Iterable[type[BaseException]] = (),
+        failed: Callable[[BaseException, bool], object] | None = None,
+    ) -> None:
         self._read = read
         self._expected = tuple(expected)
         self._failed = failed
 
     def describe(self) -> list[Metric]:
-        return []       # the families depend on the reading: no describe at register
+        return []  # the families depend on the reading: no describe at register
 
     def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
@@ -137,14 +153,15 @@ class HostCollector:
             return
         yield metrics_series.scrape_success(1)
         took = reading.read_seconds
-        yield metrics_series.scrape_duration(
-            time.monotonic() - started if took is None else took)
+        yield metrics_series.scrape_duration(time.monotonic() - started if took is None else took)
         yield from metrics_series.families(reading)
 
 
-def registry_of(read: Callable[[], Reading], expected: Iterable[type[BaseException]] = (),
-                failed: Callable[[BaseException, bool], object] | None = None,
-                ) -> prometheus_registry.CollectorRegistry:
+def registry_of(
+    read: Callable[[], Reading],
+    expected: Iterable[type[BaseException]] = (),
+    failed: Callable[[BaseException, bool], object] | None = None,
+) -> prometheus_registry.CollectorRegistry:
     """A prometheus_client registry holding one :class:`HostCollector`."""
     found = prometheus_registry.CollectorRegistry(auto_describe=False)
     found.register(HostCollector(read, expected, failed))
@@ -164,7 +181,7 @@ def write_textfile(path: str, registry: prometheus_registry.CollectorRegistry) -
     try:
         try:
             fd = os.open(tmp, flags, 0o644)
-        except FileExistsError:     # left by a process killed with this pid, or put there
+        except FileExistsError:  # left by a process killed with this pid, or put there
             os.unlink(tmp)
             fd = os.open(tmp, flags, 0o644)
         with os.fdopen(fd, "wb") as out:
@@ -175,5 +192,3 @@ def write_textfile(path: str, registry: prometheus_registry.CollectorRegistry) -
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
-
-

@@ -46,45 +46,88 @@ def pci_bus_id(address: str) -> str:
 
 def gpu_families(reading: Reading) -> tuple[core.Metric, ...]:
     """``vgpu_gpu_*``: what each GPU is, offers, holds and holds back."""
-    info = _info("gpu", "What the GPU is: its resource provider (empty without one), "
-                 "resource class, model (vendor:device), PCI bus id as dcgm-exporter "
-                 "writes it, and the unit of its provider's inventory.",
-                 ["gpu", "provider", "resource_class", "model", "pci_bus_id", "unit"])
-    configured = _info("gpu_configured_type", "A type nova.conf gives the GPU (several "
-                       "on a mixed-size board), whether it serves it or not.",
-                       ["gpu", "type"])
-    capacity = _gauge("gpu_vgpus_capacity", "vGPUs of the type the GPU offers (on a "
-                      "mixed-size board: its size class's total, the most vGPUs of "
-                      "its size the board holds).",
-                      ["gpu", "type"])
-    used = _gauge("gpu_vgpus_used", "vGPUs of the type on the GPU that guests or claims "
-                  "hold, each counted under its own type.", ["gpu", "type"])
-    reserved = _gauge("gpu_vgpus_reserved", "vGPUs of the type the GPU offers that "
-                      "Placement may not hand out now (free = capacity - reserved - "
-                      "used, at least 0).", ["gpu", "type"])
-    by_reason = _gauge("gpu_vgpus_reserved_by_reason", "The GPU's reserved vGPUs by what "
-                       "they are held back for: " + ", ".join(inventory.RESERVED_FOR)
-                       + " (a GPU serving one type).", ["gpu", "reason"])
-    fb_total = _gauge("gpu_framebuffer_capacity_bytes", "A mixed-size board's "
-                      "framebuffer offered to vGPUs.", ["gpu"])
-    fb_used = _gauge("gpu_framebuffer_used_bytes", "A mixed-size board's framebuffer its "
-                     "vGPUs take.", ["gpu"])
-    fb_reserved = _gauge("gpu_framebuffer_reserved_bytes", "A mixed-size board's "
-                         "framebuffer Placement may not hand out, by what it is held "
-                         "back for.", ["gpu", "reason"])
-    served = _gauge("gpu_served", "1 when the GPU has a resource provider, 0 when the "
-                    "configuration or its state leaves it out.", ["gpu"])
-    guests = _gauge("gpu_guests", "Guests (libvirt domains) holding vGPUs of the GPU; "
-                    "absent when libvirt could not be asked.", ["gpu"])
+    info = _info(
+        "gpu",
+        "What the GPU is: its resource provider (empty without one), "
+        "resource class, model (vendor:device), PCI bus id as dcgm-exporter "
+        "writes it, and the unit of its provider's inventory.",
+        ["gpu", "provider", "resource_class", "model", "pci_bus_id", "unit"],
+    )
+    configured = _info(
+        "gpu_configured_type",
+        "A type nova.conf gives the GPU (several "
+        "on a mixed-size board), whether it serves it or not.",
+        ["gpu", "type"],
+    )
+    capacity = _gauge(
+        "gpu_vgpus_capacity",
+        "vGPUs of the type the GPU offers (on a "
+        "mixed-size board: its size class's total, the most vGPUs of "
+        "its size the board holds).",
+        ["gpu", "type"],
+    )
+    used = _gauge(
+        "gpu_vgpus_used",
+        "vGPUs of the type on the GPU that guests or claims hold, each counted under its own type.",
+        ["gpu", "type"],
+    )
+    reserved = _gauge(
+        "gpu_vgpus_reserved",
+        "vGPUs of the type the GPU offers that "
+        "Placement may not hand out now (free = capacity - reserved - "
+        "used, at least 0).",
+        ["gpu", "type"],
+    )
+    by_reason = _gauge(
+        "gpu_vgpus_reserved_by_reason",
+        "The GPU's reserved vGPUs by what "
+        "they are held back for: "
+        + ", ".join(inventory.RESERVED_FOR)
+        + " (a GPU serving one type).",
+        ["gpu", "reason"],
+    )
+    fb_total = _gauge(
+        "gpu_framebuffer_capacity_bytes",
+        "A mixed-size board's framebuffer offered to vGPUs.",
+        ["gpu"],
+    )
+    fb_used = _gauge(
+        "gpu_framebuffer_used_bytes", "A mixed-size board's framebuffer its vGPUs take.", ["gpu"]
+    )
+    fb_reserved = _gauge(
+        "gpu_framebuffer_reserved_bytes",
+        "A mixed-size board's framebuffer Placement may not hand out, by what it is held back for.",
+        ["gpu", "reason"],
+    )
+    served = _gauge(
+        "gpu_served",
+        "1 when the GPU has a resource provider, 0 when the "
+        "configuration or its state leaves it out.",
+        ["gpu"],
+    )
+    guests = _gauge(
+        "gpu_guests",
+        "Guests (libvirt domains) holding vGPUs of the GPU; "
+        "absent when libvirt could not be asked.",
+        ["gpu"],
+    )
     vfs = _gauge("gpu_sriov_vfs", "An SR-IOV board's enabled virtual functions.", ["gpu"])
-    vfs_max = _gauge("gpu_sriov_vfs_max", "The virtual functions an SR-IOV board can "
-                     "enable.", ["gpu"])
+    vfs_max = _gauge(
+        "gpu_sriov_vfs_max", "The virtual functions an SR-IOV board can enable.", ["gpu"]
+    )
     for gpu in reading.host.gpus:
         provider = reading.providers.get(gpu.gpu)
-        info.add_metric([gpu.gpu, gpu.provider or "",
-                         provider.resource_class if provider else "",
-                         reading.models.get(gpu.gpu, ""), pci_bus_id(gpu.gpu),
-                         "MiB" if gpu.mixed else "vGPUs"], {})
+        info.add_metric(
+            [
+                gpu.gpu,
+                gpu.provider or "",
+                provider.resource_class if provider else "",
+                reading.models.get(gpu.gpu, ""),
+                pci_bus_id(gpu.gpu),
+                "MiB" if gpu.mixed else "vGPUs",
+            ],
+            {},
+        )
         for type_id in reading.configured.get(gpu.gpu, ()):
             configured.add_metric([gpu.gpu, type_id], {})
         for count in gpu.types:
@@ -107,8 +150,21 @@ def gpu_families(reading: Reading) -> tuple[core.Metric, ...]:
         if gpu.sriov is not None:
             vfs.add_metric([gpu.gpu], gpu.sriov.numvfs)
             vfs_max.add_metric([gpu.gpu], gpu.sriov.totalvfs)
-    return (info, configured, capacity, used, reserved, by_reason, fb_total, fb_used,
-            fb_reserved, served, guests, vfs, vfs_max)
+    return (
+        info,
+        configured,
+        capacity,
+        used,
+        reserved,
+        by_reason,
+        fb_total,
+        fb_used,
+        fb_reserved,
+        served,
+        guests,
+        vfs,
+        vfs_max,
+    )
 
 
 def vgpu_families(reading: Reading) -> list[core.InfoMetricFamily]:
@@ -117,18 +173,30 @@ def vgpu_families(reading: Reading) -> list[core.InfoMetricFamily]:
     guest holding it (instance UUID and domain; empty while none does) or
     the claim waiting for one; ``nodename`` is nova's, which dcgm-exporter's
     ``Hostname`` is on a host whose nodename is its hostname."""
-    info = _info("vgpu", "A vGPU: its id (mdev UUID, or the VF address of a vendor-VFIO "
-                 "vGPU), its GPU and that GPU's PCI bus id as dcgm-exporter writes it, "
-                 "its type, and the guest holding it (nova's instance UUID and the "
-                 "libvirt domain; the claim's instance and state when no guest does).",
-                 ["nodename", "vgpu", "gpu", "pci_bus_id", "type", "instance_uuid",
-                  "domain", "claim_state"])
+    info = _info(
+        "vgpu",
+        "A vGPU: its id (mdev UUID, or the VF address of a vendor-VFIO "
+        "vGPU), its GPU and that GPU's PCI bus id as dcgm-exporter writes it, "
+        "its type, and the guest holding it (nova's instance UUID and the "
+        "libvirt domain; the claim's instance and state when no guest does).",
+        ["nodename", "vgpu", "gpu", "pci_bus_id", "type", "instance_uuid", "domain", "claim_state"],
+    )
     claimed = {c.mdev_uuid: c for c in reading.claims}
     for vgpu_id, (gpu, type_id) in sorted(reading.vgpu_gpus.items()):
         guest = reading.guests.get(vgpu_id) if reading.guests is not None else None
         claim = claimed.get(vgpu_id)
         instance = guest.uuid if guest else claim.instance_uuid if claim else ""
-        info.add_metric([reading.host.nodename, vgpu_id, gpu, pci_bus_id(gpu), type_id or "",
-                         instance, guest.name if guest else "",
-                         claim.state if claim else ""], {})
+        info.add_metric(
+            [
+                reading.host.nodename,
+                vgpu_id,
+                gpu,
+                pci_bus_id(gpu),
+                type_id or "",
+                instance,
+                guest.name if guest else "",
+                claim.state if claim else "",
+            ],
+            {},
+        )
     return [info]

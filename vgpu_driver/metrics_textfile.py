@@ -21,7 +21,7 @@ from vgpu_driver import metrics
 
 LOG = logging.getLogger(__name__)
 OPTION = "[vgpu] metrics_textfile"
-SUFFIX = ".prom"        # the only files node_exporter's textfile collector reads
+SUFFIX = ".prom"  # the only files node_exporter's textfile collector reads
 
 
 def problems(path: str) -> list[exception.ConfigProblem]:
@@ -35,8 +35,10 @@ def problems(path: str) -> list[exception.ConfigProblem]:
     elif not path.endswith(SUFFIX) or os.path.basename(path) == SUFFIX:
         reason = f"node_exporter's textfile collector reads only files named *{SUFFIX}"
     elif not os.path.isdir(os.path.dirname(path)):
-        reason = (f"its directory {os.path.dirname(path)} does not exist (node_exporter's "
-                  f"textfile collector directory, made by whoever installs node_exporter)")
+        reason = (
+            f"its directory {os.path.dirname(path)} does not exist (node_exporter's "
+            f"textfile collector directory, made by whoever installs node_exporter)"
+        )
     elif os.path.isdir(path):
         reason = "it is a directory; name a file in it"
     return [exception.ConfigProblem(OPTION, path, reason)] if reason else []
@@ -51,7 +53,7 @@ class TextfileWriter:
         if found:
             raise exception.InvalidConfiguration(found)
         self.path = path
-        self._failing: str | None = None      # the last failure's text, logged once
+        self._failing: str | None = None  # the last failure's text, logged once
 
     def write(self, reading: metrics.Reading) -> None:
         """``reading`` into the file; a failure is logged when it first
@@ -61,8 +63,11 @@ class TextfileWriter:
         except OSError as exc:
             failure = f"{exc.strerror or exc}"
             if failure != self._failing:
-                LOG.warning("Cannot write the metrics to %s: %s; the inventory update "
-                            "goes on without them", self.path, failure)
+                LOG.warning(
+                    "Cannot write the metrics to %s: %s; the inventory update goes on without them",
+                    self.path,
+                    failure,
+                )
             self._failing = failure
             return
         if self._failing is not None:

@@ -29,7 +29,7 @@ from vgpu_driver.placement import ownership
 
 LOG = logging.getLogger(__name__)
 
-MIN_KERNEL = (5, 18, 0)   # VFIO migration's v2 protocol
+MIN_KERNEL = (5, 18, 0)  # VFIO migration's v2 protocol
 # QEMU 8.2 migrates several VFIO devices of one guest, and only when each
 # supports the P2P quiescent state (QEMU reads that from the device when the
 # guest starts; one without it blocks the migration as it begins).
@@ -47,8 +47,10 @@ def check_kernel(instance, side, release=None):
     have = libvirt_host.kernel_version(release)
     if have < MIN_KERNEL:
         raise MigrationPreCheckFailed(
-            instance=instance, reason=f"the {side} host's Linux kernel is {_dotted(have)}, "
-                                      f"{_dotted(MIN_KERNEL)} or later is needed")
+            instance=instance,
+            reason=f"the {side} host's Linux kernel is {_dotted(have)}, "
+            f"{_dotted(MIN_KERNEL)} or later is needed",
+        )
 
 
 def check_several_vfio(instance, side, devices, qemu_version):
@@ -59,8 +61,9 @@ def check_several_vfio(instance, side, devices, qemu_version):
         raise MigrationPreCheckFailed(
             instance=instance,
             reason=f"it has {len(devices)} VFIO devices ({', '.join(sorted(devices))}); "
-                   f"QEMU migrates several from {_dotted(MIN_QEMU_SEVERAL_VFIO)} on, each "
-                   f"supporting P2P, and the {side} host's QEMU is {_dotted(qemu_version)}")
+            f"QEMU migrates several from {_dotted(MIN_QEMU_SEVERAL_VFIO)} on, each "
+            f"supporting P2P, and the {side} host's QEMU is {_dotted(qemu_version)}",
+        )
 
 
 def check_post_copy(instance, vfs, permit_post_copy):
@@ -71,8 +74,9 @@ def check_post_copy(instance, vfs, permit_post_copy):
         raise MigrationPreCheckFailed(
             instance=instance,
             reason=f"its vGPUs on VFs {', '.join(vfs)} (NVIDIA vendor-specific VFIO) cannot "
-                   "be migrated in post-copy mode, and [libvirt] "
-                   "live_migration_permit_post_copy is on: set it to false on vGPU hosts")
+            "be migrated in post-copy mode, and [libvirt] "
+            "live_migration_permit_post_copy is on: set it to false on vGPU hosts",
+        )
 
 
 def check_vgpu_manager(instance, vfs, source_traits, own_version):
@@ -88,20 +92,25 @@ def check_vgpu_manager(instance, vfs, source_traits, own_version):
     """
     if not vfs:
         return
-    source_managers = {t for t in source_traits
-                       if t.startswith(ownership.MANAGER_TRAIT_PREFIX)}
+    source_managers = {t for t in source_traits if t.startswith(ownership.MANAGER_TRAIT_PREFIX)}
     source = sorted(inventory.manager_version_of(t) for t in source_managers)
     if not source:
-        reason = ("the source host's NVIDIA vGPU manager version is unknown: its GPU "
-                  f"providers carry no {ownership.MANAGER_TRAIT_PREFIX}* trait (no NVIDIA "
-                  "module loaded there, or a vgpu-driver too old to report it)")
+        reason = (
+            "the source host's NVIDIA vGPU manager version is unknown: its GPU "
+            f"providers carry no {ownership.MANAGER_TRAIT_PREFIX}* trait (no NVIDIA "
+            "module loaded there, or a vgpu-driver too old to report it)"
+        )
     elif own_version is None:
-        reason = ("this host's NVIDIA vGPU manager version is unknown (no readable "
-                  "/sys/module/nvidia/version)")
+        reason = (
+            "this host's NVIDIA vGPU manager version is unknown (no readable "
+            "/sys/module/nvidia/version)"
+        )
     elif source_managers != {inventory.manager_trait(own_version)}:
-        reason = (f"the source host runs NVIDIA vGPU manager {', '.join(source)} and this "
-                  f"host {own_version}; vGPUs on VFs {', '.join(vfs)} (vendor-specific "
-                  "VFIO) migrate only between hosts of one manager version")
+        reason = (
+            f"the source host runs NVIDIA vGPU manager {', '.join(source)} and this "
+            f"host {own_version}; vGPUs on VFs {', '.join(vfs)} (vendor-specific "
+            "VFIO) migrate only between hosts of one manager version"
+        )
     else:
         return
     raise MigrationPreCheckFailed(instance=instance, reason=reason)
@@ -111,9 +120,11 @@ def post_copy_warning(permit_post_copy):
     """QEMU refuses VFIO migration with post-copy; say so before it fails."""
     if not permit_post_copy:
         return None
-    message = ("live_migration_permit_post_copy is on: QEMU refuses to migrate a guest "
-               "with a vGPU (VFIO device) in post-copy mode; set it to false on vGPU "
-               "hosts")
+    message = (
+        "live_migration_permit_post_copy is on: QEMU refuses to migrate a guest "
+        "with a vGPU (VFIO device) in post-copy mode; set it to false on vGPU "
+        "hosts"
+    )
     LOG.warning(message)
     return message
 
@@ -130,30 +141,36 @@ def _map_by_type(instance, source_types, claimed_by_type):
         if source_id in mapping:
             continue
         candidates = claimed_by_type.get(type_id, [])
-        same_kind = [c for c in candidates
-                     if names.is_vf_vgpu_id(c) == names.is_vf_vgpu_id(source_id)]
+        same_kind = [
+            c for c in candidates if names.is_vf_vgpu_id(c) == names.is_vf_vgpu_id(source_id)
+        ]
         if not same_kind:
             kind = "VF" if names.is_vf_vgpu_id(source_id) else "mdev"
             raise MigrationPreCheckFailed(
                 instance=instance,
                 reason=f"the destination's allocation has no {type_id} {kind} for source "
-                       f"vGPU {source_id}")
+                f"vGPU {source_id}",
+            )
         candidates.remove(same_kind[0])
         mapping[source_id] = same_kind[0]
     extra = [u for ids in claimed_by_type.values() for u in ids]
     if extra:
         raise MigrationPreCheckFailed(
             instance=instance,
-            reason=f"the destination's allocation has {len(extra)} more vGPU(s) than "
-                   "the guest")
-    crossed = sorted(s for s, d in mapping.items() if s != d and d in mapping
-                     and source_types[d] != source_types[s])
+            reason=f"the destination's allocation has {len(extra)} more vGPU(s) than the guest",
+        )
+    crossed = sorted(
+        s
+        for s, d in mapping.items()
+        if s != d and d in mapping and source_types[d] != source_types[s]
+    )
     if crossed:
         raise MigrationPreCheckFailed(
             instance=instance,
             reason=f"the destination's VFs for {', '.join(crossed)} are the source's "
-                   "addresses of vGPUs of another type; rewritten one hostdev at a time "
-                   "they would swap types (try again: the destination's free VFs change)")
+            "addresses of vGPUs of another type; rewritten one hostdev at a time "
+            "they would swap types (try again: the destination's free VFs change)",
+        )
     return mapping
 
 
@@ -172,7 +189,8 @@ class Migrations:
         missing = [u for u in mdev_uuids if u not in types]
         if missing:
             raise SourceNotMigratable(
-                reason=f"vGPUs {', '.join(missing)} of the guest are not on this host")
+                reason=f"vGPUs {', '.join(missing)} of the guest are not on this host"
+            )
         return {u: types[u] for u in mdev_uuids}
 
     # -- destination ---------------------------------------------------------------------
@@ -180,7 +198,7 @@ class Migrations:
     def check_vgpu_manager(self, instance, source_mdev_types, source_traits):
         """:func:`check_vgpu_manager` against this host's manager, now."""
         vfs = sorted(u for u in source_mdev_types if names.is_vf_vgpu_id(u))
-        own = self.manager.host.vgpu_manager_version()   # one file, not a whole read
+        own = self.manager.host.vgpu_manager_version()  # one file, not a whole read
         check_vgpu_manager(instance, vfs, source_traits, own)
 
     def claim_incoming(self, instance, source_mdev_types, allocations, providers):
@@ -193,21 +211,28 @@ class Migrations:
         PCI rewrite applies it, it would swap their types).
         """
         wanted = collections.Counter(source_mdev_types.values())
-        served = {t for p in providers.values()
-                  for t in (dict(p.sizes) if p.mixed else (p.type_id,))}
-        unsupported = sorted(t for t in wanted if t not in served
-                             or t not in self.manager.config.enabled)
+        served = {
+            t for p in providers.values() for t in (dict(p.sizes) if p.mixed else (p.type_id,))
+        }
+        unsupported = sorted(
+            t for t in wanted if t not in served or t not in self.manager.config.enabled
+        )
         if unsupported:
             raise MigrationPreCheckFailed(
                 instance=instance,
                 reason=f"source mdev types {unsupported} are not served by this host "
-                       f"(it serves {sorted(served)})")
+                f"(it serves {sorted(served)})",
+            )
         if any(not names.is_vf_vgpu_id(u) for u in source_mdev_types):
             self._refuse_vf_destinations(instance, allocations, providers)
         # The source's types name those of a mixed-size board's MiB.
         mdevs = self.manager.allocate(
-            instance, allocations, providers, state=claims.MIGRATING_IN,
-            type_traits={inventory.type_traits(t, None)[0] for t in wanted})
+            instance,
+            allocations,
+            providers,
+            state=claims.MIGRATING_IN,
+            type_traits={inventory.type_traits(t, None)[0] for t in wanted},
+        )
         by_type = collections.defaultdict(list)
         for claim in self.manager.journal.claims(instance):
             if claim.mdev_uuid in mdevs:
@@ -231,7 +256,8 @@ class Migrations:
                 raise MigrationPreCheckFailed(
                     instance=instance,
                     reason=f"the destination's GPU {gpu.address} serves vGPUs as "
-                           "vendor-VFIO VFs, which cannot take a migrated mdev")
+                    "vendor-VFIO VFs, which cannot take a migrated mdev",
+                )
 
     def finish_incoming(self, instance):
         """The guest runs here now: its claims are ordinary attached ones."""
@@ -247,8 +273,11 @@ class Migrations:
             if made:
                 txn.set_state(instance, claims.RELEASING, made)
         removed = self.manager.finish_release(made) if made else []
-        LOG.info("Rolled back incoming migration of %s; removed %s", instance,
-                 ", ".join(removed) or "nothing")
+        LOG.info(
+            "Rolled back incoming migration of %s; removed %s",
+            instance,
+            ", ".join(removed) or "nothing",
+        )
         return removed
 
     def finish_outgoing(self, instance):

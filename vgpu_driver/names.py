@@ -21,15 +21,17 @@ from vgpu_driver import exception
 
 _PCI_RE = re.compile(
     r"(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):"
-    r"(?P<slot>[01][0-9a-fA-F])\.(?P<function>[0-7])", re.ASCII)
+    r"(?P<slot>[01][0-9a-fA-F])\.(?P<function>[0-7])",
+    re.ASCII,
+)
 # Virtual (non-PCI) parents such as the kernel's mtty sample are named as in
 # nova: "<class>_<device>" for /sys/devices/virtual/<class>/<device>.  Neither
 # part holds an underscore, so the split is unambiguous.
 _VIRTUAL_RE = re.compile(
-    r"(?=.{3,128}\Z)(?P<cls>[a-z0-9][a-z0-9-]*)_(?P<dev>[a-z0-9][a-z0-9-]*)", re.ASCII)
+    r"(?=.{3,128}\Z)(?P<cls>[a-z0-9][a-z0-9-]*)_(?P<dev>[a-z0-9][a-z0-9-]*)", re.ASCII
+)
 _TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}", re.ASCII)
-_UUID_RE = re.compile(
-    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
 
 
 def _whole(pattern: re.Pattern[str], value: object) -> re.Match[str] | None:
@@ -51,8 +53,7 @@ class PciAddress:
     @property
     def provider_suffix(self) -> str:
         """The ``pci_dddd_bb_ss_f`` part of a provider name (as nova names it)."""
-        return (f"pci_{self.domain:04x}_{self.bus:02x}_{self.slot:02x}_"
-                f"{self.function:x}")
+        return f"pci_{self.domain:04x}_{self.bus:02x}_{self.slot:02x}_{self.function:x}"
 
     def offset(self, n: int) -> PciAddress:
         """The address ``n`` routing IDs further on (how VFs are numbered)."""
@@ -71,8 +72,12 @@ def parse_pci_address(value: object, source: str | None = None) -> PciAddress:
     match = _whole(_PCI_RE, value)
     if not match:
         raise exception.InvalidSysfsName("PCI address", value, source)
-    return PciAddress(int(match["domain"], 16), int(match["bus"], 16),
-                      int(match["slot"], 16), int(match["function"], 16))
+    return PciAddress(
+        int(match["domain"], 16),
+        int(match["bus"], 16),
+        int(match["slot"], 16),
+        int(match["function"], 16),
+    )
 
 
 def is_pci_address(value: object) -> bool:
@@ -192,15 +197,16 @@ def check_nodename(nodename: str, suffixes: Iterable[str] = ()) -> str:
     if not isinstance(nodename, str) or not nodename.strip():
         raise exception.InvalidNodename(nodename=nodename, reason="it is empty")
     if nodename != nodename.strip():
-        raise exception.InvalidNodename(nodename=nodename,
-                                        reason="it starts or ends with white space")
+        raise exception.InvalidNodename(
+            nodename=nodename, reason="it starts or ends with white space"
+        )
     if not nodename.isprintable():
-        raise exception.InvalidNodename(nodename=nodename,
-                                        reason="it holds control characters")
+        raise exception.InvalidNodename(nodename=nodename, reason="it holds control characters")
     longest = max((len(s) for s in suffixes), default=0)
     if len(nodename) + longest > PROVIDER_NAME_MAX:
         raise exception.InvalidNodename(
             nodename=nodename,
             reason=f"with its GPU suffix a provider name would be {len(nodename) + longest} "
-                   f"characters; Placement takes at most {PROVIDER_NAME_MAX}")
+            f"characters; Placement takes at most {PROVIDER_NAME_MAX}",
+        )
     return nodename

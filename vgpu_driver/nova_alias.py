@@ -21,16 +21,19 @@ PREFIX = "nova.virt.vgpu_driver"
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != PREFIX and not fullname.startswith(PREFIX + "."):
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         # The real module: its name and state stay its own.
-        module = importlib.import_module("vgpu_driver" + spec.name[len(PREFIX):])
+        module = importlib.import_module("vgpu_driver" + spec.name[len(PREFIX) :])
         spec.loader_state = module.__spec__
         return module
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # nvml.h: the values of a feature's state, and the return codes told apart.
 FEATURE_DISABLED = 0
 FEATURE_ENABLED = 1
-HETEROGENEOUS_MODE = 0      # NVML_VGPU_PGPU_HETEROGENEOUS_MODE: a list's mode
+HETEROGENEOUS_MODE = 0  # NVML_VGPU_PGPU_HETEROGENEOUS_MODE: a list's mode
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
@@ -47,7 +47,7 @@ TEST_BINDINGS = "fake-kernel"
 _REFUSALS: dict[int | None, str] = {
     ERROR_IN_USE: "vGPUs exist on it, and the mode changes only on a GPU without any",
     ERROR_NOT_SUPPORTED: "the GPU cannot mix vGPU sizes (MIG is on, or its driver does not "
-                         "report 'Heterogeneous Time-Slice Sizes')",
+    "report 'Heterogeneous Time-Slice Sizes')",
     ERROR_NO_PERMISSION: "NVML needs root to change it",
     ERROR_NOT_FOUND: "NVML knows no GPU at this address",
 }
@@ -63,7 +63,8 @@ def bindings_for(conf: cfg.ConfigOpts) -> Any:
     if not found:
         raise exception.NvmlUnavailable(
             reason=f"no {TEST_BINDINGS!r} bindings are registered under "
-                   f"{TEST_BINDINGS_GROUP!r} (is vgpu-driver installed?)")
+            f"{TEST_BINDINGS_GROUP!r} (is vgpu-driver installed?)"
+        )
     return next(iter(found)).load()(conf.vgpu.test_only_fake_nvml_host)
 
 
@@ -74,12 +75,12 @@ def _library(bindings: Any) -> Any:
         return importlib.import_module("pynvml")
     except ImportError as exc:
         raise exception.NvmlUnavailable(
-            reason="nvidia-ml-py is not installed (pip install 'vgpu-driver[nvml]')") from exc
+            reason="nvidia-ml-py is not installed (pip install 'vgpu-driver[nvml]')"
+        ) from exc
 
 
 @contextlib.contextmanager
-def _gpu(pf_address: str | PciAddress, action: str,
-         bindings: Any) -> Iterator[tuple[Any, Any]]:
+def _gpu(pf_address: str | PciAddress, action: str, bindings: Any) -> Iterator[tuple[Any, Any]]:
     """``(library, handle)`` of the GPU at ``pf_address`` in an NVML session;
     NVML's refusals become :class:`MixedSizeModeRefused`."""
     address = str(names.parse_pci_address(pf_address))
@@ -92,8 +93,7 @@ def _gpu(pf_address: str | PciAddress, action: str,
         yield library, library.nvmlDeviceGetHandleByPciBusId(address)
     except library.NVMLError as exc:
         reason = _REFUSALS.get(getattr(exc, "value", None), f"NVML said: {exc}")
-        raise exception.MixedSizeModeRefused(action=action, gpu=address,
-                                             reason=reason) from exc
+        raise exception.MixedSizeModeRefused(action=action, gpu=address, reason=reason) from exc
     finally:
         with contextlib.suppress(library.NVMLError):
             library.nvmlShutdown()
@@ -106,15 +106,17 @@ def heterogeneous_mode(pf_address: str | PciAddress, bindings: Any = None) -> bo
         return mode == FEATURE_ENABLED
 
 
-def set_heterogeneous_mode(pf_address: str | PciAddress, enabled: bool,
-                           bindings: Any = None) -> None:
+def set_heterogeneous_mode(
+    pf_address: str | PciAddress, enabled: bool, bindings: Any = None
+) -> None:
     """Put the GPU in mixed-size mode (``enabled``) or back in equal-size
     mode.  NVML refuses while any vGPU exists on the GPU; on KVM the mode is
     lost when the GPU's VFs are disabled or enabled, or the host reboots."""
     action = "enable" if enabled else "disable"
     with _gpu(pf_address, action, bindings) as (library, handle):
         library.nvmlDeviceSetVgpuHeterogeneousMode(
-            handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED)
+            handle, FEATURE_ENABLED if enabled else FEATURE_DISABLED
+        )
 
 
 # A vGPU without a placement (NVA081_PLACEMENT_ID_INVALID in NVIDIA's ctrla081.h).
@@ -126,11 +128,12 @@ in slots, the placement IDs it may take, and those it could take now."""
 
 
 def _ids(placement_list: Any) -> tuple[int, ...]:
-    return tuple(int(i) for i in placement_list.placementIds[:placement_list.count])
+    return tuple(int(i) for i in placement_list.placementIds[: placement_list.count])
 
 
-def placements(pf_address: str | PciAddress, type_numbers: Iterable[int],
-               bindings: Any = None) -> dict[int, Placements]:
+def placements(
+    pf_address: str | PciAddress, type_numbers: Iterable[int], bindings: Any = None
+) -> dict[int, Placements]:
     """``{type number: Placements}`` of a mixed-size GPU, in one NVML session
     (the lists of one moment).  NVML answers for the GPU (the PF), whose
     vGPUs its VFs serve."""
@@ -138,15 +141,18 @@ def placements(pf_address: str | PciAddress, type_numbers: Iterable[int],
     with _gpu(pf_address, "read the placements in", bindings) as (library, handle):
         for number in type_numbers:
             supported = library.nvmlDeviceGetVgpuTypeSupportedPlacements(
-                handle, number, HETEROGENEOUS_MODE)
+                handle, number, HETEROGENEOUS_MODE
+            )
             creatable = library.nvmlDeviceGetVgpuTypeCreatablePlacements(handle, number)
-            found[number] = Placements(int(supported.placementSize), _ids(supported),
-                                       _ids(creatable))
+            found[number] = Placements(
+                int(supported.placementSize), _ids(supported), _ids(creatable)
+            )
     return found
 
 
-def located_vgpus(pf_address: str | PciAddress,
-                  bindings: Any = None) -> tuple[tuple[int, int], ...]:
+def located_vgpus(
+    pf_address: str | PciAddress, bindings: Any = None
+) -> tuple[tuple[int, int], ...]:
     """``((type number, placement ID), ...)`` of the GPU's vGPUs NVML places,
     by placement ID, in one NVML session.  NVML lists *active* vGPU
     instances (a guest runs them); one it does not list, or cannot place
@@ -167,13 +173,16 @@ def located_vgpus(pf_address: str | PciAddress,
 # nvml.h: nvmlGpuVirtualizationMode_t and nvmlHostVgpuMode_t.
 VIRTUALIZATION_NONE = 0
 VIRTUALIZATION_PASSTHROUGH = 1
-VIRTUALIZATION_VGPU = 2            # a guest's view of its vGPU
-VIRTUALIZATION_HOST_VGPU = 3       # NVIDIA's vGPU manager drives the GPU
+VIRTUALIZATION_VGPU = 2  # a guest's view of its vGPU
+VIRTUALIZATION_HOST_VGPU = 3  # NVIDIA's vGPU manager drives the GPU
 VIRTUALIZATION_HOST_VSGA = 4
 VIRTUALIZATION_NAMES = {
-    VIRTUALIZATION_NONE: "none", VIRTUALIZATION_PASSTHROUGH: "pass-through",
-    VIRTUALIZATION_VGPU: "vGPU (a guest's)", VIRTUALIZATION_HOST_VGPU: "host vGPU",
-    VIRTUALIZATION_HOST_VSGA: "host vSGA"}
+    VIRTUALIZATION_NONE: "none",
+    VIRTUALIZATION_PASSTHROUGH: "pass-through",
+    VIRTUALIZATION_VGPU: "vGPU (a guest's)",
+    VIRTUALIZATION_HOST_VGPU: "host vGPU",
+    VIRTUALIZATION_HOST_VSGA: "host vSGA",
+}
 HOST_VGPU_MODE_NAMES = {0: "non-SR-IOV", 1: "SR-IOV"}
 
 GpuFacts = collections.namedtuple("GpuFacts", "name virtualization host_vgpu_mode error")
@@ -214,10 +223,10 @@ def gpu_facts(pf_addresses: Iterable[object], bindings: Any = None) -> dict[str,
                 name = _unless_not_supported(library, library.nvmlDeviceGetName, handle)
                 found[address] = GpuFacts(
                     None if name is None else _text(name),
-                    _unless_not_supported(library, library.nvmlDeviceGetVirtualizationMode,
-                                          handle),
+                    _unless_not_supported(library, library.nvmlDeviceGetVirtualizationMode, handle),
                     _unless_not_supported(library, library.nvmlDeviceGetHostVgpuMode, handle),
-                    None)
+                    None,
+                )
             except library.NVMLError as exc:
                 found[address] = GpuFacts(None, None, None, f"NVML said: {exc}")
     finally:

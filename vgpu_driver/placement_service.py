@@ -58,10 +58,12 @@ class _ThreadingServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
 def serve_on_loopback(port: int, app: WSGIApplication, name: str) -> simple_server.WSGIServer:
     """Serve a WSGI app on 127.0.0.1:``port`` from a daemon thread; the
     server is stopped with :func:`stop_serving`."""
-    server = simple_server.make_server("127.0.0.1", port, app, server_class=_ThreadingServer,
-                                       handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     name=name, daemon=True).start()
+    server = simple_server.make_server(
+        "127.0.0.1", port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+    )
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True
+    ).start()
     return server
 
 
@@ -83,6 +85,7 @@ def _one_at_a_time(app: WSGIApplication) -> WSGIApplication:
             finally:
                 if hasattr(response, "close"):
                     response.close()
+
     return serialized
 
 
@@ -107,9 +110,12 @@ def _placement_config(database_url: str) -> cfg.ConfigOpts:
 class EmbeddedPlacement:
     """Placement served on 127.0.0.1 by a thread of this process."""
 
-    def __init__(self, database_url: str = "sqlite://", port: int = 0,
-                 middleware: Callable[[WSGIApplication], WSGIApplication] | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        database_url: str = "sqlite://",
+        port: int = 0,
+        middleware: Callable[[WSGIApplication], WSGIApplication] | None = None,
+    ) -> None:
         """``middleware``: optionally wraps the app (a callable app -> app)."""
         self.database_url = database_url
         self.port = port
@@ -166,10 +172,14 @@ class EmbeddedPlacement:
         import openstack
 
         return openstack.connection.Connection(
-            auth_type="admin_token",
-            auth={"endpoint": self.endpoint, "token": ADMIN_TOKEN})
+            auth_type="admin_token", auth={"endpoint": self.endpoint, "token": ADMIN_TOKEN}
+        )
 
     def cli_environment(self) -> dict[str, str]:
         """Environment for the ``openstack`` CLI (osc-placement) to reach it."""
-        return {"OS_AUTH_TYPE": "admin_token", "OS_ENDPOINT": self.endpoint,
-                "OS_TOKEN": ADMIN_TOKEN, "OS_PLACEMENT_API_VERSION": vgpu_placement.MICROVERSION}
+        return {
+            "OS_AUTH_TYPE": "admin_token",
+            "OS_ENDPOINT": self.endpoint,
+            "OS_TOKEN": ADMIN_TOKEN,
+            "OS_PLACEMENT_API_VERSION": vgpu_placement.MICROVERSION,
+        }

@@ -41,7 +41,7 @@ class Orphan:
     parent: str
     gpu: str
     type_id: str
-    kind: str          # free | stale-type | unmanaged
+    kind: str  # free | stale-type | unmanaged
     age: float | None  # seconds since the mdev appeared
 
 
@@ -78,24 +78,29 @@ class Reconciler(restore.Restoring):
             gpu, serves = kind_of.get(vgpu.parent, (None, None))
             # On a mixed-size board a free typed VF is reclaimed as a stale
             # type would be: its framebuffer would serve its own type alone.
-            kind = UNMANAGED if serves is None else (
-                FREE if serves == (vgpu.type_id,) else STALE_TYPE)
+            kind = (
+                UNMANAGED if serves is None else (FREE if serves == (vgpu.type_id,) else STALE_TYPE)
+            )
             if kinds is not None and kind not in kinds:
                 continue
             created = self._created_at(vgpu)
             age = None if created is None else max(now - created, 0.0)
             if age is not None and age < grace:
                 continue
-            found.append(Orphan(vgpu.id, vgpu.parent, gpu.address if gpu else "",
-                                vgpu.type_id, kind, age))
+            found.append(
+                Orphan(vgpu.id, vgpu.parent, gpu.address if gpu else "", vgpu.type_id, kind, age)
+            )
         return found
 
     def _kind_by_parent(self, snapshot):
         """``{parent: (gpu, types it serves or None)}``, the configuration
         resolved for the host once, not once per vGPU."""
         serves = inventory.configured_types(snapshot, self.manager.config)
-        return {parent.name: (gpu, serves.get(gpu.address))
-                for gpu in snapshot.gpus for parent in gpu.parents}
+        return {
+            parent.name: (gpu, serves.get(gpu.address))
+            for gpu in snapshot.gpus
+            for parent in gpu.parents
+        }
 
     def _referenced(self, snapshot):
         """vGPU ids a domain or a claim references.
@@ -103,7 +108,7 @@ class Reconciler(restore.Restoring):
         A domain source blind to PCI hostdevs cannot show a guest's VF: every
         typed VF then counts as referenced, so none is ever taken from a guest.
         """
-        users = self.manager.domains.mdev_users()     # guests first: see provider_tree
+        users = self.manager.domains.mdev_users()  # guests first: see provider_tree
         return self.referenced(snapshot, self.manager.journal.claims(), users)
 
     def _created_at(self, vgpu):
@@ -123,8 +128,14 @@ class Reconciler(restore.Restoring):
                 if orphan.mdev_uuid in claimed or orphan.mdev_uuid in users:
                     outcomes.append(restore.Outcome(orphan.mdev_uuid, "kept", "in use now"))
                     continue
-                txn.add(restore.RECLAIMER, orphan.mdev_uuid, orphan.gpu, orphan.parent,
-                        orphan.type_id, claims_mod.RELEASING)
+                txn.add(
+                    restore.RECLAIMER,
+                    orphan.mdev_uuid,
+                    orphan.gpu,
+                    orphan.parent,
+                    orphan.type_id,
+                    claims_mod.RELEASING,
+                )
                 taken.append(orphan.mdev_uuid)
         removed = set(self.manager.finish_release(taken))
         for uuid in taken:
@@ -132,8 +143,11 @@ class Reconciler(restore.Restoring):
                 LOG.info("Removed orphan mdev %s", uuid)
                 outcomes.append(restore.Outcome(uuid, "removed"))
             else:
-                outcomes.append(restore.Outcome(uuid, "failed", "the kernel has not removed "
-                                                                "it yet; it stays reserved"))
+                outcomes.append(
+                    restore.Outcome(
+                        uuid, "failed", "the kernel has not removed it yet; it stays reserved"
+                    )
+                )
         return outcomes
 
     def reclaim_stale_types(self, grace=0.0, referenced=None):
@@ -145,8 +159,9 @@ class Reconciler(restore.Restoring):
     def finish_releases(self, wait=None):
         """Finish removals a crash or a busy device interrupted, waiting at
         most ``wait`` seconds for them (default ``mdev_remove_timeout``)."""
-        pending = [c.mdev_uuid for c in self.manager.journal.claims()
-                   if c.state == claims_mod.RELEASING]
+        pending = [
+            c.mdev_uuid for c in self.manager.journal.claims() if c.state == claims_mod.RELEASING
+        ]
         return self.manager.finish_release(pending, wait) if pending else []
 
     # -- in-use view for the inventory ------------------------------------------------------
@@ -165,8 +180,9 @@ class Reconciler(restore.Restoring):
 
     # -- claims nobody came for ----------------------------------------------------------------
 
-    def clean_stale_claims(self, grace=600.0, live_instances=None, attached_too=True,
-                           migration_timeout=None, busy=None):
+    def clean_stale_claims(
+        self, grace=600.0, live_instances=None, attached_too=True, migration_timeout=None, busy=None
+    ):
         """Drop claims whose guest never came or is gone; returns them.
 
         A ``claimed`` claim older than ``grace`` that no domain references
@@ -183,28 +199,40 @@ class Reconciler(restore.Restoring):
         now = self.clock()
         # Judged on a plain read; the write lock is taken only when there is
         # something to drop, and drops only claims unchanged since.
-        stale = [claim for claim in self.manager.journal.claims()
-                 if (attached_too or claim.state != claims_mod.ATTACHED)
-                 and self._is_stale(claim, users, now, grace, live_instances,
-                                    migration_timeout)]
+        stale = [
+            claim
+            for claim in self.manager.journal.claims()
+            if (attached_too or claim.state != claims_mod.ATTACHED)
+            and self._is_stale(claim, users, now, grace, live_instances, migration_timeout)
+        ]
         if stale and busy is not None:
-            guarded = busy({c.instance_uuid for c in stale
-                            if c.state != claims_mod.MIGRATING_IN})
-            stale = [c for c in stale if c.instance_uuid not in guarded
-                     or c.state == claims_mod.MIGRATING_IN]
+            guarded = busy({c.instance_uuid for c in stale if c.state != claims_mod.MIGRATING_IN})
+            stale = [
+                c
+                for c in stale
+                if c.instance_uuid not in guarded or c.state == claims_mod.MIGRATING_IN
+            ]
         if not stale:
             return []
         stale = self.manager.drop_stale(stale)
         for claim in stale:
             if claim.state == claims_mod.MIGRATING_IN:
-                LOG.warning("Dropped the migrating_in claim of instance %s on vGPU %s, "
-                            "%.0fs old: no domain uses it, and the incoming live "
-                            "migration never finished nor rolled back here ([vgpu] "
-                            "migration_claim_timeout)", claim.instance_uuid,
-                            claim.mdev_uuid, now - claim.updated_at)
+                LOG.warning(
+                    "Dropped the migrating_in claim of instance %s on vGPU %s, "
+                    "%.0fs old: no domain uses it, and the incoming live "
+                    "migration never finished nor rolled back here ([vgpu] "
+                    "migration_claim_timeout)",
+                    claim.instance_uuid,
+                    claim.mdev_uuid,
+                    now - claim.updated_at,
+                )
                 continue
-            LOG.info("Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
-                     claim.state, claim.instance_uuid, claim.mdev_uuid)
+            LOG.info(
+                "Dropped stale %s claim of instance %s on mdev %s (no domain uses it)",
+                claim.state,
+                claim.instance_uuid,
+                claim.mdev_uuid,
+            )
         return stale
 
     @staticmethod

@@ -37,7 +37,7 @@ class PassReport:
     reasons: tuple[str, ...]
     started_at: float
     duration: float
-    restore: tuple[Outcome, ...] = ()      # of each missing vGPU
+    restore: tuple[Outcome, ...] = ()  # of each missing vGPU
     errors: tuple[str, ...] = ()
 
 
@@ -52,13 +52,20 @@ def record(reconciler: HostReconciler, queued: Iterable[str]) -> dict[str, Any]:
         "passes": reconciler.passes,
         "errors": reconciler.errors,
         "queued": queued,
-        "last_pass": None if last is None else {
-            "reasons": list(last.reasons), "started_at": last.started_at,
-            "duration": last.duration, "errors": list(last.errors)},
-        "last_error": None if reconciler.last_error is None else dict(
-            zip(("at", "step", "message"), reconciler.last_error, strict=True)),
-        "last_update": None if reconciler.last_update is None else dict(
-            zip(("started_at", "duration"), reconciler.last_update, strict=True)),
+        "last_pass": None
+        if last is None
+        else {
+            "reasons": list(last.reasons),
+            "started_at": last.started_at,
+            "duration": last.duration,
+            "errors": list(last.errors),
+        },
+        "last_error": None
+        if reconciler.last_error is None
+        else dict(zip(("at", "step", "message"), reconciler.last_error, strict=True)),
+        "last_update": None
+        if reconciler.last_update is None
+        else dict(zip(("started_at", "duration"), reconciler.last_update, strict=True)),
         "removals_in_flight": reconciler.manager.removals.in_flight(),
         "waiting_for_parent": dict(reconciler.waiting),
     }
@@ -86,14 +93,13 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True     # someone else's process: it exists
+        return True  # someone else's process: it exists
     return True
 
 
 def is_running(state: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether the process that wrote ``state`` (:func:`read`) still runs."""
-    return bool(state and "unreadable" not in state and _alive(
-        int(state.get("pid", 0)) or -1))
+    return bool(state and "unreadable" not in state and _alive(int(state.get("pid", 0)) or -1))
 
 
 def removals_in_flight(state: Mapping[str, Any] | None, now: float) -> dict[str, float]:
@@ -101,8 +107,10 @@ def removals_in_flight(state: Mapping[str, Any] | None, now: float) -> dict[str,
     reconciler wrote, if the process that wrote it still runs."""
     if not is_running(state):
         return {}
-    return {vgpu: max(now - started, 0.0)
-            for vgpu, started in state.get("removals_in_flight", {}).items()}
+    return {
+        vgpu: max(now - started, 0.0)
+        for vgpu, started in state.get("removals_in_flight", {}).items()
+    }
 
 
 def describe(state: Mapping[str, Any] | None, now: float) -> str | None:
@@ -113,13 +121,17 @@ def describe(state: Mapping[str, Any] | None, now: float) -> str | None:
     if "unreadable" in state:
         return f"reconciler: state unreadable ({state['unreadable']})"
     if not is_running(state):
-        return (f"reconciler: not running (its service, pid {state.get('pid')}, is gone; "
-                f"last written {now - state.get('written_at', now):.0f}s ago)")
+        return (
+            f"reconciler: not running (its service, pid {state.get('pid')}, is gone; "
+            f"last written {now - state.get('written_at', now):.0f}s ago)"
+        )
     parts = [f"reconciler: {state.get('passes', 0)} pass(es)"]
     last = state.get("last_pass")
     if last:
-        parts.append(f"last {now - last['started_at']:.0f}s ago for "
-                     f"{', '.join(last['reasons'])} in {last['duration'] * 1000:.0f} ms")
+        parts.append(
+            f"last {now - last['started_at']:.0f}s ago for "
+            f"{', '.join(last['reasons'])} in {last['duration'] * 1000:.0f} ms"
+        )
     parts.append(f"queue {len(state.get('queued', []))}")
     stuck = removals_in_flight(state, now)
     if stuck:
@@ -129,6 +141,7 @@ def describe(state: Mapping[str, Any] | None, now: float) -> str | None:
         parts.append(f"{len(waiting)} vGPU(s) waiting for their parent")
     error = state.get("last_error")
     if error:
-        parts.append(f"last error {now - error['at']:.0f}s ago in {error['step']}: "
-                     f"{error['message']}")
+        parts.append(
+            f"last error {now - error['at']:.0f}s ago in {error['step']}: {error['message']}"
+        )
     return "; ".join(parts)

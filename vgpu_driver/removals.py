@@ -40,22 +40,26 @@ class Removal:
     """One vGPU's removal as it stands."""
 
     vgpu: str
-    state: str                 # in-flight | done | failed
-    started_at: float          # time.time() when the writer started
+    state: str  # in-flight | done | failed
+    started_at: float  # time.time() when the writer started
     error: str | None = None
 
 
 class _Writer:
-    def __init__(self, vgpu: str, destroy: Callable[[str], object], started_at: float,
-                 on_done: Callable[[str], object]) -> None:
+    def __init__(
+        self,
+        vgpu: str,
+        destroy: Callable[[str], object],
+        started_at: float,
+        on_done: Callable[[str], object],
+    ) -> None:
         self.vgpu = vgpu
         self.started_at = started_at
         self.error: str | None = None
         self.finished = threading.Event()
         self._destroy = destroy
         self._on_done = on_done
-        self.thread = threading.Thread(target=self._run, name=f"vgpu-remove-{vgpu}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"vgpu-remove-{vgpu}", daemon=True)
 
     def _run(self) -> None:
         try:
@@ -82,8 +86,7 @@ class Removals:
         #: is told, so a removal that outlived its caller is finished).
         self.on_done: Callable[[str], object] = lambda vgpu: None
 
-    def remove(self, vgpu: str, destroy: Callable[[str], object],
-               wait: float) -> Removal | None:
+    def remove(self, vgpu: str, destroy: Callable[[str], object], wait: float) -> Removal | None:
         """Remove ``vgpu`` with ``destroy(vgpu)``; its :class:`Removal`
         after waiting at most ``wait`` seconds, for a free writer and then
         for the write (None if no writer was free in time: ``limit``
@@ -130,8 +133,7 @@ class Removals:
     def in_flight(self) -> dict[str, float]:
         """``{vgpu: started_at}`` of the writers still blocked."""
         with self._cond:
-            return {v: w.started_at for v, w in self._writers.items()
-                    if not w.finished.is_set()}
+            return {v: w.started_at for v, w in self._writers.items() if not w.finished.is_set()}
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every writer (tests, shutdown)."""

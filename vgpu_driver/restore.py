@@ -34,7 +34,7 @@ class Outcome:
     """What happened to one mdev during a reconcile step."""
 
     mdev_uuid: str
-    result: str        # removed | kept | restored | failed | waiting | skipped | would-remove
+    result: str  # removed | kept | restored | failed | waiting | skipped | would-remove
     reason: str = ""
 
 
@@ -49,8 +49,11 @@ class Restoring:
 
     def wanted_mdevs(self, instance_uuid=None):
         """``{uuid: Claim}`` of every mdev a guest or claim still needs."""
-        return {c.mdev_uuid: c for c in self.manager.journal.claims(instance_uuid)
-                if c.state != claims_mod.RELEASING}
+        return {
+            c.mdev_uuid: c
+            for c in self.manager.journal.claims(instance_uuid)
+            if c.state != claims_mod.RELEASING
+        }
 
     def restore(self, instance_uuid=None, refresh=True, attached_only=False):
         """One pass: create again, with their UUIDs, the claimed mdevs sysfs
@@ -68,21 +71,30 @@ class Restoring:
         users = self.manager.domains.mdev_users()
         wanted = self.wanted_mdevs(instance_uuid)
         # Only mdevs: a PCI hostdev without a claim may be any device (a NIC).
-        unknown = [u for u in users if u not in wanted and names.is_mdev_uuid(u)
-                   and instance_uuid in (None, users[u].uuid)]
+        unknown = [
+            u
+            for u in users
+            if u not in wanted and names.is_mdev_uuid(u) and instance_uuid in (None, users[u].uuid)
+        ]
         if attached_only:
             wanted = {u: c for u, c in wanted.items() if c.state == claims_mod.ATTACHED}
         snapshot = self.manager.snapshot(refresh=refresh)
         present = {v.id for v in snapshot.vgpus}
-        outcomes = [Outcome(u, "failed", f"domain {users[u].name} uses it, but no claim "
-                                         "records its GPU and type")
-                    for u in sorted(unknown) if u not in present]
+        outcomes = [
+            Outcome(
+                u,
+                "failed",
+                f"domain {users[u].name} uses it, but no claim records its GPU and type",
+            )
+            for u in sorted(unknown)
+            if u not in present
+        ]
         for uuid, claim in sorted(wanted.items()):
             if uuid in present:
                 continue
             outcome = self._restore_one(snapshot, claim) or Outcome(
-                uuid, "waiting", f"parent {claim.parent} of GPU {claim.gpu} is not "
-                                 "there yet")
+                uuid, "waiting", f"parent {claim.parent} of GPU {claim.gpu} is not there yet"
+            )
             outcomes.append(outcome)
         for outcome in outcomes:
             log = {"restored": LOG.info, "failed": LOG.error}.get(outcome.result, LOG.debug)
@@ -123,8 +135,11 @@ class Restoring:
         with self.manager.journal.transaction() as txn:
             current = txn.by_mdev()
             now = current.get(claim.mdev_uuid)
-            if now is None or now.state == claims_mod.RELEASING \
-                    or now.instance_uuid != claim.instance_uuid:
+            if (
+                now is None
+                or now.state == claims_mod.RELEASING
+                or now.instance_uuid != claim.instance_uuid
+            ):
                 return False
             if parent == now.parent:
                 return True
@@ -138,12 +153,12 @@ class Restoring:
         board in mixed-size mode: NVIDIA's driver forgets the mode when the
         VFs go, and switches it only while the board holds no vGPU, so it
         is set before the board's first type is written again."""
-        if claim.type_id not in self.manager.config.mixed_types \
-                or self.host.mixed_sizes(gpu.address):
+        if claim.type_id not in self.manager.config.mixed_types or self.host.mixed_sizes(
+            gpu.address
+        ):
             return
         self.host.set_mixed_sizes(gpu.address, True)
-        LOG.info("GPU %s switched to mixed-size mode before its vGPUs are restored",
-                 gpu.address)
+        LOG.info("GPU %s switched to mixed-size mode before its vGPUs are restored", gpu.address)
 
     def _settle_restored(self, claim, where):
         """The restored vGPU, unless its claim went while it was written:
@@ -153,11 +168,18 @@ class Restoring:
             if now is not None and now.state != claims_mod.RELEASING:
                 return Outcome(claim.mdev_uuid, "restored", where)
             if now is None:
-                txn.add(RECLAIMER, claim.mdev_uuid, claim.gpu, claim.parent,
-                        claim.type_id, claims_mod.RELEASING)
+                txn.add(
+                    RECLAIMER,
+                    claim.mdev_uuid,
+                    claim.gpu,
+                    claim.parent,
+                    claim.type_id,
+                    claims_mod.RELEASING,
+                )
         self.manager.finish_release([claim.mdev_uuid])
-        return Outcome(claim.mdev_uuid, "skipped", "its claim went while it was written; "
-                                                   "removed again")
+        return Outcome(
+            claim.mdev_uuid, "skipped", "its claim went while it was written; removed again"
+        )
 
     def _restore_vf(self, gpu, claim):
         """Set the claimed VF's type again, once the VF is back.
@@ -173,8 +195,7 @@ class Restoring:
         except exception.VgpuDriverError as exc:
             return Outcome(claim.mdev_uuid, "failed", f"its board cannot mix sizes: {exc}")
         try:
-            self.host.set_vendor_vgpu_type(claim.parent,
-                                           names.vendor_type_number(claim.type_id))
+            self.host.set_vendor_vgpu_type(claim.parent, names.vendor_type_number(claim.type_id))
         except exception.VgpuDriverError as exc:
             return Outcome(claim.mdev_uuid, "failed", str(exc))
         return self._settle_restored(claim, f"type {claim.type_id} set on the VF")

@@ -32,14 +32,17 @@ def _problem(path: str, st: os.stat_result) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         if st.st_uid == 0:
             return None
-        return (f"{path} (a link owned by {_owner(st.st_uid)}) can be changed by another "
-                "user than root")
+        return (
+            f"{path} (a link owned by {_owner(st.st_uid)}) can be changed by another user than root"
+        )
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_uid == 0 and (not writable or sticky_dir):
         return None
-    return (f"{path} (owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) "
-            "can be changed by another user than root")
+    return (
+        f"{path} (owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) "
+        "can be changed by another user than root"
+    )
 
 
 def walk(path: str) -> list[tuple[str, os.stat_result]]:

@@ -101,16 +101,22 @@ def size_lists(placements: Mapping[str, Placements]) -> dict[int, SizeList]:
         problems = []
         supported = set.intersection(*(set(f.supported) for _t, f in found))
         creatable = set.intersection(*(set(f.creatable) for _t, f in found))
-        if len({tuple(sorted(f.supported)) for _t, f in found}) > 1 or len(
-                {tuple(sorted(f.creatable)) for _t, f in found}) > 1:
-            problems.append(f"types {', '.join(str(t) for t, _f in found)} of {size} slot(s) "
-                            "list different placements; only those all list count")
+        if (
+            len({tuple(sorted(f.supported)) for _t, f in found}) > 1
+            or len({tuple(sorted(f.creatable)) for _t, f in found}) > 1
+        ):
+            problems.append(
+                f"types {', '.join(str(t) for t, _f in found)} of {size} slot(s) "
+                "list different placements; only those all list count"
+            )
         stray = sorted(set().union(*(f.creatable for _t, f in found)) - supported)
         if stray:
-            problems.append(f"creatable IDs {stray} of {size} slot(s) are not supported "
-                            "ones; they do not count")
-        lists[size] = SizeList(size, tuple(sorted(supported)),
-                               tuple(sorted(creatable & supported)), tuple(problems))
+            problems.append(
+                f"creatable IDs {stray} of {size} slot(s) are not supported ones; they do not count"
+            )
+        lists[size] = SizeList(
+            size, tuple(sorted(supported)), tuple(sorted(creatable & supported)), tuple(problems)
+        )
     return lists
 
 
@@ -125,8 +131,14 @@ class SizeInventory:
     available: int = dataclasses.field(default=0, compare=False)
 
     def as_placement(self) -> dict[str, Any]:
-        return {"total": self.total, "reserved": self.reserved, "min_unit": 1,
-                "max_unit": self.total, "step_size": 1, "allocation_ratio": 1.0}
+        return {
+            "total": self.total,
+            "reserved": self.reserved,
+            "min_unit": 1,
+            "max_unit": self.total,
+            "step_size": 1,
+            "allocation_ratio": 1.0,
+        }
 
     @property
     def capacity(self) -> int:
@@ -140,13 +152,18 @@ def available(creatable: int, free_vfs: int) -> int:
 
 def fitting(placements: Mapping[str, Placements], free_vfs: int) -> dict[int, int]:
     """``{size: vGPUs of it that may still be created}`` (:func:`available`)."""
-    return {size: available(disjoint(listed.creatable, size), free_vfs)
-            for size, listed in size_lists(placements).items()}
+    return {
+        size: available(disjoint(listed.creatable, size), free_vfs)
+        for size, listed in size_lists(placements).items()
+    }
 
 
-def inventories(placements: Mapping[str, Placements], held: Mapping[int, int],
-                uncounted: Mapping[int, int], free_vfs: int,
-                ) -> dict[str, SizeInventory]:
+def inventories(
+    placements: Mapping[str, Placements],
+    held: Mapping[int, int],
+    uncounted: Mapping[int, int],
+    free_vfs: int,
+) -> dict[str, SizeInventory]:
     """``{size class: SizeInventory}`` of a board.
 
     ``held``: ``{size: vGPUs of it guests or claims hold}``, which Placement
@@ -164,8 +181,9 @@ def inventories(placements: Mapping[str, Placements], held: Mapping[int, int],
         grantable = available(disjoint(listed.creatable, size), free_vfs)
         capacity = counted + grantable
         total = max(disjoint(listed.supported, size), capacity, 1)
-        found[class_name(size)] = SizeInventory(total=total, reserved=total - capacity,
-                                                available=grantable)
+        found[class_name(size)] = SizeInventory(
+            total=total, reserved=total - capacity, available=grantable
+        )
     return found
 
 
@@ -175,8 +193,9 @@ def inventories(placements: Mapping[str, Placements], held: Mapping[int, int],
 GROUP = "_VGPU"
 
 
-def flavor_spec(type_id_trait: str, size: int | None, units: int, count: int,
-                resource_class: str) -> dict[str, str]:
+def flavor_spec(
+    type_id_trait: str, size: int | None, units: int, count: int, resource_class: str
+) -> dict[str, str]:
     """The extra specs of a flavor asking ``count`` vGPUs of one type, in
     one request group (:data:`GROUP`): ``units`` of ``resource_class``
     each (with ``size`` slots, a mixed-size board's: its MiB and its size
@@ -191,8 +210,14 @@ def flavor_spec(type_id_trait: str, size: int | None, units: int, count: int,
 def candidates_query(specs: Mapping[str, str]) -> dict[str, str]:
     """Placement's allocation-candidates parameters for :func:`flavor_spec`'s
     specs, as nova's scheduler asks them."""
-    resources = ",".join(f"{key.split(':', 1)[1]}:{value}" for key, value in specs.items()
-                         if key.startswith(f"resources{GROUP}:"))
-    required = ",".join(key.split(":", 1)[1] for key, value in specs.items()
-                        if key.startswith(f"trait{GROUP}:") and value == "required")
+    resources = ",".join(
+        f"{key.split(':', 1)[1]}:{value}"
+        for key, value in specs.items()
+        if key.startswith(f"resources{GROUP}:")
+    )
+    required = ",".join(
+        key.split(":", 1)[1]
+        for key, value in specs.items()
+        if key.startswith(f"trait{GROUP}:") and value == "required"
+    )
     return {f"resources{GROUP}": resources, f"required{GROUP}": required}

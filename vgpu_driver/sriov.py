@@ -102,17 +102,26 @@ class PhysicalFunction:
 def _vf(address: object, parent: Parent | None) -> VirtualFunction:
     if parent is None:
         return VirtualFunction(str(address), (), False)
-    return VirtualFunction(str(address), parent.type_ids, True,
-                           tuple(m.uuid for m in parent.mdevs), parent.current_vgpu_type)
+    return VirtualFunction(
+        str(address),
+        parent.type_ids,
+        True,
+        tuple(m.uuid for m in parent.mdevs),
+        parent.current_vgpu_type,
+    )
 
 
 def _function(pci: PciDeviceInfo, gpu: PhysicalGPU | None) -> PhysicalFunction:
     parents = {p.name: p for p in gpu.parents} if gpu else {}
     return PhysicalFunction(
-        address=str(pci.address), vendor=pci.vendor, device=pci.device,
-        pci_class=pci.pci_class, totalvfs=pci.sriov_totalvfs or 0,
+        address=str(pci.address),
+        vendor=pci.vendor,
+        device=pci.device,
+        pci_class=pci.pci_class,
+        totalvfs=pci.sriov_totalvfs or 0,
         numvfs=pci.sriov_numvfs or 0,
-        vfs=tuple(_vf(vf, parents.get(str(vf))) for vf in pci.virtfns))
+        vfs=tuple(_vf(vf, parents.get(str(vf))) for vf in pci.virtfns),
+    )
 
 
 def list_functions(host: SysfsReader) -> list[PhysicalFunction]:
@@ -126,8 +135,7 @@ def functions_in(snapshot: HostSnapshot) -> list[PhysicalFunction]:
     Discovery keeps each such GPU (with its VFs off too) and its PCI facts,
     so a view that has a snapshot need not read sysfs again.
     """
-    found = [_function(gpu.pci, gpu) for gpu in snapshot.gpus
-             if discovery.is_sriov_gpu(gpu.pci)]
+    found = [_function(gpu.pci, gpu) for gpu in snapshot.gpus if discovery.is_sriov_gpu(gpu.pci)]
     return sorted(found, key=lambda f: f.address)
 
 
@@ -139,19 +147,21 @@ def function(host: SysfsReader, address: object, action: str) -> PhysicalFunctio
     try:
         address = str(names.parse_pci_address(str(address).strip()))
     except exception.InvalidSysfsName:
-        raise exception.SriovRefused(action=action, address=address,
-                                     reason="not a PCI address (dddd:bb:ss.f)") from None
+        raise exception.SriovRefused(
+            action=action, address=address, reason="not a PCI address (dddd:bb:ss.f)"
+        ) from None
     pci = host.pci_device(address)
 
     def refuse(why: str) -> exception.SriovRefused:
         return exception.SriovRefused(action=action, address=address, reason=why)
 
     if pci is None:
-        raise refuse("no PCI device at this address on this host (see vgpu-manage sriov "
-                     "status)")
+        raise refuse("no PCI device at this address on this host (see vgpu-manage sriov status)")
     if pci.vendor != discovery.NVIDIA_VENDOR:
-        raise refuse(f"vendor {pci.vendor} is not NVIDIA ({discovery.NVIDIA_VENDOR}); only "
-                     "NVIDIA GPUs are managed")
+        raise refuse(
+            f"vendor {pci.vendor} is not NVIDIA ({discovery.NVIDIA_VENDOR}); only "
+            "NVIDIA GPUs are managed"
+        )
     if not discovery.is_sriov_gpu(pci):
         if not pci.sriov_totalvfs:
             raise refuse("it is not an SR-IOV physical function (no sriov_totalvfs)")
@@ -165,7 +175,7 @@ class Step:
     """What enable or disable did (or would do) on one GPU."""
 
     address: str
-    action: str        # "enable", "disable", "none"
+    action: str  # "enable", "disable", "none"
     detail: str
 
 
@@ -177,16 +187,19 @@ def plan_enable(host: SysfsReader, addresses: Iterable[object]) -> list[Step]:
         if pf.address in steps:
             continue
         if pf.numvfs:
-            steps[pf.address] = Step(pf.address, "none",
-                                     f"already enabled ({pf.numvfs} of {pf.totalvfs} VFs), "
-                                     "left alone")
+            steps[pf.address] = Step(
+                pf.address,
+                "none",
+                f"already enabled ({pf.numvfs} of {pf.totalvfs} VFs), left alone",
+            )
         else:
             steps[pf.address] = Step(pf.address, "enable", f"sriov_numvfs 0 -> {pf.totalvfs}")
     return list(steps.values())
 
 
-def _vf_count_is(host: SysfsReader, script: SriovManage, flag: str, address: str,
-                 printed: str, wanted_on: bool) -> PhysicalFunction:
+def _vf_count_is(
+    host: SysfsReader, script: SriovManage, flag: str, address: str, printed: str, wanted_on: bool
+) -> PhysicalFunction:
     """NVIDIA's script exits 0 where it skips a GPU: the count read back
     tells; the PF as it is now."""
     pf = function(host, address, "enable" if wanted_on else "disable")
@@ -194,13 +207,20 @@ def _vf_count_is(host: SysfsReader, script: SriovManage, flag: str, address: str
         state = f"{pf.numvfs} VFs" if pf.numvfs else "no VF"
         raise exception.SriovManageFailed(
             command=script.command(flag, address),
-            why=f"exited 0 but GPU {address} still has {state}; it printed: {printed}")
+            why=f"exited 0 but GPU {address} still has {state}; it printed: {printed}",
+        )
     return pf
 
 
-def enable(host: SysfsReader, steps: Sequence[Step], timeout: float, script: SriovManage,
-           wake: Wake | None = None, progress: Progress | None = None,
-           clock: Callable[[], float] = time.monotonic) -> list[PhysicalFunction]:
+def enable(
+    host: SysfsReader,
+    steps: Sequence[Step],
+    timeout: float,
+    script: SriovManage,
+    wake: Wake | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[PhysicalFunction]:
     """Run NVIDIA's script (``script``, a :class:`~vgpu_driver.sriov_manage.SriovManage`)
     for each planned GPU, then wait until every VF offers its types.
 
@@ -210,17 +230,18 @@ def enable(host: SysfsReader, steps: Sequence[Step], timeout: float, script: Sri
     say = progress or (lambda text: None)
     first = next((step.address for step in steps if step.action == "enable"), None)
     if first:
-        script.check("-e", first)   # before the first GPU: a missing script changes nothing
+        script.check("-e", first)  # before the first GPU: a missing script changes nothing
     for step in steps:
         pf = function(host, step.address, "enable")
-        if step.action == "enable" and not pf.numvfs:   # nobody enabled them meanwhile
+        if step.action == "enable" and not pf.numvfs:  # nobody enabled them meanwhile
             printed = script.enable(step.address)
             pf = _vf_count_is(host, script, "-e", step.address, printed, True)
-            say(f"{step.address}: enabled {pf.numvfs} VFs ({script.command('-e', pf.address)}"
-                "); waiting for their mdev types")
+            say(
+                f"{step.address}: enabled {pf.numvfs} VFs ({script.command('-e', pf.address)}"
+                "); waiting for their mdev types"
+            )
         elif step.action == "enable":
-            say(f"{step.address}: enabled meanwhile by someone else ({pf.numvfs} VFs), "
-                "left alone")
+            say(f"{step.address}: enabled meanwhile by someone else ({pf.numvfs} VFs), left alone")
         else:
             say(f"{step.address}: {step.detail}")
     return wait_ready(host, [s.address for s in steps], timeout, wake, progress, clock)
@@ -237,9 +258,14 @@ def waker(changes: UdevMonitor | Polling) -> Wake:
     return lambda seconds: waiter.wait(min(EVENT_RECHECK, max(seconds, 0)))
 
 
-def wait_ready(host: SysfsReader, addresses: Sequence[str], timeout: float,
-               wake: Wake | None = None, progress: Progress | None = None,
-               clock: Callable[[], float] = time.monotonic) -> list[PhysicalFunction]:
+def wait_ready(
+    host: SysfsReader,
+    addresses: Sequence[str],
+    timeout: float,
+    wake: Wake | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[PhysicalFunction]:
     """Poll until each GPU's VFs all offer mdev types; SriovNotReady if one
     is still not ready after ``timeout`` seconds.  Returns the functions."""
     wake = wake or (lambda seconds: time.sleep(min(POLL_INTERVAL, seconds)))
@@ -252,21 +278,25 @@ def wait_ready(host: SysfsReader, addresses: Sequence[str], timeout: float,
                 waiting.remove(pf.address)
                 done[pf.address] = pf
                 if progress:
-                    progress(f"{pf.address}: {pf.ready_vfs} VFs ready, offering "
-                             f"{len(pf.mdev_types)} mdev type(s) "
-                             f"({clock() - started:.1f}s)")
+                    progress(
+                        f"{pf.address}: {pf.ready_vfs} VFs ready, offering "
+                        f"{len(pf.mdev_types)} mdev type(s) "
+                        f"({clock() - started:.1f}s)"
+                    )
         remaining = timeout - (clock() - started)
         if not waiting:
             return [done[a] for a in addresses if a in done]
         if remaining <= 0:
             pf = function(host, waiting[0], "enable")
-            raise exception.SriovNotReady(address=pf.address, waited=timeout,
-                                          ready=pf.ready_vfs, numvfs=pf.numvfs)
+            raise exception.SriovNotReady(
+                address=pf.address, waited=timeout, ready=pf.ready_vfs, numvfs=pf.numvfs
+            )
         wake(remaining)
 
 
-def plan_disable(host: SysfsReader, address: object,
-                 claims: Callable[[], Iterable[Claim]] | None = None) -> Step:
+def plan_disable(
+    host: SysfsReader, address: object, claims: Callable[[], Iterable[Claim]] | None = None
+) -> Step:
     """Check that nothing uses the GPU's VFs; the step, or SriovRefused.
 
     ``claims()`` gives the journal's claims; it is asked only once no VF
@@ -277,20 +307,24 @@ def plan_disable(host: SysfsReader, address: object,
         return Step(pf.address, "none", "already off, left alone")
     busy = [vf for vf in pf.vfs if vf.busy]
     if busy:
-        used = ", ".join(f"{vf.address} ({', '.join(vf.mdevs) or vf.vgpu_type})"
-                         for vf in busy[:3])
+        used = ", ".join(f"{vf.address} ({', '.join(vf.mdevs) or vf.vgpu_type})" for vf in busy[:3])
         raise exception.SriovRefused(
-            action="disable", address=pf.address,
+            action="disable",
+            address=pf.address,
             reason=f"{len(busy)} VF(s) hold vGPUs: {used}; remove them first "
-                   "(vgpu-manage mdev list, orphans reclaim)")
+            "(vgpu-manage mdev list, orphans reclaim)",
+        )
     vf_addresses = {vf.address for vf in pf.vfs}
-    claimed = [c for c in (claims() if claims else ())
-               if c.gpu == pf.address or c.parent in vf_addresses]
+    claimed = [
+        c for c in (claims() if claims else ()) if c.gpu == pf.address or c.parent in vf_addresses
+    ]
     if claimed:
         raise exception.SriovRefused(
-            action="disable", address=pf.address,
+            action="disable",
+            address=pf.address,
             reason=f"the claims journal holds {len(claimed)} claim(s) on it (instance "
-                   f"{claimed[0].instance_uuid}); see vgpu-manage claims list")
+            f"{claimed[0].instance_uuid}); see vgpu-manage claims list",
+        )
     return Step(pf.address, "disable", f"sriov_numvfs {pf.numvfs} -> 0")
 
 
@@ -312,6 +346,7 @@ class PendingNotices:
     def report(self, tree: ProviderTree, log: Any) -> None:
         reasons = dict(tree.unserved)
         for address in sorted(tree.vfs_pending - self._told):
-            log.warning("GPU %s is configured but gets no provider: %s", address,
-                        reasons.get(address))
+            log.warning(
+                "GPU %s is configured but gets no provider: %s", address, reasons.get(address)
+            )
         self._told = (self._told | tree.vfs_pending) & tree.vfs_pending

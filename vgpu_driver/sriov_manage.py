@@ -40,9 +40,11 @@ def replaceable_by_others(path: str) -> list[str]:
 
 def _printed(result: subprocess.CompletedProcess[str]) -> str:
     """What the script printed, on one line (its last words kept)."""
-    text = " / ".join(line.strip() for line in
-                      f"{result.stdout or ''}\n{result.stderr or ''}".splitlines()
-                      if line.strip())
+    text = " / ".join(
+        line.strip()
+        for line in f"{result.stdout or ''}\n{result.stderr or ''}".splitlines()
+        if line.strip()
+    )
     if len(text) > _OUTPUT_LIMIT:
         text = "..." + text[-_OUTPUT_LIMIT:]
     return text or "nothing"
@@ -62,27 +64,36 @@ class SriovManage:
         """SriovManageFailed unless this process can run the script: it is
         there, executable, only root can change it (root runs it, and
         nova.conf names it), and this is root; nothing is run."""
+
         def fail(why: str) -> exception.SriovManageFailed:
             return exception.SriovManageFailed(command=self.command(flag, address), why=why)
 
         if os.geteuid() != 0:
-            raise fail(f"was not run: it needs root and vgpu-manage runs as uid "
-                       f"{os.geteuid()}; run the command as root, e.g. with sudo; nothing "
-                       "was changed")
+            raise fail(
+                f"was not run: it needs root and vgpu-manage runs as uid "
+                f"{os.geteuid()}; run the command as root, e.g. with sudo; nothing "
+                "was changed"
+            )
         if not os.path.isabs(self.path):
-            raise fail("cannot run: [vgpu] sriov_manage_path must be an absolute path; "
-                       "nothing was changed")
+            raise fail(
+                "cannot run: [vgpu] sriov_manage_path must be an absolute path; nothing was changed"
+            )
         if not os.path.isfile(self.path):
-            raise fail("cannot run: there is no such file (it comes with NVIDIA's vGPU "
-                       "manager; set [vgpu] sriov_manage_path where it is installed); "
-                       "nothing was changed")
+            raise fail(
+                "cannot run: there is no such file (it comes with NVIDIA's vGPU "
+                "manager; set [vgpu] sriov_manage_path where it is installed); "
+                "nothing was changed"
+            )
         if not os.access(self.path, os.X_OK):
             raise fail("cannot run: the file is not executable; nothing was changed")
         changeable = replaceable_by_others(self.path)
         if changeable:
-            raise fail("was not run: root would run what another user can replace: "
-                       + "; ".join(changeable) + " (make the script and its directories "
-                       "writable by root alone); nothing was changed")
+            raise fail(
+                "was not run: root would run what another user can replace: "
+                + "; ".join(changeable)
+                + " (make the script and its directories "
+                "writable by root alone); nothing was changed"
+            )
 
     def enable(self, address: object) -> str:
         """``-e ADDRESS``: every VF of the GPU (sriov_totalvfs).  Returns
@@ -98,17 +109,26 @@ class SriovManage:
         self.check(flag, address)
         command = self.command(flag, address)
         try:
-            result = subprocess.run([self.path, flag, address], capture_output=True,
-                                    text=True, errors="replace", timeout=self.timeout,
-                                    check=False, stdin=subprocess.DEVNULL)
+            result = subprocess.run(
+                [self.path, flag, address],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=self.timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             raise exception.SriovManageFailed(
-                command=command, why=f"did not finish within {self.timeout:g}s") from None
+                command=command, why=f"did not finish within {self.timeout:g}s"
+            ) from None
         except OSError as exc:
             raise exception.SriovManageFailed(
-                command=command, why=f"cannot run: {exc.strerror}") from None
+                command=command, why=f"cannot run: {exc.strerror}"
+            ) from None
         if result.returncode != 0:
             raise exception.SriovManageFailed(
-                command=command, why=f"failed (exit code {result.returncode}); it printed: "
-                                     f"{_printed(result)}")
+                command=command,
+                why=f"failed (exit code {result.returncode}); it printed: {_printed(result)}",
+            )
         return _printed(result)

@@ -58,7 +58,7 @@ class ClaimInFlight:
 
 @dataclasses.dataclass(frozen=True)
 class SriovState:
-    state: str          # off, enabled, partial (see vgpu_driver.sriov)
+    state: str  # off, enabled, partial (see vgpu_driver.sriov)
     numvfs: int
     totalvfs: int
 
@@ -69,9 +69,9 @@ class TypeCount:
     provider counts in, so that counts of every GPU and type add up."""
 
     type_id: str
-    capacity: int       # vGPUs of the type the GPU offers (alone, on a mixed-size board)
-    used: int           # vGPUs of the type that guests or claims hold there
-    reserved: int       # vGPUs of the type held back (see the GPU's reserved_for)
+    capacity: int  # vGPUs of the type the GPU offers (alone, on a mixed-size board)
+    used: int  # vGPUs of the type that guests or claims hold there
+    reserved: int  # vGPUs of the type held back (see the GPU's reserved_for)
 
     @property
     def free(self) -> int:
@@ -118,7 +118,7 @@ class GpuStatus:
 class HostStatus:
     nodename: str
     gpus: tuple[GpuStatus, ...]
-    reconciler: str | None = None   # one line about the host reconciler
+    reconciler: str | None = None  # one line about the host reconciler
 
     @property
     def guests_known(self) -> bool:
@@ -133,19 +133,22 @@ class HostStatus:
         reserved = sum(g.reserved for g in served if not g.mixed)
         in_flight = sum(len(g.claims) for g in self.gpus)
         if self.guests_known:
-            instances = {guest.instance for g in self.gpus
-                         for guest in g.guests}  # type: ignore[union-attr]  # all known
+            instances = {guest.instance for g in self.gpus for guest in g.guests}  # type: ignore[union-attr]  # all known
             guests = f"{len(instances)} guest(s)"
         else:
             guests = "guests unknown (libvirt unreachable)"
-        line = (f"{self.nodename}: {len(self.gpus)} GPU(s), {len(served)} with a provider; "
-                f"vGPUs {bar(used, total)} used, {reserved} reserved; {guests}; "
-                f"{in_flight} claim(s) in flight")
+        line = (
+            f"{self.nodename}: {len(self.gpus)} GPU(s), {len(served)} with a provider; "
+            f"vGPUs {bar(used, total)} used, {reserved} reserved; {guests}; "
+            f"{in_flight} claim(s) in flight"
+        )
         mixed = [g for g in served if g.mixed]
         if mixed:
             framebuffer = bar(sum(g.used for g in mixed), sum(g.total for g in mixed))
-            line += (f"; mixed-size framebuffer {framebuffer} {MIB} used, "
-                     f"{sum(g.reserved for g in mixed)} {MIB} reserved")
+            line += (
+                f"; mixed-size framebuffer {framebuffer} {MIB} used, "
+                f"{sum(g.reserved for g in mixed)} {MIB} reserved"
+            )
         sriov = [g.sriov for g in self.gpus if g.sriov]
         if sriov:
             enabled = sum(1 for s in sriov if s.state != "off")
@@ -169,8 +172,7 @@ def bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {used}/{total}"
 
 
-def in_use(claim_list: Iterable[claims.Claim],
-           users: Collection[str] | None) -> set[str] | None:
+def in_use(claim_list: Iterable[claims.Claim], users: Collection[str] | None) -> set[str] | None:
     """vGPU ids claims or guests reference, as ``inventory`` tells a draining
     GPU from a blocked one; None when the guests are unknown."""
     if users is None:
@@ -178,8 +180,9 @@ def in_use(claim_list: Iterable[claims.Claim],
     return {c.mdev_uuid for c in claim_list} | set(users)
 
 
-def _vgpus_by_gpu(snapshot: HostSnapshot,
-                  claim_list: Iterable[claims.Claim]) -> dict[str, set[str]]:
+def _vgpus_by_gpu(
+    snapshot: HostSnapshot, claim_list: Iterable[claims.Claim]
+) -> dict[str, set[str]]:
     """``{gpu address: vgpu ids}``: those that exist there, and those a claim
     places there (a claim may come before its mdev)."""
     found: dict[str, set[str]] = {gpu.address: set() for gpu in snapshot.gpus}
@@ -192,8 +195,9 @@ def _vgpus_by_gpu(snapshot: HostSnapshot,
     return found
 
 
-def type_counts(provider: GpuProvider | None, configured: Iterable[str],
-                held: Iterable[str]) -> tuple[TypeCount, ...]:
+def type_counts(
+    provider: GpuProvider | None, configured: Iterable[str], held: Iterable[str]
+) -> tuple[TypeCount, ...]:
     """The :class:`TypeCount` of each type of one GPU.
 
     ``held`` is the type of each vGPU guests or claims hold on it.  A vGPU
@@ -235,7 +239,8 @@ def _mixed_size_room(provider: GpuProvider, type_id: str) -> tuple[int, int]:
     hold if they did not fragment."""
     mib = provider.units_of(type_id)
     found = dict(provider.size_inventories).get(
-        size_classes.class_name(mib // size_classes.SLOT_MIB))
+        size_classes.class_name(mib // size_classes.SLOT_MIB)
+    )
     if found is None:
         return provider.total // mib, 0
     return found.total, found.available
@@ -247,12 +252,18 @@ def _sriov_state(function: sriov.PhysicalFunction | None) -> SriovState | None:
     return SriovState(function.state, function.numvfs, function.totalvfs)
 
 
-def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
-             claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
-             functions: Iterable[sriov.PhysicalFunction] = (),
-             stuck: Mapping[str, float] | None = None, reconciler: str | None = None,
-             maps: Mapping[str, BoardMap] | None = None,
-             configured: Mapping[str, tuple[str, ...]] | None = None) -> HostStatus:
+def assemble(
+    nodename: str,
+    snapshot: HostSnapshot,
+    tree: ProviderTree,
+    claim_list: Collection[claims.Claim],
+    users: Mapping[str, DomainRef] | None,
+    functions: Iterable[sriov.PhysicalFunction] = (),
+    stuck: Mapping[str, float] | None = None,
+    reconciler: str | None = None,
+    maps: Mapping[str, BoardMap] | None = None,
+    configured: Mapping[str, tuple[str, ...]] | None = None,
+) -> HostStatus:
     """The :class:`HostStatus` of one host.
 
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
@@ -275,7 +286,8 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
     vgpus = _vgpus_by_gpu(snapshot, claim_list)
     claimed = {c.mdev_uuid for c in claim_list}
     type_of = {v.id: v.type_id for v in snapshot.vgpus} | {
-        c.mdev_uuid: c.type_id for c in claim_list}
+        c.mdev_uuid: c.type_id for c in claim_list
+    }
     rows: list[GpuStatus] = []
     for gpu in snapshot.gpus:
         ids = sorted(vgpus[gpu.address])
@@ -283,44 +295,82 @@ def assemble(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
         guests: tuple[Guest, ...] | None = None
         if users is not None:
             guests = tuple(Guest(i, users[i].uuid, users[i].name) for i in ids if i in users)
-        in_flight = tuple(sorted(
-            (ClaimInFlight(c.mdev_uuid, c.instance_uuid, c.state, stuck.get(c.mdev_uuid))
-             for c in claim_list
-             if c.gpu == gpu.address and c.state != claims.ATTACHED),
-            key=lambda c: (c.instance, c.vgpu)))
+        in_flight = tuple(
+            sorted(
+                (
+                    ClaimInFlight(c.mdev_uuid, c.instance_uuid, c.state, stuck.get(c.mdev_uuid))
+                    for c in claim_list
+                    if c.gpu == gpu.address and c.state != claims.ATTACHED
+                ),
+                key=lambda c: (c.instance, c.vgpu),
+            )
+        )
         held = [i for i in ids if i in claimed or (users is not None and i in users)]
         used = sum(provider.units_of(type_of.get(i)) if provider else 1 for i in held)
-        rows.append(GpuStatus(
-            gpu=gpu.address,
-            provider=provider.name if provider else None,
-            type_id=(provider.type_id if provider
-                     else ",".join(configured.get(gpu.address, ())) or None),
-            type_name=(f"mixed sizes, in {MIB}" if provider and provider.mixed
-                       else provider.type_name if provider else None),
-            used=used,
-            total=provider.total if provider else 0,
-            reserved=provider.reserved if provider else 0,
-            reason=(provider.reason if provider
-                    else f"no provider: {unserved.get(gpu.address, 'unknown')}"),
-            sriov=_sriov_state(sriov.get(gpu.address)),
-            guests=guests, claims=in_flight,
-            unit=MIB if provider and provider.mixed else "vGPUs",
-            board_map=maps.get(gpu.address),
-            types=type_counts(provider, configured.get(gpu.address, ()),
-                              [type_of[i] for i in held if type_of.get(i)]),
-            reserved_for=provider.reserved_for if provider else ()))
+        rows.append(
+            GpuStatus(
+                gpu=gpu.address,
+                provider=provider.name if provider else None,
+                type_id=(
+                    provider.type_id
+                    if provider
+                    else ",".join(configured.get(gpu.address, ())) or None
+                ),
+                type_name=(
+                    f"mixed sizes, in {MIB}"
+                    if provider and provider.mixed
+                    else provider.type_name
+                    if provider
+                    else None
+                ),
+                used=used,
+                total=provider.total if provider else 0,
+                reserved=provider.reserved if provider else 0,
+                reason=(
+                    provider.reason
+                    if provider
+                    else f"no provider: {unserved.get(gpu.address, 'unknown')}"
+                ),
+                sriov=_sriov_state(sriov.get(gpu.address)),
+                guests=guests,
+                claims=in_flight,
+                unit=MIB if provider and provider.mixed else "vGPUs",
+                board_map=maps.get(gpu.address),
+                types=type_counts(
+                    provider,
+                    configured.get(gpu.address, ()),
+                    [type_of[i] for i in held if type_of.get(i)],
+                ),
+                reserved_for=provider.reserved_for if provider else (),
+            )
+        )
     return HostStatus(nodename=nodename, gpus=tuple(rows), reconciler=reconciler)
 
 
-def of_host(nodename: str, snapshot: HostSnapshot, tree: ProviderTree,
-            claim_list: Collection[claims.Claim], users: Mapping[str, DomainRef] | None,
-            reconciler: Any, now: float, maps: Mapping[str, BoardMap] | None = None,
-            configured: Mapping[str, tuple[str, ...]] | None = None) -> HostStatus:
+def of_host(
+    nodename: str,
+    snapshot: HostSnapshot,
+    tree: ProviderTree,
+    claim_list: Collection[claims.Claim],
+    users: Mapping[str, DomainRef] | None,
+    reconciler: Any,
+    now: float,
+    maps: Mapping[str, BoardMap] | None = None,
+    configured: Mapping[str, tuple[str, ...]] | None = None,
+) -> HostStatus:
     """:func:`assemble` with the SR-IOV functions of ``snapshot`` and what
     the host reconciler's ``reconciler`` state (as it writes it) says at
     ``now``: ``status`` and the metrics build the same view this way (``maps``
     and ``configured``: see :func:`assemble`)."""
-    return assemble(nodename, snapshot, tree, claim_list, users, sriov.functions_in(snapshot),
-                    stuck=reconciler_state.removals_in_flight(reconciler, now),
-                    reconciler=reconciler_state.describe(reconciler, now), maps=maps,
-                    configured=configured)
+    return assemble(
+        nodename,
+        snapshot,
+        tree,
+        claim_list,
+        users,
+        sriov.functions_in(snapshot),
+        stuck=reconciler_state.removals_in_flight(reconciler, now),
+        reconciler=reconciler_state.describe(reconciler, now),
+        maps=maps,
+        configured=configured,
+    )

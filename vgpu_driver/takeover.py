@@ -55,7 +55,7 @@ class Move:
 
     source: ExistingProvider
     target: GpuProvider
-    address: str     # the device the source provider was named after
+    address: str  # the device the source provider was named after
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def device_address(nodename: str, provider_name: str) -> str | None:
     prefix = f"{nodename}_"
     if not provider_name.startswith(prefix):
         return None
-    suffix = provider_name[len(prefix):]
+    suffix = provider_name[len(prefix) :]
     parts = suffix.split("_")
     if len(parts) == 5 and parts[0] == "pci":
         text = f"{parts[1]}:{parts[2]}:{parts[3]}.{parts[4]}"
@@ -95,9 +95,13 @@ def device_address(nodename: str, provider_name: str) -> str | None:
         return None
 
 
-def _target(nodename: str, provider: ExistingProvider, desired: Mapping[str, GpuProvider],
-            snapshot: HostSnapshot, mdev_classes: frozenset[str],
-            ) -> tuple[GpuProvider, str] | None:
+def _target(
+    nodename: str,
+    provider: ExistingProvider,
+    desired: Mapping[str, GpuProvider],
+    snapshot: HostSnapshot,
+    mdev_classes: frozenset[str],
+) -> tuple[GpuProvider, str] | None:
     """``(GpuProvider, address)`` that takes ``provider``'s place, or None."""
     if provider.name in desired or not provider.resource_classes:
         return None
@@ -107,14 +111,18 @@ def _target(nodename: str, provider: ExistingProvider, desired: Mapping[str, Gpu
         return None
     address = device_address(nodename, provider.name)
     gpu = snapshot.gpu(address) if address else None
-    if gpu is None or address is None:   # (no address, no GPU: for the checker)
+    if gpu is None or address is None:  # (no address, no GPU: for the checker)
         return None
     target = next((p for p in desired.values() if p.gpu == gpu.address), None)
     return (target, address) if target is not None else None
 
 
-def plan(nodename: str, desired_tree: ProviderTree, snapshot: HostSnapshot,
-         existing: Iterable[ExistingProvider]) -> Plan:
+def plan(
+    nodename: str,
+    desired_tree: ProviderTree,
+    snapshot: HostSnapshot,
+    existing: Iterable[ExistingProvider],
+) -> Plan:
     """Which ``existing`` providers a provider of ``desired_tree`` replaces.
 
     A provider named after a parent of a GPU we serve (nova's per-VF
@@ -132,8 +140,9 @@ def plan(nodename: str, desired_tree: ProviderTree, snapshot: HostSnapshot,
     return Plan(tuple(moves))
 
 
-def move_allocations(allocations: dict[str, dict[str, Any]], plan: Plan,
-                     target_uuids: Mapping[str, str]) -> dict[str, dict[str, int]]:
+def move_allocations(
+    allocations: dict[str, dict[str, Any]], plan: Plan, target_uuids: Mapping[str, str]
+) -> dict[str, dict[str, int]]:
     """Move every consumer's units from replaced providers to their GPU's.
 
     ``allocations`` is Placement's ``{consumer: {"allocations": {rp_uuid:
@@ -160,8 +169,9 @@ def move_allocations(allocations: dict[str, dict[str, Any]], plan: Plan,
     return moved
 
 
-def mismatches(moved: Mapping[str, Mapping[str, int]],
-               held: Mapping[str, Mapping[str, int]]) -> list[tuple[str, str, int, int]]:
+def mismatches(
+    moved: Mapping[str, Mapping[str, int]], held: Mapping[str, Mapping[str, int]]
+) -> list[tuple[str, str, int, int]]:
     """Consumers whose moved units differ from the mdevs they hold per GPU.
 
     ``held`` is ``{consumer: {gpu address: mdevs}}`` (from the claims).
@@ -208,12 +218,16 @@ def adopt(manager: MdevManager) -> list[claims.Claim]:
             gpu = snapshot.gpu_of_parent(vgpu.parent)
             if gpu is None:
                 continue
-            txn.add(user.uuid, vgpu.id, gpu.address, vgpu.parent, vgpu.type_id,
-                    claims.ATTACHED)
+            txn.add(user.uuid, vgpu.id, gpu.address, vgpu.parent, vgpu.type_id, claims.ATTACHED)
             adopted.append(vgpu.id)
         found = [c for c in txn.claims() if c.mdev_uuid in adopted]
     for claim in found:
-        LOG.info("Adopted vGPU %s (%s on %s) that domain %s uses: claimed for "
-                 "instance %s", claim.mdev_uuid, claim.type_id, claim.parent,
-                 users[claim.mdev_uuid].name, claim.instance_uuid)
+        LOG.info(
+            "Adopted vGPU %s (%s on %s) that domain %s uses: claimed for instance %s",
+            claim.mdev_uuid,
+            claim.type_id,
+            claim.parent,
+            users[claim.mdev_uuid].name,
+            claim.instance_uuid,
+        )
     return found

@@ -37,20 +37,27 @@ LOG = logging.getLogger(__name__)
 _UNUSED_STATES = (claims_mod.CLAIMED, claims_mod.ATTACHED)
 
 
-def candidates(claim_list: Iterable[claims_mod.Claim], users: Container[str], now: float,
-               grace: float) -> dict[str, list[claims_mod.Claim]]:
+def candidates(
+    claim_list: Iterable[claims_mod.Claim], users: Container[str], now: float, grace: float
+) -> dict[str, list[claims_mod.Claim]]:
     """The claims no domain uses, older than ``grace``, per instance."""
-    found: collections.defaultdict[str, list[claims_mod.Claim]] = \
-        collections.defaultdict(list)
+    found: collections.defaultdict[str, list[claims_mod.Claim]] = collections.defaultdict(list)
     for claim in claim_list:
-        if (claim.state in _UNUSED_STATES and claim.mdev_uuid not in users
-                and now - claim.updated_at > grace):
+        if (
+            claim.state in _UNUSED_STATES
+            and claim.mdev_uuid not in users
+            and now - claim.updated_at > grace
+        ):
             found[claim.instance_uuid].append(claim)
     return dict(found)
 
 
-def release(manager: MdevManager, keeper: Callable[[set[str]], Container[str]] | None,
-            grace: float, now: float) -> list[claims_mod.Claim]:
+def release(
+    manager: MdevManager,
+    keeper: Callable[[set[str]], Container[str]] | None,
+    grace: float,
+    now: float,
+) -> list[claims_mod.Claim]:
     """Release the unused claims of instances ``keeper`` does not keep;
     returns the released claims.
 
@@ -73,19 +80,31 @@ def release(manager: MdevManager, keeper: Callable[[set[str]], Container[str]] |
     with manager.journal.transaction() as txn:
         current = set(txn.claims())
         stale = [c for c in stale if c in current]
-        removed = [c for c in stale if not (manager.remove_on_release
-                                           or c.type_id in manager.config.mixed_types)]
+        removed = [
+            c
+            for c in stale
+            if not (manager.remove_on_release or c.type_id in manager.config.mixed_types)
+        ]
         txn.remove_exact(removed)
         for claim in stale:
             if claim not in removed:
-                txn.set_state(claim.instance_uuid, claims_mod.RELEASING, [claim.mdev_uuid],
-                              from_states=[claim.state])
+                txn.set_state(
+                    claim.instance_uuid,
+                    claims_mod.RELEASING,
+                    [claim.mdev_uuid],
+                    from_states=[claim.state],
+                )
                 going.append(claim.mdev_uuid)
     for claim in stale:
-        LOG.warning("Released the %s claim of instance %s on vGPU %s: no domain here uses "
-                    "it, %.0fs on ([vgpu] unused_claim_grace), and nothing is under way "
-                    "on the instance", claim.state, claim.instance_uuid, claim.mdev_uuid,
-                    now - claim.updated_at)
+        LOG.warning(
+            "Released the %s claim of instance %s on vGPU %s: no domain here uses "
+            "it, %.0fs on ([vgpu] unused_claim_grace), and nothing is under way "
+            "on the instance",
+            claim.state,
+            claim.instance_uuid,
+            claim.mdev_uuid,
+            now - claim.updated_at,
+        )
     if going:
         manager.finish_release(going)
     return stale

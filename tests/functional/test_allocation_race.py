@@ -41,7 +41,7 @@ from vgpu_driver.fake import profiles
 from vgpu_driver.sysfs import linux
 
 GPU = "0000:18:00.0"
-TYPE = "nvidia-222"        # GRID T4-1B: 16 per GPU
+TYPE = "nvidia-222"  # GRID T4-1B: 16 per GPU
 SLOTS = 16
 PRE_EXISTING = 8
 THREADS = 32
@@ -49,19 +49,22 @@ PROCESSES = 4
 PER_PROCESS = 4
 TIMEOUT = 60.0
 
-CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE,
-                    by_address=MappingProxyType({}))
+CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE, by_address=MappingProxyType({}))
 
 L40S = "0000:c1:00.0"
-VF_TYPE = "nvidia-1156"    # NVIDIA L40S-8Q: 6 per GPU, on any of its 16 VFs
+VF_TYPE = "nvidia-1156"  # NVIDIA L40S-8Q: 6 per GPU, on any of its 16 VFs
 VF_ROOM = 6
 # Without max_instances, nothing but NVIDIA's driver knows the GPU's room.
 CONFIGS = {
     "t4": CONFIG,
-    "l40s": MdevConfig(types=(TypeConfig(VF_TYPE),), default_type=VF_TYPE,
-                       by_address=MappingProxyType({})),
-    "l40s-capped": MdevConfig(types=(TypeConfig(VF_TYPE, max_instances=VF_ROOM),),
-                              default_type=VF_TYPE, by_address=MappingProxyType({})),
+    "l40s": MdevConfig(
+        types=(TypeConfig(VF_TYPE),), default_type=VF_TYPE, by_address=MappingProxyType({})
+    ),
+    "l40s-capped": MdevConfig(
+        types=(TypeConfig(VF_TYPE, max_instances=VF_ROOM),),
+        default_type=VF_TYPE,
+        by_address=MappingProxyType({}),
+    ),
 }
 
 # Spawned, not forked: the parent runs threads when the processes start.
@@ -71,8 +74,11 @@ CONTEXT = multiprocessing.get_context("spawn")
 def one_t4(mdev_uuids):
     """The first GPU of t4x8 alone, with free mdevs of TYPE already made."""
     profile = profiles.load("t4x8")
-    return {**profile, "gpus": profile["gpus"][:1],
-            "mdevs": [{"parent": GPU, "type": TYPE, "uuid": u} for u in mdev_uuids]}
+    return {
+        **profile,
+        "gpus": profile["gpus"][:1],
+        "mdevs": [{"parent": GPU, "type": TYPE, "uuid": u} for u in mdev_uuids],
+    }
 
 
 def placement_allocation(host, config="t4", total=SLOTS):
@@ -86,8 +92,12 @@ def placement_allocation(host, config="t4", total=SLOTS):
 
 def new_manager(root, state_dir, config="t4"):
     """A driver's view of the host, as each process builds its own."""
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
-                             domains.InProcessDomains(), CONFIGS[config])
+    return mdevs.MdevManager(
+        fakekernel.FakeKernel(root),
+        claims_journal.Journal(state_dir),
+        domains.InProcessDomains(),
+        CONFIGS[config],
+    )
 
 
 def contend(manager, instance, allocations, providers, go):
@@ -115,27 +125,37 @@ def race(manager, instances, allocations, providers, go, on_ready):
         return [f.result() for f in futures]
 
 
-def process_main(root, state_dir, instances, allocations, providers, go, ready, results,
-                 config):
+def process_main(root, state_dir, instances, allocations, providers, go, ready, results, config):
     """A second driver process: its own kernel view, journal and manager."""
     manager = new_manager(root, state_dir, config)
-    outcomes = race(manager, instances, allocations, providers, go,
-                    on_ready=lambda: ready.put(len(instances)))
+    outcomes = race(
+        manager, instances, allocations, providers, go, on_ready=lambda: ready.put(len(instances))
+    )
     results.put(outcomes)
 
 
-def run_race(root, state_dir, allocations, providers, threads=THREADS, processes=PROCESSES,
-             per_process=PER_PROCESS, config="t4"):
+def run_race(
+    root,
+    state_dir,
+    allocations,
+    providers,
+    threads=THREADS,
+    processes=PROCESSES,
+    per_process=PER_PROCESS,
+    config="t4",
+):
     """Start everybody, let them go at once, and collect every outcome."""
     instances = [str(uuid.uuid4()) for _ in range(threads + processes * per_process)]
     go, ready, results = CONTEXT.Event(), CONTEXT.Queue(), CONTEXT.Queue()
     procs = []
     for n in range(processes):
-        mine = instances[threads + n * per_process:threads + (n + 1) * per_process]
-        procs.append(CONTEXT.Process(
-            target=process_main,
-            args=(root, state_dir, mine, allocations, providers, go, ready, results,
-                  config)))
+        mine = instances[threads + n * per_process : threads + (n + 1) * per_process]
+        procs.append(
+            CONTEXT.Process(
+                target=process_main,
+                args=(root, state_dir, mine, allocations, providers, go, ready, results, config),
+            )
+        )
     try:
         for proc in procs:
             proc.start()
@@ -147,8 +167,14 @@ def run_race(root, state_dir, allocations, providers, threads=THREADS, processes
             finally:
                 go.set()
 
-        outcomes = race(new_manager(root, state_dir, config), instances[:threads],
-                        allocations, providers, go, on_ready=start_when_all_wait)
+        outcomes = race(
+            new_manager(root, state_dir, config),
+            instances[:threads],
+            allocations,
+            providers,
+            go,
+            on_ready=start_when_all_wait,
+        )
         for _ in procs:
             outcomes += results.get(timeout=TIMEOUT)
     finally:
@@ -195,10 +221,12 @@ def test_contenders_get_exactly_the_gpu_capacity_and_never_the_same_mdev(tmp_pat
 
     # The journal holds one claim per winner, for the mdev it was given.
     recorded = journal.claims()
-    assert {c.mdev_uuid: c.instance_uuid for c in recorded} == \
-        {got[0]: instance for instance, got in won.items()}
-    assert {(c.gpu, c.parent, c.type_id, c.state) for c in recorded} == \
-        {(GPU, GPU, TYPE, claims.CLAIMED)}
+    assert {c.mdev_uuid: c.instance_uuid for c in recorded} == {
+        got[0]: instance for instance, got in won.items()
+    }
+    assert {(c.gpu, c.parent, c.type_id, c.state) for c in recorded} == {
+        (GPU, GPU, TYPE, claims.CLAIMED)
+    }
 
     # sysfs: exactly the 16 given out, all on the GPU, the free ones reused.
     present = host.list_mdevs()
@@ -228,8 +256,9 @@ def test_as_many_contenders_as_slots_all_win(tmp_path):
     for n in range(5):
         host, root, state_dir = fresh_host(tmp_path, f"round{n}")
         allocations, providers = placement_allocation(host)
-        _, outcomes = run_race(root, state_dir, allocations, providers, threads=8,
-                               processes=2, per_process=4)
+        _, outcomes = run_race(
+            root, state_dir, allocations, providers, threads=8, processes=2, per_process=4
+        )
         refused = sorted(result for _, result, _ in outcomes if result != "ok")
         assert refused == [], f"round {n}: {len(refused)} refused, first: {refused[0]}"
         assert len({m.uuid for m in host.list_mdevs()}) == SLOTS
@@ -291,9 +320,12 @@ def test_vf_contenders_get_exactly_the_gpus_room_and_never_the_same_vf(tmp_path)
     Losers are refused at planning or by the driver's answer to their write,
     both as NoGpuCapacity, and leave no claim and no typed VF behind.
     """
-    vfs = [str(vf.address) for vf in
-           fakekernel.FakeKernel.build(str(tmp_path / "probe"),
-                                       profiles.load("l40s-vfio")).list_vendor_vfio()]
+    vfs = [
+        str(vf.address)
+        for vf in fakekernel.FakeKernel.build(
+            str(tmp_path / "probe"), profiles.load("l40s-vfio")
+        ).list_vendor_vfio()
+    ]
     pre_typed = vfs[5:8]
     host, root, state_dir, allocations, providers = fresh_l40s(tmp_path, "host", pre_typed)
     journal = claims_journal.Journal(state_dir)
@@ -304,15 +336,16 @@ def test_vf_contenders_get_exactly_the_gpus_room_and_never_the_same_vf(tmp_path)
     won = {instance: got for instance, result, got in outcomes if result == "ok"}
     lost = sorted({result.split(":")[0] for _, result, _ in outcomes if result != "ok"})
     assert len(won) == VF_ROOM, (len(won), lost)
-    assert set(lost) <= {exception.NoGpuCapacity.__name__,
-                         exception.VfTypeRefused.__name__}, lost
+    assert set(lost) <= {exception.NoGpuCapacity.__name__, exception.VfTypeRefused.__name__}, lost
     given = [vf for got in won.values() for vf in got]
     assert len(set(given)) == len(given) == VF_ROOM, "a VF was handed out twice"
     assert set(pre_typed) <= set(given)
-    assert {c.mdev_uuid: c.instance_uuid for c in journal.claims()} == \
-        {got[0]: instance for instance, got in won.items()}
-    assert {(c.gpu, c.type_id, c.mdev_uuid == c.parent) for c in journal.claims()} == \
-        {(L40S, VF_TYPE, True)}
+    assert {c.mdev_uuid: c.instance_uuid for c in journal.claims()} == {
+        got[0]: instance for instance, got in won.items()
+    }
+    assert {(c.gpu, c.type_id, c.mdev_uuid == c.parent) for c in journal.claims()} == {
+        (L40S, VF_TYPE, True)
+    }
     assert typed_vfs(host) == sorted(given)
     assert reconcile.Reconciler(new_manager(root, state_dir, "l40s")).orphans() == []
 
@@ -321,8 +354,16 @@ def test_as_many_vf_contenders_as_room_all_win(tmp_path):
     """6 racing boots on an empty L40S that holds 6 L40S-8Q: none refused."""
     for n in range(3):
         host, root, state_dir, allocations, providers = fresh_l40s(tmp_path, f"round{n}")
-        _, outcomes = run_race(root, state_dir, allocations, providers, threads=2,
-                               processes=2, per_process=2, config="l40s-capped")
+        _, outcomes = run_race(
+            root,
+            state_dir,
+            allocations,
+            providers,
+            threads=2,
+            processes=2,
+            per_process=2,
+            config="l40s-capped",
+        )
         refused = sorted(result for _, result, _ in outcomes if result != "ok")
         assert refused == [], f"round {n}: {len(refused)} refused, first: {refused[0]}"
         assert len(typed_vfs(host)) == VF_ROOM

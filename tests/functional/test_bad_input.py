@@ -29,9 +29,11 @@ from vgpu_driver.fake import profiles
 
 A100 = "0000:41:00.0"
 CONF = "[devices]\nenabled_mdev_types = nvidia-468\n"
-KEYSTONE_DOWN = ("[placement]\nauth_type = password\nauth_url = http://127.0.0.1:9/v3\n"
-                 "username = u\npassword = p\nproject_name = p\n"
-                 "user_domain_name = Default\nproject_domain_name = Default\n")
+KEYSTONE_DOWN = (
+    "[placement]\nauth_type = password\nauth_url = http://127.0.0.1:9/v3\n"
+    "username = u\npassword = p\nproject_name = p\n"
+    "user_domain_name = Default\nproject_domain_name = Default\n"
+)
 
 
 class World:
@@ -46,8 +48,15 @@ class World:
             mdev, parent = str(uuid.uuid4()), f"0000:41:00.{4 + number}"
             self.host.create_mdev(parent, "nvidia-468", mdev)
             with journal.transaction() as txn:
-                txn.add(f"inst-{number}", mdev, A100, parent, "nvidia-468",
-                        state=claims.ATTACHED, created=True)
+                txn.add(
+                    f"inst-{number}",
+                    mdev,
+                    A100,
+                    parent,
+                    "nvidia-468",
+                    state=claims.ATTACHED,
+                    created=True,
+                )
         self.write("nova.conf", CONF)
         self.make_bad_inputs()
 
@@ -68,9 +77,11 @@ class World:
         self.write("journals/garbage/claims.sqlite", b"SQLite format 2\0" + b"x" * 5000)
         with open(os.path.join(self.state, "claims.sqlite"), "rb") as f:
             good = f.read()
-        self.write("journals/truncated/claims.sqlite", good[:len(good) // 2 + 7])
-        for name, setup in (("newer", "CREATE TABLE claims (x); PRAGMA user_version = 9"),
-                            ("foreign", "CREATE TABLE other (x)")):
+        self.write("journals/truncated/claims.sqlite", good[: len(good) // 2 + 7])
+        for name, setup in (
+            ("newer", "CREATE TABLE claims (x); PRAGMA user_version = 9"),
+            ("foreign", "CREATE TABLE other (x)"),
+        ):
             self.write(f"journals/{name}/.keep", "")
             db = sqlite3.connect(self.path("journals", name, "claims.sqlite"))
             db.executescript(setup)
@@ -86,10 +97,21 @@ class World:
         out, err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = manage.main(["--config-file", conf_file, "--nodename", "cn1",
-                                    "--sysfs-root", self.sys, "--state-dir", self.state,
-                                    "--libvirt-uri", "test:///default",
-                                    *[a.format(w=self.root) for a in argv]])
+                code = manage.main(
+                    [
+                        "--config-file",
+                        conf_file,
+                        "--nodename",
+                        "cn1",
+                        "--sysfs-root",
+                        self.sys,
+                        "--state-dir",
+                        self.state,
+                        "--libvirt-uri",
+                        "test:///default",
+                        *[a.format(w=self.root) for a in argv],
+                    ]
+                )
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -103,8 +125,9 @@ class World:
             for name in dirnames + filenames:
                 path = os.path.join(dirpath, name)
                 rel = os.path.relpath(path, self.root)
-                if name.endswith(("-wal", "-shm", "case.conf")) or \
-                        rel == os.path.join("state", "claims.sqlite"):
+                if name.endswith(("-wal", "-shm", "case.conf")) or rel == os.path.join(
+                    "state", "claims.sqlite"
+                ):
                     continue
                 if os.path.islink(path):
                     found[rel] = "-> " + os.readlink(path)
@@ -118,8 +141,10 @@ class World:
     def journal_rows(self):
         db = sqlite3.connect(f"file:{self.state}/claims.sqlite?mode=ro", uri=True)
         try:
-            return (db.execute("PRAGMA user_version").fetchone(),
-                    db.execute("SELECT * FROM claims ORDER BY mdev_uuid").fetchall())
+            return (
+                db.execute("PRAGMA user_version").fetchone(),
+                db.execute("SELECT * FROM claims ORDER BY mdev_uuid").fetchall(),
+            )
         finally:
             db.close()
 
@@ -127,14 +152,20 @@ class World:
         conn = self.service.connection()
 
         def get(url):
-            return conn.placement.request(url, "GET",
-                                          microversion=placement.MICROVERSION).json()
+            return conn.placement.request(url, "GET", microversion=placement.MICROVERSION).json()
+
         view = []
         for rp in get("/resource_providers")["resource_providers"]:
             base_url = f"/resource_providers/{rp['uuid']}"
-            view.append((rp["name"], rp["generation"], rp["parent_provider_uuid"],
-                         get(f"{base_url}/inventories")["inventories"],
-                         sorted(get(f"{base_url}/traits")["traits"])))
+            view.append(
+                (
+                    rp["name"],
+                    rp["generation"],
+                    rp["parent_provider_uuid"],
+                    get(f"{base_url}/inventories")["inventories"],
+                    sorted(get(f"{base_url}/traits")["traits"]),
+                )
+            )
         return sorted(view, key=str)
 
     def snapshot(self):
@@ -147,7 +178,7 @@ def world(tmp_path_factory):
         world = World(tmp_path_factory.mktemp("world"), service)
         code, _, err = world.run(["sync"])
         assert code == 0, err
-        world.run(["--nodename", "cn2", "sync"])   # another host's tree
+        world.run(["--nodename", "cn2", "sync"])  # another host's tree
         yield world
 
 
@@ -162,151 +193,286 @@ def case(name, argv, culprit, conf=CONF, env=None, code=base.EXIT_ERROR):
 
 CASES = [
     # Nodenames Placement cannot take, or that would hit another host.
-    *[case(f"nodename-{label}-{cmd}", ["--nodename", value, cmd], culprit)
-      for label, value, culprit in (
-          ("empty", "", "Refusing nodename ''"),
-          ("blank", "   ", "Refusing nodename '   '"),
-          ("leading-space", " cn1", "white space"),
-          ("trailing-space", "cn1 ", "white space"),
-          ("tab", "c\tn", "control characters"),
-          ("newline", "cn\n1", "control characters"),
-          ("190-chars", "n" * 190, "207 characters"),
-          ("201-chars", "n" * 201, "218 characters"))
-      for cmd in ("sync", "inventory")],
+    *[
+        case(f"nodename-{label}-{cmd}", ["--nodename", value, cmd], culprit)
+        for label, value, culprit in (
+            ("empty", "", "Refusing nodename ''"),
+            ("blank", "   ", "Refusing nodename '   '"),
+            ("leading-space", " cn1", "white space"),
+            ("trailing-space", "cn1 ", "white space"),
+            ("tab", "c\tn", "control characters"),
+            ("newline", "cn\n1", "control characters"),
+            ("190-chars", "n" * 190, "207 characters"),
+            ("201-chars", "n" * 201, "218 characters"),
+        )
+        for cmd in ("sync", "inventory")
+    ],
     case("nodename-empty-audit", ["--nodename", "", "audit"], "Refusing nodename ''"),
-    case("nodename-empty-dry-run", ["--nodename", "", "sync", "--dry-run"],
-         "Refusing nodename ''"),
+    case("nodename-empty-dry-run", ["--nodename", "", "sync", "--dry-run"], "Refusing nodename ''"),
     # Sysfs roots that are not sysfs.
-    *[case(f"sysfs-{label}-{' '.join(cmd)}", [S, root, *cmd], culprit)
-      for label, root, culprit in (
-          ("missing", "{w}/no-such-sys", "{w}/no-such-sys does not exist"),
-          ("a-file", "{w}/nova.conf", "{w}/nova.conf is not a directory"),
-          ("empty-dir", "{w}/empty-dir", "has no bus/ and no class/"),
-          ("bus-only", "{w}/bus-only", "{w}/bus-only has no class/"))
-      for cmd in (("types",), ("inventory",), ("mdev", "list"), ("sync",),
-                  ("orphans", "reclaim"), ("claims", "restore"), ("metrics",))],
-    case("sysfs-missing-config-check", [S, "{w}/nope", "config", "check"],
-         "{w}/nope does not exist"),
-    case("sysfs-missing-claims-list", [S, "{w}/nope", "claims", "list"],
-         "{w}/nope does not exist"),
+    *[
+        case(f"sysfs-{label}-{' '.join(cmd)}", [S, root, *cmd], culprit)
+        for label, root, culprit in (
+            ("missing", "{w}/no-such-sys", "{w}/no-such-sys does not exist"),
+            ("a-file", "{w}/nova.conf", "{w}/nova.conf is not a directory"),
+            ("empty-dir", "{w}/empty-dir", "has no bus/ and no class/"),
+            ("bus-only", "{w}/bus-only", "{w}/bus-only has no class/"),
+        )
+        for cmd in (
+            ("types",),
+            ("inventory",),
+            ("mdev", "list"),
+            ("sync",),
+            ("orphans", "reclaim"),
+            ("claims", "restore"),
+            ("metrics",),
+        )
+    ],
+    case(
+        "sysfs-missing-config-check", [S, "{w}/nope", "config", "check"], "{w}/nope does not exist"
+    ),
+    case("sysfs-missing-claims-list", [S, "{w}/nope", "claims", "list"], "{w}/nope does not exist"),
     # State dirs and journals that must not be read as "no claims".
-    *[case(f"journal-{label}-{' '.join(cmd)}", [D, state, *cmd], culprit)
-      for label, state, culprit in (
-          ("typo", "{w}/sate", "No claims journal at {w}/sate/claims.sqlite: the state "
-                               "directory does not exist"),
-          ("a-file", "{w}/nova.conf", "{w}/nova.conf/claims.sqlite: the state directory "
-                                      "is not a directory"),
-          ("no-file", "{w}/empty-dir", "{w}/empty-dir/claims.sqlite: the file does not"),
-          ("zero-bytes", f"{J}/zero", f"{J}/zero/claims.sqlite is unusable (the file is "
-                                      "empty"),
-          ("garbage", f"{J}/garbage", f"{J}/garbage/claims.sqlite is unusable (file is "
-                                      "not a database"),
-          ("truncated", f"{J}/truncated", f"{J}/truncated/claims.sqlite is unusable"),
-          ("newer", f"{J}/newer", f"{J}/newer/claims.sqlite has schema version 9"),
-          ("foreign", f"{J}/foreign", f"{J}/foreign/claims.sqlite is unusable (it holds "
-                                      "no claims table"))
-      for cmd in (("orphans", "reclaim"), ("claims", "list"), ("mdev", "list"))
-      # A view works without a journal nova-compute never made (see below).
-      if not (cmd == ("mdev", "list") and label in ("typo", "no-file"))],
-    *[case(f"journal-typo-{' '.join(cmd)}", [D, "{w}/sate", *cmd], "{w}/sate/claims.sqlite")
-      for cmd in (("orphans", "list"), ("claims", "restore"), ("sync",), ("audit",),
-                  ("sync", "--dry-run"))],
+    *[
+        case(f"journal-{label}-{' '.join(cmd)}", [D, state, *cmd], culprit)
+        for label, state, culprit in (
+            (
+                "typo",
+                "{w}/sate",
+                "No claims journal at {w}/sate/claims.sqlite: the state directory does not exist",
+            ),
+            (
+                "a-file",
+                "{w}/nova.conf",
+                "{w}/nova.conf/claims.sqlite: the state directory is not a directory",
+            ),
+            ("no-file", "{w}/empty-dir", "{w}/empty-dir/claims.sqlite: the file does not"),
+            ("zero-bytes", f"{J}/zero", f"{J}/zero/claims.sqlite is unusable (the file is empty"),
+            (
+                "garbage",
+                f"{J}/garbage",
+                f"{J}/garbage/claims.sqlite is unusable (file is not a database",
+            ),
+            ("truncated", f"{J}/truncated", f"{J}/truncated/claims.sqlite is unusable"),
+            ("newer", f"{J}/newer", f"{J}/newer/claims.sqlite has schema version 9"),
+            (
+                "foreign",
+                f"{J}/foreign",
+                f"{J}/foreign/claims.sqlite is unusable (it holds no claims table",
+            ),
+        )
+        for cmd in (("orphans", "reclaim"), ("claims", "list"), ("mdev", "list"))
+        # A view works without a journal nova-compute never made (see below).
+        if not (cmd == ("mdev", "list") and label in ("typo", "no-file"))
+    ],
+    *[
+        case(f"journal-typo-{' '.join(cmd)}", [D, "{w}/sate", *cmd], "{w}/sate/claims.sqlite")
+        for cmd in (
+            ("orphans", "list"),
+            ("claims", "restore"),
+            ("sync",),
+            ("audit",),
+            ("sync", "--dry-run"),
+        )
+    ],
     case("journal-garbage-sync", [D, f"{J}/garbage", "sync"], f"{J}/garbage/claims.sqlite"),
-    case("claims-init-into-another-programs-dir", [D, "{w}/journals", "claims", "init"],
-         "Refusing to create a claims journal in {w}/journals: it already holds 5 other"),
-    case("claims-init-into-a-file", [D, "{w}/nova.conf", "claims", "init"],
-         "cannot create {w}/nova.conf"),
-    case("claims-init-over-an-empty-file", [D, f"{J}/zero", "claims", "init"],
-         f"{J}/zero/claims.sqlite is unusable (the file is empty"),
-    case("claims-init-over-another-database", [D, f"{J}/foreign", "claims", "init"],
-         f"{J}/foreign/claims.sqlite is unusable (it holds no claims table"),
-    case("restore-instance-path", ["claims", "restore", "--instance", "../etc"],
-         "--instance '../etc': not an instance UUID"),
-    case("restore-instance-upper", ["claims", "restore", "--instance", "ABC"],
-         "--instance 'ABC'"),
+    case(
+        "claims-init-into-another-programs-dir",
+        [D, "{w}/journals", "claims", "init"],
+        "Refusing to create a claims journal in {w}/journals: it already holds 5 other",
+    ),
+    case(
+        "claims-init-into-a-file",
+        [D, "{w}/nova.conf", "claims", "init"],
+        "cannot create {w}/nova.conf",
+    ),
+    case(
+        "claims-init-over-an-empty-file",
+        [D, f"{J}/zero", "claims", "init"],
+        f"{J}/zero/claims.sqlite is unusable (the file is empty",
+    ),
+    case(
+        "claims-init-over-another-database",
+        [D, f"{J}/foreign", "claims", "init"],
+        f"{J}/foreign/claims.sqlite is unusable (it holds no claims table",
+    ),
+    case(
+        "restore-instance-path",
+        ["claims", "restore", "--instance", "../etc"],
+        "--instance '../etc': not an instance UUID",
+    ),
+    case("restore-instance-upper", ["claims", "restore", "--instance", "ABC"], "--instance 'ABC'"),
     # Configuration that cannot be used.
-    case("config-file-a-dir", ["--config-file", "{w}/empty-dir", "inventory"],
-         "{w}/empty-dir: Is a directory"),
-    case("config-file-missing", ["--config-file", "{w}/nova.cnf", "inventory"],
-         "{w}/nova.cnf"),
+    case(
+        "config-file-a-dir",
+        ["--config-file", "{w}/empty-dir", "inventory"],
+        "{w}/empty-dir: Is a directory",
+    ),
+    case("config-file-missing", ["--config-file", "{w}/nova.cnf", "inventory"], "{w}/nova.cnf"),
     case("config-unparsable", ["sync"], "case.conf", conf="[devices\nenabled_mdev_types=x\n"),
-    case("config-max-instances-0", ["sync"], "[mdev_nvidia-468] max_instances = '0'",
-         conf=CONF + "[mdev_nvidia-468]\nmax_instances = 0\n"),
-    case("config-bad-class", ["sync"], "[mdev_nvidia-468] mdev_class = 'vgpu'",
-         conf=CONF + "[mdev_nvidia-468]\nmdev_class = vgpu\n"),
-    case("config-bad-address", ["orphans", "reclaim"], "'0000:41:00'",
-         conf=CONF + "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00\n"),
-    case("config-bad-address-inventory", ["inventory"], "'0000:41:00'",
-         conf=CONF + "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00\n"),
+    case(
+        "config-max-instances-0",
+        ["sync"],
+        "[mdev_nvidia-468] max_instances = '0'",
+        conf=CONF + "[mdev_nvidia-468]\nmax_instances = 0\n",
+    ),
+    case(
+        "config-bad-class",
+        ["sync"],
+        "[mdev_nvidia-468] mdev_class = 'vgpu'",
+        conf=CONF + "[mdev_nvidia-468]\nmdev_class = vgpu\n",
+    ),
+    case(
+        "config-bad-address",
+        ["orphans", "reclaim"],
+        "'0000:41:00'",
+        conf=CONF + "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00\n",
+    ),
+    case(
+        "config-bad-address-inventory",
+        ["inventory"],
+        "'0000:41:00'",
+        conf=CONF + "[mdev_nvidia-468]\ndevice_addresses = 0000:41:00\n",
+    ),
     # Placement and Keystone that cannot be used.
     case("no-credentials-sync", ["sync"], "No usable credentials for Placement", env={}),
     case("no-credentials-audit", ["audit"], "No usable credentials for Placement", env={}),
-    case("keystone-down-sync", ["sync"], "Keystone did not answer at http://127.0.0.1:9/v3",
-         conf=CONF + KEYSTONE_DOWN, env={}),
-    case("keystone-down-dry-run", ["sync", "--dry-run"], "Keystone did not answer",
-         conf=CONF + KEYSTONE_DOWN, env={}),
+    case(
+        "keystone-down-sync",
+        ["sync"],
+        "Keystone did not answer at http://127.0.0.1:9/v3",
+        conf=CONF + KEYSTONE_DOWN,
+        env={},
+    ),
+    case(
+        "keystone-down-dry-run",
+        ["sync", "--dry-run"],
+        "Keystone did not answer",
+        conf=CONF + KEYSTONE_DOWN,
+        env={},
+    ),
     # Files the CLI would write.
-    case("fake-host-into-a-host", ["fake-host", "create", "--profile", "t4x8", "{w}/sys"],
-         "{w}/sys is not empty"),
-    case("fake-host-into-a-file", ["fake-host", "create", "--profile", "t4x8",
-                                   "{w}/nova.conf"], "{w}/nova.conf is not empty"),
-    case("fake-host-under-a-file", ["fake-host", "create", "--profile", "t4x8",
-                                    "{w}/nova.conf/sub/host"],
-         "Cannot write the fake host at {w}/nova.conf/sub/host: Not a directory"),
-    case("fake-host-unknown-profile", ["fake-host", "create", "--profile", "t5",
-                                       "{w}/new-host"], "No fake-host profile named 't5'"),
-    case("fake-host-clashing-profiles", ["fake-host", "create", "--profile", "t4x8",
-                                         "--profile", "t4x8", "{w}/new-host"],
-         "Cannot write the fake host at {w}/new-host: File exists: devices/pci0000:18/"),
+    case(
+        "fake-host-into-a-host",
+        ["fake-host", "create", "--profile", "t4x8", "{w}/sys"],
+        "{w}/sys is not empty",
+    ),
+    case(
+        "fake-host-into-a-file",
+        ["fake-host", "create", "--profile", "t4x8", "{w}/nova.conf"],
+        "{w}/nova.conf is not empty",
+    ),
+    case(
+        "fake-host-under-a-file",
+        ["fake-host", "create", "--profile", "t4x8", "{w}/nova.conf/sub/host"],
+        "Cannot write the fake host at {w}/nova.conf/sub/host: Not a directory",
+    ),
+    case(
+        "fake-host-unknown-profile",
+        ["fake-host", "create", "--profile", "t5", "{w}/new-host"],
+        "No fake-host profile named 't5'",
+    ),
+    case(
+        "fake-host-clashing-profiles",
+        ["fake-host", "create", "--profile", "t4x8", "--profile", "t4x8", "{w}/new-host"],
+        "Cannot write the fake host at {w}/new-host: File exists: devices/pci0000:18/",
+    ),
     case("demo-dir-a-file", ["demo", "--dir", "{w}/nova.conf"], "{w}/nova.conf"),
-    case("metrics-output-under-a-file", ["metrics", "--output", "{w}/nova.conf/vgpu.prom"],
-         "Cannot write the metrics to {w}/nova.conf/vgpu.prom: Not a directory"),
-    case("metrics-output-a-directory", ["metrics", "--output", "{w}/empty-dir"],
-         "--output '{w}/empty-dir': node_exporter's textfile collector reads only files "
-         "named *.prom"),
+    case(
+        "metrics-output-under-a-file",
+        ["metrics", "--output", "{w}/nova.conf/vgpu.prom"],
+        "Cannot write the metrics to {w}/nova.conf/vgpu.prom: Not a directory",
+    ),
+    case(
+        "metrics-output-a-directory",
+        ["metrics", "--output", "{w}/empty-dir"],
+        "--output '{w}/empty-dir': node_exporter's textfile collector reads only files "
+        "named *.prom",
+    ),
     case("metrics-nodename-empty", ["--nodename", "", "metrics"], "Refusing nodename ''"),
-    case("metrics-journal-garbage", [D, f"{J}/garbage", "metrics"],
-         f"{J}/garbage/claims.sqlite is unusable (file is not a database"),
-    case("metrics-serve-sysfs-missing", [S, "{w}/no-such-sys", "metrics", "serve",
-                                         "--listen", "127.0.0.1:0"],
-         "{w}/no-such-sys does not exist"),
-    case("metrics-serve-listen-no-port", ["metrics", "serve", "--listen", "localhost"],
-         "--listen 'localhost': give ADDR:PORT"),
+    case(
+        "metrics-journal-garbage",
+        [D, f"{J}/garbage", "metrics"],
+        f"{J}/garbage/claims.sqlite is unusable (file is not a database",
+    ),
+    case(
+        "metrics-serve-sysfs-missing",
+        [S, "{w}/no-such-sys", "metrics", "serve", "--listen", "127.0.0.1:0"],
+        "{w}/no-such-sys does not exist",
+    ),
+    case(
+        "metrics-serve-listen-no-port",
+        ["metrics", "serve", "--listen", "localhost"],
+        "--listen 'localhost': give ADDR:PORT",
+    ),
     # Usage errors: argparse's and cliff's, each one error: line too.
     case("usage-bad-format", ["types", "-f", "xml"], "argument -f/--format: invalid choice"),
-    case("usage-conflicting-flags", ["sriov", "enable", "--all", "--configured"],
-         "argument --configured: not allowed with argument --all"),
-    case("usage-misspelled-command", ["typos"],
-         "'typos' is not a vgpu-manage command (did you mean 'types'?)"),
+    case(
+        "usage-conflicting-flags",
+        ["sriov", "enable", "--all", "--configured"],
+        "argument --configured: not allowed with argument --all",
+    ),
+    case(
+        "usage-misspelled-command",
+        ["typos"],
+        "'typos' is not a vgpu-manage command (did you mean 'types'?)",
+    ),
     case("usage-command-option-first", ["-f", "json", "types"], "unknown option '-f'"),
-    case("usage-missing-value", ["types", "--sort-column"],
-         "argument --sort-column: expected one argument"),
-    case("usage-missing-global-value", ["--state-dir"],
-         "argument --state-dir: expected one argument"),
+    case(
+        "usage-missing-value",
+        ["types", "--sort-column"],
+        "argument --sort-column: expected one argument",
+    ),
+    case(
+        "usage-missing-global-value", ["--state-dir"], "argument --state-dir: expected one argument"
+    ),
     case("usage-unknown-column", ["types", "-c", "nope"], "-c 'nope': no such column"),
-    case("usage-unknown-argument", ["inventory", "--bogus"],
-         "unrecognized arguments: --bogus"),
-    case("usage-global-abbreviation", ["claims", "drop", "--state", "claimed"],
-         "unrecognized arguments: --state claimed"),
+    case("usage-unknown-argument", ["inventory", "--bogus"], "unrecognized arguments: --bogus"),
+    case(
+        "usage-global-abbreviation",
+        ["claims", "drop", "--state", "claimed"],
+        "unrecognized arguments: --state claimed",
+    ),
     # Empty options never fall back to a default (the real /sys, for one).
-    *[case(f"empty-{option}-{' '.join(cmd)}", [option, value, *cmd], f"{option} {value!r}: empty")
-      for option, value, cmd in (
-          (S, "", ("types",)), (S, " ", ("sriov", "status")), (D, "", ("claims", "list")),
-          (D, "", ("orphans", "reclaim")), ("--libvirt-uri", "", ("orphans", "list")))],
+    *[
+        case(f"empty-{option}-{' '.join(cmd)}", [option, value, *cmd], f"{option} {value!r}: empty")
+        for option, value, cmd in (
+            (S, "", ("types",)),
+            (S, " ", ("sriov", "status")),
+            (D, "", ("claims", "list")),
+            (D, "", ("orphans", "reclaim")),
+            ("--libvirt-uri", "", ("orphans", "list")),
+        )
+    ],
     # Numbers of seconds that are not.
-    *[case(f"seconds-{label}-{' '.join(cmd)}", [*cmd, option, value],
-           f"argument {option}: {value!r} is not a")
-      for label, value in (("nan", "nan"), ("inf", "inf"), ("negative", "-1"), ("text", "soon"))
-      for cmd, option in ((("sriov", "enable", "--all"), "--wait"),
-                          (("orphans", "reclaim"), "--grace"))],
+    *[
+        case(
+            f"seconds-{label}-{' '.join(cmd)}",
+            [*cmd, option, value],
+            f"argument {option}: {value!r} is not a",
+        )
+        for label, value in (("nan", "nan"), ("inf", "inf"), ("negative", "-1"), ("text", "soon"))
+        for cmd, option in (
+            (("sriov", "enable", "--all"), "--wait"),
+            (("orphans", "reclaim"), "--grace"),
+        )
+    ],
     # Configuration files that cannot be read are named.
-    case("config-not-utf8", ["inventory"], "case.conf: not UTF-8 text",
-         conf=b"[devices]\nenabled_mdev_types = nvidia-468\xff\n"),
-    case("limits-url-without-scheme", ["limits", "check"],
-         "auth_url is not an http:// or https:// URL",
-         conf=CONF + "[oslo_limit]\nauth_type = password\nauth_url = keystone:5000/v3\n"
-                     "username = u\npassword = p\nuser_domain_name = Default\n"
-                     "system_scope = all\nendpoint_id = e\n", env={}),
+    case(
+        "config-not-utf8",
+        ["inventory"],
+        "case.conf: not UTF-8 text",
+        conf=b"[devices]\nenabled_mdev_types = nvidia-468\xff\n",
+    ),
+    case(
+        "limits-url-without-scheme",
+        ["limits", "check"],
+        "auth_url is not an http:// or https:// URL",
+        conf=CONF + "[oslo_limit]\nauth_type = password\nauth_url = keystone:5000/v3\n"
+        "username = u\npassword = p\nuser_domain_name = Default\n"
+        "system_scope = all\nendpoint_id = e\n",
+        env={},
+    ),
 ]
 
 

@@ -18,9 +18,27 @@ BENCH = os.path.join(REPO, "benchmarks", "bench_mixed_size.py")
 def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path):
     out = tmp_path / "numbers.json"
     done = subprocess.run(
-        [sys.executable, BENCH, "--boards", "3", "--arrivals", "60", "--load", "1.2",
-         "--seed", "7", "--json", str(out), "--tmpdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            BENCH,
+            "--boards",
+            "3",
+            "--arrivals",
+            "60",
+            "--load",
+            "1.2",
+            "--seed",
+            "7",
+            "--json",
+            str(out),
+            "--tmpdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     numbers = json.loads(out.read_text())
     for side in ("static", "mixed"):
@@ -33,8 +51,13 @@ def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path
 
 
 def test_a_nonsensical_fleet_is_refused_before_anything_runs(tmp_path):
-    done = subprocess.run([sys.executable, BENCH, "--boards", "0", "--tmpdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, BENCH, "--boards", "0", "--tmpdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert "--boards and --arrivals must be at least 1" in done.stderr
     assert os.listdir(tmp_path) == []

@@ -25,9 +25,17 @@ def service():
 
 
 def allocate_in_placement(client, rp_uuid, consumer, units):
-    client.request("PUT", f"/allocations/{consumer}", {
-        "allocations": {rp_uuid: {"resources": {"VGPU": units}}}, "project_id": "p",
-        "user_id": "u", "consumer_generation": None, "consumer_type": "INSTANCE"})
+    client.request(
+        "PUT",
+        f"/allocations/{consumer}",
+        {
+            "allocations": {rp_uuid: {"resources": {"VGPU": units}}},
+            "project_id": "p",
+            "user_id": "u",
+            "consumer_generation": None,
+            "consumer_type": "INSTANCE",
+        },
+    )
 
 
 def largest_offer(client, limit):
@@ -40,8 +48,7 @@ def largest_offer(client, limit):
     return found
 
 
-def test_placement_offers_what_the_allocator_hands_out(make_host, make_conf, tmp_path,
-                                                        service):
+def test_placement_offers_what_the_allocator_hands_out(make_host, make_conf, tmp_path, service):
     vgpu = make_driver(make_conf, make_host("a100-sriov"), tmp_path)
     client = placement.Client(service.connection())
     sync = placement.ProviderSync(client)
@@ -97,37 +104,42 @@ def test_unknown_allocations_reserve_every_claim(make_host, make_conf, tmp_path)
     vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 2}}}, providers)
     assert vgpu.provider_tree("cn1").provider(PROVIDER).reserved == 0
     assert vgpu.provider_tree("cn1", lambda name: None).provider(PROVIDER).reserved == 2
-    assert vgpu.provider_tree("cn1", lambda name: {"guest": {"VGPU": 2}}).provider(
-        PROVIDER).reserved == 0
+    assert (
+        vgpu.provider_tree("cn1", lambda name: {"guest": {"VGPU": 2}}).provider(PROVIDER).reserved
+        == 0
+    )
 
 
-def test_cli_sync_reserves_them_as_nova_compute_does(make_host, service, tmp_path,
-                                                     monkeypatch):
+def test_cli_sync_reserves_them_as_nova_compute_does(make_host, service, tmp_path, monkeypatch):
     host = make_host("a100-sriov")
     conf = "[devices]\nenabled_mdev_types = nvidia-468\n"
     args = (tmp_path, service, monkeypatch, host.paths.root)
     assert run_cli(*args, "sync", conf=conf)[0] == 0
     client = placement.Client(service.connection())
-    rp_uuid = client.request("GET", f"/resource_providers?name={PROVIDER}")[
-        "resource_providers"][0]["uuid"]
+    rp_uuid = client.request("GET", f"/resource_providers?name={PROVIDER}")["resource_providers"][
+        0
+    ]["uuid"]
     # Two claims of an incoming guest whose allocation is still on its
     # source; one of a guest Placement counts here.
     incoming, counted = str(uuid.uuid4()), str(uuid.uuid4())
     with claims_journal.Journal(str(tmp_path / "s")).transaction() as txn:
         for vf in ("0000:41:00.4", "0000:41:00.5"):
-            txn.add(incoming, str(uuid.uuid4()), A100, vf, "nvidia-468",
-                    state=claims.MIGRATING_IN)
-        txn.add(counted, str(uuid.uuid4()), A100, "0000:41:00.6", "nvidia-468",
-                state=claims.ATTACHED)
+            txn.add(incoming, str(uuid.uuid4()), A100, vf, "nvidia-468", state=claims.MIGRATING_IN)
+        txn.add(
+            counted, str(uuid.uuid4()), A100, "0000:41:00.6", "nvidia-468", state=claims.ATTACHED
+        )
     allocate_in_placement(client, rp_uuid, counted, 1)
 
     code, out, err = run_cli(*args, "sync", "--dry-run", "-f", "json", conf=conf)
     assert code == 0 and "would make 1 write" in err
-    assert [(r["method"], json.loads(r["body"])["inventories"]["VGPU"]["reserved"])
-            for r in json.loads(out)] == [("PUT", 2)]
+    assert [
+        (r["method"], json.loads(r["body"])["inventories"]["VGPU"]["reserved"])
+        for r in json.loads(out)
+    ] == [("PUT", 2)]
     assert run_cli(*args, "sync", conf=conf)[0] == 0
     inventories = client.request("GET", f"/resource_providers/{rp_uuid}/inventories")
     assert inventories["inventories"]["VGPU"]["reserved"] == 2
     code, out, _ = run_cli(*args, "audit", "-f", "json", conf=conf)
     assert {(r["kind"], r["consumer"]) for r in json.loads(out)} == {
-        ("mdev-without-allocation", incoming)}
+        ("mdev-without-allocation", incoming)
+    }

@@ -25,7 +25,7 @@ def run_as(uid, app, argv):
     """``(exit code, output)`` of ``app.run(argv)`` in a child running as ``uid``."""
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:    # the child: never returns into pytest
+    if pid == 0:  # the child: never returns into pytest
         code = 99
         try:
             os.close(read_end)
@@ -53,14 +53,16 @@ def world_readable_host():
         pytest.skip("needs root to drop to another user")
     top = tempfile.mkdtemp(prefix="vgpu-not-root-")
     os.chmod(top, 0o755)
-    kernel = fakekernel.FakeKernel.build(os.path.join(top, "sys"),
-                                         profiles.load("a100-sriov-off"))
+    kernel = fakekernel.FakeKernel.build(os.path.join(top, "sys"), profiles.load("a100-sriov-off"))
     conf = os.path.join(top, "nova.conf")
     with open(conf, "w") as f:
-        f.write(f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\n"
-                f"device_addresses = {A100}\n[vgpu]\ntest_only_fake_sysfs_root = true\n")
+        f.write(
+            f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\n"
+            f"device_addresses = {A100}\n[vgpu]\ntest_only_fake_sysfs_root = true\n"
+        )
     yield kernel, conf
     import shutil
+
     shutil.rmtree(top)
 
 
@@ -77,7 +79,9 @@ def test_a_write_as_another_user_is_refused_with_one_error_line(world_readable_h
     code, output = run_as(NOBODY, manage.ManageApp(), argv)
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert code == 2, output
-    assert errors == [f"error: NVIDIA's sriov-manage (/usr/lib/nvidia/sriov-manage -e {A100}) "
-                      f"was not run: it needs root and vgpu-manage runs as uid {NOBODY}; run "
-                      "the command as root, e.g. with sudo; nothing was changed"], output
+    assert errors == [
+        f"error: NVIDIA's sriov-manage (/usr/lib/nvidia/sriov-manage -e {A100}) "
+        f"was not run: it needs root and vgpu-manage runs as uid {NOBODY}; run "
+        "the command as root, e.g. with sudo; nothing was changed"
+    ], output
     assert kernel.pci_device(A100).sriov_numvfs == 0

@@ -44,22 +44,27 @@ GPU = "0000:18:00.0"
 TYPE = "nvidia-222"
 TIMEOUT = 30.0
 
-CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE,
-                    by_address=MappingProxyType({}))
+CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE, by_address=MappingProxyType({}))
 CONTEXT = multiprocessing.get_context("spawn")
 
 # Where the child is killed, in the order a boot passes them.
-IN_CLAIM_TRANSACTION = "in-claim-transaction"    # claims written, not committed
-CLAIM_COMMITTED = "claim-committed"              # committed, mdev not created yet
-MDEV_CREATED = "mdev-created"                    # created, allocate not returned
-ALLOCATE_RETURNED = "allocate-returned"          # returned, no domain yet
-DOMAIN_DEFINED = "domain-defined"                # domain defined, not marked attached
-ATTACHED = "attached"                            # the boot finished (control)
-STEPS = (IN_CLAIM_TRANSACTION, CLAIM_COMMITTED, MDEV_CREATED, ALLOCATE_RETURNED,
-         DOMAIN_DEFINED, ATTACHED)
+IN_CLAIM_TRANSACTION = "in-claim-transaction"  # claims written, not committed
+CLAIM_COMMITTED = "claim-committed"  # committed, mdev not created yet
+MDEV_CREATED = "mdev-created"  # created, allocate not returned
+ALLOCATE_RETURNED = "allocate-returned"  # returned, no domain yet
+DOMAIN_DEFINED = "domain-defined"  # domain defined, not marked attached
+ATTACHED = "attached"  # the boot finished (control)
+STEPS = (
+    IN_CLAIM_TRANSACTION,
+    CLAIM_COMMITTED,
+    MDEV_CREATED,
+    ALLOCATE_RETURNED,
+    DOMAIN_DEFINED,
+    ATTACHED,
+)
 
-CREATE = "create"   # the GPU has no free mdev: the boot creates one
-REUSE = "reuse"     # a free mdev waits on the GPU: the boot takes it, creates nothing
+CREATE = "create"  # the GPU has no free mdev: the boot creates one
+REUSE = "reuse"  # a free mdev waits on the GPU: the boot takes it, creates nothing
 
 
 # -- the host and the domains "libvirt" keeps on disk ------------------------------------
@@ -109,8 +114,12 @@ def domain_source(path):
 
 def start_driver(root, state_dir, domain_file):
     """A driver (re)starting: fresh kernel view, journal and domain list."""
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
-                             domain_source(domain_file), CONFIG)
+    return mdevs.MdevManager(
+        fakekernel.FakeKernel(root),
+        claims_journal.Journal(state_dir),
+        domain_source(domain_file),
+        CONFIG,
+    )
 
 
 # -- the child: a boot that stops where it is told ---------------------------------------
@@ -185,9 +194,19 @@ def crash_at(host, step, instance):
 @contextlib.contextmanager
 def killed_at(target, host, step, instance):
     """Run ``target`` in a child; yield what it reached ``step`` with, then SIGKILL it."""
-    proc = CONTEXT.Process(target=target, args=(
-        host.root, host.state_dir, host.domain_file, host.marker, step, instance,
-        host.allocations, host.providers))
+    proc = CONTEXT.Process(
+        target=target,
+        args=(
+            host.root,
+            host.state_dir,
+            host.domain_file,
+            host.marker,
+            step,
+            instance,
+            host.allocations,
+            host.providers,
+        ),
+    )
     proc.start()
     try:
         reached = wait_for(host.marker, proc)
@@ -259,8 +278,8 @@ def check_where_the_child_stopped(host, step, instance, crashed):
 
 
 CASES = [(CREATE, step) for step in STEPS] + [
-    (REUSE, step) for step in (IN_CLAIM_TRANSACTION, ALLOCATE_RETURNED, DOMAIN_DEFINED,
-                               ATTACHED)]
+    (REUSE, step) for step in (IN_CLAIM_TRANSACTION, ALLOCATE_RETURNED, DOMAIN_DEFINED, ATTACHED)
+]
 
 
 @pytest.mark.parametrize("recovery", ["retry", "reclaim"])
@@ -288,8 +307,9 @@ def test_killed_boot_loses_and_leaks_nothing(tmp_path, path, step, recovery):
     reconciler = reconcile.Reconciler(manager)
     assert reconciler.finish_releases() == []
     stale = reconciler.clean_stale_claims(grace=0)
-    assert [(c.instance_uuid, c.mdev_uuid) for c in stale] == \
-        ([(instance, crashed_mdev)] if committed and not defined else [])
+    assert [(c.instance_uuid, c.mdev_uuid) for c in stale] == (
+        [(instance, crashed_mdev)] if committed and not defined else []
+    )
     assert reconciler.restore() == [], "an mdev a domain or claim references was missing"
 
     (bystander_mdev,) = host.bystander_mdevs
@@ -302,13 +322,15 @@ def test_killed_boot_loses_and_leaks_nothing(tmp_path, path, step, recovery):
     leftover = {crashed_mdev} if exists and not defined else set()
     assert host.mdevs(manager) == referenced | leftover
     orphans = reconciler.orphans()
-    assert [(o.mdev_uuid, o.kind) for o in orphans] == \
-        [(u, reconcile.FREE) for u in sorted(leftover)]
+    assert [(o.mdev_uuid, o.kind) for o in orphans] == [
+        (u, reconcile.FREE) for u in sorted(leftover)
+    ]
 
     if recovery == "reclaim":
         outcomes = reconciler.reclaim(orphans)
-        assert [(o.mdev_uuid, o.result) for o in outcomes] == \
-            [(u, "removed") for u in sorted(leftover)]
+        assert [(o.mdev_uuid, o.result) for o in outcomes] == [
+            (u, "removed") for u in sorted(leftover)
+        ]
         assert host.mdevs(manager) == referenced
         assert host.claims(manager) == expected_claims
         leftover = set()
@@ -326,8 +348,9 @@ def test_killed_boot_loses_and_leaks_nothing(tmp_path, path, step, recovery):
     manager.mark_attached(instance)
 
     assert host.mdevs(manager) == {bystander_mdev, got[0]}
-    assert host.claims(manager) == {bystander_mdev: (host.bystander, claims.ATTACHED),
-                                    got[0]: (instance, claims.ATTACHED)}
+    assert host.claims(manager) == {
+        bystander_mdev: (host.bystander, claims.ATTACHED),
+        got[0]: (instance, claims.ATTACHED),
+    }
     assert reconciler.orphans() == []
-    assert read_json(host.domain_file) == {host.bystander: [bystander_mdev],
-                                                  instance: got}
+    assert read_json(host.domain_file) == {host.bystander: [bystander_mdev], instance: got}

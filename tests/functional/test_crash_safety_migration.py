@@ -38,26 +38,29 @@ from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
 L40S = "0000:c1:00.0"
-TYPE = "nvidia-1156"                        # L40S-8Q
-SOURCE_VF = "0000:c1:00.4"                  # the guest's VF on the source
-CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE,
-                    by_address=MappingProxyType({}))
+TYPE = "nvidia-1156"  # L40S-8Q
+SOURCE_VF = "0000:c1:00.4"  # the guest's VF on the source
+CONFIG = MdevConfig(types=(TypeConfig(TYPE),), default_type=TYPE, by_address=MappingProxyType({}))
 
 # Where the child is killed, in the order the destination passes them.
-IN_CLAIM_TRANSACTION = "in-claim-transaction"    # claims written, not committed
-CLAIM_COMMITTED = "claim-committed"              # committed, the VF not typed yet
-VF_TYPED = "vf-typed"                            # typed, the mapping not returned
-MAPPED = "mapped"                                # the source has the mapping
-ARRIVED = "arrived"                              # the guest's domain defined here
-FINISHED = "finished"                            # claims attached (control)
+IN_CLAIM_TRANSACTION = "in-claim-transaction"  # claims written, not committed
+CLAIM_COMMITTED = "claim-committed"  # committed, the VF not typed yet
+VF_TYPED = "vf-typed"  # typed, the mapping not returned
+MAPPED = "mapped"  # the source has the mapping
+ARRIVED = "arrived"  # the guest's domain defined here
+FINISHED = "finished"  # claims attached (control)
 STEPS = (IN_CLAIM_TRANSACTION, CLAIM_COMMITTED, VF_TYPED, MAPPED, ARRIVED, FINISHED)
 # The source can only have sent the guest once it had the mapping.
 CAN_ARRIVE = (MAPPED, ARRIVED, FINISHED)
 
 
 def start_driver(root, state_dir, domain_file):
-    return mdevs.MdevManager(fakekernel.FakeKernel(root), claims_journal.Journal(state_dir),
-                             crash.domain_source(domain_file), CONFIG)
+    return mdevs.MdevManager(
+        fakekernel.FakeKernel(root),
+        claims_journal.Journal(state_dir),
+        crash.domain_source(domain_file),
+        CONFIG,
+    )
 
 
 def allocation(host):
@@ -142,15 +145,14 @@ def where_it_stopped(host, step, instance, vf):
     if step == IN_CLAIM_TRANSACTION:
         assert claimed is None, "the claim is visible before its transaction committed"
     else:
-        assert claimed == (instance, claims.ATTACHED if step == FINISHED
-                           else claims.MIGRATING_IN)
-    assert (vf in host.typed(manager)) == (step not in (IN_CLAIM_TRANSACTION,
-                                                        CLAIM_COMMITTED))
+        assert claimed == (instance, claims.ATTACHED if step == FINISHED else claims.MIGRATING_IN)
+    assert (vf in host.typed(manager)) == (step not in (IN_CLAIM_TRANSACTION, CLAIM_COMMITTED))
     assert (instance in crash.read_json(host.domain_file)) == (step in (ARRIVED, FINISHED))
 
 
 CASES = [(step, "rollback") for step in STEPS if step != FINISHED] + [
-    (step, "arrive") for step in CAN_ARRIVE]
+    (step, "arrive") for step in CAN_ARRIVE
+]
 
 
 @pytest.mark.parametrize(("step", "ending"), CASES)
@@ -168,7 +170,8 @@ def test_a_killed_destination_ends_the_migration_consistent(tmp_path, step, endi
     assert reconciler.clean_stale_claims(grace=0) == []
     # A claim whose VF the child never typed: typed now, as after a reboot.
     assert [(o.mdev_uuid, o.result) for o in reconciler.restore()] == (
-        [(vf, "restored")] if step == CLAIM_COMMITTED else [])
+        [(vf, "restored")] if step == CLAIM_COMMITTED else []
+    )
     migrations = migration.Migrations(manager)
 
     if ending == "rollback":
@@ -189,7 +192,6 @@ def test_a_killed_destination_ends_the_migration_consistent(tmp_path, step, endi
         expected = {vf: (instance, claims.ATTACHED)}
 
     (bystander_vf,) = host.bystander_vfs
-    assert host.claims(manager) == {bystander_vf: (host.bystander, claims.ATTACHED),
-                                    **expected}
+    assert host.claims(manager) == {bystander_vf: (host.bystander, claims.ATTACHED), **expected}
     assert host.typed(manager) == {bystander_vf: TYPE, **{v: TYPE for v in expected}}
     assert reconcile.Reconciler(manager).orphans() == []

@@ -49,9 +49,21 @@ def demo(tmp_path_factory):
     """One run of ``vgpu-manage --config-file /dev/null demo --dir DIR``."""
     kept = tmp_path_factory.mktemp("demo") / "kept"
     done = subprocess.run(
-        [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file", "/dev/null",
-         "demo", "--dir", str(kept)],
-        capture_output=True, text=True, check=False, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "vgpu_driver.cmd.manage",
+            "--config-file",
+            "/dev/null",
+            "demo",
+            "--dir",
+            str(kept),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done, kept
 
@@ -62,7 +74,7 @@ def table_after(out, heading):
     lines = out.split(heading, 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("+"))
     rows = []
-    for line in lines[start + 3:]:
+    for line in lines[start + 3 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.split("|")[1:-1]]
@@ -79,10 +91,10 @@ def placement_after(demo):
     _done, kept = demo
     with placement_service.EmbeddedPlacement(f"sqlite:///{kept}/placement.sqlite") as svc:
         client = placement.Client(svc.connection())
-        root = client.request("GET", f"/resource_providers?name={NODE}")[
-            "resource_providers"][0]
+        root = client.request("GET", f"/resource_providers?name={NODE}")["resource_providers"][0]
         listed = client.request("GET", f"/resource_providers?in_tree={root['uuid']}")[
-            "resource_providers"]
+            "resource_providers"
+        ]
         allocations, inventories, usages = {}, {}, {}
         for rp in listed:
             if rp["uuid"] == root["uuid"]:
@@ -90,10 +102,10 @@ def placement_after(demo):
             base = f"/resource_providers/{rp['uuid']}"
             vgpu = client.request("GET", f"{base}/inventories")["inventories"]["VGPU"]
             inventories[rp["name"]] = (vgpu["total"], vgpu["reserved"])
-            usages[rp["name"]] = client.request("GET", f"{base}/usages")["usages"].get(
-                "VGPU", 0)
+            usages[rp["name"]] = client.request("GET", f"{base}/usages")["usages"].get("VGPU", 0)
             for consumer, data in client.request("GET", f"{base}/allocations")[
-                    "allocations"].items():
+                "allocations"
+            ].items():
                 allocations[(consumer, rp["name"])] = data["resources"]["VGPU"]
     return allocations, inventories, usages
 
@@ -103,8 +115,10 @@ def host_after(demo):
     """``{mdev uuid: (parent, gpu, type)}`` read from the fake /sys tree."""
     _done, kept = demo
     snapshot = discovery.discover(sysfs.open_host(str(kept / "sys")))
-    return {m.uuid: (m.parent, snapshot.gpu_of_parent(m.parent).address, m.type_id)
-            for m in snapshot.mdevs}
+    return {
+        m.uuid: (m.parent, snapshot.gpu_of_parent(m.parent).address, m.type_id)
+        for m in snapshot.mdevs
+    }
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +131,11 @@ def domains_after(demo):
         with open(path) as f:
             root = guest.parse(f.read())
         models = [h.get("model") for h in root.findall("./devices/hostdev[@type='mdev']")]
-        found[root.findtext("name")] = (root.findtext("uuid"), guest.mdev_uuids(root),
-                                        models)
+        found[root.findtext("name")] = (root.findtext("uuid"), guest.mdev_uuids(root), models)
     return found
 
 
-def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after,
-                                                     domains_after):
+def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after, domains_after):
     allocations, _inventories, _usages = placement_after
     # Every mdev on the host is some domain's hostdev, and the other way round:
     # the orphan of the old type is gone, nothing is left unused.
@@ -134,7 +146,9 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
     # uses on that GPU.
     held = collections.Counter(
         (dom_uuid, inventory.provider_name_for(NODE, host_after[m][1]))
-        for dom_uuid, mdevs, _models in domains_after.values() for m in mdevs)
+        for dom_uuid, mdevs, _models in domains_after.values()
+        for m in mdevs
+    )
     assert dict(held) == allocations
     assert set(domains_after) == {name for name, _flavor in scenario.BOOTS}
     for name, flavor in scenario.BOOTS:
@@ -147,8 +161,7 @@ def test_allocations_mdevs_and_hostdevs_are_the_same(placement_after, host_after
     assert A100 in gpus and gpus - {A100}
     assert max(len(mdevs) for _u, mdevs, _m in domains_after.values()) >= 2
     a100_parents = [p for p, gpu, _t in host_after.values() if gpu == A100]
-    assert len(a100_parents) == sum(f.vgpus for f in FLAVORS
-                                    if f.trait == scenario.A100_4C)
+    assert len(a100_parents) == sum(f.vgpus for f in FLAVORS if f.trait == scenario.A100_4C)
     assert len(set(a100_parents)) == len(a100_parents)
 
 
@@ -157,11 +170,13 @@ def test_the_claims_journal_agrees(demo, domains_after):
     by_mdev = {m: dom_uuid for dom_uuid, mdevs, _ in domains_after.values() for m in mdevs}
     journal = claims_journal.Journal(str(kept / "state"))
     assert {c.mdev_uuid: (c.instance_uuid, c.state) for c in journal.claims()} == {
-        m: (dom_uuid, claims.ATTACHED) for m, dom_uuid in by_mdev.items()}
+        m: (dom_uuid, claims.ATTACHED) for m, dom_uuid in by_mdev.items()
+    }
 
 
 def test_the_printed_tables_are_what_placement_and_the_host_hold(
-        demo, placement_after, host_after, domains_after):
+    demo, placement_after, host_after, domains_after
+):
     done, _kept = demo
     out = done.stdout
     allocations, inventories, usages = placement_after
@@ -176,28 +191,43 @@ def test_the_printed_tables_are_what_placement_and_the_host_hold(
         name = f"{NODE}_pci_0000_{capped}_00_0"
         assert inventories[name] == (8, 8)
         assert reported[name][3].startswith("max_instances=36 for nvidia-231")
-    usage = {r[0]: (r[1], int(r[2]), int(r[3]), int(r[4]))
-             for r in table_after(out, "==> reading usage back from Placement")}
+    usage = {
+        r[0]: (r[1], int(r[2]), int(r[3]), int(r[4]))
+        for r in table_after(out, "==> reading usage back from Placement")
+    }
     assert {n: u[1] for n, u in usage.items()} == usages
     assert {n: u[2:] for n, u in usage.items()} == inventories
     for name, used in usages.items():
         assert used == sum(n for (_c, rp), n in allocations.items() if rp == name)
-        assert used == sum(1 for _p, gpu, _t in host_after.values()
-                           if inventory.provider_name_for(NODE, gpu) == name)
+        assert used == sum(
+            1
+            for _p, gpu, _t in host_after.values()
+            if inventory.provider_name_for(NODE, gpu) == name
+        )
     assert sum(usages.values()) == sum(f.vgpus for f in FLAVORS)
     instances = table_after(out, "==> reading each instance's mdevs")
     assert sorted(tuple(r) for r in instances) == sorted(
-        (name, m, host_after[m][1], host_after[m][2],
-         inventory.provider_name_for(NODE, host_after[m][1]))
-        for name, (_u, mdevs, _models) in domains_after.items() for m in mdevs)
+        (
+            name,
+            m,
+            host_after[m][1],
+            host_after[m][2],
+            inventory.provider_name_for(NODE, host_after[m][1]),
+        )
+        for name, (_u, mdevs, _models) in domains_after.items()
+        for m in mdevs
+    )
     listed = table_after(out, "mdev list -c uuid")
     assert sorted(tuple(r) for r in listed) == sorted(
         (m, host_after[m][0], dom_uuid, "attached")
-        for dom_uuid, mdevs, _models in domains_after.values() for m in mdevs)
+        for dom_uuid, mdevs, _models in domains_after.values()
+        for m in mdevs
+    )
 
 
 def test_the_status_table_ends_the_story_and_agrees_with_placement(
-        demo, placement_after, domains_after):
+    demo, placement_after, domains_after
+):
     done, _kept = demo
     _allocations, inventories, usages = placement_after
     heading = f"--nodename {NODE} status"
@@ -214,16 +244,21 @@ def test_the_status_table_ends_the_story_and_agrees_with_placement(
         assert shown in section
     used = sum(usages.values())
     total = sum(t for t, _r in inventories.values())
-    assert f"{NODE}: 9 GPU(s), 9 with a provider; vGPUs {status.bar(used, total)} used, " \
-           f"{sum(r for _t, r in inventories.values())} reserved; {len(domains_after)} " \
-           "guest(s); 0 claim(s) in flight; SR-IOV on 1 of 1 board(s)\n" in section
+    assert (
+        f"{NODE}: 9 GPU(s), 9 with a provider; vGPUs {status.bar(used, total)} used, "
+        f"{sum(r for _t, r in inventories.values())} reserved; {len(domains_after)} "
+        "guest(s); 0 claim(s) in flight; SR-IOV on 1 of 1 board(s)\n" in section
+    )
 
 
 def test_the_story_is_told_in_order(demo):
     done, kept = demo
     out = done.stdout
-    steps = [line.split(" ... ")[0] for line in out.splitlines()
-             if line.startswith("==> ") and " ... " in line]
+    steps = [
+        line.split(" ... ")[0]
+        for line in out.splitlines()
+        if line.startswith("==> ") and " ... " in line
+    ]
     assert steps == [
         f"==> writing a fake host (1 A100 with 16 VFs, 8 T4) to {kept}/sys",
         "==> starting Placement (openstack-placement in this process, sqlite)",
@@ -234,14 +269,20 @@ def test_the_story_is_told_in_order(demo):
         *[f"==> booting {n} (flavor {f})" for n, f in scenario.BOOTS],
         "==> reading usage back from Placement",
         "==> reading each instance's mdevs from libvirt and their GPU from /sys",
-        "==> stopping Placement"]
-    assert all(line.endswith(" s)") for line in out.splitlines()
-               if line.startswith("==> ") and " ... " in line)
+        "==> stopping Placement",
+    ]
+    assert all(
+        line.endswith(" s)")
+        for line in out.splitlines()
+        if line.startswith("==> ") and " ... " in line
+    )
     assert f"{ORPHAN} (nvidia-222 on 0000:35:00.0): removed" in out
     assert "9 provider(s) created under demo-host" in out
     assert "no drift: Placement's allocations and inventory match" in out
-    assert out.rstrip().endswith(f"==> kept {kept}: sys/ (the fake host), state/ (claims), "
-                                 "placement.sqlite, nova.conf, domains/*.xml")
+    assert out.rstrip().endswith(
+        f"==> kept {kept}: sys/ (the fake host), state/ (claims), "
+        "placement.sqlite, nova.conf, domains/*.xml"
+    )
     assert "Traceback" not in done.stderr and "error" not in done.stderr
     # The fake host was kept where asked, and plays /sys for anyone.
     assert (kept / "sys" / "class" / "mdev_bus" / "0000:41:00.4").is_symlink()
@@ -258,8 +299,9 @@ def run_in_process(monkeypatch, tmp_path, *argv):
 
 def demo_domains():
     names = {name for name, _flavor in scenario.BOOTS}
-    return [d.name() for d in libvirt.open("test:///default").listAllDomains(0)
-            if d.name() in names]
+    return [
+        d.name() for d in libvirt.open("test:///default").listAllDomains(0) if d.name() in names
+    ]
 
 
 def test_without_dir_the_working_directory_is_removed(monkeypatch, tmp_path):
@@ -270,19 +312,18 @@ def test_without_dir_the_working_directory_is_removed(monkeypatch, tmp_path):
     assert demo_domains() == []
 
 
-def test_a_failed_step_is_one_error_line_and_everything_is_cleaned_up(monkeypatch,
-                                                                      tmp_path):
+def test_a_failed_step_is_one_error_line_and_everything_is_cleaned_up(monkeypatch, tmp_path):
     # One more guest than the A100 has room for: no allocation candidate.
     greedy = compute.Flavor("greedy.11x-a100-4c", 8, 8192, 40, 11, scenario.A100_4C)
     monkeypatch.setitem(scenario.FLAVORS, greedy.name, greedy)
-    monkeypatch.setattr(scenario, "BOOTS",
-                        (*scenario.BOOTS, ("greedy-1", greedy.name)))
+    monkeypatch.setattr(scenario, "BOOTS", (*scenario.BOOTS, ("greedy-1", greedy.name)))
     code, out, err = run_in_process(monkeypatch, tmp_path)
     assert code == 2
     assert err.splitlines() == [
         "error: demo step 'booting greedy-1 (flavor greedy.11x-a100-4c)' failed: Placement "
         "has no allocation candidate for greedy-1 (GET /allocation_candidates?resources="
-        "DISK_GB:40,MEMORY_MB:8192,VCPU:8,VGPU:11&required=CUSTOM_VGPU_NVIDIA_A100_4C)"]
+        "DISK_GB:40,MEMORY_MB:8192,VCPU:8,VGPU:11&required=CUSTOM_VGPU_NVIDIA_A100_4C)"
+    ]
     assert "==> booting greedy-1 (flavor greedy.11x-a100-4c) ... failed" in out
     endpoint = out.split("serving on ", 1)[1].split(",")[0]
     with pytest.raises(OSError):
@@ -300,19 +341,33 @@ def test_a_missing_extra_is_named(monkeypatch, tmp_path):
     assert err.splitlines() == [
         "error: demo step 'starting Placement (openstack-placement in this process, "
         "sqlite)' failed: Python module 'placement' is missing "
-        "(pip install 'vgpu-driver[embedded-placement]')"]
+        "(pip install 'vgpu-driver[embedded-placement]')"
+    ]
     assert os.listdir(tmp_path) == []
 
 
 def test_dir_must_be_new_or_empty(tmp_path):
     (tmp_path / "something").write_text("")
     done = subprocess.run(
-        [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file", "/dev/null",
-         "demo", "--dir", str(tmp_path)],
-        capture_output=True, text=True, check=False, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "vgpu_driver.cmd.manage",
+            "--config-file",
+            "/dev/null",
+            "demo",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        f"error: --dir {tmp_path} is not empty; give a new or empty directory"]
+        f"error: --dir {tmp_path} is not empty; give a new or empty directory"
+    ]
     assert os.listdir(tmp_path) == ["something"]
 
 
@@ -322,41 +377,71 @@ def test_drift_found_by_the_audit_fails_the_demo(monkeypatch, tmp_path):
     def and_a_ghost(self, booted):
         # Placement allocates a vGPU of the A100 to an instance this host never saw.
         a100 = self.node.tree.by_gpu(A100)
-        rp = next(u for u, p in self.node.sync.provider_uuids(self.node.tree).items()
-                  if p is a100)
-        self.node.client.request("PUT", f"/allocations/{compute.instance_uuid('ghost')}", {
-            "allocations": {rp: {"resources": {"VGPU": 1}}}, "project_id": "p",
-            "user_id": "u", "consumer_generation": None, "consumer_type": "INSTANCE"})
+        rp = next(u for u, p in self.node.sync.provider_uuids(self.node.tree).items() if p is a100)
+        self.node.client.request(
+            "PUT",
+            f"/allocations/{compute.instance_uuid('ghost')}",
+            {
+                "allocations": {rp: {"resources": {"VGPU": 1}}},
+                "project_id": "p",
+                "user_id": "u",
+                "consumer_generation": None,
+                "consumer_type": "INSTANCE",
+            },
+        )
         return show_instances(self, booted)
 
     monkeypatch.setattr(demo_commands.Demo, "_show_instances", and_a_ghost)
     code, out, err = run_in_process(monkeypatch, tmp_path)
     assert code == 2
     assert err.splitlines() == [
-        "error: demo step 'vgpu-manage audit' failed: exit code 1: drift, listed above"]
+        "error: demo step 'vgpu-manage audit' failed: exit code 1: drift, listed above"
+    ]
     drift = table_after(out, "--nodename demo-host audit")
     assert [(r[0], r[1], r[3]) for r in drift] == [
-        ("allocation-without-mdev", f"{NODE}_pci_0000_41_00_0", compute.instance_uuid("ghost"))]
+        ("allocation-without-mdev", f"{NODE}_pci_0000_41_00_0", compute.instance_uuid("ghost"))
+    ]
     assert os.listdir(tmp_path) == [] and demo_domains() == []
 
 
-def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domains_after,
-                                                   tmp_path):
+def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domains_after, tmp_path):
     """``metrics serve`` on 127.0.0.1, scraped over HTTP: each series agrees
     with ``status -f json``, Placement and the domains, and each scrape reads
     the host again."""
     _done, kept = demo
     domains = [path.read_text() for path in sorted((kept / "domains").glob("*.xml"))]
     uri = libvirt_domains.node_file(tmp_path / "node.xml", domains)
-    cli = [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file",
-           str(kept / "nova.conf"), "--nodename", NODE, "--libvirt-uri", uri]
-    with subprocess.Popen([*cli, "metrics", "serve", "--listen", "127.0.0.1:0"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+    cli = [
+        sys.executable,
+        "-m",
+        "vgpu_driver.cmd.manage",
+        "--config-file",
+        str(kept / "nova.conf"),
+        "--nodename",
+        NODE,
+        "--libvirt-uri",
+        uri,
+    ]
+    with subprocess.Popen(
+        [*cli, "metrics", "serve", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:
         try:
             url = serving_url(server)
-            status_rows = {r["gpu"]: r for r in json.loads(subprocess.run(
-                [*cli, "status", "-f", "json"], capture_output=True, text=True, check=True,
-                timeout=60).stdout)}
+            status_rows = {
+                r["gpu"]: r
+                for r in json.loads(
+                    subprocess.run(
+                        [*cli, "status", "-f", "json"],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=60,
+                    ).stdout
+                )
+            }
             found = scraped(url)
             # Each scrape reads the host anew and leaves no file or socket open.
             open_files = len(os.listdir(f"/proc/{server.pid}/fd"))
@@ -382,14 +467,21 @@ def test_metrics_serve_is_scraped_for_the_demo_host(demo, placement_after, domai
         assert found["vgpu_gpu_vgpus_reserved"][labels] == row["reserved"] == reserved
         assert found["vgpu_gpu_vgpus_used"][labels] == row["used"] == usages[row["provider"]]
         assert found["vgpu_gpu_guests"][(("gpu", gpu),)] == len(
-            {g["instance"] for g in row["guests"]})
-        info = (("gpu", gpu), ("model", row_model(found, gpu)),
-                ("pci_bus_id", "0000" + gpu.upper()), ("provider", row["provider"]),
-                ("resource_class", "VGPU"), ("unit", "vGPUs"))
+            {g["instance"] for g in row["guests"]}
+        )
+        info = (
+            ("gpu", gpu),
+            ("model", row_model(found, gpu)),
+            ("pci_bus_id", "0000" + gpu.upper()),
+            ("provider", row["provider"]),
+            ("resource_class", "VGPU"),
+            ("unit", "vGPUs"),
+        )
         assert found["vgpu_gpu_info"][info] == 1
     assert set(found["vgpu_gpu_guests"]) == {(("gpu", g),) for g in status_rows}
     assert found["vgpu_claims"][(("state", "attached"),)] == sum(
-        len(mdevs) for _u, mdevs, _m in domains_after.values())
+        len(mdevs) for _u, mdevs, _m in domains_after.values()
+    )
     assert found["vgpu_orphan_vgpus"] == {(): 0}
     assert found["vgpu_sriov_boards"][(("state", "enabled"),)] == 1
     assert found["vgpu_guests_known"] == {(): 1}

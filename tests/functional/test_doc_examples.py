@@ -45,15 +45,18 @@ from vgpu_driver.fake import profiles
 DOC = pathlib.Path(__file__).resolve().parents[2] / "doc" / "source"
 SETUP = re.compile(r"^\.\. example: (\S+)\s*$")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-TIMINGS = (re.compile(r"\b\d+s ago\b"), re.compile(r"\bin \d+ ms\b"),
-           re.compile(r"\(\d+(\.\d+)? s\)"))
+TIMINGS = (
+    re.compile(r"\b\d+s ago\b"),
+    re.compile(r"\bin \d+ ms\b"),
+    re.compile(r"\(\d+(\.\d+)? s\)"),
+)
 A100 = "0000:41:00.0"
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    line: str           # as typed, continuation lines joined
-    expected: str       # what the page shows after it
+    line: str  # as typed, continuation lines joined
+    expected: str  # what the page shows after it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Example:
 def _block(lines, start):
     """The indented lines of the block whose directive is at ``start``."""
     body = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.strip() and not line.startswith(" "):
             break
         body.append(line)
@@ -109,10 +112,16 @@ def examples():
             commands = _commands(_block(lines, number))
             if not commands:
                 continue
-            above = [text for text in lines[max(number - 3, 0):number] if text.strip()]
+            above = [text for text in lines[max(number - 3, 0) : number] if text.strip()]
             setup = SETUP.match(above[-1]) if above else None
-            found.append(Example(str(page.relative_to(DOC)), number + 1,
-                                 setup.group(1) if setup else None, commands))
+            found.append(
+                Example(
+                    str(page.relative_to(DOC)),
+                    number + 1,
+                    setup.group(1) if setup else None,
+                    commands,
+                )
+            )
     return found
 
 
@@ -133,9 +142,14 @@ def normalise(text, paths):
 
 
 def vgpu_manage(args, cwd):
-    result = subprocess.run([sys.executable, "-m", "vgpu_driver.cmd.manage", *args],
-                            cwd=cwd, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "COLUMNS": "250"})
+    result = subprocess.run(
+        [sys.executable, "-m", "vgpu_driver.cmd.manage", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "250"},
+    )
     return result.returncode, result.stderr + result.stdout
 
 
@@ -149,7 +163,8 @@ def _a100_host(workdir, numvfs=16):
         kernel.set_vfs(A100, 0)
     (workdir / "nova.conf").write_text(
         "[devices]\nenabled_mdev_types = nvidia-468\n"
-        f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n")
+        f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
+    )
     return kernel
 
 
@@ -167,10 +182,13 @@ def setup_a100_guest_and_claim(workdir):
     kernel.create_mdev(vfs[1], "nvidia-468", claimed)
     journal = claims_journal.Journal(str(workdir / "state"))
     with journal.transaction() as txn:
-        txn.add(str(uuid.uuid4()), claimed, A100, vfs[1], "nvidia-468", claims.CLAIMED,
-                created=True)
-    libvirt_domains.node_file(workdir / "node.xml", [libvirt_domains.domain_xml(
-        "instance-0000002a", [used], domain_uuid=str(uuid.uuid4()))])
+        txn.add(
+            str(uuid.uuid4()), claimed, A100, vfs[1], "nvidia-468", claims.CLAIMED, created=True
+        )
+    libvirt_domains.node_file(
+        workdir / "node.xml",
+        [libvirt_domains.domain_xml("instance-0000002a", [used], domain_uuid=str(uuid.uuid4()))],
+    )
 
 
 L40S = "0000:c1:00.0"
@@ -185,35 +203,51 @@ def setup_l40s_mixed(workdir):
     kernel.set_heterogeneous_mode(L40S, True)
     for vf, number in MIXED_GUESTS:
         kernel.set_vendor_vgpu_type(vf, number)
-    groups = "".join(f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n"
-                     for n in (1155, 1156, 1157, 1159))
+    groups = "".join(
+        f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n" for n in (1155, 1156, 1157, 1159)
+    )
     (workdir / "nova.conf").write_text(
         "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
         f"{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
-        f"test_only_fake_nvml_host = {workdir / 'sys'}\n")
+        f"test_only_fake_nvml_host = {workdir / 'sys'}\n"
+    )
     claims_journal.Journal(str(workdir / "state")).close()
-    libvirt_domains.node_file(workdir / "node.xml", [
-        libvirt_domains.domain_xml(f"instance-0000000{number}", vfs=[vf],
-                                   domain_uuid=str(uuid.uuid4()))
-        for number, (vf, _type) in enumerate(MIXED_GUESTS, 1)])
+    libvirt_domains.node_file(
+        workdir / "node.xml",
+        [
+            libvirt_domains.domain_xml(
+                f"instance-0000000{number}", vfs=[vf], domain_uuid=str(uuid.uuid4())
+            )
+            for number, (vf, _type) in enumerate(MIXED_GUESTS, 1)
+        ],
+    )
 
 
-SETUPS = {"a100-vfs-off": setup_a100_vfs_off,
-          "a100-guest-and-claim": setup_a100_guest_and_claim,
-          "l40s-mixed": setup_l40s_mixed}
-HOST_DEFAULTS = ["--config-file", "nova.conf", "--sysfs-root", "sys", "--state-dir", "state",
-                 "--nodename", "cn1"]
+SETUPS = {
+    "a100-vfs-off": setup_a100_vfs_off,
+    "a100-guest-and-claim": setup_a100_guest_and_claim,
+    "l40s-mixed": setup_l40s_mixed,
+}
+HOST_DEFAULTS = [
+    "--config-file",
+    "nova.conf",
+    "--sysfs-root",
+    "sys",
+    "--state-dir",
+    "state",
+    "--nodename",
+    "cn1",
+]
 
 
 def _argv(command, workdir):
     argv = shlex.split(command)
     assert argv[0] == "vgpu-manage", f"not a vgpu-manage command: {command}"
-    argv = [re.sub(r"^test:///\S*node\.xml$", f"test://{workdir}/node.xml", a)
-            for a in argv[1:]]
+    argv = [re.sub(r"^test:///\S*node\.xml$", f"test://{workdir}/node.xml", a) for a in argv[1:]]
     if "--config-file" not in argv:
         argv = HOST_DEFAULTS + argv
     if "--libvirt-uri" not in argv:
-        argv = ["--libvirt-uri", "test:///default"] + argv   # a host's, with no guest
+        argv = ["--libvirt-uri", "test:///default"] + argv  # a host's, with no guest
     return argv
 
 
@@ -234,15 +268,17 @@ def test_a_host_example_prints_what_the_page_shows(example, tmp_path):
     for command in example.commands:
         code, output = vgpu_manage(_argv(command.line, tmp_path), tmp_path)
         paths = {str(tmp_path): "<dir>"}
-        assert normalise(output, paths) == normalise(command.expected, paths), \
+        assert normalise(output, paths) == normalise(command.expected, paths), (
             f"{example}: {command.line} (exit {code})"
+        )
 
 
 @pytest.fixture(scope="module")
 def demo_transcript(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("demo") / "run"
-    code, output = vgpu_manage(["--config-file", os.devnull, "demo", "--dir", str(workdir)],
-                               tmp_path_factory.getbasetemp())
+    code, output = vgpu_manage(
+        ["--config-file", os.devnull, "demo", "--dir", str(workdir)], tmp_path_factory.getbasetemp()
+    )
     assert code == 0, output
     return workdir, output
 
@@ -253,7 +289,7 @@ def _shown_by_demo(transcript, command):
     for number, line in enumerate(lines):
         if line == f"==> $ {command}":
             following = []
-            for after in lines[number + 1:]:
+            for after in lines[number + 1 :]:
                 if after.startswith("==> "):
                     break
                 following.append(after)

@@ -16,22 +16,42 @@ def provider(address):
     return "cn1_pci_" + address.replace(":", "_").replace(".", "_")
 
 
-def test_sync_and_audit_follow_the_resolution(make_host, service, api, tmp_path,  # noqa: F811
-                                               monkeypatch):
+def test_sync_and_audit_follow_the_resolution(
+    make_host,
+    service,  # noqa: F811
+    api,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
     host = make_host("a100-sriov", "t4x8")
     args = (tmp_path, service, monkeypatch, host.paths.root)
     code, _, err = run_cli(*args, "sync", "-f", "json", conf=confs.FLEET)
     assert code == 0 and "10 created" in err
     view = placement_view(api, "cn1")
     manager = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"
-    t4_4c = ["CUSTOM_MDEV_NVIDIA_319", manager, "CUSTOM_OWNER_VGPU_DRIVER",
-             "CUSTOM_VGPU_GRID_T4_4C"]
-    t4_8c = ["CUSTOM_MDEV_NVIDIA_320", manager, "CUSTOM_OWNER_VGPU_DRIVER",
-             "CUSTOM_VGPU_GRID_T4_8C"]
-    expected = {provider("0000:41:00.0"): ({"CUSTOM_A100_4C": (10, 0)},
-                                           ["CUSTOM_MDEV_NVIDIA_468", manager,
-                                            "CUSTOM_OWNER_VGPU_DRIVER",
-                                            "CUSTOM_VGPU_NVIDIA_A100_4C"])}
+    t4_4c = [
+        "CUSTOM_MDEV_NVIDIA_319",
+        manager,
+        "CUSTOM_OWNER_VGPU_DRIVER",
+        "CUSTOM_VGPU_GRID_T4_4C",
+    ]
+    t4_8c = [
+        "CUSTOM_MDEV_NVIDIA_320",
+        manager,
+        "CUSTOM_OWNER_VGPU_DRIVER",
+        "CUSTOM_VGPU_GRID_T4_8C",
+    ]
+    expected = {
+        provider("0000:41:00.0"): (
+            {"CUSTOM_A100_4C": (10, 0)},
+            [
+                "CUSTOM_MDEV_NVIDIA_468",
+                manager,
+                "CUSTOM_OWNER_VGPU_DRIVER",
+                "CUSTOM_VGPU_NVIDIA_A100_4C",
+            ],
+        )
+    }
     expected.update({provider(a): ({"VGPU": (4, 0)}, t4_4c) for a in T4[:4]})
     expected.update({provider(a): ({"VGPU": (2, 0)}, t4_8c) for a in T4[4:]})
     assert view.pop("cn1") == (None, {}, [])

@@ -34,8 +34,9 @@ L40S = "0000:c1:00.0"
 STEPS = 25
 PROFILES = ("t4x8", "a100-sriov", "l40s-vfio", "mtty")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="only root may send on udev's netlink group")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="only root may send on udev's netlink group"
+)
 
 
 @pytest.fixture
@@ -87,8 +88,9 @@ def test_vfs_coming_and_going_name_their_gpu(announced, monitor):
     # fake hosts of tests running beside this one (the nova lane's soak)
     # announce their T4s' mdevs on it too, under the same addresses.
     later = settled(monitor, quiet=0.05)
-    assert A100 not in later.gpus and not {p for p in later.parents
-                                           if p.startswith(A100[:8])}, later
+    assert A100 not in later.gpus and not {p for p in later.parents if p.startswith(A100[:8])}, (
+        later
+    )
 
 
 def test_a_served_host_announces_writes_from_any_process(tmp_path):
@@ -134,7 +136,7 @@ def test_stops_at_once_close_each_pipe_end_once(monitor):
     try:
         monitor.stop()
         for fd in reused:
-            os.fstat(fd)        # still open
+            os.fstat(fd)  # still open
     finally:
         for fd in reused:
             os.close(fd)
@@ -147,8 +149,11 @@ def _random_change(kernel, rng):
     try:
         if action == "create":
             parent = rng.choice(kernel.list_parents())
-            kernel.create_mdev(parent.name, rng.choice(parent.types).type_id,
-                               str(uuid.UUID(int=rng.getrandbits(128))))
+            kernel.create_mdev(
+                parent.name,
+                rng.choice(parent.types).type_id,
+                str(uuid.UUID(int=rng.getrandbits(128))),
+            )
         elif action == "remove" and kernel.list_mdevs():
             kernel.remove_mdev(rng.choice(kernel.list_mdevs()).uuid)
         elif action == "sriov":
@@ -203,8 +208,9 @@ def make_driver(make_conf, host, tmp_path, extra=""):
         restore_wait = 60
         {extra}
         """)
-    return driver.VGPUDriver(conf, domains.InProcessDomains(),
-                             host=fakekernel.FakeKernel(host.paths.root))
+    return driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
 
 
 def wait_for(predicate, timeout):
@@ -240,8 +246,9 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
         time.sleep(4.0)  # a backoff from 0.5 s would now sleep until 7.5 s
         enabled = time.monotonic()
         host.set_vfs(A100, 16)
-        assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 1.0), \
+        assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 1.0), (
             f"not restored within 1 s of the VFs' events ({host.list_mdevs()})"
+        )
         elapsed = time.monotonic() - enabled
         assert wait_for(lambda: not restarted.worker.waiting, 5.0)
         assert all(names.is_mdev_uuid(u) for u in got) and elapsed < 1.0
@@ -278,8 +285,9 @@ def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tm
         state_dir = {tmp_path / "state"}
         hotplug_events = udev
         """)
-    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
-                             host=fakekernel.FakeKernel(host.paths.root))
+    vgpu = driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
     try:
         before = vgpu.provider_tree("cn1").by_gpu(T4)
         assert (before.total, before.reserved) == (16, 0)

@@ -40,8 +40,9 @@ def refused(nova_conf, root, bin_dir, *argv):
     before = snapshot(root)
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir), *argv)
     assert (code, out, snapshot(root)) == (2, "", before), err
-    assert len(err.splitlines()) == 1 and err.startswith("error: root would run or read what "
-                                                         "another user can replace: "), err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "error: root would run or read what another user can replace: "
+    ), err
     return err
 
 
@@ -66,7 +67,7 @@ def test_the_real_environment_of_these_tests_is_accepted(tmp_path):
 def test_a_helper_in_a_directory_nova_owns_is_refused(tmp_path, nova_conf, owned):
     home, user = owned
     root = test_install_units.make_root(tmp_path, "nova")
-    bin_dir = scripts_in(home / "venv" / "bin")      # made as root, in nova's directory
+    bin_dir = scripts_in(home / "venv" / "bin")  # made as root, in nova's directory
     err = refused(nova_conf, root, bin_dir)
     assert f"{home} (owner {user}, mode 0755) can be changed by another user than root" in err
 
@@ -152,39 +153,60 @@ def test_directories_are_0755_whatever_the_umask(tmp_path, nova_conf):
     finally:
         os.umask(old)
     assert code == 0, err
-    made = ["etc/sudoers.d", "etc/vgpu-driver", "etc/systemd", "etc/systemd/system",
-            "etc/systemd/system/nova-compute.service.d"]
-    assert {d: oct((root / d).stat().st_mode & 0o7777) for d in made} == \
-        {d: "0o755" for d in made}
-    assert {f.path: oct((root / f.path).stat().st_mode & 0o7777)
-            for f in host_files.render(host_files.EXAMPLE)} == {
-        host_files.SUDOERS: "0o440", host_files.PRIVSEP_CONF: "0o644",
-        host_files.SRIOV_UNIT: "0o644", host_files.COMPUTE_DROPIN: "0o644",
-        host_files.METRICS_UNIT: "0o644"}
+    made = [
+        "etc/sudoers.d",
+        "etc/vgpu-driver",
+        "etc/systemd",
+        "etc/systemd/system",
+        "etc/systemd/system/nova-compute.service.d",
+    ]
+    assert {d: oct((root / d).stat().st_mode & 0o7777) for d in made} == {d: "0o755" for d in made}
+    assert {
+        f.path: oct((root / f.path).stat().st_mode & 0o7777)
+        for f in host_files.render(host_files.EXAMPLE)
+    } == {
+        host_files.SUDOERS: "0o440",
+        host_files.PRIVSEP_CONF: "0o644",
+        host_files.SRIOV_UNIT: "0o644",
+        host_files.COMPUTE_DROPIN: "0o644",
+        host_files.METRICS_UNIT: "0o644",
+    }
 
 
 def test_a_user_that_does_not_exist_is_refused(tmp_path, nova_conf):
     root = test_install_units.make_root(tmp_path, "nova")
     bin_dir = scripts_in(tmp_path / "venv" / "bin")
     before = snapshot(root)
-    code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
-                             "--user", "nosuchuser")
+    code, out, err = install(
+        nova_conf, "--root", str(root), "--bin-dir", str(bin_dir), "--user", "nosuchuser"
+    )
     assert (code, out, snapshot(root)) == (2, "", before)
     assert err == f"error: --user 'nosuchuser': no such user in {root}/etc/passwd\n"
     # On this host (--root /): asked of the system's user database.
-    code, out, err = install(nova_conf, "--bin-dir", str(bin_dir), "--user", "nosuchuser",
-                             "--dry-run")
+    code, out, err = install(
+        nova_conf, "--bin-dir", str(bin_dir), "--user", "nosuchuser", "--dry-run"
+    )
     assert (code, out) == (2, "")
     assert err == "error: --user 'nosuchuser': no such user in /etc/passwd\n"
 
 
 def test_a_tmpdir_with_a_trailing_slash_gives_a_rule_sudo_matches(
-        tmp_path, nova_conf, system_user, monkeypatch):
+    tmp_path, nova_conf, system_user, monkeypatch
+):
     """nova-compute with TMPDIR=/var/tmp/: Python makes /var/tmp/tmpXXXXXXXX."""
     root = test_install_units.make_root(tmp_path, system_user)
     bin_dir = scripts_in(tmp_path / "venv" / "bin")
-    code, _, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
-                           "--user", system_user, "--tmpdir", "/var/tmp/")
+    code, _, err = install(
+        nova_conf,
+        "--root",
+        str(root),
+        "--bin-dir",
+        str(bin_dir),
+        "--user",
+        system_user,
+        "--tmpdir",
+        "/var/tmp/",
+    )
     assert code == 0, err
     text = (root / host_files.SUDOERS).read_text()
     assert "--privsep_sock_path /var/tmp/tmp[a-z0-9_]{8}/privsep\\.sock$\n" in text
@@ -216,8 +238,9 @@ def test_an_sriov_manage_nova_can_replace_is_refused(tmp_path, owned):
     assert f"{home} (owner {user}, mode 0755)" in err
 
 
-def test_a_file_of_the_right_text_another_user_owns_is_not_left_unchanged(tmp_path, nova_conf,
-                                                                         owned):
+def test_a_file_of_the_right_text_another_user_owns_is_not_left_unchanged(
+    tmp_path, nova_conf, owned
+):
     """nova's user could edit a unit systemd runs as root: it differs from
     what would be written, like a file changed by hand."""
     _home, user = owned
@@ -229,10 +252,11 @@ def test_a_file_of_the_right_text_another_user_owns_is_not_left_unchanged(tmp_pa
     shutil.chown(unit, user)
     code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir))
     assert (code, out) == (2, "")
-    assert err == f"error: {unit} differs from what would be written (--force replaces " \
-                  "them); nothing was written.\n"
+    assert (
+        err == f"error: {unit} differs from what would be written (--force replaces "
+        "them); nothing was written.\n"
+    )
     assert unit.stat().st_uid != 0
-    code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir),
-                             "--force")
+    code, out, err = install(nova_conf, "--root", str(root), "--bin-dir", str(bin_dir), "--force")
     assert code == 0 and out.count("replaced") == 1, (out, err)
     assert unit.stat().st_uid == 0

@@ -109,8 +109,10 @@ def daemon(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("a qemu:///system libvirtd (and its QEMU user switch) needs root")
     if not os.access(private_libvirtd.LIBVIRTD, os.X_OK):
-        pytest.fail(f"{private_libvirtd.LIBVIRTD} is missing: install the Debian packages "
-                    "bindep.txt lists for 'test' (tools/bootstrap.sh does, as root)")
+        pytest.fail(
+            f"{private_libvirtd.LIBVIRTD} is missing: install the Debian packages "
+            "bindep.txt lists for 'test' (tools/bootstrap.sh does, as root)"
+        )
     libvirt_events.start_event_loop()  # before any connection, so all can get events
     server = private_libvirtd.Libvirtd(tmp_path_factory.mktemp("libvirtd"))
     server.start()
@@ -162,8 +164,11 @@ def hosts(daemon):
     made = []
 
     def make(events=True, **kwargs):
-        made.append(libvirt_events.EventedIndex(daemon.uri, **kwargs) if events
-                    else libvirt_host.LibvirtHost(daemon.uri, **kwargs))
+        made.append(
+            libvirt_events.EventedIndex(daemon.uri, **kwargs)
+            if events
+            else libvirt_host.LibvirtHost(daemon.uri, **kwargs)
+        )
         return made[-1]
 
     yield make
@@ -238,7 +243,10 @@ def test_libvirt_keeps_the_mdevs_our_code_added(define, domain_type):
         first, second = back.findall("devices/hostdev[@type='mdev']")
         for hostdev in (first, second):
             assert (hostdev.get("mode"), hostdev.get("model"), hostdev.get("managed")) == (
-                "subsystem", "vfio-pci", "no")
+                "subsystem",
+                "vfio-pci",
+                "no",
+            )
             assert hostdev.find("address").get("type") == "pci"  # placed on a PCI slot
         assert (first.get("display"), first.get("ramfb")) == ("on", "on")
         # Ours left display/ramfb unset on the second: libvirt's default is off.
@@ -248,8 +256,7 @@ def test_libvirt_keeps_the_mdevs_our_code_added(define, domain_type):
         assert back.find("devices/graphics/listen").get("type") == "socket"
 
 
-def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
-        define, domain_type, hosts):
+def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(define, domain_type, hosts):
     """Editing libvirt's own XML (remove_mdev; a live migration's rewrite)
     and redefining it works.
 
@@ -277,8 +284,10 @@ def test_remove_and_rewrite_redefine_the_guest_and_the_index_follows(
     xml, _ = read_back(dom, INACTIVE)
     dom = define(libvirt_domains.migrated_xml(xml, {second: moved}))
     assert guest.mdev_uuids(read_back(dom, INACTIVE)[1]) == [moved]
-    wait_until(lambda: moved in host.mdev_users() and second not in host.mdev_users(),
-               "redefine with a rewritten mdev")
+    wait_until(
+        lambda: moved in host.mdev_users() and second not in host.mdev_users(),
+        "redefine with a rewritten mdev",
+    )
     assert host.domain_mdevs(dom.UUIDString()) == (moved,)
 
     dom.undefine()
@@ -312,7 +321,8 @@ def test_attach_and_detach_change_the_persistent_config(define, domain_type, hos
 
 
 def test_config_only_attach_and_detach_are_seen_within_the_staleness_bound(
-        define, domain_type, hosts):
+    define, domain_type, hosts
+):
     """libvirt 9.0 sends no event at all when AFFECT_CONFIG attaches or detaches
     a device of a shut-off domain; the event-driven index catches it by its
     bounded full re-read instead, so such an mdev never looks free for long."""
@@ -375,11 +385,9 @@ def test_versions_are_the_daemons(daemon, hosts):
     """versions() reports what the running libvirtd and QEMU binaries say of themselves."""
     versions = hosts(events=False).versions()
     libvirtd = _version([private_libvirtd.LIBVIRTD, "--version"], r"(\d+)\.(\d+)\.(\d+)")
-    qemu = _version(["/usr/bin/qemu-system-x86_64", "--version"],
-                    r"version (\d+)\.(\d+)\.(\d+)")
+    qemu = _version(["/usr/bin/qemu-system-x86_64", "--version"], r"version (\d+)\.(\d+)\.(\d+)")
     kernel = _version(["uname", "-r"], r"^(\d+)\.(\d+)")
     assert versions["libvirt"] == libvirtd
     assert versions["libvirt"] >= (9, 0, 0)  # Debian 12's, the oldest this lane runs on
     assert versions["qemu"] == qemu and qemu > (0, 0, 0)
     assert versions["kernel"][:2] == kernel
-

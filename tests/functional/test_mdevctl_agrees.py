@@ -39,23 +39,41 @@ MDEV_PROFILES = [name for name in profiles.names() if name not in NO_MDEV_PARENT
 # elsewhere: on sibling VFs of the A100, on the other types of one T4, and on
 # both mtty types (they share the serial ports).
 WITH_MDEVS = {
-    "a100-sriov": [("0000:41:00.4", "nvidia-468"), ("0000:41:00.6", "nvidia-468"),
-                   ("0000:41:01.1", "nvidia-468")],
+    "a100-sriov": [
+        ("0000:41:00.4", "nvidia-468"),
+        ("0000:41:00.6", "nvidia-468"),
+        ("0000:41:01.1", "nvidia-468"),
+    ],
     "t4x8": [("0000:18:00.0", "nvidia-231")] * 3,
     "mtty": [("mtty", "mtty-2")] * 3,
 }
 
 # Bind $1 on /sys and $2 on /etc/mdevctl.d, then run the rest of the arguments.
-_NAMESPACE_SCRIPT = ('mount --bind "$1" /sys && mount --bind "$2" /etc/mdevctl.d'
-                     ' && shift 2 && exec "$@"')
+_NAMESPACE_SCRIPT = (
+    'mount --bind "$1" /sys && mount --bind "$2" /etc/mdevctl.d && shift 2 && exec "$@"'
+)
 
 
 def in_namespace(sysfs_root, etc_dir, *argv):
     """Run ``argv`` where ``sysfs_root`` is /sys, without touching the host's mounts."""
     return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NAMESPACE_SCRIPT,
-         "sh", str(sysfs_root), str(etc_dir), *argv],
-        capture_output=True, text=True, check=False)
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _NAMESPACE_SCRIPT,
+            "sh",
+            str(sysfs_root),
+            str(etc_dir),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +92,9 @@ def mdevctl_view(tmp_path_factory):
     for sub in ("callouts", "notifiers"):
         (etc_dir / "scripts.d" / sub).mkdir(parents=True)
     probe = in_namespace(etc_dir, etc_dir, "true")
-    if probe.returncode and ("Operation not permitted" in probe.stderr
-                             or "permission denied" in probe.stderr):
+    if probe.returncode and (
+        "Operation not permitted" in probe.stderr or "permission denied" in probe.stderr
+    ):
         pytest.skip(f"cannot bind-mount in a private mount namespace: {probe.stderr.strip()}")
     assert probe.returncode == 0, probe.stderr
 
@@ -86,14 +105,28 @@ def mdevctl_view(tmp_path_factory):
 
     def view(root):
         # types: [{parent: [{type: {available_instances, device_api, name?, description?}}]}]
-        types = {(parent, type_id, info.get("name"), info["available_instances"],
-                  info["device_api"], info.get("description"))
-                 for by_parent in run(root, "types") for parent, entries in by_parent.items()
-                 for entry in entries for type_id, info in entry.items()}
+        types = {
+            (
+                parent,
+                type_id,
+                info.get("name"),
+                info["available_instances"],
+                info["device_api"],
+                info.get("description"),
+            )
+            for by_parent in run(root, "types")
+            for parent, entries in by_parent.items()
+            for entry in entries
+            for type_id, info in entry.items()
+        }
         # list: [{parent: [{uuid: {mdev_type, start, attrs}}]}]
-        mdevs = {(mdev_uuid, parent, info["mdev_type"])
-                 for by_parent in run(root, "list") for parent, entries in by_parent.items()
-                 for entry in entries for mdev_uuid, info in entry.items()}
+        mdevs = {
+            (mdev_uuid, parent, info["mdev_type"])
+            for by_parent in run(root, "list")
+            for parent, entries in by_parent.items()
+            for entry in entries
+            for mdev_uuid, info in entry.items()
+        }
         return types, mdevs
 
     return view
@@ -106,19 +139,42 @@ def our_view(root):
     description's lines with ", "; we keep them as read.
     """
     state_dir = f"{root}-state"
-    claims_journal.Journal(state_dir)          # as nova-compute's start-up leaves it
+    claims_journal.Journal(state_dir)  # as nova-compute's start-up leaves it
 
     def run(*args):
         done = subprocess.run(
-            [sys.executable, "-m", "vgpu_driver.cmd.manage", "--config-file", os.devnull,
-             "--sysfs-root", str(root), "--state-dir", state_dir, *args, "-f", "json"],
-            capture_output=True, text=True, check=False)
+            [
+                sys.executable,
+                "-m",
+                "vgpu_driver.cmd.manage",
+                "--config-file",
+                os.devnull,
+                "--sysfs-root",
+                str(root),
+                "--state-dir",
+                state_dir,
+                *args,
+                "-f",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    types = {(row["parent"], row["type"], row["name"] or None, row["available_instances"],
-              row["device_api"], (row["description"] or "").replace("\n", ", ") or None)
-             for row in run("types")}
+    types = {
+        (
+            row["parent"],
+            row["type"],
+            row["name"] or None,
+            row["available_instances"],
+            row["device_api"],
+            (row["description"] or "").replace("\n", ", ") or None,
+        )
+        for row in run("types")
+    }
     mdevs = {(row["uuid"], row["parent"], row["type"]) for row in run("mdev", "list")}
     return types, mdevs
 

@@ -65,14 +65,33 @@ def profile_of(board):
     """A fake host whose one GPU is ``board`` (:mod:`vgpu_driver.fake.board_tables`)
     under vendor VFIO, every type of its family offered, with fewer VFs
     than small placements so that VFs run out first on some walks."""
-    return {"name": board.key, "nvidia_vgpu_manager": "550.127.06", "gpus": [{
-        "address": PF, "model": "nvidia-vfio", "vendor": "0x10de", "device": "0x2000",
-        "product_name": board.product, "framebuffer_mb": board.framebuffer_gb * 1024,
-        "architecture": board.architecture, "heterogeneous_sizes": True,
-        "sriov": {"totalvfs": VFS, "numvfs": VFS, "offset": 4, "stride": 1},
-        "types": [{"id": f"nvidia-{9000 + n}", "name": t.name, "device_api": "vfio-pci",
-                   "framebuffer_mb": t.framebuffer_gb * 1024, "max": t.max_instances}
-                  for n, t in enumerate(board.types)]}]}
+    return {
+        "name": board.key,
+        "nvidia_vgpu_manager": "550.127.06",
+        "gpus": [
+            {
+                "address": PF,
+                "model": "nvidia-vfio",
+                "vendor": "0x10de",
+                "device": "0x2000",
+                "product_name": board.product,
+                "framebuffer_mb": board.framebuffer_gb * 1024,
+                "architecture": board.architecture,
+                "heterogeneous_sizes": True,
+                "sriov": {"totalvfs": VFS, "numvfs": VFS, "offset": 4, "stride": 1},
+                "types": [
+                    {
+                        "id": f"nvidia-{9000 + n}",
+                        "name": t.name,
+                        "device_api": "vfio-pci",
+                        "framebuffer_mb": t.framebuffer_gb * 1024,
+                        "max": t.max_instances,
+                    }
+                    for n, t in enumerate(board.types)
+                ],
+            }
+        ],
+    }
 
 
 def boards():
@@ -100,11 +119,12 @@ class Walk:
         self.types = tuple(t["id"] for t in profile["gpus"][0]["types"])
         self.config = MdevConfig(
             types=tuple(TypeConfig(t, device_addresses=(PF,)) for t in self.types),
-            mixed_by_address=MappingProxyType({PF: self.types}))
+            mixed_by_address=MappingProxyType({PF: self.types}),
+        )
         self.client, self.nodename, self.old_flavors = client, nodename, old_flavors
         self.sync = placement.ProviderSync(client)
         self.domains = InProcessDomains()
-        self.held = {}          # consumer -> [VF]
+        self.held = {}  # consumer -> [VF]
         for type_id in self.types:
             client.request("PUT", f"/traits/{self.trait(type_id)}")
         self.resync()
@@ -115,9 +135,12 @@ class Walk:
 
     def resync(self):
         snapshot = discovery.discover(self.kernel)
-        self.tree = inventory.compute(snapshot, self.config, self.nodename,
-                                      boards=inventory.read_boards(self.kernel, snapshot,
-                                                                   self.config))
+        self.tree = inventory.compute(
+            snapshot,
+            self.config,
+            self.nodename,
+            boards=inventory.read_boards(self.kernel, snapshot, self.config),
+        )
         self.provider = self.tree.by_gpu(PF)
         assert self.provider is not None, self.tree.unserved
         self.sync.sync(self.tree)
@@ -125,16 +148,23 @@ class Walk:
 
     def spec(self, type_id, count):
         size = dict(self.provider.sizes)[type_id] // framebuffer.SLOT_MIB
-        specs = size_classes.flavor_spec(self.trait(type_id), None if self.old_flavors
-                                         else size, size * framebuffer.SLOT_MIB, count,
-                                         framebuffer.RESOURCE_CLASS)
+        specs = size_classes.flavor_spec(
+            self.trait(type_id),
+            None if self.old_flavors else size,
+            size * framebuffer.SLOT_MIB,
+            count,
+            framebuffer.RESOURCE_CLASS,
+        )
         # in_tree<group>: the walk's own board, not those of walks before it.
-        return {**size_classes.candidates_query(specs),
-                f"in_tree{size_classes.GROUP}": self.root_uuid}
+        return {
+            **size_classes.candidates_query(specs),
+            f"in_tree{size_classes.GROUP}": self.root_uuid,
+        }
 
     def candidates(self, type_id, count):
-        found = self.client.request("GET", placement.query_url(
-            "/allocation_candidates", **self.spec(type_id, count)))
+        found = self.client.request(
+            "GET", placement.query_url("/allocation_candidates", **self.spec(type_id, count))
+        )
         return found["allocation_requests"]
 
     def board_takes(self, type_id, most):
@@ -148,14 +178,13 @@ class Walk:
                 self.kernel.set_vendor_vgpu_type(vf, number)
                 done.append(vf)
         except (exception.MdevInvalidRequest, exception.MdevNoCapacity):
-            pass      # the board refused: what is asked
+            pass  # the board refused: what is asked
         for vf in done:
             self.kernel.set_vendor_vgpu_type(vf, 0)
         return len(done)
 
     def free_vfs(self):
-        return [str(vf.address) for vf in self.kernel.list_vendor_vfio()
-                if not vf.current_type]
+        return [str(vf.address) for vf in self.kernel.list_vendor_vfio() if not vf.current_type]
 
     def counterexample(self):
         """The first ``(type, count, granted, accepted)`` that disagree, or None."""
@@ -174,12 +203,21 @@ class Walk:
             return False
         consumer = str(uuid.uuid4())
         allocations = found[0]["allocations"]
-        self.client.request("PUT", f"/allocations/{consumer}", {
-            "allocations": allocations, "project_id": PROJECT, "user_id": USER,
-            "consumer_generation": None, "consumer_type": "INSTANCE"})
+        self.client.request(
+            "PUT",
+            f"/allocations/{consumer}",
+            {
+                "allocations": allocations,
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": None,
+                "consumer_type": "INSTANCE",
+            },
+        )
         by_uuid = {self.sync.known[p.name].uuid: p for p in self.tree.providers}
-        (request,) = planner.requests_of(consumer, allocations, by_uuid,
-                                         self.config.mdev_classes, {self.trait(type_id)})
+        (request,) = planner.requests_of(
+            consumer, allocations, by_uuid, self.config.mdev_classes, {self.trait(type_id)}
+        )
         gpu = discovery.discover(self.kernel).gpu(PF)
         strategy = strategies.VendorVfioStrategy(self.kernel, self.domains, self.config)
         users = self.domains.mdev_users()
@@ -225,17 +263,21 @@ _names = itertools.count()
 
 def new_walk(tmp_path_factory, service, profile, **kwargs):
     root = str(tmp_path_factory.mktemp("board") / "sys")
-    return Walk(root, profile, placement.Client(service.connection()),
-                f"cn{next(_names)}", **kwargs)
+    return Walk(
+        root, profile, placement.Client(service.connection()), f"cn{next(_names)}", **kwargs
+    )
 
 
 @pytest.mark.parametrize("label, profile", BOARDS, ids=[b[0] for b in BOARDS])
-@settings(max_examples=properties.examples(2), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=properties.examples(2),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(3, 6))
-def test_placement_grants_iff_the_board_accepts(tmp_path_factory, service, label, profile,
-                                                seed, steps):
+def test_placement_grants_iff_the_board_accepts(
+    tmp_path_factory, service, label, profile, seed, steps
+):
     walk, rng = new_walk(tmp_path_factory, service, profile), random.Random(seed)
     for _step in range(steps):
         assert walk.counterexample() is None, (label, walk.held)
@@ -257,12 +299,15 @@ def seeded_counterexample(tmp_path_factory, service, **kwargs):
 
 def old_max_unit(original):
     """The framebuffer class as it was: max_unit the largest size creatable now."""
+
     def inventory_(board_slots, found, used_slots, free_vfs):
         fb = original(board_slots, found, used_slots, free_vfs)
         creatable = [f.size for f in found.values() if f.creatable]
-        largest = max(creatable) if creatable and free_vfs > 0 else min(
-            f.size for f in found.values())
+        largest = (
+            max(creatable) if creatable and free_vfs > 0 else min(f.size for f in found.values())
+        )
         return dataclasses.replace(fb, max_unit=largest * framebuffer.SLOT_MIB)
+
     return inventory_
 
 
@@ -279,8 +324,9 @@ def test_one_free_vf_enough_fails_it(tmp_path_factory, service, monkeypatch):
     """A size class counting every disjoint placement while one VF is free:
     ten 1 GB vGPUs on a 48 GB board of 12 VFs leave room for many more,
     but two VFs, and 3 x 1 GB is granted."""
-    monkeypatch.setattr(size_classes, "available",
-                        lambda creatable, free_vfs: creatable if free_vfs else 0)
+    monkeypatch.setattr(
+        size_classes, "available", lambda creatable, free_vfs: creatable if free_vfs else 0
+    )
     profile = dict(BOARDS)["a40"]
     walk = new_walk(tmp_path_factory, service, profile)
     one_gb = walk.types[0]
@@ -315,17 +361,21 @@ def test_a_flavors_vgpus_come_from_one_board(tmp_path_factory, service):
     walk = new_walk(tmp_path_factory, service, profile)
     nvml.set_heterogeneous_mode("0000:c2:00.0", True)
     walk.config = MdevConfig(
-        types=tuple(TypeConfig(t, device_addresses=(PF, "0000:c2:00.0"))
-                    for t in walk.types),
-        mixed_by_address=MappingProxyType(dict.fromkeys((PF, "0000:c2:00.0"), walk.types)))
+        types=tuple(TypeConfig(t, device_addresses=(PF, "0000:c2:00.0")) for t in walk.types),
+        mixed_by_address=MappingProxyType(dict.fromkeys((PF, "0000:c2:00.0"), walk.types)),
+    )
     walk.resync()
     assert len(walk.tree.providers) == 2
     found = walk.candidates("nvidia-1155", 2)
     assert found and all(len(c["allocations"]) == 1 for c in found), found
-    specs = size_classes.flavor_spec(walk.trait("nvidia-1155"), 4, 4096, 2,
-                                     framebuffer.RESOURCE_CLASS)
-    ungrouped = ",".join(f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items()
-                         if k.startswith("resources"))
-    split = walk.client.request("GET", placement.query_url(
-        "/allocation_candidates", resources=ungrouped, in_tree=walk.root_uuid))
+    specs = size_classes.flavor_spec(
+        walk.trait("nvidia-1155"), 4, 4096, 2, framebuffer.RESOURCE_CLASS
+    )
+    ungrouped = ",".join(
+        f"{k.split(':', 1)[1]}:{v}" for k, v in specs.items() if k.startswith("resources")
+    )
+    split = walk.client.request(
+        "GET",
+        placement.query_url("/allocation_candidates", resources=ungrouped, in_tree=walk.root_uuid),
+    )
     assert any(len(c["allocations"]) == 2 for c in split["allocation_requests"])

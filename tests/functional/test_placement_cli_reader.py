@@ -45,14 +45,16 @@ M60 = "compute1"
 A100 = "compute2"
 A100_TRAIT = "CUSTOM_VGPU_NVIDIA_A100_4C"
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
-MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped NVIDIA profiles'
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"  # the shipped NVIDIA profiles'
 M60_0B = {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER, MANAGER}
 # What the guide's inventory list shows for each GPU, our capacities plugged in.
 EXPECTED = {
     f"{M60}_pci_0000_84_00_0": (16, M60_0B),
     f"{M60}_pci_0000_85_00_0": (16, M60_0B),
-    f"{M60}_pci_0000_86_00_0": (8, {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B", OWNER,
-                                     MANAGER}),
+    f"{M60}_pci_0000_86_00_0": (
+        8,
+        {"CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B", OWNER, MANAGER},
+    ),
     f"{A100}_pci_0000_41_00_0": (10, {"CUSTOM_MDEV_NVIDIA_468", A100_TRAIT, OWNER, MANAGER}),
 }
 
@@ -60,9 +62,11 @@ EXPECTED = {
 def openstack_cli():
     """The ``openstack`` executable of this venv, or a clear failure."""
     if not os.access(OPENSTACK, os.X_OK):
-        pytest.fail(f"{OPENSTACK} not found: this test needs python-openstackclient and "
-                    "osc-placement installed in the same environment as pytest (they are "
-                    "in test-requirements.txt; run it through tox or pip install them)")
+        pytest.fail(
+            f"{OPENSTACK} not found: this test needs python-openstackclient and "
+            "osc-placement installed in the same environment as pytest (they are "
+            "in test-requirements.txt; run it through tox or pip install them)"
+        )
     return str(OPENSTACK)
 
 
@@ -73,16 +77,21 @@ class Cli:
         self.executable = executable
         # Only the embedded Placement's settings: no OS_CLOUD or clouds.yaml
         # of whoever runs the tests may point the CLI elsewhere.
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("OS_") and k != "XDG_CONFIG_HOME"}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OS_") and k != "XDG_CONFIG_HOME"
+        }
         self.env.update(placement_env, HOME=str(home))
 
     def __call__(self, *args):
         command = [self.executable, *args, "-f", "json"]
-        done = subprocess.run(command, env=self.env, capture_output=True, text=True,
-                              timeout=CLI_TIMEOUT, check=False)
+        done = subprocess.run(
+            command, env=self.env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False
+        )
         assert done.returncode == 0, (
-            f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stderr}")
+            f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stderr}"
+        )
         return json.loads(done.stdout)
 
     def run_all(self, commands):
@@ -104,21 +113,39 @@ def sync(placement_service, tree):
 def test_openstack_cli_sees_the_guides_layout(make_host, make_conf, tmp_path):
     """Provider tree, inventories, traits and candidates, as the CLI shows them."""
     cli = openstack_cli()
-    m60_tree = inventory.compute(discovery.discover(make_host("m60-multi")),
-                                 mdev_types.from_conf(make_conf(confs.NOVA_GUIDE_M60)), M60)
-    a100_tree = inventory.compute(discovery.discover(make_host("a100-sriov")),
-                                  mdev_types.from_conf(make_conf(A100_4C)), A100)
+    m60_tree = inventory.compute(
+        discovery.discover(make_host("m60-multi")),
+        mdev_types.from_conf(make_conf(confs.NOVA_GUIDE_M60)),
+        M60,
+    )
+    a100_tree = inventory.compute(
+        discovery.discover(make_host("a100-sriov")), mdev_types.from_conf(make_conf(A100_4C)), A100
+    )
 
     with EmbeddedPlacement() as placement_service:
         uuids = {**sync(placement_service, m60_tree), **sync(placement_service, a100_tree)}
         assert sorted(uuids) == sorted([M60, A100, *EXPECTED])
         run = Cli(cli, placement_service.cli_environment(), tmp_path)
-        commands = {"providers": ("resource", "provider", "list"),
-                    "candidates": ("allocation", "candidate", "list", "--resource", "VGPU=1",
-                                   "--required", A100_TRAIT)}
+        commands = {
+            "providers": ("resource", "provider", "list"),
+            "candidates": (
+                "allocation",
+                "candidate",
+                "list",
+                "--resource",
+                "VGPU=1",
+                "--required",
+                A100_TRAIT,
+            ),
+        }
         for name in EXPECTED:
             commands[("inventory", name)] = (
-                "resource", "provider", "inventory", "list", uuids[name])
+                "resource",
+                "provider",
+                "inventory",
+                "list",
+                uuids[name],
+            )
             commands[("traits", name)] = ("resource", "provider", "trait", "list", uuids[name])
         out = run.run_all(commands)
 
@@ -136,10 +163,18 @@ def test_openstack_cli_sees_the_guides_layout(make_host, make_conf, tmp_path):
 
     # resource provider inventory list: the GPU's VGPU capacity, nothing overcommitted.
     for name, (total, traits) in EXPECTED.items():
-        assert out[("inventory", name)] == [{
-            "resource_class": "VGPU", "allocation_ratio": 1.0, "min_unit": 1,
-            "max_unit": total, "reserved": 0, "step_size": 1, "total": total, "used": 0,
-        }], name
+        assert out[("inventory", name)] == [
+            {
+                "resource_class": "VGPU",
+                "allocation_ratio": 1.0,
+                "min_unit": 1,
+                "max_unit": total,
+                "reserved": 0,
+                "step_size": 1,
+                "total": total,
+                "used": 0,
+            }
+        ], name
         # resource provider trait list: the type's traits, by id and by vendor name,
         # and the one saying the provider is vgpu-driver's.
         assert {t["name"] for t in out[("traits", name)]} == traits, name
@@ -147,7 +182,9 @@ def test_openstack_cli_sees_the_guides_layout(make_host, make_conf, tmp_path):
     # allocation candidate list: asking for an A100-4C lands on the A100 only.
     a100 = uuids[f"{A100}_pci_0000_41_00_0"]
     ours_candidates = [c for c in out["candidates"] if c["resource provider"] in uuids.values()]
-    assert [(c["resource provider"], c["allocation"], c["inventory used/capacity"])
-            for c in ours_candidates] == [(a100, "VGPU=1", "VGPU=0/10")]
+    assert [
+        (c["resource provider"], c["allocation"], c["inventory used/capacity"])
+        for c in ours_candidates
+    ] == [(a100, "VGPU=1", "VGPU=0/10")]
     for candidate in out["candidates"]:
         assert A100_TRAIT in candidate["traits"].split(",")

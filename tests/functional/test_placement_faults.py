@@ -37,7 +37,7 @@ from vgpu_driver.placement_service import EmbeddedPlacement
 MICROVERSION = "1.39"
 OPERATOR_TRAIT = "CUSTOM_OPERATOR_TAG"
 OWNER_TRAIT = "CUSTOM_OWNER_VGPU_DRIVER"
-MANAGER_TRAIT = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped M60 profile's
+MANAGER_TRAIT = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"  # the shipped M60 profile's
 UUID = "[0-9a-f-]{36}"
 INVENTORIES = f"/resource_providers/{UUID}/inventories"
 PROVIDER_TRAITS = f"/resource_providers/{UUID}/traits"
@@ -78,14 +78,16 @@ class Operator:
     """
 
     def __init__(self, endpoint):
-        session = ks_session.Session(auth=token_endpoint.Token(endpoint, ADMIN_TOKEN),
-                                     additional_headers={BYPASS_HEADER: "1"})
+        session = ks_session.Session(
+            auth=token_endpoint.Token(endpoint, ADMIN_TOKEN),
+            additional_headers={BYPASS_HEADER: "1"},
+        )
         self.connection = openstack.connection.Connection(session=session)
 
     def request(self, method, url, body=None):
-        response = self.connection.placement.request(url, method, json=body,
-                                                     microversion=MICROVERSION,
-                                                     raise_exc=False)
+        response = self.connection.placement.request(
+            url, method, json=body, microversion=MICROVERSION, raise_exc=False
+        )
         assert response.status_code < 300, f"{method} {url}: {response.text}"
         return response.json() if response.content else None
 
@@ -93,9 +95,14 @@ class Operator:
         """Tag a provider, as ``openstack resource provider trait set`` does."""
         self.request("PUT", f"/traits/{trait}")
         current = self.request("GET", f"/resource_providers/{uuid}/traits")
-        self.request("PUT", f"/resource_providers/{uuid}/traits",
-                     {"resource_provider_generation": current["resource_provider_generation"],
-                      "traits": sorted({*current["traits"], trait})})
+        self.request(
+            "PUT",
+            f"/resource_providers/{uuid}/traits",
+            {
+                "resource_provider_generation": current["resource_provider_generation"],
+                "traits": sorted({*current["traits"], trait}),
+            },
+        )
 
     def tree(self, root_name):
         """``{name: provider}`` of every provider in ``root_name``'s tree(s),
@@ -131,8 +138,9 @@ class Served:
     def client(self, attempts=3, backoff=0.2):
         """Our Client, made while Placement is up; its sleeps are recorded."""
         sleeps = Recorder()
-        return placement.Client(self.placement.connection(), attempts=attempts,
-                                backoff=backoff, sleep=sleeps), sleeps
+        return placement.Client(
+            self.placement.connection(), attempts=attempts, backoff=backoff, sleep=sleeps
+        ), sleeps
 
 
 @pytest.fixture
@@ -169,8 +177,9 @@ def a100_tree(make_host, make_conf):
     host = make_host("a100-sriov")
 
     def tree(nodename):
-        return inventory.compute(discovery.discover(host), mdev_types.from_conf(
-            make_conf(A100_4C)), nodename)
+        return inventory.compute(
+            discovery.discover(host), mdev_types.from_conf(make_conf(A100_4C)), nodename
+        )
 
     return tree
 
@@ -181,8 +190,9 @@ def assert_converged(operator, tree, extra_traits=None):
     found = operator.tree(tree.root_name)
     names = {tree.root_name, *(p.name for p in tree.providers)}
     assert sorted(found) == sorted(names)
-    assert {n: len(rps) for n, rps in found.items()} == dict.fromkeys(names, 1), \
+    assert {n: len(rps) for n, rps in found.items()} == dict.fromkeys(names, 1), (
         "a provider exists twice"
+    )
     (root,) = found[tree.root_name]
     for provider in tree.providers:
         (rp,) = found[provider.name]
@@ -198,7 +208,8 @@ def assert_steady(served, sync, tree):
     report = sync.sync(tree)
     assert (report.reads, report.writes) == (1, 0)
     assert [(r.method, r.path) for r in served.injector.requests] == [
-        ("GET", "/resource_providers")]
+        ("GET", "/resource_providers")
+    ]
     assert served.injector.writes == []
 
 
@@ -237,22 +248,26 @@ def test_concurrent_writer_conflict_is_reread_and_retried(served, m60_tree, node
     assert len(tagged) == 1
     assert served.injector.count("PUT", INVENTORIES, status=409, handled=True) == 1
     assert served.injector.count(status=409) == 1
-    assert [(r.method, r.path, r.status) for r in served.injector.bypassed
-            if r.method != "GET"] == [
+    assert [
+        (r.method, r.path, r.status) for r in served.injector.bypassed if r.method != "GET"
+    ] == [
         ("PUT", f"/traits/{OPERATOR_TRAIT}", 201),
-        ("PUT", f"/resource_providers/{tagged[0]}/traits", 200)]
+        ("PUT", f"/resource_providers/{tagged[0]}/traits", 200),
+    ]
     # The re-read after the 409: the provider, its inventories, its traits.
     sequence = [(r.method, r.path) for r in served.injector.requests]
     first_409 = next(i for i, r in enumerate(served.injector.requests) if r.status == 409)
-    assert sequence[first_409 + 1:first_409 + 5] == [
+    assert sequence[first_409 + 1 : first_409 + 5] == [
         ("GET", f"/resource_providers/{tagged[0]}"),
         ("GET", f"/resource_providers/{tagged[0]}/inventories"),
         ("GET", f"/resource_providers/{tagged[0]}/traits"),
-        ("PUT", f"/resource_providers/{tagged[0]}/inventories")]
+        ("PUT", f"/resource_providers/{tagged[0]}/inventories"),
+    ]
     assert len(conflict_sleeps.calls) == 1
     assert sleeps.calls == []
-    found = assert_converged(served.operator, tree, {
-        f"{nodename}_pci_0000_84_00_0": {OPERATOR_TRAIT}})
+    found = assert_converged(
+        served.operator, tree, {f"{nodename}_pci_0000_84_00_0": {OPERATOR_TRAIT}}
+    )
     assert found[f"{nodename}_pci_0000_84_00_0"][0]["uuid"] == tagged[0]
     assert_steady(served, sync, tree)
 
@@ -277,8 +292,7 @@ def test_injected_conflicts_are_retried_up_to_conflict_attempts(served, m60_tree
     assert served.injector.count("PUT", PROVIDER_TRAITS, handled=True) == 0
 
 
-def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tree,
-                                                                   nodename):
+def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tree, nodename):
     """0000:84:00.0 goes from nvidia-35 to nvidia-36 on a provider an operator
     tagged: the CUSTOM_MDEV_/CUSTOM_VGPU_ traits follow the type, the
     inventory follows its capacity, the operator's trait stays."""
@@ -287,8 +301,12 @@ def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tr
     sync.sync(m60_tree(nodename))
     gpu = f"{nodename}_pci_0000_84_00_0"
     (rp,) = served.operator.tree(nodename)[gpu]
-    assert rp["traits"] == {"CUSTOM_MDEV_NVIDIA_35", "CUSTOM_VGPU_GRID_M60_0B", OWNER_TRAIT,
-                            MANAGER_TRAIT}
+    assert rp["traits"] == {
+        "CUSTOM_MDEV_NVIDIA_35",
+        "CUSTOM_VGPU_GRID_M60_0B",
+        OWNER_TRAIT,
+        MANAGER_TRAIT,
+    }
     served.operator.add_trait(rp["uuid"], OPERATOR_TRAIT)
 
     retyped = m60_tree(nodename, M60_84_RETYPED)
@@ -298,8 +316,13 @@ def test_type_change_swaps_managed_traits_and_keeps_the_operators(served, m60_tr
     assert report.updated == [gpu]
     found = assert_converged(served.operator, retyped, {gpu: {OPERATOR_TRAIT}})
     (rp,) = found[gpu]
-    assert rp["traits"] == {OPERATOR_TRAIT, "CUSTOM_MDEV_NVIDIA_36", "CUSTOM_VGPU_GRID_M60_1B",
-                           OWNER_TRAIT, MANAGER_TRAIT}
+    assert rp["traits"] == {
+        OPERATOR_TRAIT,
+        "CUSTOM_MDEV_NVIDIA_36",
+        "CUSTOM_VGPU_GRID_M60_1B",
+        OWNER_TRAIT,
+        MANAGER_TRAIT,
+    }
     assert rp["inventories"]["VGPU"]["total"] == 8
     assert served.injector.count(status=409) == 0
     assert_steady(served, sync, retyped)
@@ -332,15 +355,18 @@ def test_server_errors_are_retried_as_configured(served, m60_tree, nodename):
     assert_steady(served, sync, tree)
 
 
-@pytest.mark.parametrize(("writes_before_outage", "restarted"), [
-    (1, False),   # the root is made, the first GPU's POST fails
-    (3, False),   # a GPU provider without traits yet; its first PUT /traits fails
-    (7, False),   # one GPU complete, the next one's POST made, its inventory PUT fails
-    (1, True),    # as above, then a new ProviderSync must find the root by name
-    (7, True),    # ... and adopt the providers already there
-], ids=["1-same-sync", "3-same-sync", "7-same-sync", "1-restarted", "7-restarted"])
-def test_outage_mid_sync_then_recovery(served, m60_tree, nodename, writes_before_outage,
-                                       restarted):
+@pytest.mark.parametrize(
+    ("writes_before_outage", "restarted"),
+    [
+        (1, False),  # the root is made, the first GPU's POST fails
+        (3, False),  # a GPU provider without traits yet; its first PUT /traits fails
+        (7, False),  # one GPU complete, the next one's POST made, its inventory PUT fails
+        (1, True),  # as above, then a new ProviderSync must find the root by name
+        (7, True),  # ... and adopt the providers already there
+    ],
+    ids=["1-same-sync", "3-same-sync", "7-same-sync", "1-restarted", "7-restarted"],
+)
+def test_outage_mid_sync_then_recovery(served, m60_tree, nodename, writes_before_outage, restarted):
     """Placement goes down after a few writes, for longer than the retries.
 
     The sync stops at the first request it cannot make, with a
@@ -374,7 +400,8 @@ def test_outage_mid_sync_then_recovery(served, m60_tree, nodename, writes_before
     sync.sync(tree)
     assert_converged(served.operator, tree)
     assert served.operator.all_named(nodename) == sorted(
-        [nodename, *(p.name for p in tree.providers)])
+        [nodename, *(p.name for p in tree.providers)]
+    )
     assert_steady(served, sync, tree)
 
 
@@ -418,7 +445,8 @@ def test_connection_refused_from_the_start(a100_tree, nodename):
     keystoneauth exception escaping from the first use of the connection."""
     endpoint = f"http://127.0.0.1:{free_port()}"
     connection = openstack.connection.Connection(
-        auth_type="admin_token", auth={"endpoint": endpoint, "token": ADMIN_TOKEN})
+        auth_type="admin_token", auth={"endpoint": endpoint, "token": ADMIN_TOKEN}
+    )
     sleeps = Recorder()
     with pytest.raises(placement.PlacementUnavailable) as caught:
         client = placement.Client(connection, attempts=3, backoff=0.2, sleep=sleeps)

@@ -36,18 +36,31 @@ T4_1B_GPUS = ("0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0")
 A100_GPU = "0000:41:00.0"
 
 OWNER = "CUSTOM_OWNER_VGPU_DRIVER"
-MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"   # the shipped NVIDIA profiles'
+MANAGER = "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06"  # the shipped NVIDIA profiles'
 # What each GPU's provider must hold, from the profiles' vendor limits:
 # T4-1B max_instance=16, T4-2Q 8, A100-4C 10 (and 16 VFs >= 10).
 EXPECTED = {
-    **{("compute-t4", gpu): (T4_1B, 16, ("CUSTOM_MDEV_NVIDIA_222", MANAGER, OWNER,
-                                                 "CUSTOM_VGPU_GRID_T4_1B"))
-       for gpu in T4_1B_GPUS},
-    **{("compute-t4", gpu): (T4_2Q, 8, ("CUSTOM_MDEV_NVIDIA_231", MANAGER, OWNER,
-                                                "CUSTOM_VGPU_GRID_T4_2Q"))
-       for gpu in T4_2Q_GPUS},
-    ("compute-a100", A100_GPU): (A100_4C, 10, ("CUSTOM_MDEV_NVIDIA_468", MANAGER, OWNER,
-                                               "CUSTOM_VGPU_NVIDIA_A100_4C")),
+    **{
+        ("compute-t4", gpu): (
+            T4_1B,
+            16,
+            ("CUSTOM_MDEV_NVIDIA_222", MANAGER, OWNER, "CUSTOM_VGPU_GRID_T4_1B"),
+        )
+        for gpu in T4_1B_GPUS
+    },
+    **{
+        ("compute-t4", gpu): (
+            T4_2Q,
+            8,
+            ("CUSTOM_MDEV_NVIDIA_231", MANAGER, OWNER, "CUSTOM_VGPU_GRID_T4_2Q"),
+        )
+        for gpu in T4_2Q_GPUS
+    },
+    ("compute-a100", A100_GPU): (
+        A100_4C,
+        10,
+        ("CUSTOM_MDEV_NVIDIA_468", MANAGER, OWNER, "CUSTOM_VGPU_NVIDIA_A100_4C"),
+    ),
 }
 HOSTS = ("compute-t4", "compute-a100")
 
@@ -57,9 +70,11 @@ pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "
 
 def _config(nodename):
     if nodename == "compute-t4":
-        return MdevConfig(types=(TypeConfig(T4_1B), TypeConfig(T4_2Q, T4_2Q_GPUS)),
-                          default_type=T4_1B,
-                          by_address=MappingProxyType(dict.fromkeys(T4_2Q_GPUS, T4_2Q)))
+        return MdevConfig(
+            types=(TypeConfig(T4_1B), TypeConfig(T4_2Q, T4_2Q_GPUS)),
+            default_type=T4_1B,
+            by_address=MappingProxyType(dict.fromkeys(T4_2Q_GPUS, T4_2Q)),
+        )
     return MdevConfig(types=(TypeConfig(A100_4C),), default_type=A100_4C)
 
 
@@ -89,8 +104,9 @@ def synced(service, tmp_path_factory):
     for nodename, profile in (("compute-t4", "t4x8"), ("compute-a100", "a100-sriov")):
         root = str(tmp_path_factory.mktemp(nodename) / "sys")
         fakekernel.FakeKernel.build(root, profiles.load(profile))
-        tree = inventory.compute(discovery.discover(sysfs.open_host(root)), _config(nodename),
-                                 nodename)
+        tree = inventory.compute(
+            discovery.discover(sysfs.open_host(root)), _config(nodename), nodename
+        )
         sync = placement.ProviderSync(client)
         result[nodename] = (tree, sync, sync.sync(tree))
     return result
@@ -171,9 +187,16 @@ def test_providers_inventories_traits(conn, synced):
         root_uuid = providers[nodename]["uuid"]
         assert (rp["parent_provider_uuid"], rp["root_provider_uuid"]) == (root_uuid, root_uuid)
         url = f"/resource_providers/{rp['uuid']}"
-        assert _get(conn, f"{url}/inventories")["inventories"] == {"VGPU": {
-            "total": total, "reserved": 0, "min_unit": 1, "max_unit": total, "step_size": 1,
-            "allocation_ratio": 1.0}}, (gpu, type_id)
+        assert _get(conn, f"{url}/inventories")["inventories"] == {
+            "VGPU": {
+                "total": total,
+                "reserved": 0,
+                "min_unit": 1,
+                "max_unit": total,
+                "step_size": 1,
+                "allocation_ratio": 1.0,
+            }
+        }, (gpu, type_id)
         assert sorted(_get(conn, f"{url}/traits")["traits"]) == sorted(traits), (gpu, type_id)
     custom = set(_get(conn, "/traits?name=startswith:CUSTOM_")["traits"])
     assert custom == {t for _type, _total, traits in EXPECTED.values() for t in traits}
@@ -186,26 +209,27 @@ def test_unchanged_sync_is_one_read_and_no_write(synced):
         assert not (report.planned or report.created or report.updated or report.deleted)
 
 
-@pytest.mark.parametrize(("trait", "gpus"), [
-    ("CUSTOM_VGPU_GRID_T4_1B", [("compute-t4", g) for g in T4_1B_GPUS]),
-    ("CUSTOM_MDEV_NVIDIA_231", [("compute-t4", g) for g in T4_2Q_GPUS]),
-    ("CUSTOM_VGPU_NVIDIA_A100_4C", [("compute-a100", A100_GPU)]),
-])
+@pytest.mark.parametrize(
+    ("trait", "gpus"),
+    [
+        ("CUSTOM_VGPU_GRID_T4_1B", [("compute-t4", g) for g in T4_1B_GPUS]),
+        ("CUSTOM_MDEV_NVIDIA_231", [("compute-t4", g) for g in T4_2Q_GPUS]),
+        ("CUSTOM_VGPU_NVIDIA_A100_4C", [("compute-a100", A100_GPU)]),
+    ],
+)
 def test_allocation_candidates_by_type_trait(conn, synced, trait, gpus):
     """Only the GPUs serving the type, not their siblings under the same root."""
     requests, summaries = _candidates(conn, f"resources=VGPU:1&required={trait}")
     assert all(len(r["allocations"]) == 1 for r in requests)
     assert sorted(rp for r in requests for rp in r["allocations"]) == _gpu_uuids(conn, gpus)
     for request in requests:
-        (rp_uuid, allocation), = request["allocations"].items()
+        ((rp_uuid, allocation),) = request["allocations"].items()
         assert allocation["resources"] == {"VGPU": 1}
         assert trait in summaries[rp_uuid]["traits"]
 
 
 def test_allocation_candidates_without_trait_offer_every_gpu(conn, synced):
     requests, summaries = _candidates(conn, "resources=VGPU:1")
-    assert sorted(rp for r in requests for rp in r["allocations"]) == \
-        _gpu_uuids(conn, EXPECTED)
-    capacity = sum(s["resources"].get("VGPU", {}).get("capacity", 0)
-                   for s in summaries.values())
+    assert sorted(rp for r in requests for rp in r["allocations"]) == _gpu_uuids(conn, EXPECTED)
+    capacity = sum(s["resources"].get("VGPU", {}).get("capacity", 0) for s in summaries.values())
     assert capacity == 4 * 16 + 4 * 8 + 10

@@ -47,15 +47,19 @@ HELPER = os.path.join(os.path.dirname(sys.executable), "vgpu-privsep-helper")
 # oslo.privsep hands the helper's stderr a pipe whose ends it never closes
 # (daemon._fd_logger); that is the library's, not a leak of ours.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
+    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
+)
 
 
 # What nova-compute's files say on this host, as the daemons read them.
 NOVA_CONF = textwrap.dedent(confs.MIXED_HOST) + "[vgpu]\nsysfs_root = {mount}\n"
 # The helper's own file: it names nova.conf, accepts the served host's root
 # and asks the served host's fake vendor driver.
-DAEMON_CONF = "[nova]\nconfig_files = {nova_conf}\n" + served_host.FAKE_ROOT_CONF + \
-    "test_only_fake_nvml_host = {state}\n"
+DAEMON_CONF = (
+    "[nova]\nconfig_files = {nova_conf}\n"
+    + served_host.FAKE_ROOT_CONF
+    + "test_only_fake_nvml_host = {state}\n"
+)
 GROUPS = (privsep_conf.GROUP, privsep_conf.GPU_ADMIN_GROUP)
 
 
@@ -120,8 +124,9 @@ def served_by_daemon(tmp_path, *profile_names, fake_root=True):
             stop_daemons()
             for pid in daemon_pids(str(daemon_conf)):
                 os.kill(pid, signal.SIGTERM)
-            served_host.wait_for(lambda: not daemon_pids(str(daemon_conf)),
-                                 what="the privsep daemons to stop")
+            served_host.wait_for(
+                lambda: not daemon_pids(str(daemon_conf)), what="the privsep daemons to stop"
+            )
 
 
 def make_driver(make_conf, host, tmp_path, extra=""):
@@ -150,7 +155,7 @@ def test_allocate_reuse_release_and_restore_through_the_daemon(served, make_conf
     vgpu.domains.undefine("i-1")
     vgpu.release("i-1")
     again = vgpu.allocate("i-2", request, providers)
-    assert again == first                       # the free mdev is reused, not re-created
+    assert again == first  # the free mdev is reused, not re-created
     vgpu.domains.define("i-2", again)
     vgpu.instance_defined("i-2")
     served.kernel.reboot()
@@ -169,13 +174,17 @@ def test_remove_blocked_by_a_guest_then_done(served):
         host.remove_mdev(mdev, timeout=0.5)
     assert os.path.lexists(f"{served.mount}/bus/mdev/devices/{mdev}")
     served.kernel.release(mdev)
-    served_host.wait_for(lambda: not os.path.lexists(f"{served.mount}/bus/mdev/devices/{mdev}"),
-                         what="the blocked remove to finish")
+    served_host.wait_for(
+        lambda: not os.path.lexists(f"{served.mount}/bus/mdev/devices/{mdev}"),
+        what="the blocked remove to finish",
+    )
     # The device leaves sysfs before its instance is counted free again (the
     # kernel's mdev core gives it back when the device is released), so a
     # reader polls the count rather than reading it once.
-    served_host.wait_for(lambda: host.available_instances(T4, "nvidia-222") == 16,
-                         what="the removed mdev's instance to be free again")
+    served_host.wait_for(
+        lambda: host.available_instances(T4, "nvidia-222") == 16,
+        what="the removed mdev's instance to be free again",
+    )
 
 
 def test_vendor_types_and_mdevs_through_the_daemon(served):
@@ -189,7 +198,7 @@ def test_vendor_types_and_mdevs_through_the_daemon(served):
     with pytest.raises(exception.MdevAlreadyExists):
         host.create_mdev("0000:19:00.0", "nvidia-222", taken)
     host.create_mdev(A100_VF, "nvidia-468", str(uuid.uuid4()))
-    with pytest.raises(exception.MdevNoCapacity):       # one vGPU per VF
+    with pytest.raises(exception.MdevNoCapacity):  # one vGPU per VF
         host.create_mdev(A100_VF, "nvidia-468", str(uuid.uuid4()))
 
 
@@ -222,14 +231,19 @@ def plant_refusals(tree, tmp_path):
     (tmp_path / "outside" / "remove").write_text("")
     nic = os.path.join(tree, "devices", "pci0000:05", NIC)
     os.makedirs(nic)
-    for name, text in (("class", "0x020000\n"), ("sriov_totalvfs", "8\n"),
-                       ("sriov_numvfs", "0\n"), ("remove", "")):
+    for name, text in (
+        ("class", "0x020000\n"),
+        ("sriov_totalvfs", "8\n"),
+        ("sriov_numvfs", "0\n"),
+        ("remove", ""),
+    ):
         with open(os.path.join(nic, name), "w") as f:
             f.write(text)
     os.symlink(f"../../../devices/pci0000:05/{NIC}", os.path.join(tree, "bus/pci/devices", NIC))
     pci_itself, escaping = str(uuid.uuid4()), str(uuid.uuid4())
-    os.symlink(f"../../../devices/pci0000:05/{NIC}",
-               os.path.join(tree, "bus/mdev/devices", pci_itself))
+    os.symlink(
+        f"../../../devices/pci0000:05/{NIC}", os.path.join(tree, "bus/mdev/devices", pci_itself)
+    )
     os.symlink(str(tmp_path / "outside"), os.path.join(tree, "bus/mdev/devices", escaping))
     os.symlink(str(tmp_path / "outside"), os.path.join(tree, "class/mdev_bus", "escape"))
     return pci_itself, escaping
@@ -251,8 +265,10 @@ def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
     refused = [
         (("create_mdev", "escape", "nvidia-222", str(uuid.uuid4())), "outside"),
         (("create_mdev", T4, "nvidia-223", str(uuid.uuid4())), "nvidia-223 is not enabled"),
-        (("create_mdev", A100_VF, "nvidia-222", str(uuid.uuid4())),
-         f"GPU {A100} is configured for nvidia-468, not nvidia-222"),
+        (
+            ("create_mdev", A100_VF, "nvidia-222", str(uuid.uuid4())),
+            f"GPU {A100} is configured for nvidia-468, not nvidia-222",
+        ),
         (("remove_mdev", escaping), "outside"),
         (("remove_mdev", pci_itself), "not an mdev of a registered parent"),
         (("set_vgpu_type", NIC, 4), "not a display or 3D controller"),
@@ -261,8 +277,10 @@ def test_each_refusal_reaches_the_caller_typed(served, tmp_path):
         (("set_vgpu_type", A100, 1156), "not an SR-IOV virtual function"),
     ]
     before = tree_bytes(served.state)
-    for calls, kind in ((malformed, exception.InvalidSysfsName),
-                        (refused, exception.PrivilegedWriteRefused)):
+    for calls, kind in (
+        (malformed, exception.InvalidSysfsName),
+        (refused, exception.PrivilegedWriteRefused),
+    ):
         for call, text in calls:
             with pytest.raises(kind, match=text):
                 privsep.call(*call)
@@ -298,8 +316,10 @@ def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):
     for top in ("bus", "class"):  # a sysfs root the host check accepts
         (tmp_path / top).mkdir()
     try:
-        with pytest.raises(exception.PrivilegedHelperUnavailable,
-                           match="Cannot start the privileged helper.*sudoers"):
+        with pytest.raises(
+            exception.PrivilegedHelperUnavailable,
+            match="Cannot start the privileged helper.*sudoers",
+        ):
             hosts.writable(str(tmp_path)).create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
     finally:
         for group in GROUPS:
@@ -309,8 +329,7 @@ def test_a_helper_that_cannot_start_is_named_as_such(tmp_path):
 def test_writes_from_several_threads_share_one_daemon(served):
     host = hosts.writable(served.mount)
     made = [str(uuid.uuid4()) for _ in range(8)]
-    threads = [threading.Thread(target=host.create_mdev, args=(T4, "nvidia-222", m))
-               for m in made]
+    threads = [threading.Thread(target=host.create_mdev, args=(T4, "nvidia-222", m)) for m in made]
     started = time.monotonic()
     for t in threads:
         t.start()
@@ -349,13 +368,17 @@ def test_the_mode_switch_has_its_own_daemon_holding_cap_sys_admin_alone(tmp_path
         assert kernel.heterogeneous_mode(L40S)
         daemon_conf = tmp_path / "privsep-daemon.conf"
         assert daemons_by_context(daemon_conf) == {
-            "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN}
+            "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN
+        }
         hosts.writable(served.mount).set_vendor_vgpu_type(L40S_VF, 1156)
         assert daemons_by_context(daemon_conf) == {
             "vgpu_driver.privsep.gpu_admin": 1 << CAP_SYS_ADMIN,
-            "vgpu_driver.privsep.sysfs_writer": 1 << CAP_DAC_OVERRIDE}
-        with pytest.raises(exception.MixedSizeModeRefused,
-                           match=f"Cannot disable mixed-size mode on GPU {L40S}: vGPUs exist"):
+            "vgpu_driver.privsep.sysfs_writer": 1 << CAP_DAC_OVERRIDE,
+        }
+        with pytest.raises(
+            exception.MixedSizeModeRefused,
+            match=f"Cannot disable mixed-size mode on GPU {L40S}: vGPUs exist",
+        ):
             privsep.call("set_heterogeneous_mode", L40S, False)
         assert kernel.heterogeneous_mode(L40S)
 
@@ -369,8 +392,7 @@ def test_the_mode_switch_refuses_what_the_configuration_does_not_serve(tmp_path)
             (("set_heterogeneous_mode", L40S, 1), "1 is neither True nor False"),
             (("set_heterogeneous_mode", T4, True), "not an SR-IOV physical function"),
             (("set_heterogeneous_mode", L40S_VF, True), "not an SR-IOV physical function"),
-            (("set_heterogeneous_mode", A100, True),
-             f"GPU {A100} serves no vendor-VFIO vGPUs"),
+            (("set_heterogeneous_mode", A100, True), f"GPU {A100} serves no vendor-VFIO vGPUs"),
         ]
         for call, text in refused:
             with pytest.raises(exception.PrivilegedWriteRefused, match=text):
@@ -378,24 +400,29 @@ def test_the_mode_switch_refuses_what_the_configuration_does_not_serve(tmp_path)
         with pytest.raises(exception.InvalidSysfsName):
             privsep.call("set_heterogeneous_mode", "../../c1:00.0", True)
         kernel.set_vfs(L40S, 0)
-        with pytest.raises(exception.PrivilegedWriteRefused,
-                           match=f"GPU {L40S} serves no vendor-VFIO vGPUs"):
+        with pytest.raises(
+            exception.PrivilegedWriteRefused, match=f"GPU {L40S} serves no vendor-VFIO vGPUs"
+        ):
             privsep.call("set_heterogeneous_mode", L40S, True)
         assert not kernel.heterogeneous_mode(L40S)
 
 
 def test_the_mode_switch_refuses_a_gpu_given_no_type(tmp_path, make_conf):
     with served_host.served(tmp_path, "l40s-vfio", "t4x8") as served:
-        conf = make_conf(textwrap.dedent(confs.FIRST_T4_ONLY) + textwrap.dedent(f"""
+        conf = make_conf(
+            textwrap.dedent(confs.FIRST_T4_ONLY)
+            + textwrap.dedent(f"""
             [vgpu]
             sysfs_root = {served.mount}
             test_only_fake_sysfs_root = true
             test_only_fake_nvml_host = {served.state}
-            """))
+            """)
+        )
         privsep.run_in_process(conf)
         try:
-            with pytest.raises(exception.PrivilegedWriteRefused,
-                               match=f"GPU {L40S} is given no vGPU type"):
+            with pytest.raises(
+                exception.PrivilegedWriteRefused, match=f"GPU {L40S} is given no vGPU type"
+            ):
                 privsep.call("set_heterogeneous_mode", L40S, True)
         finally:
             privsep.use_daemon()

@@ -39,12 +39,15 @@ VENV_BIN = os.path.dirname(sys.executable)
 HELPER = os.path.join(VENV_BIN, "vgpu-privsep-helper")
 T4 = "0000:18:00.0"
 CAP_DAC_OVERRIDE, CAP_SYS_ADMIN = 1, 21
-CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": (privsep.sysfs_writer, CAP_DAC_OVERRIDE),
-            "vgpu_driver.privsep.gpu_admin": (privsep.gpu_admin, CAP_SYS_ADMIN)}
+CONTEXTS = {
+    "vgpu_driver.privsep.sysfs_writer": (privsep.sysfs_writer, CAP_DAC_OVERRIDE),
+    "vgpu_driver.privsep.gpu_admin": (privsep.gpu_admin, CAP_SYS_ADMIN),
+}
 
 # oslo.privsep hands the helper's stderr a pipe whose ends it never closes.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
+    "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
+)
 
 # A logging configuration whose handler arguments Python's fileConfig
 # evaluates: code run by whoever loads it as oslo.log's log_config_append.
@@ -102,7 +105,8 @@ def host(tmp_path, system_user, monkeypatch):
     logging_conf = tmp_path / "logging.conf"
     logging_conf.write_text(LOGGING_CODE.format(marker=str(marker)))
     nova_conf = tmp_path / "nova.conf"
-    nova_conf.write_text(textwrap.dedent(f"""\
+    nova_conf.write_text(
+        textwrap.dedent(f"""\
         [DEFAULT]
         log_config_append = {logging_conf}
         log_dir = {log_dir}
@@ -112,43 +116,59 @@ def host(tmp_path, system_user, monkeypatch):
         [vgpu]
         sysfs_root = {kernel.paths.root}
         test_only_fake_sysfs_root = true
-        """))
+        """)
+    )
     # A link planted where oslo.log would open privsep-helper's log as root.
     victim = tmp_path / "victim"
     (log_dir / "privsep-helper.log").symlink_to(victim)
     (log_dir / "vgpu-privsep-helper.log").symlink_to(victim)
     # What oslo.config would read from the caller's HOME for privsep-helper.
     (caller_home / ".privsep" / "privsep.conf.d" / "caps.conf").write_text(
-        "[vgpu_driver_sysfs_writer]\ncapabilities = CAP_SYS_ADMIN,CAP_DAC_OVERRIDE\n")
+        "[vgpu_driver_sysfs_writer]\ncapabilities = CAP_SYS_ADMIN,CAP_DAC_OVERRIDE\n"
+    )
     code, _, err = test_install_units.install(
-        nova_conf, "--root", str(root), "--bin-dir", VENV_BIN, "--user", system_user)
+        nova_conf, "--root", str(root), "--bin-dir", VENV_BIN, "--user", system_user
+    )
     assert code == 0, err
     helper_conf = root / host_files.PRIVSEP_CONF
     helper_conf.write_text(helper_conf.read_text() + "[vgpu]\ntest_only_fake_sysfs_root = true\n")
-    rule = (root / host_files.SUDOERS).read_text().replace(
-        "/etc/vgpu-driver/privsep\\.conf", str(helper_conf).replace(".", "\\."))
+    rule = (
+        (root / host_files.SUDOERS)
+        .read_text()
+        .replace("/etc/vgpu-driver/privsep\\.conf", str(helper_conf).replace(".", "\\."))
+    )
     installed = pathlib.Path(f"/etc/sudoers.d/vgpu-driver-test-{system_user}")
     test_sudoers.install_rule(installed, rule)
     # Where oslo.privsep's client makes its socket: /tmp, as on a host.
     for name in ("TMPDIR", "TEMP", "TMP"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", None)
-    caller = (f"runuser -u {system_user} -- env HOME={caller_home} PYTHONPATH={tmp_path} "
-              f"TZ=Europe/Paris LANG=fr_FR.UTF-8 TERM=xterm VGPU_CALLER=1 "
-              f"sudo -n {HELPER} --config-file {helper_conf}")
+    caller = (
+        f"runuser -u {system_user} -- env HOME={caller_home} PYTHONPATH={tmp_path} "
+        f"TZ=Europe/Paris LANG=fr_FR.UTF-8 TERM=xterm VGPU_CALLER=1 "
+        f"sudo -n {HELPER} --config-file {helper_conf}"
+    )
     test_privileged_writes.use_helper(caller)
     try:
         assert test_sudoers._run("visudo", "-c").returncode == 0
-        yield {"kernel": kernel, "marker": marker, "victim": victim, "conf": str(helper_conf),
-               "caller_home": str(caller_home), "user": system_user}
+        yield {
+            "kernel": kernel,
+            "marker": marker,
+            "victim": victim,
+            "conf": str(helper_conf),
+            "caller_home": str(caller_home),
+            "user": system_user,
+        }
     finally:
         test_privileged_writes.stop_daemons()
         for pid in test_privileged_writes.daemon_pids(str(helper_conf)):
             os.kill(pid, signal.SIGTERM)
-        served_host.wait_for(lambda: not test_privileged_writes.daemon_pids(str(helper_conf)),
-                             what="the privsep daemons to stop")
+        served_host.wait_for(
+            lambda: not test_privileged_writes.daemon_pids(str(helper_conf)),
+            what="the privsep daemons to stop",
+        )
         installed.unlink()
-        gc.collect()    # oslo.privsep's pipes, closed while the warning is ignored
+        gc.collect()  # oslo.privsep's pipes, closed while the warning is ignored
 
 
 def test_the_daemons_hold_one_capability_and_sudos_environment(host):
@@ -158,16 +178,32 @@ def test_the_daemons_hold_one_capability_and_sudos_environment(host):
     assert set(found) == set(CONTEXTS)
     for name, pid in found.items():
         cap = CONTEXTS[name][1]
-        assert (status(pid, "CapBnd"), status(pid, "CapEff"), status(pid, "CapPrm"),
-                status(pid, "CapInh"), status(pid, "CapAmb")) == (1 << cap, 1 << cap,
-                                                                  1 << cap, 0, 0), name
+        assert (
+            status(pid, "CapBnd"),
+            status(pid, "CapEff"),
+            status(pid, "CapPrm"),
+            status(pid, "CapInh"),
+            status(pid, "CapAmb"),
+        ) == (1 << cap, 1 << cap, 1 << cap, 0, 0), name
         env = environment(pid)
         # sudo's own environment: HOME is root's, from the rule, and nothing
         # the caller set came through (its TERM neither).
-        assert set(env) == {"HOME", "LOGNAME", "MAIL", "PATH", "SHELL", "SUDO_COMMAND",
-                            "SUDO_GID", "SUDO_UID", "SUDO_USER", "TERM", "USER"}, env
-        assert (env["HOME"], env["TERM"], env["SUDO_USER"]) == ("/root", "unknown",
-                                                                host["user"]), env
+        assert set(env) == {
+            "HOME",
+            "LOGNAME",
+            "MAIL",
+            "PATH",
+            "SHELL",
+            "SUDO_COMMAND",
+            "SUDO_GID",
+            "SUDO_UID",
+            "SUDO_USER",
+            "TERM",
+            "USER",
+        }, env
+        assert (env["HOME"], env["TERM"], env["SUDO_USER"]) == ("/root", "unknown", host["user"]), (
+            env
+        )
 
 
 def test_nova_conf_is_data_its_logging_options_do_nothing(host):
@@ -176,8 +212,15 @@ def test_nova_conf_is_data_its_logging_options_do_nothing(host):
     its test_only_fake_sysfs_root is not needed (the helper's file says)."""
     made = str(uuid.uuid4())
     privsep.create_mdev(T4, "nvidia-222", made)
-    create = os.path.join(host["kernel"].paths.root, "devices", "pci0000:18", T4,
-                          "mdev_supported_types", "nvidia-222", "create")
+    create = os.path.join(
+        host["kernel"].paths.root,
+        "devices",
+        "pci0000:18",
+        T4,
+        "mdev_supported_types",
+        "nvidia-222",
+        "create",
+    )
     with open(create) as f:
         assert f.read().strip() == made
     with pytest.raises(exception.PrivilegedWriteRefused, match="nvidia-223 is not enabled"):
@@ -205,9 +248,13 @@ def test_a_name_outside_the_entry_points_imports_nothing(host, planted_module):
     privsep.ensure_started(privsep.sysfs_writer)
     channel = privsep.sysfs_writer.channel
     refusals = {}
-    for name in ("this.x", "vgpu_no_such_module.run", f"{module}.run",
-                 "vgpu_driver.privsep.entrypoints.set_heterogeneous_mode",
-                 "vgpu_driver.privsep.entrypoints._sysfs"):
+    for name in (
+        "this.x",
+        "vgpu_no_such_module.run",
+        f"{module}.run",
+        "vgpu_driver.privsep.entrypoints.set_heterogeneous_mode",
+        "vgpu_driver.privsep.entrypoints._sysfs",
+    ):
         with pytest.raises(NameError) as caught:
             channel.remote_call(name, (), {}, None)
         refusals[name] = str(caught.value).replace(repr(name), "NAME")
@@ -227,12 +274,25 @@ def test_a_helper_file_nova_conf_cannot_parse_stops_the_start(host, tmp_path):
 
 
 def test_the_helper_refuses_a_context_not_ours():
-    result = subprocess.run([HELPER, "--config-file", "/dev/null", "--privsep_context",
-                             "os_brick.privileged.default", "--privsep_sock_path", "/x"],
-                            capture_output=True, text=True, check=False, timeout=60)
+    result = subprocess.run(
+        [
+            HELPER,
+            "--config-file",
+            "/dev/null",
+            "--privsep_context",
+            "os_brick.privileged.default",
+            "--privsep_sock_path",
+            "/x",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 2
-    assert "argument --privsep_context: invalid choice: 'os_brick.privileged.default'" in \
-        result.stderr
+    assert (
+        "argument --privsep_context: invalid choice: 'os_brick.privileged.default'" in result.stderr
+    )
 
 
 def test_a_daemon_started_by_another_helper_writes_nothing(tmp_path):
@@ -240,7 +300,8 @@ def test_a_daemon_started_by_another_helper_writes_nothing(tmp_path):
     conf = tmp_path / "nova.conf"
     conf.write_text("[devices]\nenabled_mdev_types = nvidia-222\n")
     test_privileged_writes.use_helper(
-        f"{os.path.join(VENV_BIN, 'privsep-helper')} --config-file {conf}")
+        f"{os.path.join(VENV_BIN, 'privsep-helper')} --config-file {conf}"
+    )
     try:
         with pytest.raises(exception.PrivilegedWriteRefused, match="no configuration of its own"):
             privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
@@ -258,7 +319,8 @@ def test_the_helper_reads_no_configuration_from_its_home(tmp_path):
     home = tmp_path / "home"
     (home / ".privsep" / "privsep.conf.d").mkdir(parents=True)
     (home / ".privsep" / "privsep.conf.d" / "caps.conf").write_text(
-        "[vgpu_driver_sysfs_writer]\ncapabilities = CAP_SYS_ADMIN,CAP_DAC_OVERRIDE\n")
+        "[vgpu_driver_sysfs_writer]\ncapabilities = CAP_SYS_ADMIN,CAP_DAC_OVERRIDE\n"
+    )
     nova_conf = tmp_path / "nova.conf"
     nova_conf.write_text("[devices]\nenabled_mdev_types = nvidia-222\n")
     conf = tmp_path / "privsep.conf"

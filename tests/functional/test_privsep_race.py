@@ -73,17 +73,23 @@ def test_a_directory_swapped_for_a_link_never_moves_a_write(tmp_path, make_conf,
     shutil.copytree(bus_dir, decoy, symlinks=True)
     swap_link = os.path.join(root, "devices", "swap")
     os.symlink(str(decoy), swap_link)
-    privsep.run_in_process(make_conf(f"""
+    privsep.run_in_process(
+        make_conf(f"""
         [devices]
         enabled_mdev_types = nvidia-222
         [vgpu]
         sysfs_root = {root}
         test_only_fake_sysfs_root = true
-        """))
+        """)
+    )
     assert files_with_bytes(decoy) == {}
 
-    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, bus_dir, swap_link, str(SWAPS)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", SWAPPER, bus_dir, swap_link, str(SWAPS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     outcomes = {"written": 0, "refused": 0}
     try:
         assert swapper.stdout.readline().strip() == "ready"
@@ -91,10 +97,15 @@ def test_a_directory_swapped_for_a_link_never_moves_a_write(tmp_path, make_conf,
         # not be scheduled during the first MIN_WRITES writes: go on until
         # it has met the writer, for at most MEET_WITHIN seconds.
         deadline = time.monotonic() + MEET_WITHIN
-        while (sum(outcomes.values()) < MIN_WRITES or outcomes["written"] < 10
-               or (outcomes["refused"] == 0 and time.monotonic() < deadline)):
-            for call in ((privsep.create_mdev, T4, "nvidia-222", str(uuid.uuid4())),
-                         (privsep.remove_mdev, held)):
+        while (
+            sum(outcomes.values()) < MIN_WRITES
+            or outcomes["written"] < 10
+            or (outcomes["refused"] == 0 and time.monotonic() < deadline)
+        ):
+            for call in (
+                (privsep.create_mdev, T4, "nvidia-222", str(uuid.uuid4())),
+                (privsep.remove_mdev, held),
+            ):
                 try:
                     call[0](*call[1:])
                     outcomes["written"] += 1
@@ -120,4 +131,5 @@ def test_a_directory_swapped_for_a_link_never_moves_a_write(tmp_path, make_conf,
     # What was written landed in the root, in the device's own files.
     assert set(files_with_bytes(bus_dir)) <= {
         os.path.join(bus_dir, T4, "mdev_supported_types", "nvidia-222", "create"),
-        os.path.join(bus_dir, T4, held, "remove")}
+        os.path.join(bus_dir, T4, held, "remove"),
+    }

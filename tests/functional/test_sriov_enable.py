@@ -22,32 +22,50 @@ from tests import served_host
 
 A100 = "0000:41:00.0"
 L40S = "0000:c1:00.0"
-ENABLED = (f"{A100}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} -e {A100}); waiting for "
-           "their mdev types")
+ENABLED = (
+    f"{A100}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} -e {A100}); waiting for their mdev types"
+)
 CONF = f"[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
 
 
 # nova's guide configures SR-IOV boards by their VFs' addresses, which do
 # not exist while the VFs are off: the PF's sriov_offset and sriov_stride say
 # which they will be.
-CONF_BY_VFS = CONF.replace(f"device_addresses = {A100}",
-                           "device_addresses = 0000:41:00.4, 0000:41:00.5")
+CONF_BY_VFS = CONF.replace(
+    f"device_addresses = {A100}", "device_addresses = 0000:41:00.4, 0000:41:00.5"
+)
 
 
 @pytest.fixture(params=[CONF, CONF_BY_VFS], ids=["by-pf", "by-vfs"])
 def rebooted(tmp_path, request, sriov_manage):
     with served_host.served(tmp_path, "a100-sriov-off") as host:
-        (tmp_path / "nova.conf").write_text(request.param + served_host.FAKE_ROOT_CONF +
-                                            sriov_manage(host.mount))
+        (tmp_path / "nova.conf").write_text(
+            request.param + served_host.FAKE_ROOT_CONF + sriov_manage(host.mount)
+        )
         yield host
 
 
 def manage(host, tmp_path, *argv):
     result = subprocess.run(
-        [served_host.MANAGE, "--config-file", str(tmp_path / "nova.conf"),
-         "--sysfs-root", host.mount, "--nodename", "cn1", "--state-dir",
-         str(tmp_path / "state"), "--libvirt-uri", "test:///default", *argv],
-        capture_output=True, text=True, timeout=120, check=False)
+        [
+            served_host.MANAGE,
+            "--config-file",
+            str(tmp_path / "nova.conf"),
+            "--sysfs-root",
+            host.mount,
+            "--nodename",
+            "cn1",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--libvirt-uri",
+            "test:///default",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -78,12 +96,15 @@ def _claim_totalvfs(host, count):
         f.write(f"{count}\n")
 
 
-@pytest.mark.parametrize("case, argv, why", [
-    ("nic", ("sriov", "enable", pci_devices.NIC), "vendor 0x8086 is not NVIDIA"),
-    ("unknown", ("sriov", "enable", "0000:41:00.1"), "no PCI device at this address"),
-    ("mdev", ("sriov", "disable", A100), "1 VF(s) hold vGPUs"),
-    ("erange", ("sriov", "enable", A100), "write error: Numerical result out of range"),
-])
+@pytest.mark.parametrize(
+    "case, argv, why",
+    [
+        ("nic", ("sriov", "enable", pci_devices.NIC), "vendor 0x8086 is not NVIDIA"),
+        ("unknown", ("sriov", "enable", "0000:41:00.1"), "no PCI device at this address"),
+        ("mdev", ("sriov", "disable", A100), "1 VF(s) hold vGPUs"),
+        ("erange", ("sriov", "enable", A100), "write error: Numerical result out of range"),
+    ],
+)
 def test_bad_input_exits_2_and_changes_nothing(rebooted, tmp_path, case, argv, why):
     pci_devices.plant_nic(rebooted.state)
     kernel = rebooted.kernel
@@ -109,14 +130,17 @@ def test_a_missing_script_exits_2_with_one_line_and_changes_nothing(rebooted, tm
     code, out, err = manage(rebooted, tmp_path, "sriov", "enable", "--configured")
     assert (code, out) == (2, "")
     [line] = [text for text in err.splitlines() if text.startswith("error: ")]
-    assert line == (f"error: NVIDIA's sriov-manage ({missing} -e {A100}) cannot run: there is "
-                    "no such file (it comes with NVIDIA's vGPU manager; set [vgpu] "
-                    "sriov_manage_path where it is installed); nothing was changed"), err
+    assert line == (
+        f"error: NVIDIA's sriov-manage ({missing} -e {A100}) cannot run: there is "
+        "no such file (it comes with NVIDIA's vGPU manager; set [vgpu] "
+        "sriov_manage_path where it is installed); nothing was changed"
+    ), err
     assert pci_devices.tree_state(rebooted.state) == before
 
 
-MIXED_L40S = ("[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1157\n" + "".join(
-    f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in ("nvidia-1155", "nvidia-1157")))
+MIXED_L40S = "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1157\n" + "".join(
+    f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in ("nvidia-1155", "nvidia-1157")
+)
 
 
 def test_configured_boards_get_their_vfs_then_their_mode(tmp_path, sriov_manage):
@@ -128,25 +152,37 @@ def test_configured_boards_get_their_vfs_then_their_mode(tmp_path, sriov_manage)
         host.kernel.reboot()
         assert not host.kernel.heterogeneous_mode(L40S)
         (tmp_path / "nova.conf").write_text(
-            MIXED_L40S.replace("nvidia-1157\n[mdev_nvidia-1155]",
-                               "nvidia-1157, nvidia-468\n[mdev_nvidia-1155]")
+            MIXED_L40S.replace(
+                "nvidia-1157\n[mdev_nvidia-1155]", "nvidia-1157, nvidia-468\n[mdev_nvidia-1155]"
+            )
             + f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
-            + served_host.FAKE_ROOT_CONF + f"test_only_fake_nvml_host = {host.state}\n"
-            + sriov_manage(host.mount))
+            + served_host.FAKE_ROOT_CONF
+            + f"test_only_fake_nvml_host = {host.state}\n"
+            + sriov_manage(host.mount)
+        )
         code, out, err = manage(host, tmp_path, "sriov", "enable", "--configured")
         assert code == 0, err
         lines = out.splitlines()
-        assert lines[:2] == [ENABLED, (f"{L40S}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} "
-                                       f"-e {L40S}); waiting for their mdev types")]
+        assert lines[:2] == [
+            ENABLED,
+            (
+                f"{L40S}: enabled 16 VFs ({conftest.FAKE_SRIOV_MANAGE} "
+                f"-e {L40S}); waiting for their mdev types"
+            ),
+        ]
         assert lines[2].startswith(f"{A100}: 16 VFs ready")
         assert lines[3].startswith(f"{L40S}: 16 VFs ready")
-        assert lines[-1] == (f"{L40S}: switched to mixed sizes (configured for nvidia-1155, "
-                             "nvidia-1157)")
+        assert lines[-1] == (
+            f"{L40S}: switched to mixed sizes (configured for nvidia-1155, nvidia-1157)"
+        )
         assert host.kernel.heterogeneous_mode(L40S)
         code, out, _ = manage(host, tmp_path, "sriov", "status", "-f", "json")
-        assert {(r["physical_function"], r["numvfs"], r["state"], r["vgpu_sizes"])
-                for r in json.loads(out)} == {(A100, 16, "enabled", None),
-                                              (L40S, 16, "enabled", "mixed")}
+        assert {
+            (r["physical_function"], r["numvfs"], r["state"], r["vgpu_sizes"])
+            for r in json.loads(out)
+        } == {(A100, 16, "enabled", None), (L40S, 16, "enabled", "mixed")}
         for pf in (A100, L40S):
-            assert os.path.basename(os.readlink(
-                f"{host.mount}/bus/pci/devices/{pf}/driver")) == "nvidia"
+            assert (
+                os.path.basename(os.readlink(f"{host.mount}/bus/pci/devices/{pf}/driver"))
+                == "nvidia"
+            )

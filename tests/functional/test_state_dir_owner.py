@@ -59,11 +59,20 @@ def users():
     tag = uuid.uuid4().hex[:6]
     made = []
     try:
-        for name, extra in ((f"vgnova{tag}", ["--user-group"]),
-                            (f"vgread{tag}", ["-G", f"vgnova{tag}"]),
-                            (f"vgout{tag}", [])):
-            result = _run("useradd", "--system", "--no-create-home", "--shell",
-                          "/usr/sbin/nologin", *extra, name)
+        for name, extra in (
+            (f"vgnova{tag}", ["--user-group"]),
+            (f"vgread{tag}", ["-G", f"vgnova{tag}"]),
+            (f"vgout{tag}", []),
+        ):
+            result = _run(
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                *extra,
+                name,
+            )
             assert result.returncode == 0, result.stderr
             made.append(name)
         yield tuple(made)
@@ -72,7 +81,7 @@ def users():
             result = _run("userdel", name)
             assert result.returncode == 0, result.stderr
         if made:
-            _run("groupdel", made[0])     # userdel leaves a group another user is in
+            _run("groupdel", made[0])  # userdel leaves a group another user is in
 
 
 def as_user(name, action):
@@ -80,11 +89,12 @@ def as_user(name, action):
     ``{"raised": type, "message": text}`` if it raised."""
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:    # the child: never returns into pytest
+    if pid == 0:  # the child: never returns into pytest
         code = 99
         try:
             os.close(read_end)
             import pwd
+
             entry = pwd.getpwnam(name)
             os.initgroups(name, entry.pw_gid)
             os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
@@ -92,8 +102,11 @@ def as_user(name, action):
             try:
                 result = action()
             except Exception as exc:
-                result = {"raised": type(exc).__name__, "message": str(exc),
-                          "trace": traceback.format_exc()}
+                result = {
+                    "raised": type(exc).__name__,
+                    "message": str(exc),
+                    "trace": traceback.format_exc(),
+                }
             with os.fdopen(write_end, "w") as out:
                 json.dump(result, out)
             code = 0
@@ -114,8 +127,17 @@ def cli(conf_file, *argv):
     out = io.StringIO()
     app.stdout = app.stderr = out
     with contextlib.redirect_stderr(out):
-        code = app.run(["--config-file", str(conf_file), "--nodename", "cn1",
-                        "--libvirt-uri", "test:///default", *argv])
+        code = app.run(
+            [
+                "--config-file",
+                str(conf_file),
+                "--nodename",
+                "cn1",
+                "--libvirt-uri",
+                "test:///default",
+                *argv,
+            ]
+        )
     return {"code": code, "out": out.getvalue()}
 
 
@@ -135,11 +157,13 @@ def production(users, monkeypatch, sriov_manage):
     assert result.returncode == 0, result.stderr
     conf_file = top / "etc" / "nova" / "nova.conf"
     conf_file.parent.mkdir(parents=True)
-    conf_file.write_text(f"[devices]\nenabled_mdev_types = nvidia-468\n"
-                         f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
-                         f"{sriov_manage(kernel.paths.root)}"
-                         f"sysfs_root = {kernel.paths.root}\nstate_dir = {state}\n"
-                         f"test_only_fake_sysfs_root = true\nrestore_wait = 5\n")
+    conf_file.write_text(
+        f"[devices]\nenabled_mdev_types = nvidia-468\n"
+        f"[mdev_nvidia-468]\ndevice_addresses = {A100}\n"
+        f"{sriov_manage(kernel.paths.root)}"
+        f"sysfs_root = {kernel.paths.root}\nstate_dir = {state}\n"
+        f"test_only_fake_sysfs_root = true\nrestore_wait = 5\n"
+    )
     conf_file.chmod(0o644)
     yield kernel, conf_file, state
     shutil.rmtree(top)
@@ -150,6 +174,7 @@ def nova_compute_starts(conf_file, kernel, domain_mdevs=()):
     driver it runs opens (or creates) the journal, and its host
     reconciler's start-up pass claims the vGPUs guests use without a claim
     (a takeover), writing them to the journal.  Returns the claims."""
+
     def start():
         conf = cfg.ConfigOpts()
         vgpu_conf.register_opts(conf)
@@ -164,16 +189,19 @@ def nova_compute_starts(conf_file, kernel, domain_mdevs=()):
         finally:
             vgpu.close()
             vgpu.journal.close()
+
     return start
 
 
 def owners(state):
-    return {p.name: (p.owner(), p.group(), oct(stat.S_IMODE(p.stat().st_mode)))
-            for p in sorted(state.iterdir()) if p.name.startswith("claims.sqlite")}
+    return {
+        p.name: (p.owner(), p.group(), oct(stat.S_IMODE(p.stat().st_mode)))
+        for p in sorted(state.iterdir())
+        if p.name.startswith("claims.sqlite")
+    }
 
 
-def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(
-        users, production, tmp_path):
+def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(users, production, tmp_path):
     nova, reader, _ = users
     kernel, conf_file, state = production
     # install-units, for nova's user, into an image root.
@@ -186,19 +214,24 @@ def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(
     (root / "etc").mkdir(parents=True)
     # install-units takes --user from the passwd of the tree it installs in.
     (root / "etc" / "passwd").write_text(
-        next(line for line in pathlib.Path("/etc/passwd").read_text().splitlines(True)
-             if line.startswith(f"{nova}:")))
-    code, out, err = test_install_units.install(conf_file, "--root", str(root),
-                                                "--bin-dir", str(bin_dir), "--user", nova)
+        next(
+            line
+            for line in pathlib.Path("/etc/passwd").read_text().splitlines(True)
+            if line.startswith(f"{nova}:")
+        )
+    )
+    code, out, err = test_install_units.install(
+        conf_file, "--root", str(root), "--bin-dir", str(bin_dir), "--user", nova
+    )
     assert code == 0, err
     # The boot unit, as systemd runs it (as root, before nova-compute).
     unit = (root / host_files.SRIOV_UNIT).read_text()
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    argv = shlex.split(exec_start[len("ExecStart="):])
+    argv = shlex.split(exec_start[len("ExecStart=") :])
     assert argv[0] == f"{bin_dir}/vgpu-manage" and "User=" not in unit
     assert manage.main(argv[1:]) == 0
     assert kernel.pci_device(A100).sriov_numvfs > 0
-    assert sorted(p.name for p in state.iterdir()) == []    # root left nothing there
+    assert sorted(p.name for p in state.iterdir()) == []  # root left nothing there
     # A guest's vGPU from before (a takeover): nova-compute claims it at start-up.
     kernel.create_mdev(VF, "nvidia-468", MDEV)
     found = as_user(nova, nova_compute_starts(conf_file, kernel, [MDEV]))
@@ -214,10 +247,12 @@ def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(
     shown = as_user(reader, lambda: cli(conf_file, "status"))
     assert shown["code"] == 0, shown
     notices = [line for line in shown["out"].splitlines() if "opened read-only" in line]
-    assert notices == [f"warning: Claims journal {state}/claims.sqlite is opened read-only: "
-                       f"uid {pwd_uid(reader)} ({reader}) cannot write it (the state "
-                       f"directory {state} is {nova}:{nova}, mode 0750); this process "
-                       f"reads claims and writes none"], shown["out"]
+    assert notices == [
+        f"warning: Claims journal {state}/claims.sqlite is opened read-only: "
+        f"uid {pwd_uid(reader)} ({reader}) cannot write it (the state "
+        f"directory {state} is {nova}:{nova}, mode 0750); this process "
+        f"reads claims and writes none"
+    ], shown["out"]
     assert "error" not in shown["out"] and "move it away" not in shown["out"]
     # Root reading leaves its side files open here: sqlite gave them to nova.
     assert MDEV in cli(conf_file, "claims", "list", "-f", "value")["out"]
@@ -227,6 +262,7 @@ def test_a_fresh_production_install_serves_nova_and_a_read_only_reader(
 
 def pwd_uid(name):
     import pwd
+
     return pwd.getpwnam(name).pw_uid
 
 
@@ -247,7 +283,8 @@ def test_claims_init_as_root_makes_a_journal_nova_compute_can_write(users, produ
 
 
 def test_a_journal_root_made_is_named_never_moved_and_claims_init_gives_it_to_nova(
-        users, production):
+    users, production
+):
     """A journal an earlier ``claims init`` left root's (0644): nova-compute
     says who may not write what, and how to fix it; the fix keeps every claim."""
     nova, _, _ = users
@@ -264,7 +301,8 @@ def test_a_journal_root_made_is_named_never_moved_and_claims_init_gives_it_to_no
         f"Claims journal {state}/claims.sqlite cannot be written by uid {pwd_uid(nova)} "
         f"({nova}): claims.sqlite is root:root, mode 0644. Its claims are as they were. Run "
         f"'vgpu-manage claims init' as root: it gives the journal's files to the state "
-        f"directory's owner ({nova}), its claims unchanged.")
+        f"directory's owner ({nova}), its claims unchanged."
+    )
     done = cli(conf_file, "claims", "init")
     assert done["code"] == 0 and done["out"].endswith("1 claim(s)\n"), done
     assert set(owners(state).values()) == {(nova, nova, "0o640")}
@@ -281,14 +319,15 @@ def test_readers_in_novas_group_read_while_nova_compute_writes(users, production
     _, conf_file, state = production
     assert cli(conf_file, "claims", "init")["code"] == 0
     for argv in (("status",), ("metrics",), ("claims", "list")):
-        assert cli(conf_file, *argv)["code"] == 0     # loaded as root first
+        assert cli(conf_file, *argv)["code"] == 0  # loaded as root first
     ready_r, ready_w = os.pipe()
     done_r, done_w = os.pipe()
     writer = os.fork()
-    if writer == 0:     # nova-compute, holding the journal open
+    if writer == 0:  # nova-compute, holding the journal open
         code = 99
         try:
             import pwd
+
             entry = pwd.getpwnam(nova)
             os.initgroups(nova, entry.pw_gid)
             os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
@@ -302,7 +341,7 @@ def test_readers_in_novas_group_read_while_nova_compute_writes(users, production
             code = 0
         finally:
             os._exit(code)
-    os.close(ready_w)       # a writer that fails gives end of file, not a wait
+    os.close(ready_w)  # a writer that fails gives end of file, not a wait
     os.close(done_r)
     try:
         assert os.read(ready_r, 1) == b"x"
@@ -327,19 +366,22 @@ def test_who_may_not_read_or_write_is_told_what_it_lacks(users, production):
     _, conf_file, state = production
     assert cli(conf_file, "claims", "init")["code"] == 0
     for argv in (("claims", "list"), ("claims", "drop", "--claim-state", "claimed")):
-        assert cli(conf_file, *argv)["code"] == 0     # loaded as root first
+        assert cli(conf_file, *argv)["code"] == 0  # loaded as root first
     outside = as_user(outsider, lambda: cli(conf_file, "claims", "list"))
     assert outside["code"] == 2, outside
     assert outside["out"].splitlines() == [
         f"error: Claims journal {state}/claims.sqlite cannot be read by uid "
         f"{pwd_uid(outsider)} ({outsider}): the state directory is {nova}:{nova}, mode 0750. "
         f"Run this as root, as the state directory's owner or as a member of its group; the "
-        f"journal is left as it was."]
-    dropped = as_user(reader, lambda: cli(conf_file, "claims", "drop", "--claim-state",
-                                          "claimed", "--yes"))
+        f"journal is left as it was."
+    ]
+    dropped = as_user(
+        reader, lambda: cli(conf_file, "claims", "drop", "--claim-state", "claimed", "--yes")
+    )
     assert dropped["code"] == 2, dropped
     errors = [line for line in dropped["out"].splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: Claims journal {state}/claims.sqlite cannot be written by uid "
         f"{pwd_uid(reader)} ({reader}): the state directory {state} is {nova}:{nova}, mode "
-        f"0750. Its claims are as they were. Run this as root or as {nova}."], dropped
+        f"0750. Its claims are as they were. Run this as root or as {nova}."
+    ], dropped

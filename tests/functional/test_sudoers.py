@@ -41,8 +41,10 @@ SHIPPED_USER = "nova"
 SHIPPED_HELPER = "/usr/bin/vgpu-privsep-helper"
 HELPER_CONF = "/etc/vgpu-driver/privsep.conf"
 NOVA_CONF = "/etc/nova/nova.conf"
-CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": privsep.sysfs_writer,
-            "vgpu_driver.privsep.gpu_admin": privsep.gpu_admin}
+CONTEXTS = {
+    "vgpu_driver.privsep.sysfs_writer": privsep.sysfs_writer,
+    "vgpu_driver.privsep.gpu_admin": privsep.gpu_admin,
+}
 CONTEXT = "vgpu_driver.privsep.sysfs_writer"
 SOCKET = "/tmp/tmpabcdefgh/privsep.sock"
 # What Python's tempfile.mkdtemp() names its directories with.
@@ -52,8 +54,9 @@ NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
 def _need_sudo():
     if os.geteuid() != 0:
         pytest.skip("installs a sudoers file and a system user: needs root")
-    missing = [tool for tool in ("sudo", "visudo", "useradd", "userdel")
-               if shutil.which(tool) is None]
+    missing = [
+        tool for tool in ("sudo", "visudo", "useradd", "userdel") if shutil.which(tool) is None
+    ]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (Debian: sudo, passwd)")
 
@@ -79,10 +82,15 @@ def install_rule(path, text):
 
 def _rule_lines(text):
     """The rule's lines: the sysfs writer's, then the NVML helper's."""
-    rules = [line for line in text.splitlines()
-             if line.strip() and not line.lstrip().startswith(("#", "Defaults"))]
-    assert [f"--privsep_context {c.replace('.', chr(92) + '.')} " in line
-            for line, c in zip(rules, CONTEXTS, strict=True)] == [True, True], rules
+    rules = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "Defaults"))
+    ]
+    assert [
+        f"--privsep_context {c.replace('.', chr(92) + '.')} " in line
+        for line, c in zip(rules, CONTEXTS, strict=True)
+    ] == [True, True], rules
     return rules
 
 
@@ -131,10 +139,11 @@ def rule():
         assert f"\nDefaults!{SHIPPED_HELPER} {defaults}\n" in SHIPPED.read_text()
         for shipped in _rule_lines(SHIPPED.read_text()):
             assert shipped.startswith(head), shipped
-            lines.append(f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head):])
+            lines.append(f"{user} ALL = (root) NOPASSWD: {helper} " + shipped[len(head) :])
 
-        result = _run("useradd", "--system", "--no-create-home",
-                      "--shell", "/usr/sbin/nologin", user)
+        result = _run(
+            "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user
+        )
         assert result.returncode == 0, result.stderr
         user_created = True
         install_rule(installed, "".join(line + "\n" for line in lines))
@@ -165,10 +174,13 @@ def documented(request, rule, monkeypatch):
     the test's, and sudo's verdict function."""
     allowed, helper = rule
     # nova-compute's root helper is nova-rootwrap: our contexts use sudo alone.
-    command = _documented_command(monkeypatch, CONTEXTS[request.param],
-                                  ["sudo", "nova-rootwrap", "/etc/nova/rootwrap.conf"])
-    assert command[:2] == ["sudo", os.path.join(os.path.dirname(sys.executable),
-                                                "vgpu-privsep-helper")], command
+    command = _documented_command(
+        monkeypatch, CONTEXTS[request.param], ["sudo", "nova-rootwrap", "/etc/nova/rootwrap.conf"]
+    )
+    assert command[:2] == [
+        "sudo",
+        os.path.join(os.path.dirname(sys.executable), "vgpu-privsep-helper"),
+    ], command
     argv = [helper] + command[2:]
     return allowed, argv
 
@@ -181,12 +193,20 @@ def test_the_shipped_file_passes_visudo():
 
 def test_the_documented_command_is_allowed(documented):
     allowed, argv = documented
-    assert argv[1:-1] == ["--config-file", HELPER_CONF, "--privsep_context", _context(argv),
-                          "--privsep_sock_path"]
+    assert argv[1:-1] == [
+        "--config-file",
+        HELPER_CONF,
+        "--privsep_context",
+        _context(argv),
+        "--privsep_sock_path",
+    ]
     assert _context(argv) in CONTEXTS
     sock = pathlib.PurePath(argv[-1])
-    assert (str(sock.parent.parent), sock.parent.name[:3], sock.name) == \
-        ("/tmp", "tmp", "privsep.sock"), argv
+    assert (str(sock.parent.parent), sock.parent.name[:3], sock.name) == (
+        "/tmp",
+        "tmp",
+        "privsep.sock",
+    ), argv
     assert allowed(argv), argv
 
 
@@ -208,7 +228,7 @@ def _with_args(argv, *extra):
 
 def _replaced(argv, old, new):
     index = argv.index(old)
-    return argv[:index] + list(new) + argv[index + 1:]
+    return argv[:index] + list(new) + argv[index + 1 :]
 
 
 REFUSED = {
@@ -216,25 +236,32 @@ REFUSED = {
     "appended logging option": lambda a: _with_args(a, "--log-config-append", "/tmp/x"),
     "appended config dir": lambda a: _with_args(a, "--config-dir", "/tmp/evil.d"),
     "config file inserted before the context": lambda a: _replaced(
-        a, "--privsep_context", ["--config-file", "/tmp/evil.conf", "--privsep_context"]),
+        a, "--privsep_context", ["--config-file", "/tmp/evil.conf", "--privsep_context"]
+    ),
     "socket path then more arguments": lambda a: _replaced(
-        a, a[-1], [SOCKET, "--config-file", "/tmp/e.conf"]),
+        a, a[-1], [SOCKET, "--config-file", "/tmp/e.conf"]
+    ),
     "socket path with more words in one argument": lambda a: _replaced(
-        a, a[-1], [f"{SOCKET} --config-file /tmp/e.conf"]),
-    "another privsep context": lambda a: _replaced(
-        a, _context(a), ["os_brick.privileged.default"]),
+        a, a[-1], [f"{SOCKET} --config-file /tmp/e.conf"]
+    ),
+    "another privsep context": lambda a: _replaced(a, _context(a), ["os_brick.privileged.default"]),
     "a context under another name": lambda a: _replaced(
-        a, _context(a), [_context(a).replace("vgpu_driver.", "vgpu_driverX")]),
+        a, _context(a), [_context(a).replace("vgpu_driver.", "vgpu_driverX")]
+    ),
     "config file path climbing out of /etc/vgpu-driver": lambda a: _replaced(
-        a, HELPER_CONF, ["/etc/vgpu-driver/../../tmp/evil.conf"]),
+        a, HELPER_CONF, ["/etc/vgpu-driver/../../tmp/evil.conf"]
+    ),
     "another config file": lambda a: _replaced(a, HELPER_CONF, ["/tmp/evil.conf"]),
     "nova.conf as the helper's configuration": lambda a: _replaced(a, HELPER_CONF, [NOVA_CONF]),
     "socket path climbing out of /tmp": lambda a: _replaced(
-        a, a[-1], ["/tmp/../etc/x/privsep.sock"]),
+        a, a[-1], ["/tmp/../etc/x/privsep.sock"]
+    ),
     "socket path below the socket directory": lambda a: _replaced(
-        a, a[-1], ["/tmp/tmpabcdefgh/../../etc/privsep.sock"]),
+        a, a[-1], ["/tmp/tmpabcdefgh/../../etc/privsep.sock"]
+    ),
     "socket directory name of 9 characters": lambda a: _replaced(
-        a, a[-1], ["/tmp/tmpabcdefghi/privsep.sock"]),
+        a, a[-1], ["/tmp/tmpabcdefghi/privsep.sock"]
+    ),
     "no arguments": lambda a: a[:1],
     "the arguments without the socket": lambda a: a[:-2],
 }
@@ -263,7 +290,7 @@ def _regroupings(words):
     """Every other way to split the same words into arguments: a space
     between two words becomes part of one argument."""
     for i in range(len(words) - 1):
-        yield words[:i] + [f"{words[i]} {words[i + 1]}"] + words[i + 2:]
+        yield words[:i] + [f"{words[i]} {words[i + 1]}"] + words[i + 2 :]
 
 
 def test_the_same_words_regrouped_pass_sudo_and_the_helper_refuses_them(documented):
@@ -291,9 +318,20 @@ def test_rootwrap_lets_anyone_run_privsep_helper_with_any_arguments(tmp_path):
     filters = wrapper.load_filters([str(filters_dir)])
     # rootwrap runs what it finds in rootwrap.conf's exec_dirs.
     exec_dirs = [os.path.dirname(sys.executable)]
-    command = ["privsep-helper", "--config-file", NOVA_CONF, "--privsep_context", CONTEXT,
-               "--privsep_sock_path", SOCKET, "--config-file", "/tmp/evil.conf"]
+    command = [
+        "privsep-helper",
+        "--config-file",
+        NOVA_CONF,
+        "--privsep_context",
+        CONTEXT,
+        "--privsep_sock_path",
+        SOCKET,
+        "--config-file",
+        "/tmp/evil.conf",
+    ]
     chosen = wrapper.match_filter(filters, command, exec_dirs=exec_dirs)
     assert (chosen.name, chosen.run_as) == ("privsep-helper", "root")
-    assert chosen.get_command(command, exec_dirs=exec_dirs) == \
-        [os.path.join(exec_dirs[0], "privsep-helper")] + command[1:]
+    assert (
+        chosen.get_command(command, exec_dirs=exec_dirs)
+        == [os.path.join(exec_dirs[0], "privsep-helper")] + command[1:]
+    )

@@ -22,12 +22,18 @@ _REAL_DEFINE = libvirt_host.Host.write_instance_config
 # The compute manager's method for each operation killed, and the task
 # state nova's API sets before it casts it.
 OPERATIONS = {
-    "hard_reboot": ("reboot_instance", task_states.REBOOTING_HARD,
-                    {"block_device_info": None, "reboot_type": "HARD"}),
+    "hard_reboot": (
+        "reboot_instance",
+        task_states.REBOOTING_HARD,
+        {"block_device_info": None, "reboot_type": "HARD"},
+    ),
     "start": ("start_instance", task_states.POWERING_ON, {}),
     "resume": ("resume_instance", task_states.RESUMING, {}),
-    "rescue": ("rescue_instance", task_states.RESCUING,
-               {"rescue_password": None, "rescue_image_ref": None, "clean_shutdown": True}),
+    "rescue": (
+        "rescue_instance",
+        task_states.RESCUING,
+        {"rescue_password": None, "rescue_image_ref": None, "clean_shutdown": True},
+    ),
     "unrescue": ("unrescue_instance", task_states.UNRESCUING, {}),
 }
 
@@ -98,10 +104,14 @@ def kill_in_cast(computes, method, call):
             except Killed:
                 killed.append(name)
                 return None
+
         return guarded_dispatch
 
-    dispatchers = {id(server.dispatcher): (name, server.dispatcher)
-                   for name, compute in computes.items() for server in _rpc_servers(compute)}
+    dispatchers = {
+        id(server.dispatcher): (name, server.dispatcher)
+        for name, compute in computes.items()
+        for server in _rpc_servers(compute)
+    }
     for name, dispatcher in dispatchers.values():
         dispatcher.dispatch = guarded(name, dispatcher.dispatch)
     try:
@@ -116,5 +126,8 @@ def kill_in_cast(computes, method, call):
 def _rpc_servers(service):
     """The service's RPC servers: nova 34's compute has a second one, on
     the ``compute-alt`` topic, for what must finish while it stops."""
-    return [server for server in (service.rpcserver, getattr(service, "rpcserver_alt", None))
-            if server is not None]
+    return [
+        server
+        for server in (service.rpcserver, getattr(service, "rpcserver_alt", None))
+        if server is not None
+    ]

@@ -23,12 +23,23 @@ def audit_of(test, host):
     config = driver.vgpu.mdev_config
     boards = inventory.read_boards(test.kernels[host], snapshot, config)
     unallocated = inventory.claims_placement_lacks(
-        claim_list, host, lambda name: sync.allocations(name) if name in sync.known else {},
-        inventory.claim_units(boards))
+        claim_list,
+        host,
+        lambda name: sync.allocations(name) if name in sync.known else {},
+        inventory.claim_units(boards),
+    )
     in_use = {c.mdev_uuid for c in claim_list} | set(users)
     tree = inventory.compute(snapshot, config, host, in_use, unallocated, boards)
-    return audit.audit(sync, tree, snapshot, claim_list, users, moves=lambda: (
-        compute_api.moves_from(test.api.api_get("/os-migrations").body["migrations"], host)))
+    return audit.audit(
+        sync,
+        tree,
+        snapshot,
+        claim_list,
+        users,
+        moves=lambda: compute_api.moves_from(
+            test.api.api_get("/os-migrations").body["migrations"], host
+        ),
+    )
 
 
 class PlacementReader:
@@ -45,7 +56,7 @@ class PlacementReader:
             report.reads += 1
         response = self.api.get(url, version=placement_client.MICROVERSION)
         if response.status >= 400:
-            raise placement_client.PlacementError(method=method, url=url,
-                                                  status=response.status,
-                                                  detail=response.content[:300])
+            raise placement_client.PlacementError(
+                method=method, url=url, status=response.status, detail=response.content[:300]
+            )
         return response.body

@@ -34,14 +34,17 @@ def libvirt_parent(address):
 
 def kernel_parent(libvirt_name):
     """``pci_0000_41_00_4`` -> ``0000:41:00.4``."""
-    domain, bus, slot, function = libvirt_name[len("pci_"):].split("_")
+    domain, bus, slot, function = libvirt_name[len("pci_") :].split("_")
     return f"{domain}:{bus}:{slot}.{function}"
 
 
 def _error(message, code=fakelibvirt.VIR_ERR_INTERNAL_ERROR):
-    return fakelibvirt.make_libvirtError(fakelibvirt.libvirtError, message,
-                                         error_code=code,
-                                         error_domain=fakelibvirt.VIR_FROM_NODEDEV)
+    return fakelibvirt.make_libvirtError(
+        fakelibvirt.libvirtError,
+        message,
+        error_code=code,
+        error_domain=fakelibvirt.VIR_FROM_NODEDEV,
+    )
 
 
 class MdevNodeDevice:
@@ -58,22 +61,26 @@ class MdevNodeDevice:
             return active
         definition = self.registry.definitions.get(self.uuid)
         if definition is None:
-            raise _error(f"no node device with UUID {self.uuid}",
-                         fakelibvirt.VIR_ERR_NO_NODE_DEVICE)
+            raise _error(
+                f"no node device with UUID {self.uuid}", fakelibvirt.VIR_ERR_NO_NODE_DEVICE
+            )
         return definition["parent"], definition["type"]
 
     def name(self):
         parent, _type = self._where()
-        return "mdev_{}_{}".format(self.uuid.replace("-", "_"),
-                                   libvirt_parent(parent)[len("pci_"):])
+        return "mdev_{}_{}".format(
+            self.uuid.replace("-", "_"), libvirt_parent(parent)[len("pci_") :]
+        )
 
     def XMLDesc(self, flags):
         parent, type_id = self._where()
         group = "<iommuGroup number='99'/>" if self.isActive() else ""
-        return (f"<device><name>{self.name()}</name><parent>{libvirt_parent(parent)}"
-                f"</parent><driver><name>vfio_mdev</name></driver>"
-                f"<capability type='mdev'><type id='{type_id}'/><uuid>{self.uuid}</uuid>"
-                f"{group}</capability></device>")
+        return (
+            f"<device><name>{self.name()}</name><parent>{libvirt_parent(parent)}"
+            f"</parent><driver><name>vfio_mdev</name></driver>"
+            f"<capability type='mdev'><type id='{type_id}'/><uuid>{self.uuid}</uuid>"
+            f"{group}</capability></device>"
+        )
 
     def isActive(self):
         return self.uuid in self.registry.active()
@@ -149,11 +156,19 @@ class MdevNodeDevices(fixtures.Fixture):
         self.hosts = {}
 
     def _setUp(self):
-        for name in ("nodeDeviceCreateXML", "nodeDeviceDefineXML", "listAllDevices",
-                     "listDevices", "nodeDeviceLookupByName"):
-            self.useFixture(fixtures.MonkeyPatch(
-                f"{Connection.__module__}.Connection.{name}",
-                getattr(self, f"_{name}")(getattr(Connection, name))))
+        for name in (
+            "nodeDeviceCreateXML",
+            "nodeDeviceDefineXML",
+            "listAllDevices",
+            "listDevices",
+            "nodeDeviceLookupByName",
+        ):
+            self.useFixture(
+                fixtures.MonkeyPatch(
+                    f"{Connection.__module__}.Connection.{name}",
+                    getattr(self, f"_{name}")(getattr(Connection, name)),
+                )
+            )
 
     def host(self, hostname):
         """The host's :class:`HostMdevs`, or None if it has no fake kernel."""
@@ -170,9 +185,11 @@ class MdevNodeDevices(fixtures.Fixture):
     @staticmethod
     def _parse(xml):
         root = etree.fromstring(xml.encode() if isinstance(xml, str) else xml)
-        return (kernel_parent(root.findtext("parent")),
-                root.find("capability[@type='mdev']/type").get("id"),
-                root.findtext("capability[@type='mdev']/uuid"))
+        return (
+            kernel_parent(root.findtext("parent")),
+            root.find("capability[@type='mdev']/type").get("id"),
+            root.findtext("capability[@type='mdev']/uuid"),
+        )
 
     def _nodeDeviceCreateXML(self, real):
         def create(conn, xml, flags):
@@ -184,6 +201,7 @@ class MdevNodeDevices(fixtures.Fixture):
                 raise _error(f"mediated device {uuid} is already active")
             mdevs.create_in_kernel(parent, type_id, uuid)
             return MdevNodeDevice(mdevs, uuid)
+
         return create
 
     def _nodeDeviceDefineXML(self, real):
@@ -192,9 +210,9 @@ class MdevNodeDevices(fixtures.Fixture):
             if mdevs is None:
                 return real(conn, xml, flags)
             parent, type_id, uuid = self._parse(xml)
-            mdevs.definitions[uuid] = {"parent": parent, "type": type_id,
-                                       "autostart": False}
+            mdevs.definitions[uuid] = {"parent": parent, "type": type_id, "autostart": False}
             return MdevNodeDevice(mdevs, uuid)
+
         return define
 
     def _listAllDevices(self, real):
@@ -207,6 +225,7 @@ class MdevNodeDevices(fixtures.Fixture):
                     found = [d for d in found if not d.isActive()]
                 devices.extend(found)
             return devices
+
         return list_all
 
     def _listDevices(self, real):
@@ -215,16 +234,17 @@ class MdevNodeDevices(fixtures.Fixture):
             if mdevs is not None and cap == "mdev":
                 return [MdevNodeDevice(mdevs, u).name() for u in sorted(mdevs.active())]
             return real(conn, cap, flags)
+
         return list_devices
 
     def _nodeDeviceLookupByName(self, real):
         def lookup(conn, name):
             mdevs = self.host(conn.getHostname())
             if mdevs is not None and isinstance(name, str) and name.startswith("mdev_"):
-                uuid = name[len("mdev_"):][:36].replace("_", "-")
+                uuid = name[len("mdev_") :][:36].replace("_", "-")
                 if uuid in mdevs.mdev_uuids():
                     return MdevNodeDevice(mdevs, uuid)
-                raise _error(f"no node device with name {name}",
-                             fakelibvirt.VIR_ERR_NO_NODE_DEVICE)
+                raise _error(f"no node device with name {name}", fakelibvirt.VIR_ERR_NO_NODE_DEVICE)
             return real(conn, name)
+
         return lookup

@@ -57,24 +57,32 @@ SEED_ENV = "VGPU_SOAK_SEED"
 OPS_ENV = "VGPU_SOAK_OPS"
 TRACE_ENV = "VGPU_SOAK_TRACE"
 DEFAULT_OPS = 150
-CHECKPOINT_EVERY = 50          # operations between two audits
-OP_TIMEOUT = 30.0              # seconds an operation may take to settle
-SETTLE_TIMEOUT = 3.0           # seconds a new finding may take to go away
+CHECKPOINT_EVERY = 50  # operations between two audits
+OP_TIMEOUT = 30.0  # seconds an operation may take to settle
+SETTLE_TIMEOUT = 3.0  # seconds a new finding may take to go away
 POLL = 0.05
 
-HOSTS = ("src", "dest")        # the names LiveMigrationTestBase gives them
+HOSTS = ("src", "dest")  # the names LiveMigrationTestBase gives them
 PROFILES = ("t4x8", "a100-sriov")
-T4 = "0000:18:00.0"            # the one T4 of eight that serves a vGPU type
+T4 = "0000:18:00.0"  # the one T4 of eight that serves a vGPU type
 A100 = "0000:41:00.0"
 A100_VFS = 16
-T4_TYPE, A100_TYPE = "nvidia-231", "nvidia-468"     # GRID T4-2Q (8), A100-4C (10)
-A100_CAP = 6                   # [mdev_nvidia-468] max_instances: a partial cap
-IMAGE = "155d900f-4e14-4e4c-a73d-069cbf4541e6"      # nova's fake Glance default
+T4_TYPE, A100_TYPE = "nvidia-231", "nvidia-468"  # GRID T4-2Q (8), A100-4C (10)
+A100_CAP = 6  # [mdev_nvidia-468] max_instances: a partial cap
+IMAGE = "155d900f-4e14-4e4c-a73d-069cbf4541e6"  # nova's fake Glance default
 
 STABLE = {"ACTIVE", "SHUTOFF", "SUSPENDED", "VERIFY_RESIZE", "SHELVED_OFFLOADED", "ERROR"}
 RUNNING = {"ACTIVE", "VERIFY_RESIZE"}
-MIGRATION_DONE = {"finished", "confirmed", "reverted", "completed", "error", "failed",
-                  "cancelled", "done"}
+MIGRATION_DONE = {
+    "finished",
+    "confirmed",
+    "reverted",
+    "completed",
+    "error",
+    "failed",
+    "cancelled",
+    "done",
+}
 # What nova says when it refuses, rather than fails.
 REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # A finding whose cause is an allocation nova itself leaked or keeps: one of
@@ -107,13 +115,16 @@ NOVA_ERROR = "nova-error:"
 NOVA_ERRORS = {
     "resource-tracker-without-provider-tree": re.compile(
         r'resource_tracker\.py", line \d+, in _claim_resources\n(?:.*\n){0,3}'
-        r"AttributeError: 'NoneType' object has no attribute 'data'"),
+        r"AttributeError: 'NoneType' object has no attribute 'data'"
+    ),
     "snapshot-of-a-domainless-server": re.compile(
         r"in _shelve_instance\n\s+self\.driver\.snapshot\(.*\n"
         r'.*libvirt/driver\.py", line \d+, in snapshot\n'
-        r"\s+raise exception\.InstanceNotRunning\("),
+        r"\s+raise exception\.InstanceNotRunning\("
+    ),
     "request-spec-of-another-flavor": re.compile(
-        r"ComputeResourcesUnavailable: .* gets no vGPU here: the (flavor asks|allocation holds)"),
+        r"ComputeResourcesUnavailable: .* gets no vGPU here: the (flavor asks|allocation holds)"
+    ),
 }
 # nova's errors that are nova's only for a server it left without a domain.
 OF_DOMAINLESS = frozenset({"snapshot-of-a-domainless-server"})
@@ -133,10 +144,12 @@ class VgpuFlavor:
     count: int
 
 
-FLAVORS = (VgpuFlavor("t4x1", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 1),
-           VgpuFlavor("t4x2", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 2),
-           VgpuFlavor("a100x1", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 1),
-           VgpuFlavor("a100x2", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 2))
+FLAVORS = (
+    VgpuFlavor("t4x1", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 1),
+    VgpuFlavor("t4x2", T4_TYPE, "CUSTOM_VGPU_GRID_T4_2Q", 2),
+    VgpuFlavor("a100x1", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 1),
+    VgpuFlavor("a100x2", A100_TYPE, "CUSTOM_VGPU_NVIDIA_A100_4C", 2),
+)
 
 # The server states each operation is meant for (with ANY_TARGET it picks
 # any server, and nova refuses what the state does not allow).
@@ -162,24 +175,47 @@ SERVER_OPS = {
 # finish on the source, an unshelve's spawn).  A shelve defines nothing (its
 # offload destroys and undefines the domain): its crash point is the
 # unshelve's define.
-KILLABLE = {"ACTIVE": {"hard_reboot", "rescue", "resize", "cold_migrate"},
-            "SHUTOFF": {"hard_reboot", "start", "resize", "cold_migrate"},
-            "SUSPENDED": {"resume"}, "VERIFY_RESIZE": {"revert_resize"},
-            "SHELVED_OFFLOADED": {"unshelve"}}
-CAST_KILLS = {"resize": "finish_resize", "cold_migrate": "finish_resize",
-              "revert_resize": "finish_revert_resize", "unshelve": "unshelve_instance"}
+KILLABLE = {
+    "ACTIVE": {"hard_reboot", "rescue", "resize", "cold_migrate"},
+    "SHUTOFF": {"hard_reboot", "start", "resize", "cold_migrate"},
+    "SUSPENDED": {"resume"},
+    "VERIFY_RESIZE": {"revert_resize"},
+    "SHELVED_OFFLOADED": {"unshelve"},
+}
+CAST_KILLS = {
+    "resize": "finish_resize",
+    "cold_migrate": "finish_resize",
+    "revert_resize": "finish_revert_resize",
+    "unshelve": "unshelve_instance",
+}
 WEIGHTS = {
-    "boot": 12, "delete": 6, "resize": 6, "cold_migrate": 4, "confirm_resize": 5,
-    "revert_resize": 4, "live_migrate": 7, "stop": 4, "start": 5, "hard_reboot": 4,
-    "shelve": 3, "unshelve": 4, "suspend": 2, "resume": 2, "restart_compute": 1.5,
+    "boot": 12,
+    "delete": 6,
+    "resize": 6,
+    "cold_migrate": 4,
+    "confirm_resize": 5,
+    "revert_resize": 4,
+    "live_migrate": 7,
+    "stop": 4,
+    "start": 5,
+    "hard_reboot": 4,
+    "shelve": 3,
+    "unshelve": 4,
+    "suspend": 2,
+    "resume": 2,
+    "restart_compute": 1.5,
     "periodic_update": 2,
-    "fault_remove_vgpu": 1.5, "fault_hold_vgpu": 1.5, "fault_vfs_off": 1,
-    "fault_placement_5xx": 1, "fault_lost_udev_event": 1, "fault_killed_in_define": 1.5,
+    "fault_remove_vgpu": 1.5,
+    "fault_hold_vgpu": 1.5,
+    "fault_vfs_off": 1,
+    "fault_placement_5xx": 1,
+    "fault_lost_udev_event": 1,
+    "fault_killed_in_define": 1.5,
 }
 FAULTS = frozenset(k for k in WEIGHTS if k.startswith("fault_"))
 WINDOWED_FAULTS = frozenset({"fault_vfs_off", "fault_placement_5xx"})
-WANTED_SERVERS = 10        # boots grow rarer, and deletes likelier, past this
-ANY_TARGET = 0.1           # how often a server operation picks any server
+WANTED_SERVERS = 10  # boots grow rarer, and deletes likelier, past this
+ANY_TARGET = 0.1  # how often a server operation picks any server
 MAX_HOLD_OPS = 8
 
 
@@ -201,12 +237,12 @@ class ServerError(Exception):
 @dataclasses.dataclass(frozen=True)
 class Op:
     kind: str
-    server: str | None = None      # the server's name
-    flavor: str | None = None      # a VgpuFlavor label
+    server: str | None = None  # the server's name
+    flavor: str | None = None  # a VgpuFlavor label
     host: str | None = None
     vgpu: str | None = None
     hold_ops: int = 0
-    inner: "Op | None" = None      # what runs while a fault lasts
+    inner: "Op | None" = None  # what runs while a fault lasts
 
     def __str__(self):
         args = [a for a in (self.server, self.flavor, self.host, self.vgpu) if a]
@@ -248,8 +284,7 @@ class SoakResult:
     elapsed: float = 0.0
     done: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    failed_in_fault: collections.Counter = dataclasses.field(
-        default_factory=collections.Counter)
+    failed_in_fault: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     skipped_faults: dict = dataclasses.field(default_factory=dict)
     seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -262,13 +297,21 @@ class SoakResult:
 
     def record(self, index, findings):
         for finding in findings:
-            book = (self.nova_leaks if finding.category.startswith((NOVA_LEAK, NOVA_ERROR))
-                    else self.violations)
+            book = (
+                self.nova_leaks
+                if finding.category.startswith((NOVA_LEAK, NOVA_ERROR))
+                else self.violations
+            )
             known = book.get(finding.key)
             if known is None:
                 book[finding.key] = Violation(
-                    finding.category, finding.subject, finding.detail, index, index,
-                    ops_before=tuple(self.log[-8:]))
+                    finding.category,
+                    finding.subject,
+                    finding.detail,
+                    index,
+                    index,
+                    ops_before=tuple(self.log[-8:]),
+                )
             elif known.last_op != index:
                 known.seen += 1
                 known.last_op = index
@@ -276,21 +319,30 @@ class SoakResult:
     def report(self):
         """What ran, what was refused, and every violation with its first op."""
         per_op = 1000 * self.elapsed / max(self.ops, 1)
-        lines = [f"soak seed {self.seed}: {self.ops} operations in {self.elapsed:.1f} s "
-                 f"({per_op:.0f} ms per operation, checks included)",
-                 f"{'operation':24} {'done':>6} {'refused':>8} {'in-fault':>9} {'ms':>7}"]
+        lines = [
+            f"soak seed {self.seed}: {self.ops} operations in {self.elapsed:.1f} s "
+            f"({per_op:.0f} ms per operation, checks included)",
+            f"{'operation':24} {'done':>6} {'refused':>8} {'in-fault':>9} {'ms':>7}",
+        ]
         for kind in sorted(set(self.done) | set(self.refused) | set(self.failed_in_fault)):
             runs = self.done[kind] + self.refused[kind] + self.failed_in_fault[kind]
-            lines.append(f"{kind:24} {self.done[kind]:6} {self.refused[kind]:8} "
-                         f"{self.failed_in_fault[kind]:9} "
-                         f"{1000 * self.seconds[kind] / max(runs, 1):7.0f}")
-        lines.append("faults injected: " + (", ".join(
-            f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"))
+            lines.append(
+                f"{kind:24} {self.done[kind]:6} {self.refused[kind]:8} "
+                f"{self.failed_in_fault[kind]:9} "
+                f"{1000 * self.seconds[kind] / max(runs, 1):7.0f}"
+            )
+        lines.append(
+            "faults injected: "
+            + (", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none")
+        )
         for kind, why in sorted(self.skipped_faults.items()):
             lines.append(f"fault {kind} not injected: {why}")
         lines.append(f"nova's own leaks and errors, not counted: {len(self.nova_leaks)}")
-        lines += [f"  [{v.category}] {v.subject}: {v.detail} (first after op {v.first_op}, "
-                  f"last after op {v.last_op})" for v in self.nova_leaks.values()]
+        lines += [
+            f"  [{v.category}] {v.subject}: {v.detail} (first after op {v.first_op}, "
+            f"last after op {v.last_op})"
+            for v in self.nova_leaks.values()
+        ]
         if self.gone:
             lines.append(f"servers nova deleted after a failed delete: {len(self.gone)}")
         for name, v in self.gone.items():
@@ -299,8 +351,10 @@ class SoakResult:
         lines.append(f"violations: {len(self.violations)} (seed {self.seed})")
         for v in sorted(self.violations.values(), key=lambda v: (v.first_op, v.category)):
             lines.append(f"  [{v.category}] {v.subject}: {v.detail}")
-            lines.append(f"    first after op {v.first_op}, last after op {v.last_op}, "
-                         f"after {v.seen} op(s); the ops before it:")
+            lines.append(
+                f"    first after op {v.first_op}, last after op {v.last_op}, "
+                f"after {v.seen} op(s); the ops before it:"
+            )
             lines += [f"      {line}" for line in v.ops_before]
         return "\n".join(lines)
 
@@ -314,8 +368,9 @@ def ops_from_env():
     return int(os.environ.get(OPS_ENV) or DEFAULT_OPS)
 
 
-class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
-                   test_live_migration.LiveMigrationTestBase):
+class SoakTestBase(
+    test_fault_outcomes.FaultyPlacementMixin, test_live_migration.LiveMigrationTestBase
+):
     """Two mixed-board computes and the soak's operations, faults, invariants."""
 
     ENABLED_TYPES = SOURCE_TYPES = DEST_TYPES = f"{T4_TYPE},{A100_TYPE}"
@@ -328,18 +383,24 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         # nova's own API contract is not under test here; checking each
         # response against its schema was a tenth of a long run's time.
         self.flags(response_validation="ignore", group="api")
-        self.flavors = {f.label: self._create_flavor(
-            name=f.label, memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-            extra_spec={"resources:VGPU": str(f.count), f"trait:{f.trait}": "required"})
-            for f in FLAVORS}
+        self.flavors = {
+            f.label: self._create_flavor(
+                name=f.label,
+                memory_mb=512,
+                vcpu=1,
+                disk=1,
+                ephemeral=0,
+                extra_spec={"resources:VGPU": str(f.count), f"trait:{f.trait}": "required"},
+            )
+            for f in FLAVORS
+        }
         # What libvirt does with a suspended guest's mdevs.
         self.useFixture(test_suspend.LiveMdevHotplug(self._kernel_vgpus, per_host=True))
 
     def start_host(self, hostname, enabled_types):
         """A compute on a mixed host: one T4 and the A100 serve vGPUs."""
         self.flags(device_addresses=[T4], group=f"mdev_{T4_TYPE}")
-        self.flags(device_addresses=[A100], max_instances=A100_CAP,
-                   group=f"mdev_{A100_TYPE}")
+        self.flags(device_addresses=[A100], max_instances=A100_CAP, group=f"mdev_{A100_TYPE}")
         # Removed on release, so a blocked removal is possible and the end
         # can expect no mdev left; a blocked one keeps a delete this long.
         self.flags(remove_mdevs_on_release=True, mdev_remove_timeout=0.5, group="vgpu")
@@ -354,8 +415,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """As libvirt with VIR_MIGRATE_PERSIST_DEST, which nova always sets:
         the guest arrives defined on the destination (the mixin's stub makes
         it transient, and it would vanish at its first stop)."""
-        arrived = self.dest.driver._host.get_connection().defineXML(
-            params["destination_xml"])
+        arrived = self.dest.driver._host.get_connection().defineXML(params["destination_xml"])
         arrived.create()
         conn = self.src.driver._host.get_connection()
         conn.lookupByUUIDString(self.server["id"]).complete_job()
@@ -370,8 +430,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """
         seed = seed_from_env() if seed is None else seed
         ops = ops_from_env() if ops is None else ops
-        print(f"soak seed {seed} ({SEED_ENV}={seed} {OPS_ENV}={ops} to run it again)",
-              file=sys.stderr, flush=True)
+        print(
+            f"soak seed {seed} ({SEED_ENV}={seed} {OPS_ENV}={ops} to run it again)",
+            file=sys.stderr,
+            flush=True,
+        )
         rng = random.Random(seed)
         self._start(SoakResult(seed, ops))
         for index in range(1, ops + 1):
@@ -391,21 +454,22 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _start(self, result):
         self._result = result
-        self._holds = []            # (op index to release at, host, vGPU)
-        self._lost_events = set()   # hosts where a udev event was lost
-        self._ids = {}              # server name -> id
-        self._created = set()       # every server id ever booted
-        self._domainless = set()    # servers seen in ERROR with no domain, still without
+        self._holds = []  # (op index to release at, host, vGPU)
+        self._lost_events = set()  # hosts where a udev event was lost
+        self._ids = {}  # server name -> id
+        self._created = set()  # every server id ever booted
+        self._domainless = set()  # servers seen in ERROR with no domain, still without
         self._domainless_moves = {}  # migration uuid -> (server, source) of such a server
-        self._explained = set()     # findings nova's leaks explained
-        self._migrations_of_deleted = {}    # migration uuid -> its server, deleted since
-        self._abandoned = {}        # migration uuid -> (server, source): left by a kill
+        self._explained = set()  # findings nova's leaks explained
+        self._migrations_of_deleted = {}  # migration uuid -> its server, deleted since
+        self._abandoned = {}  # migration uuid -> (server, source): left by a kill
         self._names = (f"soak-{n}" for n in range(1, 10**9))
         self._worker_errors = weakref.WeakKeyDictionary()  # host reconciler -> failed steps seen
         self._began = time.monotonic()
         if not _udev_usable():
             result.skipped_faults["fault_lost_udev_event"] = (
-                "not root: the fake kernel cannot send udev events")
+                "not root: the fake kernel cannot send udev events"
+            )
         self._view = self._list_servers()
 
     def _step(self, index, op):
@@ -435,8 +499,13 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """Forget the servers nova deleted by itself; the report lists them."""
         for name in [n for n in self._ids if n not in self._view]:
             self._result.gone[name] = Violation(
-                "gone", name, f"{self._ids.pop(name)} deleted by nova", index, index,
-                ops_before=tuple(self._result.log[-8:]))
+                "gone",
+                name,
+                f"{self._ids.pop(name)} deleted by nova",
+                index,
+                index,
+                ops_before=tuple(self._result.log[-8:]),
+            )
 
     def _finish(self, index):
         self._result.record(index, self._classified(self._end_findings()))
@@ -461,8 +530,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _choose(self, rng, faults=True):
         servers = self._view
-        kinds = [k for k in WEIGHTS if (faults or k not in FAULTS)
-                 and self._possible(k, servers)]
+        kinds = [k for k in WEIGHTS if (faults or k not in FAULTS) and self._possible(k, servers)]
         kind = rng.choices(kinds, [self._weight(k, servers) for k in kinds])[0]
         return self._plan(kind, rng, servers)
 
@@ -471,8 +539,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return any(s["status"] in SERVER_OPS[kind] for s in servers.values())
         if kind == "fault_vfs_off":
             # Claims alone: cheap, and what keeps a board busy most often.
-            return any(all(c.gpu != A100 for c in self._journal(h).claims())
-                       for h in HOSTS)
+            return any(all(c.gpu != A100 for c in self._journal(h).claims()) for h in HOSTS)
         if kind == "fault_killed_in_define":
             return any(s["status"] in KILLABLE for s in servers.values())
         return kind != "fault_lost_udev_event" or _udev_usable()
@@ -498,16 +565,19 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return Op(kind, host=host, vgpu=_pick(rng, self._removable_vgpus(host)))
         if kind == "fault_hold_vgpu":
             host = rng.choice(HOSTS)
-            return Op(kind, host=host, vgpu=_pick(rng, self._kernel_vgpus(host)),
-                      hold_ops=rng.randint(1, MAX_HOLD_OPS))
+            return Op(
+                kind,
+                host=host,
+                vgpu=_pick(rng, self._kernel_vgpus(host)),
+                hold_ops=rng.randint(1, MAX_HOLD_OPS),
+            )
         if kind == "fault_vfs_off":
             host = _pick(rng, {h for h in HOSTS if self._board_unused(h)})
             return Op(kind, host=host, inner=self._choose(rng, faults=False))
         if kind == "fault_placement_5xx":
             return Op(kind, inner=self._choose(rng, faults=False))
         if kind == "fault_killed_in_define":
-            name = rng.choice(sorted(n for n, s in servers.items()
-                                     if s["status"] in KILLABLE))
+            name = rng.choice(sorted(n for n, s in servers.items() if s["status"] in KILLABLE))
             operation = rng.choice(sorted(KILLABLE[servers[name]["status"]]))
             flavor = None
             if operation == "resize":
@@ -578,22 +648,22 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return server_id in self._domainless
         if known in OF_ANOTHER_SPEC:
             return server_id is not None and self._spec_flavor(server_id) != (
-                self._get(server_id) or {}).get("flavor", {}).get("original_name")
+                self._get(server_id) or {}
+            ).get("flavor", {}).get("original_name")
         return True
 
     @staticmethod
     def _spec_flavor(server_id):
         """The flavor nova's request spec for the server names (what nova
         schedules its moves and unshelves for)."""
-        spec = objects.RequestSpec.get_by_instance_uuid(
-            nova_context.get_admin_context(), server_id)
+        spec = objects.RequestSpec.get_by_instance_uuid(nova_context.get_admin_context(), server_id)
         return spec.flavor.name
 
     def _new_nova_error(self):
         """The known nova error whose traceback nova logged since the last
         look, if any (nova's log is read only when a request failed)."""
         log = self.stdlog.logger.output
-        new = log[getattr(self, "_nova_log_read", 0):]
+        new = log[getattr(self, "_nova_log_read", 0) :]
         self._nova_log_read = len(log)
         found = None
         for name, pattern in NOVA_ERRORS.items():
@@ -642,8 +712,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return None
 
     def _migrations(self, server_id):
-        return self.api.api_get(
-            f"/os-migrations?instance_uuid={server_id}").body["migrations"]
+        return self.api.api_get(f"/os-migrations?instance_uuid={server_id}").body["migrations"]
 
     def _pending_source(self, server_id):
         for migration in self._migrations(server_id):
@@ -658,14 +727,20 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             server = self._get(server_id)
             if server is None:
                 return None
-            if (server["status"] in STABLE and server["OS-EXT-STS:task_state"] is None
-                    and not any(m["status"] not in MIGRATION_DONE
-                                and m["uuid"] not in self._abandoned
-                                for m in self._migrations(server_id))):
+            if (
+                server["status"] in STABLE
+                and server["OS-EXT-STS:task_state"] is None
+                and not any(
+                    m["status"] not in MIGRATION_DONE and m["uuid"] not in self._abandoned
+                    for m in self._migrations(server_id)
+                )
+            ):
                 return server
             if time.monotonic() > deadline:
-                raise Stuck(f"{server['name']} still {server['status']}/"
-                            f"{server['OS-EXT-STS:task_state']} after {timeout:.0f}s")
+                raise Stuck(
+                    f"{server['name']} still {server['status']}/"
+                    f"{server['OS-EXT-STS:task_state']} after {timeout:.0f}s"
+                )
             time.sleep(POLL)
 
     def _action(self, name, body, expect):
@@ -675,8 +750,10 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         server = self._settle(server_id)
         self._check_error(server)
         if server is None or server["status"] not in expect:
-            raise Refused(f"{name} is {server and server['status']}: "
-                          f"{_fault(server) or 'nova left it as it was'}")
+            raise Refused(
+                f"{name} is {server and server['status']}: "
+                f"{_fault(server) or 'nova left it as it was'}"
+            )
         return server
 
     def _check_error(self, server):
@@ -693,7 +770,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         server_id = self._server_id(name)
         # nova forgets a server's migrations with it; their allocations it may not.
         self._migrations_of_deleted.update(
-            (m["uuid"], server_id) for m in self._migrations(server_id))
+            (m["uuid"], server_id) for m in self._migrations(server_id)
+        )
         self.api.delete_server(server_id)
         deadline = time.monotonic() + OP_TIMEOUT
         while self._get(server_id) is not None:
@@ -706,9 +784,17 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _do_boot(self, op, index):
         name = next(self._names)
-        created = self.api.post_server({"server": {
-            "name": name, "imageRef": IMAGE, "flavorRef": self.flavors[op.flavor],
-            "networks": "none", "host": op.host}})
+        created = self.api.post_server(
+            {
+                "server": {
+                    "name": name,
+                    "imageRef": IMAGE,
+                    "flavorRef": self.flavors[op.flavor],
+                    "networks": "none",
+                    "host": op.host,
+                }
+            }
+        )
         self._ids[name] = created["id"]
         self._created.add(created["id"])
         self._check_error(self._settle(created["id"]))
@@ -733,8 +819,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         interrupt through the API."""
         if op.kind == "resize":
             return {"resize": {"flavorRef": self.flavors[op.flavor]}}
-        return {"cold_migrate": {"migrate": None}, "revert_resize": {"revertResize": None},
-                "unshelve": {"unshelve": None}}[op.kind]
+        return {
+            "cold_migrate": {"migrate": None},
+            "revert_resize": {"revertResize": None},
+            "unshelve": {"unshelve": None},
+        }[op.kind]
 
     def _do_live_migrate(self, op, index):
         server_id = self._server_id(op.server)
@@ -745,8 +834,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             self.server = {"id": server_id}
             self.src, self.dest = self.computes[source], self.computes[_other(source)]
         server = self._action(
-            op.server, {"os-migrateLive": {"host": None, "block_migration": "auto"}},
-            {"ACTIVE"})
+            op.server, {"os-migrateLive": {"host": None, "block_migration": "auto"}}, {"ACTIVE"}
+        )
         if server["OS-EXT-SRV-ATTR:host"] == source:
             statuses = [m["status"] for m in self._migrations(server_id)]
             raise Refused(f"still on {source}, its migration {statuses[:1]}")
@@ -872,14 +961,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         the soak deletes it)."""
         server_id = self._server_id(op.server)
         context = nova_context.get_admin_context()
-        instance = objects.Instance.get_by_uuid(context, server_id,
-                                                expected_attrs=["flavor"])
+        instance = objects.Instance.get_by_uuid(context, server_id, expected_attrs=["flavor"])
         kind = op.inner.kind
         if kind in CAST_KILLS:
             body = self._body(op.inner)
             host = crash_points.kill_in_cast(
-                self.computes, CAST_KILLS[kind],
-                lambda: self.api.post_server_action(server_id, body))
+                self.computes,
+                CAST_KILLS[kind],
+                lambda: self.api.post_server_action(server_id, body),
+            )
             if host is None:
                 self._check_error(self._settle(server_id))
                 raise Refused(f"{op.inner} ended before any define")
@@ -891,8 +981,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             if kind == "rescue":
                 # Where rescue writes unrescue.xml; fake image creation never made it.
                 os.makedirs(libvirt_utils.get_instance_path(instance), exist_ok=True)
-            killed = crash_points.kill_during(self.computes[host].manager, context,
-                                              instance, kind)
+            killed = crash_points.kill_during(self.computes[host].manager, context, instance, kind)
         self._result.faults[op.kind] += 1
         self.restart_host(host)
         self._recover(op.server, server_id)
@@ -902,14 +991,17 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
     def _recover(self, name, server_id):
         """What the operator does for a server nova left mid-operation."""
         server = self._get(server_id)
-        if server is not None and server["OS-EXT-STS:task_state"] is not None \
-                and server["OS-EXT-STS:task_state"] not in ("rebooting_hard",
-                                                            "reboot_started_hard",
-                                                            "powering-on"):
+        if (
+            server is not None
+            and server["OS-EXT-STS:task_state"] is not None
+            and server["OS-EXT-STS:task_state"]
+            not in ("rebooting_hard", "reboot_started_hard", "powering-on")
+        ):
             self._note_abandoned(server_id)
             offloaded = server["status"] == "SHELVED_OFFLOADED"
-            self.api.post_server_action(server_id, {"os-resetState": {
-                "state": "error" if offloaded else "active"}})
+            self.api.post_server_action(
+                server_id, {"os-resetState": {"state": "error" if offloaded else "active"}}
+            )
             if offloaded:
                 self._delete(name)
                 return
@@ -944,11 +1036,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _removable_vgpus(self, host):
         """mdevs no running guest's domain holds, nor a hold of ours."""
-        running = {s["id"] for s in self._view.values() if s["status"] in RUNNING
-                   and s["OS-EXT-SRV-ATTR:host"] == host}
+        running = {
+            s["id"]
+            for s in self._view.values()
+            if s["status"] in RUNNING and s["OS-EXT-SRV-ATTR:host"] == host
+        }
         held = {v for _at, h, v in self._holds if h == host}
-        in_running = {m for uuid, mdevs in self._domains(host).items() if uuid in running
-                      for m in mdevs}
+        in_running = {
+            m for uuid, mdevs in self._domains(host).items() if uuid in running for m in mdevs
+        }
         return self._kernel_vgpus(host) - in_running - held
 
     def _board_unused(self, host):
@@ -968,15 +1064,20 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         A finding seen before, word for word, keeps its explanation: nova's
         leaks stay for good, and asking nova about every server and
         migration after each operation made long runs ever slower."""
-        open_ = [f for f in findings if f not in self._explained
-                 and (f.category in ("usage-mismatch", "left-allocation")
-                      or f.category.startswith("audit"))]
+        open_ = [
+            f
+            for f in findings
+            if f not in self._explained
+            and (
+                f.category in ("usage-mismatch", "left-allocation")
+                or f.category.startswith("audit")
+            )
+        ]
         leaked = self._nova_leaked_consumers() if open_ else set()
         classified = []
         for finding in findings:
             if finding in self._explained:
-                finding = Finding(NOVA_LEAK + finding.category, finding.subject,
-                                  finding.detail)
+                finding = Finding(NOVA_LEAK + finding.category, finding.subject, finding.detail)
             elif finding in open_ and leaked:
                 explained = self._as_nova_leak(finding, leaked)
                 if explained is not finding:
@@ -990,12 +1091,22 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         servers = {s["id"]: s for s in self.api.get_servers()}
         migrations = self.api.api_get("/os-migrations").body["migrations"]
         self._note_domainless(servers)
-        return (self._created - set(servers)) | self._domainless | set(
-            self._domainless_moves) | set(self._abandoned) | {
-            m["uuid"] for m in migrations
-            if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers} | {
-            uuid for uuid, server in self._migrations_of_deleted.items()
-            if server not in servers}
+        return (
+            (self._created - set(servers))
+            | self._domainless
+            | set(self._domainless_moves)
+            | set(self._abandoned)
+            | {
+                m["uuid"]
+                for m in migrations
+                if m["status"] in MIGRATION_FAILED or m["instance_uuid"] not in servers
+            }
+            | {
+                uuid
+                for uuid, server in self._migrations_of_deleted.items()
+                if server not in servers
+            }
+        )
 
     def _note_domainless(self, servers, defined=None):
         """Servers nova left in ERROR with no domain, until one is defined
@@ -1007,11 +1118,15 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             defined = {uuid for host in HOSTS for uuid in self._domains(host)}
         for uuid in self._domainless & defined & set(servers):
             self._domainless_moves.update(
-                (m["uuid"], (uuid, m["source_compute"])) for m in self._migrations(uuid))
-        self._domainless = {uuid for uuid in self._domainless
-                            if uuid in servers and uuid not in defined} | {
-            uuid for uuid, server in servers.items()
-            if server["status"] == "ERROR" and uuid not in defined}
+                (m["uuid"], (uuid, m["source_compute"])) for m in self._migrations(uuid)
+            )
+        self._domainless = {
+            uuid for uuid in self._domainless if uuid in servers and uuid not in defined
+        } | {
+            uuid
+            for uuid, server in servers.items()
+            if server["status"] == "ERROR" and uuid not in defined
+        }
 
     def _as_nova_leak(self, finding, leaked):
         category = finding.category
@@ -1021,7 +1136,8 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             explained = consumer in leaked or any(
                 (consumer, host) == moved
                 for uuid, moved in (self._domainless_moves | self._abandoned).items()
-                if uuid in leaked)
+                if uuid in leaked
+            )
         elif category == "usage-mismatch":
             usage, held = (int(n) for n in _USAGE.match(finding.detail).groups())
             explained = usage - self._leaked_units(finding.subject, leaked) == held
@@ -1036,14 +1152,19 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _leaked_units(self, provider_name, leaked):
         """VGPU units the ``leaked`` consumers hold on a GPU provider."""
-        found = self.placement.get(f"/resource_providers?name={provider_name}",
-                                   version="1.14").body["resource_providers"]
+        found = self.placement.get(
+            f"/resource_providers?name={provider_name}", version="1.14"
+        ).body["resource_providers"]
         if not found:
             return 0
         allocations = self.placement.get(
-            f"/resource_providers/{found[0]['uuid']}/allocations").body["allocations"]
-        return sum(a["resources"].get("VGPU", 0) for consumer, a in allocations.items()
-                   if consumer in leaked)
+            f"/resource_providers/{found[0]['uuid']}/allocations"
+        ).body["allocations"]
+        return sum(
+            a["resources"].get("VGPU", 0)
+            for consumer, a in allocations.items()
+            if consumer in leaked
+        )
 
     # -- what each side says -----------------------------------------------------------------
 
@@ -1052,19 +1173,25 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
 
     def _domains(self, host):
         """``{instance uuid: [vGPU ids]}`` from every domain XML on the host."""
-        return {guest.uuid: guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
-                for guest in self.computes[host].driver._host.list_guests(
-                    only_running=False)}
+        return {
+            guest.uuid: guest_xml.vgpu_ids(guest_xml.parse(guest.get_xml_desc()))
+            for guest in self.computes[host].driver._host.list_guests(only_running=False)
+        }
 
     def _gpu_usages(self, host):
         """``{GPU provider name: VGPU usage}``: the host's tree read once, then
         each GPU provider's usages (``gpu_providers`` reads thrice as much)."""
         root = self.compute_rp_uuids[host]
-        tree = self.placement.get(f"/resource_providers?in_tree={root}",
-                                  version="1.14").body["resource_providers"]
-        return {rp["name"]: self.placement.get(
-            f"/resource_providers/{rp['uuid']}/usages").body["usages"].get("VGPU", 0)
-            for rp in tree if rp["uuid"] != root}
+        tree = self.placement.get(f"/resource_providers?in_tree={root}", version="1.14").body[
+            "resource_providers"
+        ]
+        return {
+            rp["name"]: self.placement.get(f"/resource_providers/{rp['uuid']}/usages")
+            .body["usages"]
+            .get("VGPU", 0)
+            for rp in tree
+            if rp["uuid"] != root
+        }
 
     def _host_view(self, host, placement_too=True):
         snapshot = discovery.discover(self.kernels[host])
@@ -1072,8 +1199,13 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         for vgpu in snapshot.vgpus:
             gpu = snapshot.gpu_of_parent(vgpu.parent)
             vgpus[vgpu.id] = (gpu.address if gpu else None, vgpu.type_id)
-        return HostView(host, self._domains(host), vgpus, self._journal(host).claims(),
-                        self._gpu_usages(host) if placement_too else {})
+        return HostView(
+            host,
+            self._domains(host),
+            vgpus,
+            self._journal(host).claims(),
+            self._gpu_usages(host) if placement_too else {},
+        )
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -1086,10 +1218,17 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         periodic_run = False
         while True:
             findings = self._findings()
-            new = [f for f in findings if f.key not in self._result.violations
-                   and (NOVA_LEAK + f.category, f.subject) not in self._result.nova_leaks]
-            if not periodic_run and time.monotonic() > deadline and any(
-                    f.category in GUEST_LEFT for f in new):
+            new = [
+                f
+                for f in findings
+                if f.key not in self._result.violations
+                and (NOVA_LEAK + f.category, f.subject) not in self._result.nova_leaks
+            ]
+            if (
+                not periodic_run
+                and time.monotonic() > deadline
+                and any(f.category in GUEST_LEFT for f in new)
+            ):
                 self._periodics_after_grace()
                 periodic_run, deadline = True, time.monotonic() + SETTLE_TIMEOUT
                 continue
@@ -1109,7 +1248,7 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             self.flags(group="vgpu", **graces)
 
     def _findings(self):
-        self._view = self._list_servers()    # what the next operation picks from
+        self._view = self._list_servers()  # what the next operation picks from
         servers = {s["id"]: s for s in self._view.values()}
         pending = self._pending_sources(servers)
         views = [self._host_view(host) for host in HOSTS]
@@ -1126,8 +1265,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         """``{instance: {source hosts}}`` of resizes and cold migrations
         awaiting confirmation, or whose finish a kill left unfinished (nova
         keeps the source's domain and allocation)."""
-        pending = {sid: {self._pending_source(sid)} for sid, s in servers.items()
-                   if s["status"] == "VERIFY_RESIZE"}
+        pending = {
+            sid: {self._pending_source(sid)}
+            for sid, s in servers.items()
+            if s["status"] == "VERIFY_RESIZE"
+        }
         for sid, source in self._abandoned.values():
             if sid in servers:
                 pending.setdefault(sid, set()).add(source)
@@ -1151,8 +1293,11 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
             return findings
         self._settle_host_work()
         again = {(f.category, f.subject) for f in self._audit_findings()}
-        return [f for f in findings if not f.category.endswith(":inventory")
-                or (f.category, f.subject) in again]
+        return [
+            f
+            for f in findings
+            if not f.category.endswith(":inventory") or (f.category, f.subject) in again
+        ]
 
     def _settle_host_work(self):
         """The removals the last updates started finished, and reported.
@@ -1169,13 +1314,17 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         servers = {s["id"]: s for s in self._list_servers().values()}
         pending = set(self._pending_sources(servers))
         for sid in list(pending):
-            pending |= {m["uuid"] for m in self._migrations(sid)
-                        if m["status"] == "finished"}
+            pending |= {m["uuid"] for m in self._migrations(sid) if m["status"] == "finished"}
         findings = []
         for host in HOSTS:
-            findings += [Finding(self._drift_category(host, d, pending),
-                                 f"{host} {d.provider} {d.consumer or ''}".strip(), d.detail)
-                         for d in self._audit(host)]
+            findings += [
+                Finding(
+                    self._drift_category(host, d, pending),
+                    f"{host} {d.provider} {d.consumer or ''}".strip(),
+                    d.detail,
+                )
+                for d in self._audit(host)
+            ]
         return findings
 
     def _drift_category(self, host, drift, pending):
@@ -1221,15 +1370,24 @@ class SoakTestBase(test_fault_outcomes.FaultyPlacementMixin,
         findings = []
         for host in HOSTS:
             view = self._host_view(host)
-            findings += [Finding("left-claim", f"{host} {c.mdev_uuid}",
-                                 f"{c.state} claim of {c.instance_uuid}")
-                         for c in view.claims]
-            findings += [Finding("left-mdev", f"{host} {v}", f"{gpu} {type_id}")
-                         for v, (gpu, type_id) in view.vgpus.items()]
-            findings += [Finding("left-domain", f"{host} {u}", f"vGPUs {m}")
-                         for u, m in view.domains.items()]
-            findings += [Finding("left-allocation", f"{host} {name}", f"usage {usage}")
-                         for name, usage in view.usage.items() if usage]
+            findings += [
+                Finding(
+                    "left-claim", f"{host} {c.mdev_uuid}", f"{c.state} claim of {c.instance_uuid}"
+                )
+                for c in view.claims
+            ]
+            findings += [
+                Finding("left-mdev", f"{host} {v}", f"{gpu} {type_id}")
+                for v, (gpu, type_id) in view.vgpus.items()
+            ]
+            findings += [
+                Finding("left-domain", f"{host} {u}", f"vGPUs {m}") for u, m in view.domains.items()
+            ]
+            findings += [
+                Finding("left-allocation", f"{host} {name}", f"usage {usage}")
+                for name, usage in view.usage.items()
+                if usage
+            ]
         return findings
 
 
@@ -1238,18 +1396,21 @@ class HostView:
     """One host as each side tells it, read at one moment."""
 
     host: str
-    domains: dict              # instance uuid -> [vGPU ids]
-    vgpus: dict                # vGPU id -> (gpu address, type id), from sysfs
+    domains: dict  # instance uuid -> [vGPU ids]
+    vgpus: dict  # vGPU id -> (gpu address, type id), from sysfs
     claims: list
-    usage: dict                # GPU provider name -> VGPU usage
+    usage: dict  # GPU provider name -> VGPU usage
 
     def running_guests_hold_their_flavor(self, servers):
         """Each running guest here: its domain holds exactly its flavor's
         vGPUs, each in sysfs and of the flavor's type."""
         findings = []
         for sid, server in servers.items():
-            if (server["status"] in RUNNING and not server["OS-EXT-STS:task_state"]
-                    and server["OS-EXT-SRV-ATTR:host"] == self.host):
+            if (
+                server["status"] in RUNNING
+                and not server["OS-EXT-STS:task_state"]
+                and server["OS-EXT-SRV-ATTR:host"] == self.host
+            ):
                 findings += self._guest_holds(sid, server)
         return findings
 
@@ -1261,17 +1422,31 @@ class HostView:
             return [Finding("guest-without-domain", subject, server["status"])]
         findings = []
         if len(vgpus) != flavor.count:
-            findings.append(Finding("guest-vgpu-count", subject,
-                                    f"{flavor.label} wants {flavor.count}, its domain "
-                                    f"has {len(vgpus)}: {vgpus}"))
+            findings.append(
+                Finding(
+                    "guest-vgpu-count",
+                    subject,
+                    f"{flavor.label} wants {flavor.count}, its domain has {len(vgpus)}: {vgpus}",
+                )
+            )
         for vgpu in vgpus:
             found = self.vgpus.get(vgpu)
             if found is None:
-                findings.append(Finding("guest-vgpu-missing", f"{subject} {vgpu}",
-                                        "in its domain, not in the host's sysfs"))
+                findings.append(
+                    Finding(
+                        "guest-vgpu-missing",
+                        f"{subject} {vgpu}",
+                        "in its domain, not in the host's sysfs",
+                    )
+                )
             elif found[1] != flavor.type_id:
-                findings.append(Finding("guest-vgpu-type", f"{subject} {vgpu}",
-                                        f"{found[1]}, {flavor.label} wants {flavor.type_id}"))
+                findings.append(
+                    Finding(
+                        "guest-vgpu-type",
+                        f"{subject} {vgpu}",
+                        f"{found[1]}, {flavor.label} wants {flavor.type_id}",
+                    )
+                )
         return findings
 
     def no_vgpu_in_two_domains(self):
@@ -1279,8 +1454,11 @@ class HostView:
         for uuid, vgpus in self.domains.items():
             for vgpu in vgpus:
                 owners[vgpu].append(uuid)
-        return [Finding("vgpu-shared", f"{self.host} {vgpu}", f"domains {uuids}")
-                for vgpu, uuids in owners.items() if len(uuids) > 1]
+        return [
+            Finding("vgpu-shared", f"{self.host} {vgpu}", f"domains {uuids}")
+            for vgpu, uuids in owners.items()
+            if len(uuids) > 1
+        ]
 
     def holders_per_gpu(self):
         """``{gpu: {vGPU ids}}`` a domain uses or a claim holds; vGPUs whose
@@ -1303,35 +1481,54 @@ class HostView:
         its GPU that domains use or claims hold, whoever the consumer (a
         pending resize's source allocation is the migration's)."""
         held = self.holders_per_gpu()
-        findings = [Finding("domain-vgpu-unknown", f"{self.host} {v}",
-                            "in a domain, in no claim and not in sysfs")
-                    for v in held.pop(None, ())]
+        findings = [
+            Finding(
+                "domain-vgpu-unknown",
+                f"{self.host} {v}",
+                "in a domain, in no claim and not in sysfs",
+            )
+            for v in held.pop(None, ())
+        ]
         names = {inventory.provider_name_for(self.host, gpu): gpu for gpu in held}
         for name in sorted(set(names) | set(self.usage)):
             usage, holders = self.usage.get(name, 0), held.get(names.get(name), set())
             if usage != len(holders):
-                findings.append(Finding("usage-mismatch", name,
-                                        f"Placement usage {usage}, {len(holders)} vGPU(s) "
-                                        f"held by domains and claims: {sorted(holders)}"))
+                findings.append(
+                    Finding(
+                        "usage-mismatch",
+                        name,
+                        f"Placement usage {usage}, {len(holders)} vGPU(s) "
+                        f"held by domains and claims: {sorted(holders)}",
+                    )
+                )
         return findings
 
     def claims_and_domains_have_guests(self, servers, pending):
         """A claim or a domain here belongs to a server nova has here (or
         whose pending resize left it here), or to a removal under way."""
+
         def belongs(uuid):
             server = servers.get(uuid)
-            return server is not None and (self.host == server["OS-EXT-SRV-ATTR:host"]
-                                           or self.host in pending.get(uuid, ()))
+            return server is not None and (
+                self.host == server["OS-EXT-SRV-ATTR:host"] or self.host in pending.get(uuid, ())
+            )
 
-        findings = [Finding("claim-without-guest", f"{self.host} {c.mdev_uuid}",
-                            f"{c.state} claim of {c.instance_uuid}")
-                    for c in self.claims
-                    if c.state != claims_mod.RELEASING
-                    and c.instance_uuid != restore.RECLAIMER
-                    and not belongs(c.instance_uuid)]
-        findings += [Finding("domain-without-guest", f"{self.host} {uuid}",
-                             f"vGPUs {vgpus}")
-                     for uuid, vgpus in self.domains.items() if not belongs(uuid)]
+        findings = [
+            Finding(
+                "claim-without-guest",
+                f"{self.host} {c.mdev_uuid}",
+                f"{c.state} claim of {c.instance_uuid}",
+            )
+            for c in self.claims
+            if c.state != claims_mod.RELEASING
+            and c.instance_uuid != restore.RECLAIMER
+            and not belongs(c.instance_uuid)
+        ]
+        findings += [
+            Finding("domain-without-guest", f"{self.host} {uuid}", f"vGPUs {vgpus}")
+            for uuid, vgpus in self.domains.items()
+            if not belongs(uuid)
+        ]
         return findings
 
 
@@ -1352,8 +1549,7 @@ def _flavor(server):
     """The VgpuFlavor nova says the server has now."""
     specs = server["flavor"].get("extra_specs", {})
     for flavor in FLAVORS:
-        if (specs.get("resources:VGPU") == str(flavor.count)
-                and f"trait:{flavor.trait}" in specs):
+        if specs.get("resources:VGPU") == str(flavor.count) and f"trait:{flavor.trait}" in specs:
             return flavor
     raise AssertionError(f"{server['name']} has no soak flavor: {specs}")
 

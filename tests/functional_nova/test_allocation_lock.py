@@ -55,6 +55,7 @@ class CountingConnection:
             if name == "listAllDomains":
                 return [CountingDomain(d, self) for d in result]
             return CountingDomain(result, self)
+
         return counted
 
 
@@ -70,6 +71,7 @@ class CountingDomain:
         def counted(*args):
             self._counter.calls.append((name, self._counter._in_lock()))
             return attr(*args)
+
         return counted
 
 
@@ -81,6 +83,7 @@ class _StopConnEvents(BaseException):
 def _stop_conn_events(host):
     def stop():
         raise _StopConnEvents()
+
     host._conn_event_handler_queue.put(stop)
 
 
@@ -99,10 +102,12 @@ def _forget_executors():
 
 
 def domain_xml(name, dom_uuid, mdev):
-    return (f"<domain type='test'><name>{name}</name><uuid>{dom_uuid}</uuid>"
-            "<memory>1024</memory><os><type>hvm</type></os><devices>"
-            "<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
-            f"<address uuid='{mdev}'/></source></hostdev></devices></domain>")
+    return (
+        f"<domain type='test'><name>{name}</name><uuid>{dom_uuid}</uuid>"
+        "<memory>1024</memory><os><type>hvm</type></os><devices>"
+        "<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
+        f"<address uuid='{mdev}'/></source></hostdev></devices></domain>"
+    )
 
 
 class TestAllocationLock(testtools.TestCase):
@@ -111,28 +116,29 @@ class TestAllocationLock(testtools.TestCase):
         state = self.useFixture(fixtures.TempDir()).path
         self.kernel = fakekernel.FakeKernel.build(f"{state}/sys", profiles.load("t4x8"))
         with open(f"{state}/nova.conf", "w") as f:
-            f.write(textwrap.dedent(f"""
+            f.write(
+                textwrap.dedent(f"""
                 [devices]
                 enabled_mdev_types = nvidia-222
                 [vgpu]
                 state_dir = {state}/state
                 sysfs_root = {state}/sys
-                """))
+                """)
+            )
         conf = cfg.ConfigOpts()
         vgpu_conf.register_opts(conf)
         conf([], project="nova", default_config_files=[f"{state}/nova.conf"])
         self.host = nova_host.Host("test:///default")
         self.in_lock = False
         connect = self.host._connect
-        self.host._connect = lambda *args: CountingConnection(connect(*args),
-                                                              lambda: self.in_lock)
+        self.host._connect = lambda *args: CountingConnection(connect(*args), lambda: self.in_lock)
         self.index = events.domain_index_of(self.host)
-        self.host.initialize()            # nova's event loop, as in init_host
+        self.host.initialize()  # nova's event loop, as in init_host
         # nova's other tests expect no executor registered: the Host's
         # connection-event loop is ended, then its executors let go.
         self.addCleanup(_forget_executors)
         self.addCleanup(_stop_conn_events, self.host)
-        self.index.event_driven = True    # as LibvirtVGPUDriver.init_host says
+        self.index.event_driven = True  # as LibvirtVGPUDriver.init_host says
         self.conn = self.host.get_connection()
         self.defined = []
         self.addCleanup(self._undefine)
@@ -185,8 +191,7 @@ class TestAllocationLock(testtools.TestCase):
         names = [name for name, _ in self.conn.calls]
         self.assertNotIn("listAllDomains", names)
         self.assertEqual(3, names.count("XMLDesc"))
-        used = {m for m, ref in self.index.mdev_users().items()
-                if ref.uuid in self.defined}
+        used = {m for m, ref in self.index.mdev_users().items() if ref.uuid in self.defined}
         self.assertEqual(DOMAINS + 3, len(used))
         self.assertEqual(3, len({c.mdev_uuid for c in self.vgpu.journal.claims()}))
 

@@ -18,7 +18,7 @@ from vgpu_driver.nova import compat
 
 
 class CompatTests(test_vgpu.VGPUDriverTestBase):
-    ENABLED_TYPES = "nvidia-231"   # GRID T4-2Q on each of the eight T4
+    ENABLED_TYPES = "nvidia-231"  # GRID T4-2Q on each of the eight T4
 
     def replace_driver_method(self, name, function):
         """nova's LibvirtDriver.name is ``function`` for this test (set as
@@ -35,8 +35,9 @@ class CompatTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual(8, len(self.gpu_providers("host1")))
 
     def assert_start_refused(self, *expected):
-        error = self.assertRaises(exception.NovaIncompatible,
-                                  self.start_vgpu_compute, "host1", "t4x8")
+        error = self.assertRaises(
+            exception.NovaIncompatible, self.start_vgpu_compute, "host1", "t4x8"
+        )
         message = str(error)
         self.assertIn(f"nova {compat.nova_version()}", message)
         self.assertIn(f"supports {compat.supported_range()}", message)
@@ -48,14 +49,18 @@ class CompatTests(test_vgpu.VGPUDriverTestBase):
     def test_a_renamed_hook_stops_nova_compute_at_start(self):
         # As if nova renamed _get_all_assigned_mediated_devices.
         original = libvirt_driver.LibvirtDriver._get_all_assigned_mediated_devices
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.virt.libvirt.driver.LibvirtDriver._get_all_assigned_mediated_devices",
-            fixtures.MonkeyPatch.delete))
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.virt.libvirt.driver.LibvirtDriver._get_assigned_mediated_devices",
-            original))
-        self.assert_start_refused(
-            "LibvirtDriver._get_all_assigned_mediated_devices does not exist")
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.virt.libvirt.driver.LibvirtDriver._get_all_assigned_mediated_devices",
+                fixtures.MonkeyPatch.delete,
+            )
+        )
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.virt.libvirt.driver.LibvirtDriver._get_assigned_mediated_devices", original
+            )
+        )
+        self.assert_start_refused("LibvirtDriver._get_all_assigned_mediated_devices does not exist")
 
     def test_a_hook_taking_other_parameters_is_named_with_both(self):
         def _allocate_mdevs(self, allocs, instance):
@@ -64,29 +69,44 @@ class CompatTests(test_vgpu.VGPUDriverTestBase):
         self.replace_driver_method("_allocate_mdevs", _allocate_mdevs)
         self.assert_start_refused(
             "LibvirtDriver._allocate_mdevs takes (self, allocs, instance), where "
-            "vgpu-driver passes (self, allocations, ...)")
+            "vgpu-driver passes (self, allocations, ...)"
+        )
 
     def test_a_hard_reboot_that_no_longer_destroys_is_refused(self):
-        def _hard_reboot(self, context, instance, network_info, share_info,
-                         block_device_info=None, accel_info=None):
+        def _hard_reboot(
+            self,
+            context,
+            instance,
+            network_info,
+            share_info,
+            block_device_info=None,
+            accel_info=None,
+        ):
             self._host.get_guest(instance).poweroff()
 
         self.replace_driver_method("_hard_reboot", _hard_reboot)
-        self.assert_start_refused("LibvirtDriver._hard_reboot no longer does what "
-                                  "vgpu-driver relies on")
+        self.assert_start_refused(
+            "LibvirtDriver._hard_reboot no longer does what vgpu-driver relies on"
+        )
 
     def test_every_problem_is_named_in_the_one_message(self):
         for name in ("_guest_add_mdevs", "_start_inactive_mediated_devices"):
-            self.useFixture(fixtures.MonkeyPatch(
-                f"nova.virt.libvirt.driver.LibvirtDriver.{name}",
-                fixtures.MonkeyPatch.delete))
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.virt.libvirt.host.Host._event_device_removed_callback",
-            fixtures.MonkeyPatch.delete))
+            self.useFixture(
+                fixtures.MonkeyPatch(
+                    f"nova.virt.libvirt.driver.LibvirtDriver.{name}", fixtures.MonkeyPatch.delete
+                )
+            )
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.virt.libvirt.host.Host._event_device_removed_callback",
+                fixtures.MonkeyPatch.delete,
+            )
+        )
         message = self.assert_start_refused(
             "LibvirtDriver._start_inactive_mediated_devices does not exist",
             "LibvirtDriver._guest_add_mdevs does not exist",
-            "Host._event_device_removed_callback does not exist")
+            "Host._event_device_removed_callback does not exist",
+        )
         self.assertEqual(1, len(message.splitlines()))
 
     def test_vgpus_asked_for_outside_a_known_operation_are_refused(self):
@@ -94,8 +114,9 @@ class CompatTests(test_vgpu.VGPUDriverTestBase):
         self.start_vgpu_compute("host1", "t4x8")
         driver = self.computes["host1"].driver
         before = set(self.kernel_mdevs("host1"))
-        error = self.assertRaises(nova_exception.ComputeResourcesUnavailable,
-                                  driver._allocate_mdevs, {})
+        error = self.assertRaises(
+            nova_exception.ComputeResourcesUnavailable, driver._allocate_mdevs, {}
+        )
         self.assertIn("outside the operations vgpu-driver knows", str(error))
         self.assertEqual(before, set(self.kernel_mdevs("host1")))
         self.assertEqual([], driver.vgpu.journal.claims())

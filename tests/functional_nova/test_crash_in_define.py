@@ -25,7 +25,6 @@ from vgpu_driver import claims
 
 
 class RecoveryMixin(test_crash_recovery.UnusedClaimTestsMixin):
-
     def recover(self, server):
         """What nova tells the operator: reset the state, hard-reboot."""
         self.api.post_server_action(server["id"], {"os-resetState": {"state": "active"}})
@@ -37,9 +36,10 @@ class RecoveryMixin(test_crash_recovery.UnusedClaimTestsMixin):
         """What the start left, unchanged by the host reconciler's pass."""
         for _ in range(2):
             found = self.api.get_server(server["id"])
-            self.assertEqual((status, task_state, host),
-                             (found["status"], found["OS-EXT-STS:task_state"],
-                              found["OS-EXT-SRV-ATTR:host"]))
+            self.assertEqual(
+                (status, task_state, host),
+                (found["status"], found["OS-EXT-STS:task_state"], found["OS-EXT-SRV-ATTR:host"]),
+            )
             self.assertEqual(holds, self.holds(found))
             self.assertEqual([], host_audit.audit_of(self, host))
             self.after_unused_grace()
@@ -53,8 +53,7 @@ class OneHostCrashTests(RecoveryMixin, test_crash_recovery.CrashTestBase):
 
     def setUp(self):
         super().setUp()
-        self.useFixture(test_suspend.LiveMdevHotplug(
-            lambda: set(self.kernel_mdevs("host1"))))
+        self.useFixture(test_suspend.LiveMdevHotplug(lambda: set(self.kernel_mdevs("host1"))))
 
     def boot(self, *args, **kwargs):
         server = super().boot(*args, **kwargs)
@@ -66,8 +65,9 @@ class OneHostCrashTests(RecoveryMixin, test_crash_recovery.CrashTestBase):
         mdevs = self.domains("host1")[server["id"]]
         self.killed_while_defining(server, operation)
         self.restart("host1")
-        self.assert_settled(server, status, task_state, "host1",
-                            (mdevs, [(mdevs[0], claims.ATTACHED)]))
+        self.assert_settled(
+            server, status, task_state, "host1", (mdevs, [(mdevs[0], claims.ATTACHED)])
+        )
         server = self.recover(server)
         self.assertEqual((mdevs, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
         self.assert_usage_matches_holders()
@@ -95,18 +95,25 @@ class UnshelveCrashTests(RecoveryMixin, test_crash_recovery.CrashTestBase):
     grace, and Placement's allocation is the server's until it goes."""
 
     def test_killed_in_an_unshelve(self):
-        server = self._wait_for_state_change(self.act(self.boot(), {"shelve": None}),
-                                             "SHELVED_OFFLOADED")
-        self.assertEqual("host1", crash_points.kill_in_cast(
-            self.computes, "unshelve_instance",
-            lambda: self.api.post_server_action(server["id"], {"unshelve": None})))
+        server = self._wait_for_state_change(
+            self.act(self.boot(), {"shelve": None}), "SHELVED_OFFLOADED"
+        )
+        self.assertEqual(
+            "host1",
+            crash_points.kill_in_cast(
+                self.computes,
+                "unshelve_instance",
+                lambda: self.api.post_server_action(server["id"], {"unshelve": None}),
+            ),
+        )
         self.restart("host1")
         held = self.claims("host1", server)
         self.assertEqual([claims.CLAIMED], [state for _vgpu, state in held])
         for _ in range(2):
             found = self.api.get_server(server["id"])
-            self.assertEqual(("SHELVED_OFFLOADED", "spawning"),
-                             (found["status"], found["OS-EXT-STS:task_state"]))
+            self.assertEqual(
+                ("SHELVED_OFFLOADED", "spawning"), (found["status"], found["OS-EXT-STS:task_state"])
+            )
             self.assertEqual(held, self.claims("host1", server))
             self.assertEqual([], host_audit.audit_of(self, "host1"))
             self.after_unused_grace()
@@ -118,22 +125,28 @@ class UnshelveCrashTests(RecoveryMixin, test_crash_recovery.CrashTestBase):
 
 
 class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
-
     def test_killed_in_a_resizes_finish_on_the_destination(self):
         """nova leaves the guest resizing on the destination (migration
         ``post-migrating``): the destination keeps the claim it made, the
         source its domain; the recovery defines the guest with that claim."""
         server = self.boot(flavor=self.a100_typed)
         source = self.domains("host1")[server["id"]]
-        self.assertEqual("host2", crash_points.kill_in_cast(
-            self.computes, "finish_resize",
-            lambda: self.api.post_server_action(server["id"],
-                                                {"resize": {"flavorRef": self.any_type}})))
+        self.assertEqual(
+            "host2",
+            crash_points.kill_in_cast(
+                self.computes,
+                "finish_resize",
+                lambda: self.api.post_server_action(
+                    server["id"], {"resize": {"flavorRef": self.any_type}}
+                ),
+            ),
+        )
         self.restart("host2")
         vfs = [vgpu for vgpu, _state in self.claims("host2", server)]
         self.assertEqual(1, len(vfs))
-        self.assert_settled(server, "RESIZE", "resize_finish", "host2",
-                            (None, [(vfs[0], claims.CLAIMED)]))
+        self.assert_settled(
+            server, "RESIZE", "resize_finish", "host2", (None, [(vfs[0], claims.CLAIMED)])
+        )
         self.assertEqual([(source[0], claims.ATTACHED)], self.claims("host1", server))
         server = self.recover(server)
         self.assertEqual((vfs, [(vfs[0], claims.ATTACHED)]), self.holds(server))
@@ -161,12 +174,22 @@ class MoveCrashTests(RecoveryMixin, test_crash_recovery.TwoHostsTestBase):
         self.assertEqual(("ACTIVE", "host1"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         server = self.act(server, {"resize": {"flavorRef": self.any_type}})
         self.assertEqual("VERIFY_RESIZE", server["status"])
-        self.assertEqual("host1", crash_points.kill_in_cast(
-            self.computes, "finish_revert_resize",
-            lambda: self.api.post_server_action(server["id"], {"revertResize": None})))
+        self.assertEqual(
+            "host1",
+            crash_points.kill_in_cast(
+                self.computes,
+                "finish_revert_resize",
+                lambda: self.api.post_server_action(server["id"], {"revertResize": None}),
+            ),
+        )
         self.restart("host1")
-        self.assert_settled(server, "REVERT_RESIZE", "resize_reverting", "host1",
-                            (mdevs, [(mdevs[0], claims.ATTACHED)]))
+        self.assert_settled(
+            server,
+            "REVERT_RESIZE",
+            "resize_reverting",
+            "host1",
+            (mdevs, [(mdevs[0], claims.ATTACHED)]),
+        )
         self.assertEqual(([], {}), (self.claims("host2"), self.vgpus("host2")))
         server = self.recover(server)
         self.assertEqual((mdevs, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
@@ -186,21 +209,20 @@ class FailedBootDefineTests(test_crash_recovery.CrashTestBase):
 
     def test_a_boot_whose_define_raised_leaves_nothing_once_deleted(self):
         with fixtures.MonkeyPatch(
-                "nova.virt.libvirt.host.Host.write_instance_config",
-                test_fault_outcomes._always_fail(RuntimeError("injected"))):
-            server = self._create_server(flavor_id=self.a100, networks="none",
-                                         host="host1", expected_state="ERROR")
+            "nova.virt.libvirt.host.Host.write_instance_config",
+            test_fault_outcomes._always_fail(RuntimeError("injected")),
+        ):
+            server = self._create_server(
+                flavor_id=self.a100, networks="none", host="host1", expected_state="ERROR"
+            )
         self.assertIn("Exhausted all hosts", server["fault"]["message"])
         self.assertEqual(([], {}), (self.claims("host1"), self.vgpus("host1")))
-        self.assertEqual({}, self.placement.get(
-            f"/allocations/{server['id']}").body["allocations"])
+        self.assertEqual({}, self.placement.get(f"/allocations/{server['id']}").body["allocations"])
         self.restart("host1")
         self.later()
-        self.assertEqual({}, self.placement.get(
-            f"/allocations/{server['id']}").body["allocations"])
+        self.assertEqual({}, self.placement.get(f"/allocations/{server['id']}").body["allocations"])
         self.delete_all()
         self.assert_nothing_left()
         for rp in self.placement.get("/resource_providers").body["resource_providers"]:
-            usages = self.placement.get(
-                f"/resource_providers/{rp['uuid']}/usages").body["usages"]
+            usages = self.placement.get(f"/resource_providers/{rp['uuid']}/usages").body["usages"]
             self.assertEqual({}, {rc: n for rc, n in usages.items() if n}, rp["name"])

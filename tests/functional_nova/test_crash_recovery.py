@@ -20,7 +20,7 @@ from tests.functional_nova import test_fault_outcomes
 from vgpu_driver import claims
 from vgpu_driver import driver as core
 
-A100, A100_TYPE = "0000:41:00.0", "nvidia-468"      # A100-4C, mdevs on its VFs
+A100, A100_TYPE = "0000:41:00.0", "nvidia-468"  # A100-4C, mdevs on its VFs
 
 
 class CrashTestBase(test_fault_outcomes.FaultOutcomeTestBase):
@@ -30,28 +30,38 @@ class CrashTestBase(test_fault_outcomes.FaultOutcomeTestBase):
     def setUp(self):
         super().setUp()
         self.ctxt = context.get_admin_context()
-        self.a100 = self._create_flavor(name="a100", memory_mb=512, vcpu=1, disk=1,
-                                        ephemeral=0, extra_spec={"resources:VGPU": "1"})
+        self.a100 = self._create_flavor(
+            name="a100",
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources:VGPU": "1"},
+        )
 
     def boot(self, host="host1", flavor=None):
-        return self._create_server(flavor_id=flavor or self.a100, networks="none",
-                                   host=host)
+        return self._create_server(flavor_id=flavor or self.a100, networks="none", host=host)
 
     def instance(self, server):
-        return objects.Instance.get_by_uuid(self.ctxt, server["id"],
-                                            expected_attrs=["flavor"])
+        return objects.Instance.get_by_uuid(self.ctxt, server["id"], expected_attrs=["flavor"])
 
     def killed_while_defining(self, server, operation):
         """Run ``operation`` on the server's instance as nova's API casts
         it; its compute is killed when libvirt defines the domain."""
         instance = self.instance(server)
-        self.assertTrue(crash_points.kill_during(self.computes[instance.host].manager,
-                                                 self.ctxt, instance, operation))
+        self.assertTrue(
+            crash_points.kill_during(
+                self.computes[instance.host].manager, self.ctxt, instance, operation
+            )
+        )
 
     def restart(self, hostname):
         """nova-compute started again on its host's sysfs, state and libvirt."""
-        self.flags(sysfs_root=os.path.join(self.tmp, hostname, "sys"),
-                   state_dir=os.path.join(self.tmp, hostname, "state"), group="vgpu")
+        self.flags(
+            sysfs_root=os.path.join(self.tmp, hostname, "sys"),
+            state_dir=os.path.join(self.tmp, hostname, "state"),
+            group="vgpu",
+        )
         return self.restart_compute_service(hostname)
 
     def holds(self, server):
@@ -93,12 +103,13 @@ class HardRebootCrashTests(CrashTestBase):
         self.restart("host1")
         server = self._wait_for_state_change(server, "ERROR")
         self.assertIsNone(server["OS-EXT-STS:task_state"])
-        self.assertIn("gets no vGPU here: the flavor asks for 1 VGPU, the allocation "
-                      "holds 0", server["fault"]["message"])
+        self.assertIn(
+            "gets no vGPU here: the flavor asks for 1 VGPU, the allocation holds 0",
+            server["fault"]["message"],
+        )
         self.assertEqual((None, []), self.holds(server))
         # The service runs: it boots the next guest.
         self.assertEqual("ACTIVE", self.boot()["status"])
-
 
 
 class PowerOnCrashTests(CrashTestBase):
@@ -135,8 +146,9 @@ class PowerOnCrashTests(CrashTestBase):
         server, mdevs = self.stopped_and_killed_in_its_start()
         # nova's resumed start fails too: the guest stays stopped.
         with fixtures.MonkeyPatch(
-                "nova.virt.libvirt.host.Host.write_instance_config",
-                test_fault_outcomes._always_fail(RuntimeError("injected"))):
+            "nova.virt.libvirt.host.Host.write_instance_config",
+            test_fault_outcomes._always_fail(RuntimeError("injected")),
+        ):
             self.restart("host1")
         server = self._wait_for_state_change(server, "SHUTOFF")
         self.assertEqual((None, [(mdevs[0], claims.ATTACHED)]), self.holds(server))
@@ -162,6 +174,7 @@ def _raise_after(real, error):
             calls.append(1)
             raise error
         return result
+
     return method
 
 
@@ -174,22 +187,31 @@ class TwoHostsTestBase(CrashTestBase):
     def configure(self):
         self.flags(device_addresses=[A100], group=f"mdev_{A100_TYPE}")
         # sysfs does not say how many L40S-4Q fit on the GPU: the operator does.
-        self.flags(device_addresses=[test_fault_outcomes.L40S], max_instances=12,
-                   group=f"mdev_{test_fault_outcomes.L40S_TYPE}")
+        self.flags(
+            device_addresses=[test_fault_outcomes.L40S],
+            max_instances=12,
+            group=f"mdev_{test_fault_outcomes.L40S_TYPE}",
+        )
 
     def setUp(self):
         super().setUp()
         self.a100_typed = self.flavor("a100-4c", "CUSTOM_VGPU_NVIDIA_A100_4C")
-        self.any_type = self._create_flavor(name="any-vgpu", memory_mb=1024, vcpu=1,
-                                            disk=1, ephemeral=0,
-                                            extra_spec={"resources:VGPU": "1"})
+        self.any_type = self._create_flavor(
+            name="any-vgpu",
+            memory_mb=1024,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources:VGPU": "1"},
+        )
 
     def resize_failing_after_allocation(self, server, flavor):
         """A resize whose finish raises right after the destination's
         allocation (nova's handling runs: the old flavor put back, ERROR)."""
         with fixtures.MonkeyPatch(
-                "vgpu_driver.driver.VGPUDriver.allocate",
-                _raise_after(core.VGPUDriver.allocate, RuntimeError("injected"))):
+            "vgpu_driver.driver.VGPUDriver.allocate",
+            _raise_after(core.VGPUDriver.allocate, RuntimeError("injected")),
+        ):
             return self.act(server, {"resize": {"flavorRef": flavor}})
 
 
@@ -208,22 +230,23 @@ class ResizeCrashTests(TwoHostsTestBase):
     def test_a_hard_reboot_recovers_the_guest_with_the_resizes_vgpu(self):
         server = self.boot(flavor=self.a100_typed)
         server = self.resize_failing_after_allocation(server, self.any_type)
-        self.assertEqual(("ERROR", "host2", "a100-4c"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"],
-                          server["flavor"]["original_name"]))
+        self.assertEqual(
+            ("ERROR", "host2", "a100-4c"),
+            (server["status"], server["OS-EXT-SRV-ATTR:host"], server["flavor"]["original_name"]),
+        )
         server = self.act(server, {"reboot": {"type": "HARD"}})
         self.assertEqual("ACTIVE", server["status"], server.get("fault"))
         vfs = self.domains("host2")[server["id"]]
         self.assertEqual(1, len(vfs))
-        self.assertEqual((test_fault_outcomes.L40S, test_fault_outcomes.L40S_TYPE),
-                         self.vgpus("host2")[vfs[0]])
+        self.assertEqual(
+            (test_fault_outcomes.L40S, test_fault_outcomes.L40S_TYPE), self.vgpus("host2")[vfs[0]]
+        )
         self.assertEqual([(vfs[0], claims.ATTACHED)], self.claims("host2", server))
         self.later()
         self.assert_usage_matches_holders()
         self.assert_left_nothing(server)
         self.delete_all()
         self.assert_nothing_left()
-
 
 
 class UnusedClaimTestsMixin:
@@ -247,12 +270,10 @@ class SourceClaimTests(UnusedClaimTestsMixin, TwoHostsTestBase):
         source_mdevs = self.domains("host1")[server["id"]]
         server = self.resize_failing_after_allocation(server, self.any_type)
         server = self.act(server, {"reboot": {"type": "HARD"}})
-        self.assertEqual(("ACTIVE", "host2"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(("ACTIVE", "host2"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         conn = self.computes["host1"].driver._host.get_connection()
         conn.lookupByUUIDString(server["id"]).undefine()
-        self.assertEqual([(source_mdevs[0], claims.ATTACHED)],
-                         self.claims("host1", server))
+        self.assertEqual([(source_mdevs[0], claims.ATTACHED)], self.claims("host1", server))
         self.after_unused_grace()
         self.assertEqual(([], {}), (self.claims("host1"), self.vgpus("host1")))
         self.assert_usage_matches_holders()
@@ -283,19 +304,21 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
         """The claim the killed finish left: allocated as any is, on the
         L40S's provider, then marked attached by a define if ``attached``."""
         driver = self.computes["host1"].driver
-        l40s = [rp for rp, p in driver._providers_by_uuid().items()
-                if p.name.endswith("0000_c1_00_0")]
+        l40s = [
+            rp for rp, p in driver._providers_by_uuid().items() if p.name.endswith("0000_c1_00_0")
+        ]
         vfs = driver._claim(self.instance(self.server), {l40s[0]: {"resources": {"VGPU": 1}}})
         if attached:
             driver.vgpu.instance_defined(self.server["id"])
         state = claims.ATTACHED if attached else claims.CLAIMED
-        self.assertEqual(sorted([(self.a100_vgpus[0], claims.ATTACHED), (vfs[0], state)]),
-                         sorted(self.claims("host1", self.server)))
+        self.assertEqual(
+            sorted([(self.a100_vgpus[0], claims.ATTACHED), (vfs[0], state)]),
+            sorted(self.claims("host1", self.server)),
+        )
         return vfs[0]
 
     def assert_holds_only_its_own(self, vf):
-        self.assertEqual([(self.a100_vgpus[0], claims.ATTACHED)],
-                         self.claims("host1", self.server))
+        self.assertEqual([(self.a100_vgpus[0], claims.ATTACHED)], self.claims("host1", self.server))
         self.assertNotIn(vf, self.vgpus("host1"))
         self.assertEqual(self.a100_vgpus, self.domains("host1")[self.server["id"]])
         self.assert_usage_matches_holders()
@@ -328,13 +351,19 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
         # A resize to this node waiting to be confirmed or reverted: its
         # record unfinished, the instance RESIZED with no task.
         migration = objects.Migration(
-            self.ctxt, instance_uuid=self.server["id"], source_compute="host0",
-            dest_compute="host1", source_node="host0", dest_node="host1",
-            migration_type="resize", status="finished", old_instance_type_id=1,
-            new_instance_type_id=1)
-        if "dest_compute_id" in objects.Migration.fields:      # nova 28 on
-            migration.dest_compute_id = objects.ComputeNode.get_by_nodename(
-                self.ctxt, "host1").id
+            self.ctxt,
+            instance_uuid=self.server["id"],
+            source_compute="host0",
+            dest_compute="host1",
+            source_node="host0",
+            dest_node="host1",
+            migration_type="resize",
+            status="finished",
+            old_instance_type_id=1,
+            new_instance_type_id=1,
+        )
+        if "dest_compute_id" in objects.Migration.fields:  # nova 28 on
+            migration.dest_compute_id = objects.ComputeNode.get_by_nodename(self.ctxt, "host1").id
         migration.create()
         instance.vm_state = vm_states.RESIZED
         instance.save()

@@ -27,54 +27,62 @@ from vgpu_driver.fake import profiles
 from vgpu_driver.nova import driver as nova_driver
 
 MDEVS = ["6f3c2a8e-1d4b-4c5e-9a7f-0b1c2d3e4f50", "7a4d3b9f-2e5c-4d6f-8b80-1c2d3e4f5061"]
-MTTY = ("mtty", "mtty-2", "[mdev_mtty-2]\ndisplay = true\nramfb = true",
-        [{"parent": "mtty", "type": "mtty-2", "uuid": u} for u in MDEVS])
+MTTY = (
+    "mtty",
+    "mtty-2",
+    "[mdev_mtty-2]\ndisplay = true\nramfb = true",
+    [{"parent": "mtty", "type": "mtty-2", "uuid": u} for u in MDEVS],
+)
 L40S = ("l40s-vfio", "nvidia-1156", "[mdev_nvidia-1156]\nmax_instances = 6", [])
 
 
 def hostdevs(xml):
     """The domain's hostdevs, canonical (C14N, blanks dropped), one a line."""
     root = etree.fromstring(xml.encode())
-    return "".join(etree.canonicalize(
-        etree.tostring(h, encoding="unicode", with_tail=False), strip_text=True) + "\n"
-                   for h in root.findall("devices/hostdev"))
+    return "".join(
+        etree.canonicalize(etree.tostring(h, encoding="unicode", with_tail=False), strip_text=True)
+        + "\n"
+        for h in root.findall("devices/hostdev")
+    )
 
 
 class DomainXmlTest(testtools.TestCase):
-
     def vgpu(self, profile, types_, extra, mdevs):
         tmp = self.useFixture(fixtures.TempDir()).path
         host = fakekernel.FakeKernel.build(
-            os.path.join(tmp, "sys"), {**profiles.load(profile), "mdevs": mdevs})
+            os.path.join(tmp, "sys"), {**profiles.load(profile), "mdevs": mdevs}
+        )
         path = os.path.join(tmp, "nova.conf")
         with open(path, "w") as f:
-            f.write(textwrap.dedent(f"""\
+            f.write(
+                textwrap.dedent(f"""\
                 [devices]
                 enabled_mdev_types = {types_}
                 [vgpu]
                 sysfs_root = {host.paths.root}
                 state_dir = {tmp}/state
-                """) + extra + "\n")
+                """)
+                + extra
+                + "\n"
+            )
         conf = cfg.ConfigOpts()
         vgpu_conf.register_opts(conf)
         conf([], project="nova", default_config_files=[path])
-        vgpu = core.VGPUDriver(conf, domains.InProcessDomains(),
-                               host=fakekernel.FakeKernel(host.paths.root))
+        vgpu = core.VGPUDriver(
+            conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+        )
         self.addCleanup(vgpu.close)
         provider = vgpu.provider_tree("cn1").providers[0]
-        return vgpu, vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}},
-                                   {"rp": provider})
+        return vgpu, vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
 
     def check(self, name, case):
         vgpu, got = self.vgpu(*case)
         flavor = compute.Flavor("f", 1, 512, 1, 2, "CUSTOM_X")
-        demo = vgpu.add_hostdevs(compute.domain_xml("g", compute.instance_uuid("g"),
-                                                    flavor), got)
+        demo = vgpu.add_hostdevs(compute.domain_xml("g", compute.instance_uuid("g"), flavor), got)
         guest = vconfig.LibvirtConfigGuest()
         guest.virt_type, guest.memory, guest.vcpus = "kvm", 524288, 1
         # The method nova-compute runs, on the core driver it runs it with.
-        nova_driver.LibvirtVGPUDriver._guest_add_mdevs(
-            types.SimpleNamespace(vgpu=vgpu), guest, got)
+        nova_driver.LibvirtVGPUDriver._guest_add_mdevs(types.SimpleNamespace(vgpu=vgpu), guest, got)
         golden.assert_golden(name, hostdevs(demo))
         self.assertEqual(hostdevs(demo), hostdevs(guest.to_xml()))
 

@@ -31,11 +31,10 @@ from vgpu_driver import claims
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 
-L40S, L40S_TYPE = "0000:c1:00.0", "nvidia-1155"     # NVIDIA L40S-4Q, vendor VFIO
-T4, T4_TYPE = "0000:18:00.0", "nvidia-231"          # GRID T4-2Q, mdevs
+L40S, L40S_TYPE = "0000:c1:00.0", "nvidia-1155"  # NVIDIA L40S-4Q, vendor VFIO
+T4, T4_TYPE = "0000:18:00.0", "nvidia-231"  # GRID T4-2Q, mdevs
 _real_loadapp = placement_deploy.loadapp
-TYPE_OF_TRAIT = {"CUSTOM_VGPU_NVIDIA_L40S_4Q": L40S_TYPE,
-                 "CUSTOM_VGPU_GRID_T4_2Q": T4_TYPE}
+TYPE_OF_TRAIT = {"CUSTOM_VGPU_NVIDIA_L40S_4Q": L40S_TYPE, "CUSTOM_VGPU_GRID_T4_2Q": T4_TYPE}
 
 
 def _fail_once(real, error):
@@ -47,12 +46,14 @@ def _fail_once(real, error):
             calls.append(1)
             raise error
         return real(this, *args, **kwargs)
+
     return method
 
 
 def _always_fail(error):
     def method(this, *args, **kwargs):
         raise error
+
     return method
 
 
@@ -62,12 +63,16 @@ class FaultyPlacementMixin:
 
     def setUp(self):
         # Placement is built inside the base's setUp: the injector goes in first.
-        self.useFixture(fixtures.MonkeyPatch("placement.deploy.loadapp",
-                                             self._placement_with_faults))
+        self.useFixture(
+            fixtures.MonkeyPatch("placement.deploy.loadapp", self._placement_with_faults)
+        )
         super().setUp()
         # As ResizeTests: the fake guests have no disk files to move.
-        self.useFixture(fixtures.MockPatch(
-            "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
+        self.useFixture(
+            fixtures.MockPatch(
+                "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]
+            )
+        )
         self.useFixture(fixtures.MockPatch("os.rename"))
 
     def _placement_with_faults(self, conf):
@@ -76,7 +81,7 @@ class FaultyPlacementMixin:
 
 
 class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
-    HOSTS = {}          # hostname: fake host profiles
+    HOSTS = {}  # hostname: fake host profiles
 
     def setUp(self):
         super().setUp()
@@ -90,10 +95,14 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
         """[devices] and [mdev_<type>] options, set before the computes start."""
 
     def flavor(self, name, trait, memory_mb=512, **extra_spec):
-        return self._create_flavor(name=name, memory_mb=memory_mb, vcpu=1, disk=1,
-                                   ephemeral=0, extra_spec={
-                                       "resources:VGPU": "1", f"trait:{trait}": "required",
-                                       **extra_spec})
+        return self._create_flavor(
+            name=name,
+            memory_mb=memory_mb,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources:VGPU": "1", f"trait:{trait}": "required", **extra_spec},
+        )
 
     # -- nova's operations, failures allowed ------------------------------------------
 
@@ -111,8 +120,9 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
         """Confirm a resize.  nova's libvirt driver undefines the source domain
         only when CONF.host names the source, and the harness's computes share
         one CONF: point it at the source meanwhile."""
-        source = [m["source_compute"] for m in self.migrations(server)
-                  if m["status"] == "finished"][0]
+        source = [
+            m["source_compute"] for m in self.migrations(server) if m["status"] == "finished"
+        ][0]
         host = nova.conf.CONF.host
         self.flags(host=source)
         try:
@@ -121,17 +131,18 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
             self.flags(host=host)
 
     def migrations(self, server):
-        return self.api.api_get(
-            f"/os-migrations?instance_uuid={server['id']}").body["migrations"]
+        return self.api.api_get(f"/os-migrations?instance_uuid={server['id']}").body["migrations"]
 
     # -- what each side says -------------------------------------------------------------
 
     def domains(self, host):
         """``{instance uuid: [vGPU ids]}`` from the domain XML on ``host``."""
-        return {guest.uuid: test_vgpu.guest_xml.vgpu_ids(
-                    test_vgpu.guest_xml.parse(guest.get_xml_desc()))
-                for guest in self.computes[host].driver._host.list_guests(
-                    only_running=False)}
+        return {
+            guest.uuid: test_vgpu.guest_xml.vgpu_ids(
+                test_vgpu.guest_xml.parse(guest.get_xml_desc())
+            )
+            for guest in self.computes[host].driver._host.list_guests(only_running=False)
+        }
 
     def claims(self, host, server=None):
         """``[(vGPU id, state)]`` of the host's claims (of ``server`` only)."""
@@ -161,8 +172,9 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
             self.assertEqual([], held, where)
             return
         specs = server["flavor"]["extra_specs"]
-        wanted = [TYPE_OF_TRAIT[k.split(":", 1)[1]] for k in specs
-                  if k.startswith("trait:")] * int(specs["resources:VGPU"])
+        wanted = [TYPE_OF_TRAIT[k.split(":", 1)[1]] for k in specs if k.startswith("trait:")] * int(
+            specs["resources:VGPU"]
+        )
         types = [self.vgpus(here).get(m, (None, None))[1] for m in mdevs]
         self.assertEqual(wanted, types, f"{where}: vGPUs {mdevs}")
         self.assertEqual(sorted((m, claims.ATTACHED) for m in mdevs), held, where)
@@ -171,10 +183,12 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
         """The hosts the guest is not on hold no domain and no claim of it."""
         server = self.api.get_server(server["id"])
         for host in sorted(set(self.HOSTS) - {server["OS-EXT-SRV-ATTR:host"]}):
-            self.assertEqual((None, []), (self.domains(host).get(server["id"]),
-                                          self.claims(host, server)),
-                             f"{server['name']} ({server['status']} on "
-                             f"{server['OS-EXT-SRV-ATTR:host']}) on {host}")
+            self.assertEqual(
+                (None, []),
+                (self.domains(host).get(server["id"]), self.claims(host, server)),
+                f"{server['name']} ({server['status']} on "
+                f"{server['OS-EXT-SRV-ATTR:host']}) on {host}",
+            )
 
     def later(self):
         """A periodic update on every compute once ``[vgpu] claim_grace`` has
@@ -194,15 +208,24 @@ class FaultOutcomeTestBase(FaultyPlacementMixin, test_vgpu.VGPUDriverTestBase):
             for claim in self.computes[host].driver.vgpu.journal.claims():
                 if claim.state != claims.RELEASING:
                     held[claim.gpu].add(claim.mdev_uuid)
-            usage = {name: used for name, (_t, _r, used) in self.gpu_providers(host).items()
-                     if used}
-            self.assertEqual(usage, {inventory.provider_name_for(host, gpu): len(mdevs)
-                                     for gpu, mdevs in held.items() if mdevs}, host)
+            usage = {
+                name: used for name, (_t, _r, used) in self.gpu_providers(host).items() if used
+            }
+            self.assertEqual(
+                usage,
+                {
+                    inventory.provider_name_for(host, gpu): len(mdevs)
+                    for gpu, mdevs in held.items()
+                    if mdevs
+                },
+                host,
+            )
 
     def assert_nothing_left(self):
         for host in self.HOSTS:
-            self.assertEqual(({}, [], {}),
-                             (self.domains(host), self.claims(host), self.vgpus(host)), host)
+            self.assertEqual(
+                ({}, [], {}), (self.domains(host), self.claims(host), self.vgpus(host)), host
+            )
 
     def delete_all(self):
         for server in self.api.get_servers():
@@ -247,16 +270,14 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
         super().setUp()
         self.l40s = self.flavor("l40s", "CUSTOM_VGPU_NVIDIA_L40S_4Q")
         self.t4 = self.flavor("t4", "CUSTOM_VGPU_GRID_T4_2Q")
-        self.server = self._create_server(flavor_id=self.l40s, networks="none",
-                                          host="host1")
+        self.server = self._create_server(flavor_id=self.l40s, networks="none", host="host1")
 
     def resize_to_t4(self, target, fault):
         with fixtures.MonkeyPatch(target, fault):
             return self.act(self.server, {"resize": {"flavorRef": self.t4}})
 
     def _revert_after_a_failed_finish(self, target):
-        server = self.resize_to_t4(target, _fail_once(_resolve(target),
-                                                      RuntimeError("injected")))
+        server = self.resize_to_t4(target, _fail_once(_resolve(target), RuntimeError("injected")))
         # Rescheduled to the other T4 host after the first destination failed.
         self.assertEqual("VERIFY_RESIZE", server["status"])
         self.assertEqual(2, len(self.migrations(server)))
@@ -268,19 +289,18 @@ class FailedResizeFinishTests(FaultOutcomeTestBase):
         self.assert_nothing_left()
 
     def test_a_revert_after_the_domain_define_failed_gives_no_t4_to_the_l40s_guest(self):
-        self._revert_after_a_failed_finish(
-            "nova.virt.libvirt.driver.LibvirtDriver._create_guest")
+        self._revert_after_a_failed_finish("nova.virt.libvirt.driver.LibvirtDriver._create_guest")
 
     def test_a_revert_after_the_mdev_create_failed_gives_no_t4_to_the_l40s_guest(self):
-        self._revert_after_a_failed_finish(
-            "vgpu_driver.mdevs.strategies.MdevParentStrategy.create")
+        self._revert_after_a_failed_finish("vgpu_driver.mdevs.strategies.MdevParentStrategy.create")
 
     def test_a_hard_reboot_after_a_failed_finish_recovers_the_guest_on_its_t4(self):
         # Every T4 destination fails: the instance stays in ERROR on the last.
-        server = self.resize_to_t4("nova.virt.libvirt.driver.LibvirtDriver._create_guest",
-                                   _always_fail(RuntimeError("injected")))
-        self.assertEqual(("ERROR", "l40s"),
-                         (server["status"], server["flavor"]["original_name"]))
+        server = self.resize_to_t4(
+            "nova.virt.libvirt.driver.LibvirtDriver._create_guest",
+            _always_fail(RuntimeError("injected")),
+        )
+        self.assertEqual(("ERROR", "l40s"), (server["status"], server["flavor"]["original_name"]))
         self.assert_holds_its_flavor(server)
         server = self.act(server, {"reboot": {"type": "HARD"}})
         self.assertEqual("ACTIVE", server["status"])
@@ -332,11 +352,11 @@ class CrashWhileReleasingTests(PendingResizeTestBase):
     """
 
     def test_a_confirm_whose_release_crashes_leaves_no_vgpu_held_on_the_source(self):
-        with fixtures.MonkeyPatch("vgpu_driver.driver.VGPUDriver.release_unused",
-                                  _always_fail(RuntimeError("injected"))):
+        with fixtures.MonkeyPatch(
+            "vgpu_driver.driver.VGPUDriver.release_unused", _always_fail(RuntimeError("injected"))
+        ):
             server = self.confirm(self.server)
-        self.assertEqual(("ERROR", "host2"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(("ERROR", "host2"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         self.assert_holds_its_flavor(server)
         self.later()
         self.assert_usage_matches_holders()
@@ -348,11 +368,11 @@ class CrashWhileReleasingTests(PendingResizeTestBase):
         self.assert_nothing_left()
 
     def test_a_revert_whose_release_crashes_leaves_nothing_on_the_source(self):
-        with fixtures.MonkeyPatch("vgpu_driver.driver.VGPUDriver.release",
-                                  _always_fail(RuntimeError("injected"))):
+        with fixtures.MonkeyPatch(
+            "vgpu_driver.driver.VGPUDriver.release", _always_fail(RuntimeError("injected"))
+        ):
             server = self.act(self.server, {"revertResize": None})
-        self.assertEqual(("ERROR", "host2"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(("ERROR", "host2"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         self.later()
         self.assert_holds_its_flavor(server)
         self.assert_left_nothing(server)
@@ -376,24 +396,26 @@ class RevertDuringPlacementOutageTests(PendingResizeTestBase):
     """
 
     def test_a_revert_during_a_placement_outage_leaves_no_vgpu_behind(self):
-        self.placement_faults.fail(path=r"/resource_providers(/.*)?", status=503,
-                                   times=None)
+        self.placement_faults.fail(path=r"/resource_providers(/.*)?", status=503, times=None)
         try:
             server = self.act(self.server, {"revertResize": None})
         finally:
             self.placement_faults.restore()
-        self.assertEqual(("ERROR", "host2"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(("ERROR", "host2"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         self.assertEqual(["error"], [m["status"] for m in self.migrations(server)])
-        self.assertEqual(1, len(self.domains("host1")))    # nothing told the source
+        self.assertEqual(1, len(self.domains("host1")))  # nothing told the source
         self.later()
         self.assert_holds_its_flavor(server)
         self.assert_left_nothing(server)
         self.delete_all()
         self.assert_nothing_left()
         # nova's leak: the errored migration keeps the source's unit allocated.
-        used = {name: used for host in self.HOSTS
-                for name, (_t, _r, used) in self.gpu_providers(host).items() if used}
+        used = {
+            name: used
+            for host in self.HOSTS
+            for name, (_t, _r, used) in self.gpu_providers(host).items()
+            if used
+        }
         self.assertEqual([1], list(used.values()))
 
 
@@ -416,27 +438,31 @@ class ShelveOffloadFaultTests(TwoT4HostsTestBase):
 
     def boot_from_volume(self):
         body = self._build_server(flavor_id=self.small, networks="none", image_uuid="")
-        body["block_device_mapping_v2"] = [{
-            "boot_index": 0, "uuid": nova_fixtures.CinderFixture.IMAGE_BACKED_VOL,
-            "source_type": "volume", "destination_type": "volume"}]
+        body["block_device_mapping_v2"] = [
+            {
+                "boot_index": 0,
+                "uuid": nova_fixtures.CinderFixture.IMAGE_BACKED_VOL,
+                "source_type": "volume",
+                "destination_type": "volume",
+            }
+        ]
         body["host"] = "host1"
         return self._wait_for_state_change(self.api.post_server({"server": body}), "ACTIVE")
 
     def shelve_failing(self, server):
         self.placement_faults.fail("DELETE", r"/allocations/.*", status=500)
         server = self.act(server, {"shelve": None})
-        self.assertEqual(("ACTIVE", "host1"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
-        self.assertEqual(({}, [], {}), (self.domains("host1"), self.claims("host1"),
-                                        self.vgpus("host1")))
+        self.assertEqual(("ACTIVE", "host1"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(
+            ({}, [], {}), (self.domains("host1"), self.claims("host1"), self.vgpus("host1"))
+        )
         self.assert_holds_its_flavor(server)
         return server
 
     def test_a_revert_gives_the_guest_its_vgpu_again(self):
         server = self._resize_server(self.server, self.big)
         server = self.act(server, {"revertResize": None})
-        self.assertEqual(("ACTIVE", "host1"),
-                         (server["status"], server["OS-EXT-SRV-ATTR:host"]))
+        self.assertEqual(("ACTIVE", "host1"), (server["status"], server["OS-EXT-SRV-ATTR:host"]))
         self.assertEqual(1, len(self.domains("host1")[server["id"]]))
         self.assert_holds_its_flavor(server)
         self.assert_usage_matches_holders()
@@ -446,8 +472,7 @@ class ShelveOffloadFaultTests(TwoT4HostsTestBase):
     def test_a_start_while_placement_cannot_say_defines_no_guest_without_its_vgpu(self):
         server = self.act(self.server, {"os-stop": None})
         self.assertEqual("SHUTOFF", server["status"])
-        self.placement_faults.fail("GET", rf"/allocations/{server['id']}", status=500,
-                                   times=None)
+        self.placement_faults.fail("GET", rf"/allocations/{server['id']}", status=500, times=None)
         server = self.act(server, {"os-start": None})
         self.placement_faults.restore()
         self.assert_holds_its_flavor(server)
@@ -463,4 +488,3 @@ def _resolve(target):
     """The attribute a dotted ``module.Class.method`` path names."""
     module, cls, attr = target.rsplit(".", 2)
     return getattr(getattr(__import__(module, fromlist=[cls]), cls), attr)
-

@@ -11,8 +11,16 @@ import nova.conf
 from tests.functional_nova import test_vgpu
 from vgpu_driver.conf import mdev_types
 
-T4 = ["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
-      "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"]
+T4 = [
+    "0000:18:00.0",
+    "0000:19:00.0",
+    "0000:35:00.0",
+    "0000:36:00.0",
+    "0000:e7:00.0",
+    "0000:e8:00.0",
+    "0000:f4:00.0",
+    "0000:f5:00.0",
+]
 
 
 class FleetTests(test_vgpu.VGPUDriverTestBase):
@@ -33,8 +41,9 @@ class FleetTests(test_vgpu.VGPUDriverTestBase):
             name = "host1_pci_" + gpu.replace(":", "_").replace(".", "_")
             expected[name] = (4, 0, 0) if index < 4 else (2, 0, 0)
         self.assertEqual(expected, self.gpu_providers("host1"))
-        flavor = self._create_flavor(extra_spec={
-            "resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_T4_8C": "required"})
+        flavor = self._create_flavor(
+            extra_spec={"resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_T4_8C": "required"}
+        )
         self._create_server(flavor_id=flavor, networks="none", host="host1")
         (mdev,) = self.kernels["host1"].list_mdevs()
         self.assertIn(mdev.parent, T4[4:])

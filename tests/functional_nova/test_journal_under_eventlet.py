@@ -53,14 +53,19 @@ class JournalUnderEventletTests(testtools.TestCase):
     def test_a_writer_of_another_process_is_waited_for_without_freezing(self):
         state = self.useFixture(fixtures.TempDir()).path
         claims_journal.Journal(state)
-        waiter = subprocess.Popen([sys.executable, "-c", WAITER, state], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", WAITER, state],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.addCleanup(waiter.wait)
         self.addCleanup(waiter.stdout.close)
         self.addCleanup(waiter.stdin.close)
         self.assertEqual("ready", waiter.stdout.readline().strip())
-        holder = sqlite3.connect(os.path.join(state, claims_journal.Journal.FILENAME),
-                                 isolation_level=None)
+        holder = sqlite3.connect(
+            os.path.join(state, claims_journal.Journal.FILENAME), isolation_level=None
+        )
         self.addCleanup(holder.close)
         holder.execute("BEGIN IMMEDIATE")
         waiter.stdin.write("go\n")

@@ -16,30 +16,37 @@ from nova.tests.functional.libvirt import base
 
 from tests.functional_nova import test_vgpu
 
-GPU_NAME = "0000_41_00_0"    # the A100's provider is <host>_pci_<this>
+GPU_NAME = "0000_41_00_0"  # the A100's provider is <host>_pci_<this>
 # libvirt 8.6: the first that migrates mdevs; QEMU 8.2: the first that
 # migrates a guest with several VFIO devices (8.1 migrates one).
 MDEV_MIGRATION_LIBVIRT = 8006000
 MDEV_MIGRATION_QEMU = 8002000
-MDEV_MIGRATION_KERNEL = "5.18.0-1-generic"   # VFIO migration's v2 protocol
+MDEV_MIGRATION_KERNEL = "5.18.0-1-generic"  # VFIO migration's v2 protocol
 
 
 class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTestBase):
-    SOURCE_TYPES = DEST_TYPES = "nvidia-468"   # A100-4C
+    SOURCE_TYPES = DEST_TYPES = "nvidia-468"  # A100-4C
 
     def setUp(self):
         super().setUp()
         # Every compute started here, restarts included, has versions that
         # migrate mdevs unless a test says otherwise.
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.tests.fixtures.libvirt.FAKE_LIBVIRT_VERSION", MDEV_MIGRATION_LIBVIRT))
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.tests.fixtures.libvirt.FAKE_QEMU_VERSION", MDEV_MIGRATION_QEMU))
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.tests.fixtures.libvirt.FAKE_LIBVIRT_VERSION", MDEV_MIGRATION_LIBVIRT
+            )
+        )
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.tests.fixtures.libvirt.FAKE_QEMU_VERSION", MDEV_MIGRATION_QEMU
+            )
+        )
         self.set_kernel(MDEV_MIGRATION_KERNEL)
         self.src = self.start_host("src", self.SOURCE_TYPES)
         self.dest = self.start_host("dest", self.DEST_TYPES)
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1"})
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
 
     def set_kernel(self, release):
         """The kernel release both hosts report (nova's fixture fakes it)."""
@@ -54,11 +61,16 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
     def restart_host(self, hostname, **kwargs):
         """Restart a compute service on its own fake host and state."""
         # The computes share one CONF: point [vgpu] back at this host's.
-        self.flags(sysfs_root=os.path.join(self.tmp, hostname, "sys"),
-                   state_dir=os.path.join(self.tmp, hostname, "state"), group="vgpu")
+        self.flags(
+            sysfs_root=os.path.join(self.tmp, hostname, "sys"),
+            state_dir=os.path.join(self.tmp, hostname, "state"),
+            group="vgpu",
+        )
         if kwargs:
-            kwargs.update(keep_hypervisor_state=False, pci_info=fakelibvirt.HostPCIDevicesInfo(
-                num_pci=0, num_pfs=0, num_vfs=0))
+            kwargs.update(
+                keep_hypervisor_state=False,
+                pci_info=fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0),
+            )
         service = self.restart_compute_service(hostname, **kwargs)
         setattr(self, hostname, service)
         return service
@@ -67,8 +79,10 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
         return self.gpu_providers(hostname)[f"{hostname}_pci_{GPU_NAME}"][2]
 
     def claims(self, hostname, instance=None):
-        return [(c.mdev_uuid, c.state)
-                for c in self.computes[hostname].driver.vgpu.journal.claims(instance)]
+        return [
+            (c.mdev_uuid, c.state)
+            for c in self.computes[hostname].driver.vgpu.journal.claims(instance)
+        ]
 
     def sysfs_mdevs(self, hostname):
         return set(self.kernel_mdevs(hostname))
@@ -78,8 +92,7 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
         self.assertEqual(len(self.domain_mdevs(hostname)), self.usage(hostname))
 
     def boot(self):
-        self.server = self._create_server(flavor_id=self.flavor, networks="none",
-                                          host="src")
+        self.server = self._create_server(flavor_id=self.flavor, networks="none", host="src")
         (mdev,) = self.domain_mdevs("src")
         return mdev
 
@@ -89,8 +102,7 @@ class LiveMigrationTests(LiveMigrationTestBase):
         source_mdev = self.boot()
         self._live_migrate(self.server, "completed")
         (dest_mdev,) = self.domain_mdevs("dest")
-        self.assertEqual("dest", self.api.get_server(self.server["id"])[
-            "OS-EXT-SRV-ATTR:host"])
+        self.assertEqual("dest", self.api.get_server(self.server["id"])["OS-EXT-SRV-ATTR:host"])
         self.assertEqual([(dest_mdev, "attached")], self.claims("dest", self.server["id"]))
         self.assertIn(dest_mdev, self.sysfs_mdevs("dest"))
         # The source lets the guest's mdev go: no claim, free for the next guest.
@@ -106,10 +118,11 @@ class ClaimDuringLiveMigrationTests(LiveMigrationTestBase):
     in Placement, and the XML sent over names it."""
 
     def _migrate_stub(self, domain, destination, params, flags):
-        self.seen = (self.claims("dest", self.server["id"]),
-                     (self.usage("src"), self.usage("dest")),
-                     test_vgpu.guest_xml.mdev_uuids(
-                         test_vgpu.guest_xml.parse(params["destination_xml"])))
+        self.seen = (
+            self.claims("dest", self.server["id"]),
+            (self.usage("src"), self.usage("dest")),
+            test_vgpu.guest_xml.mdev_uuids(test_vgpu.guest_xml.parse(params["destination_xml"])),
+        )
         super()._migrate_stub(domain, destination, params, flags)
 
     def test_destination_claim_is_taken_before_the_guest_moves(self):
@@ -130,12 +143,15 @@ class UnsupportedTypeTests(LiveMigrationTestBase):
 
     def test_live_migration_refused_for_a_type_the_destination_does_not_serve(self):
         source_mdev = self.boot()
-        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
-                               self.server, "completed")
+        ex = self.assertRaises(
+            client.OpenStackApiException, self._live_migrate, self.server, "completed"
+        )
         self.assertEqual(500, ex.response.status_code)
         self.assertIn("NoValidHost", str(ex))
-        self.assertIn("source mdev types ['nvidia-468'] are not served by this host",
-                      self.stdlog.logger.output)
+        self.assertIn(
+            "source mdev types ['nvidia-468'] are not served by this host",
+            self.stdlog.logger.output,
+        )
         self.assertEqual([source_mdev], self.domain_mdevs("src"))
         self.assertEqual([], self.claims("dest"))
         self.assertEqual(set(), self.sysfs_mdevs("dest"))
@@ -149,11 +165,14 @@ class KernelGateTests(LiveMigrationTestBase):
     def test_live_migration_refused_on_a_kernel_without_vfio_migration(self):
         source_mdev = self.boot()
         self.set_kernel("5.15.0-91-generic")
-        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
-                               self.server, "completed")
+        ex = self.assertRaises(
+            client.OpenStackApiException, self._live_migrate, self.server, "completed"
+        )
         self.assertIn("NoValidHost", str(ex))
-        self.assertIn("the source host's Linux kernel is 5.15.0, 5.18.0 or later is needed",
-                      self.stdlog.logger.output)
+        self.assertIn(
+            "the source host's Linux kernel is 5.15.0, 5.18.0 or later is needed",
+            self.stdlog.logger.output,
+        )
         self.assertEqual([source_mdev], self.domain_mdevs("src"))
         self.assertEqual([], self.claims("dest"))
         self.assertEqual((1, 0), (self.usage("src"), self.usage("dest")))
@@ -162,8 +181,10 @@ class KernelGateTests(LiveMigrationTestBase):
         self.flags(live_migration_permit_post_copy=True, group="libvirt")
         self.boot()
         self._live_migrate(self.server, "completed")
-        self.assertIn("QEMU refuses to migrate a guest with a vGPU (VFIO device) in "
-                      "post-copy mode", self.stdlog.logger.output)
+        self.assertIn(
+            "QEMU refuses to migrate a guest with a vGPU (VFIO device) in post-copy mode",
+            self.stdlog.logger.output,
+        )
 
 
 class OldHypervisorTests(LiveMigrationTestBase):
@@ -182,8 +203,9 @@ class OldHypervisorTests(LiveMigrationTestBase):
 
     def assert_refused(self, side):
         self.boot()
-        ex = self.assertRaises(client.OpenStackApiException, self._live_migrate,
-                               self.server, "completed")
+        ex = self.assertRaises(
+            client.OpenStackApiException, self._live_migrate, self.server, "completed"
+        )
         self.assertIn("NoValidHost", str(ex))
         self.assertIn(f"for compute service {side} are too old", self.stdlog.logger.output)
         self.assertEqual([], self.claims("dest"))
@@ -195,8 +217,10 @@ class FailedLiveMigrationTests(LiveMigrationTestBase):
     mdev: the rollback drops the claim and removes that mdev, nothing else."""
 
     def _migrate_stub(self, domain, destination, params, flags):
-        self.during = (self.claims("dest", self.server["id"]),
-                       (self.usage("src"), self.usage("dest")))
+        self.during = (
+            self.claims("dest", self.server["id"]),
+            (self.usage("src"), self.usage("dest")),
+        )
         # The periodic update must not free the destination's claim meanwhile.
         self._run_periodics()
         self.during_after_periodics = (self.usage("src"), self.usage("dest"))
@@ -231,7 +255,7 @@ class ForgottenRollbackTests(LiveMigrationTestBase):
         self.flags(claim_grace=0, group="vgpu")
         self._run_periodics()
         self.during = self.claims("dest", self.server["id"])
-        self.dest.driver._rollback_incoming = lambda instance: None   # the lost RPC
+        self.dest.driver._rollback_incoming = lambda instance: None  # the lost RPC
         conn = self.src.driver._host.get_connection()
         conn.lookupByUUIDString(self.server["id"]).fail_job()
         self.migrate_stub_ran = True
@@ -257,11 +281,13 @@ class RestartDuringLiveMigrationTests(LiveMigrationTestBase):
     def _migrate_stub(self, domain, destination, params, flags):
         before = self.claims("dest", self.server["id"])
         self.restart_host("dest")
-        self.after_restart = (before, self.claims("dest", self.server["id"]),
-                              self.sysfs_mdevs("dest"))
+        self.after_restart = (
+            before,
+            self.claims("dest", self.server["id"]),
+            self.sysfs_mdevs("dest"),
+        )
         # A boot on the restarted destination must not get the claimed mdev.
-        self.intruder = self._create_server(flavor_id=self.flavor, networks="none",
-                                            host="dest")
+        self.intruder = self._create_server(flavor_id=self.flavor, networks="none", host="dest")
         self.dest.driver._host.get_connection().createXML(params["destination_xml"], 0)
         conn = self.src.driver._host.get_connection()
         conn.lookupByUUIDString(self.server["id"]).complete_job()
@@ -276,7 +302,7 @@ class RestartDuringLiveMigrationTests(LiveMigrationTestBase):
         self.assertEqual("migrating_in", state)
         self.assertIn(claimed, present)
         self.assertEqual([(claimed, "attached")], self.claims("dest", self.server["id"]))
-        (intruder_mdev, _state), = self.claims("dest", self.intruder["id"])
+        ((intruder_mdev, _state),) = self.claims("dest", self.intruder["id"])
         self.assertNotEqual(claimed, intruder_mdev)
         self.assertEqual(sorted([claimed, intruder_mdev]), sorted(self.domain_mdevs("dest")))
         self.assertEqual((0, 2), (self.usage("src"), self.usage("dest")))

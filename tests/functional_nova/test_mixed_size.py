@@ -49,13 +49,20 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
     def flavor(self, type_id, count):
         gb = SIZES[type_id]
         return self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{count}x{gb}g",
-            extra_spec=size_classes.flavor_spec(inventory.type_traits(type_id, None)[0],
-                                                gb, gb * GB, count, RC))
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name=f"vgpu-{count}x{gb}g",
+            extra_spec=size_classes.flavor_spec(
+                inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
+            ),
+        )
 
     def boot(self, gb, **kwargs):
-        return self._create_server(flavor_id=self.flavors[gb], networks="none",
-                                   host="host1", **kwargs)
+        return self._create_server(
+            flavor_id=self.flavors[gb], networks="none", host="host1", **kwargs
+        )
 
     def board(self):
         """``(total, reserved, largest size that fits, usage)`` of the
@@ -65,56 +72,66 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         inventories = self._get_provider_inventory(rp)
         usages = self._get_provider_usages(rp)
         found = inventories[RC]
-        fits = [int(rc.split("_")[3]) for rc, record in inventories.items()
-                if size_classes.is_size_class(rc)
-                and record["total"] - record["reserved"] - usages.get(rc, 0) > 0]
+        fits = [
+            int(rc.split("_")[3])
+            for rc, record in inventories.items()
+            if size_classes.is_size_class(rc)
+            and record["total"] - record["reserved"] - usages.get(rc, 0) > 0
+        ]
         return found["total"], found["reserved"], max(fits, default=0), usages.get(RC, 0)
 
     def typed_vfs(self):
         """``{VF: type id}`` as sysfs shows them."""
-        return {str(vf.address): f"nvidia-{vf.current_type}"
-                for vf in self.kernels["host1"].list_vendor_vfio() if vf.current_type}
+        return {
+            str(vf.address): f"nvidia-{vf.current_type}"
+            for vf in self.kernels["host1"].list_vendor_vfio()
+            if vf.current_type
+        }
 
     def guest_vfs(self, server):
-        return [c.mdev_uuid for c in
-                self.computes["host1"].driver.vgpu.journal.claims(server["id"])]
+        return [
+            c.mdev_uuid for c in self.computes["host1"].driver.vgpu.journal.claims(server["id"])
+        ]
 
     def test_three_sizes_on_one_board_and_placement_turns_away_the_fourth(self):
         self.assertEqual((48 * GB, 0, 24 * GB, 0), self.board())
         four, twelve, eight = self.boot(4), self.boot(12), self.boot(8)
-        types = {gb: [self.typed_vfs()[vf] for vf in self.guest_vfs(server)]
-                 for gb, server in ((4, four), (12, twelve), (8, eight))}
+        types = {
+            gb: [self.typed_vfs()[vf] for vf in self.guest_vfs(server)]
+            for gb, server in ((4, four), (12, twelve), (8, eight))
+        }
         self.assertEqual({4: ["nvidia-1155"], 12: ["nvidia-1157"], 8: ["nvidia-1156"]}, types)
         # 4 GB at slot 0, 12 GB at 12, 8 GB at 24: no empty half is left for
         # 24 GB, and slots 4-7 fit no configured size.
         kernel = self.kernels["host1"]
-        self.assertEqual(((1155, 0), (1157, 12), (1156, 24)),
-                         kernel.vgpu_locations(L40S))
+        self.assertEqual(((1155, 0), (1157, 12), (1156, 24)), kernel.vgpu_locations(L40S))
         self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
         refused = self.boot(24, expected_state="ERROR")
         self.assertIn("No valid host", refused["fault"]["message"])
         self.assertEqual(3, len(self.typed_vfs()))
 
         self._delete_server(eight)
-        self.assertEqual(16 * GB, self.board()[3])   # exactly its 8 GB freed
-        self.assertEqual(2, len(self.typed_vfs()))   # its VF's type cleared
+        self.assertEqual(16 * GB, self.board()[3])  # exactly its 8 GB freed
+        self.assertEqual(2, len(self.typed_vfs()))  # its VF's type cleared
         self._run_periodics()
         self.assertEqual((48 * GB, 4 * GB, 24 * GB, 16 * GB), self.board())
         twenty_four = self.boot(24)
-        self.assertEqual(["nvidia-1159"],
-                         [self.typed_vfs()[vf] for vf in self.guest_vfs(twenty_four)])
+        self.assertEqual(
+            ["nvidia-1159"], [self.typed_vfs()[vf] for vf in self.guest_vfs(twenty_four)]
+        )
         # 4 GB at 0, 12 GB at 12, 24 GB at 24: only a 4 GB vGPU fits, at 8.
         self.assertEqual((48 * GB, 4 * GB, 4 * GB, 40 * GB), self.board())
         # Each guest's MiB in Placement are the vGPUs it holds here.
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
-
     def test_two_24_gb_vgpus_on_an_empty_board(self):
         """No single vGPU is 48 GB, but one flavor of 2 x 24 GB fits."""
-        server = self._create_server(flavor_id=self.flavor("nvidia-1159", 2),
-                                     networks="none", host="host1")
-        self.assertEqual(["nvidia-1159"] * 2,
-                         [self.typed_vfs()[vf] for vf in self.guest_vfs(server)])
+        server = self._create_server(
+            flavor_id=self.flavor("nvidia-1159", 2), networks="none", host="host1"
+        )
+        self.assertEqual(
+            ["nvidia-1159"] * 2, [self.typed_vfs()[vf] for vf in self.guest_vfs(server)]
+        )
         self.assertEqual((48 * GB, 0, 0, 48 * GB), self.board())
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
@@ -124,18 +141,24 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         Placement, 2 x 4 GB is served there."""
         for _ in range(3):
             self.boot(12)
-        refused = self._create_server(flavor_id=self.flavor("nvidia-1155", 3),
-                                      networks="none", host="host1",
-                                      expected_state="ERROR")
+        refused = self._create_server(
+            flavor_id=self.flavor("nvidia-1155", 3),
+            networks="none",
+            host="host1",
+            expected_state="ERROR",
+        )
         self.assertIn("No valid host", refused["fault"]["message"])
         self.assertEqual(3, len(self.typed_vfs()))
-        served = self._create_server(flavor_id=self.flavor("nvidia-1155", 2),
-                                     networks="none", host="host1")
-        self.assertEqual(["nvidia-1155"] * 2,
-                         [self.typed_vfs()[vf] for vf in self.guest_vfs(served)])
+        served = self._create_server(
+            flavor_id=self.flavor("nvidia-1155", 2), networks="none", host="host1"
+        )
+        self.assertEqual(
+            ["nvidia-1155"] * 2, [self.typed_vfs()[vf] for vf in self.guest_vfs(served)]
+        )
         kernel = self.kernels["host1"]
-        self.assertEqual(((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)),
-                         kernel.vgpu_locations(L40S))
+        self.assertEqual(
+            ((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)), kernel.vgpu_locations(L40S)
+        )
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
     def test_a_restart_gives_allocations_without_a_size_class_theirs(self):
@@ -143,25 +166,30 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         is reserved in its class until nova-compute restarts and reshapes
         its allocation to hold it."""
         old = self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name="vgpu-4g-old",
-            extra_spec={f"resources:{RC}": str(4 * GB),
-                        f"trait:{inventory.type_traits('nvidia-1155', None)[0]}":
-                            "required"})
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name="vgpu-4g-old",
+            extra_spec={
+                f"resources:{RC}": str(4 * GB),
+                f"trait:{inventory.type_traits('nvidia-1155', None)[0]}": "required",
+            },
+        )
         server = self._create_server(flavor_id=old, networks="none", host="host1")
         rp = self._get_provider_uuid_by_name(PROVIDER)
         four = size_classes.class_name(4)
-        self.assertNotIn(four, self._get_allocations_by_server_uuid(server["id"])[rp][
-            "resources"])
+        self.assertNotIn(four, self._get_allocations_by_server_uuid(server["id"])[rp]["resources"])
         self._run_periodics()
         record = self._get_provider_inventory(rp)[four]
         # 8 placements of 4 GB on the board, 1 held: 7 left, the held one
         # reserved since no allocation counts it.
         self.assertEqual((8, 1), (record["total"], record["reserved"]))
         self.restart_compute_service("host1")
-        self.assertEqual(1, self._get_allocations_by_server_uuid(server["id"])[rp][
-            "resources"][four])
-        self.assertIn("Reshaping: 1 allocation(s) on mixed-size boards",
-                      self.stdlog.logger.output)
+        self.assertEqual(
+            1, self._get_allocations_by_server_uuid(server["id"])[rp]["resources"][four]
+        )
+        self.assertIn("Reshaping: 1 allocation(s) on mixed-size boards", self.stdlog.logger.output)
         self.assertEqual(0, self._get_provider_inventory(rp)[four]["reserved"])
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
@@ -178,18 +206,25 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
 
         def refresh_then_bump(client, context, rp_uuid):
             found = real(client, context, rp_uuid)
-            if rp_uuid == rp:     # another writer: a trait of its own, on or off
+            if rp_uuid == rp:  # another writer: a trait of its own, on or off
                 body = placement.get(f"/resource_providers/{rp}/traits", version="1.6").body
                 traits = set(body["traits"]) ^ {OTHERS_TRAIT}
-                placement.put(f"/resource_providers/{rp}/traits", {
-                    "traits": sorted(traits),
-                    "resource_provider_generation": body["resource_provider_generation"]},
-                    version="1.6")
+                placement.put(
+                    f"/resource_providers/{rp}/traits",
+                    {
+                        "traits": sorted(traits),
+                        "resource_provider_generation": body["resource_provider_generation"],
+                    },
+                    version="1.6",
+                )
             return found
 
-        self.useFixture(test_vgpu.fixtures.MonkeyPatch(
-            "nova.scheduler.client.report.SchedulerReportClient._refresh_and_get_inventory",
-            refresh_then_bump))
+        self.useFixture(
+            test_vgpu.fixtures.MonkeyPatch(
+                "nova.scheduler.client.report.SchedulerReportClient._refresh_and_get_inventory",
+                refresh_then_bump,
+            )
+        )
         self.boot(4)
         twelve = self.boot(12)
         eight = self.boot(8)
@@ -208,31 +243,41 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         guest ends in ERROR holding nothing here.  The flavor asks MiB alone
         (made before the size classes, whose inventory would have turned
         the third away in the scheduler): the board is the last check."""
-        twelves = [self.boot(12) for _ in range(4)]     # at slots 0, 12, 24 and 36
+        twelves = [self.boot(12) for _ in range(4)]  # at slots 0, 12, 24 and 36
         self._delete_server(twelves[0])
-        self._delete_server(twelves[2])                 # free: slots 0-11 and 24-35
+        self._delete_server(twelves[2])  # free: slots 0-11 and 24-35
         self._run_periodics()
         self.assertEqual((48 * GB, 0, 12 * GB, 24 * GB), self.board())
         mib_only = self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name="vgpu-8g-mib-only",
-            extra_spec={f"resources:{RC}": str(8 * GB),
-                        f"trait:{inventory.type_traits('nvidia-1156', None)[0]}":
-                            "required"})
-        servers = self.create_servers("eight", mib_only, 3, ends=("ACTIVE", "ERROR"),
-                                      tries=200)
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name="vgpu-8g-mib-only",
+            extra_spec={
+                f"resources:{RC}": str(8 * GB),
+                f"trait:{inventory.type_traits('nvidia-1156', None)[0]}": "required",
+            },
+        )
+        servers = self.create_servers("eight", mib_only, 3, ends=("ACTIVE", "ERROR"), tries=200)
         states = sorted(s["status"] for s in servers)
         self.assertEqual(["ACTIVE", "ACTIVE", "ERROR"], states)
         (refused,) = [s for s in servers if s["status"] == "ERROR"]
         # Refused by the board at claim time, and rescheduled: not by Placement.
-        self.assertIn(f"NoGpuCapacity: Cannot give {refused['id']} 1 x nvidia-1156 on {L40S}",
-                      self.stdlog.logger.output)
-        self.assertIn("Exhausted all hosts available for retrying build failures",
-                      self.api.get_server(refused["id"])["fault"]["message"])
+        self.assertIn(
+            f"NoGpuCapacity: Cannot give {refused['id']} 1 x nvidia-1156 on {L40S}",
+            self.stdlog.logger.output,
+        )
+        self.assertIn(
+            "Exhausted all hosts available for retrying build failures",
+            self.api.get_server(refused["id"])["fault"]["message"],
+        )
         self.assertEqual({}, self._get_allocations_by_server_uuid(refused["id"]))
         self.assertEqual([], self.guest_vfs(refused))
         kernel = self.kernels["host1"]
-        self.assertEqual(((1156, 0), (1157, 12), (1156, 24), (1157, 36)),
-                         kernel.vgpu_locations(L40S))
+        self.assertEqual(
+            ((1156, 0), (1157, 12), (1156, 24), (1157, 36)), kernel.vgpu_locations(L40S)
+        )
         self.assertEqual(40 * GB, self.board()[3])
         self._run_periodics()
         self.assertEqual([], host_audit.audit_of(self, "host1"))
@@ -248,16 +293,18 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         held = [self.guest_domain_vfs(server) for server in servers]
         kernel = self.kernels["host1"]
         kernel.reboot()
-        kernel.set_vfs(L40S, 16)     # the VFs first: the boot unit, by NVIDIA's sriov-manage
+        kernel.set_vfs(L40S, 16)  # the VFs first: the boot unit, by NVIDIA's sriov-manage
         self.assertEqual(({}, False), (self.typed_vfs(), kernel.heterogeneous_mode(L40S)))
         self.restart_compute_service("host1")
         # Then the mode, then the types: written in equal-size mode, the first
         # type would have locked the board to its size and the other failed.
         self.assertTrue(kernel.heterogeneous_mode(L40S))
         self.assertEqual(before, self.typed_vfs())
-        self.assertIn(f"GPU {L40S} switched to mixed-size mode before its vGPUs are restored",
-                      self.stdlog.logger.output)
-        for server, vfs in zip(servers, held, strict=True):     # then the guests
+        self.assertIn(
+            f"GPU {L40S} switched to mixed-size mode before its vGPUs are restored",
+            self.stdlog.logger.output,
+        )
+        for server, vfs in zip(servers, held, strict=True):  # then the guests
             self._reboot_server(server, hard=True)
             self.assertEqual(vfs, self.guest_domain_vfs(server))
         self.assertEqual(16 * GB, self.board()[3])
@@ -272,14 +319,33 @@ BLACKWELL_SIZES = {"nvidia-2007": 24, "nvidia-2008": 32}
 def blackwell_host():
     """A host whose one GPU is the 96 GB Blackwell board under vendor VFIO,
     every type of its family offered."""
-    return {"name": "blackwell-vfio", "nvidia_vgpu_manager": "580.65.05", "gpus": [{
-        "address": L40S, "model": "nvidia-vfio", "vendor": "0x10de", "device": "0x2bb5",
-        "product_name": BLACKWELL.product, "framebuffer_mb": BLACKWELL.framebuffer_gb * GB,
-        "architecture": BLACKWELL.architecture, "heterogeneous_sizes": True,
-        "sriov": {"totalvfs": 16, "numvfs": 16, "offset": 4, "stride": 1},
-        "types": [{"id": f"nvidia-{2000 + n}", "name": t.name, "device_api": "vfio-pci",
-                   "framebuffer_mb": t.framebuffer_gb * GB, "max": t.max_instances}
-                  for n, t in enumerate(BLACKWELL.types)]}]}
+    return {
+        "name": "blackwell-vfio",
+        "nvidia_vgpu_manager": "580.65.05",
+        "gpus": [
+            {
+                "address": L40S,
+                "model": "nvidia-vfio",
+                "vendor": "0x10de",
+                "device": "0x2bb5",
+                "product_name": BLACKWELL.product,
+                "framebuffer_mb": BLACKWELL.framebuffer_gb * GB,
+                "architecture": BLACKWELL.architecture,
+                "heterogeneous_sizes": True,
+                "sriov": {"totalvfs": 16, "numvfs": 16, "offset": 4, "stride": 1},
+                "types": [
+                    {
+                        "id": f"nvidia-{2000 + n}",
+                        "name": t.name,
+                        "device_api": "vfio-pci",
+                        "framebuffer_mb": t.framebuffer_gb * GB,
+                        "max": t.max_instances,
+                    }
+                    for n, t in enumerate(BLACKWELL.types)
+                ],
+            }
+        ],
+    }
 
 
 class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
@@ -301,9 +367,15 @@ class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
     def flavor(self, type_id, count=1):
         gb = BLACKWELL_SIZES[type_id]
         return self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{count}x{gb}g",
-            extra_spec=size_classes.flavor_spec(inventory.type_traits(type_id, None)[0],
-                                                gb, gb * GB, count, RC))
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name=f"vgpu-{count}x{gb}g",
+            extra_spec=size_classes.flavor_spec(
+                inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
+            ),
+        )
 
     def located(self):
         """``((type number, placement ID), ...)`` of the board's vGPUs, as
@@ -312,8 +384,10 @@ class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
 
     def test_a_free_32_gb_region_takes_no_24_gb_vgpu(self):
         thirty_two = self.flavor("nvidia-2008")
-        servers = [self._create_server(flavor_id=thirty_two, networks="none", host="host1")
-                   for _ in range(3)]
+        servers = [
+            self._create_server(flavor_id=thirty_two, networks="none", host="host1")
+            for _ in range(3)
+        ]
         self.assertEqual(((2008, 0), (2008, 32), (2008, 64)), self.located())
         self._delete_server(servers[1])
         self._run_periodics()
@@ -321,10 +395,19 @@ class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # no 24 GB placement (24 and 48 straddle the guests at 0 and 64).
         found = self._get_provider_inventory(self._get_provider_uuid_by_name(PROVIDER))
         twenty_four = found[size_classes.class_name(24)]
-        self.assertEqual((0, 32 * GB), (twenty_four["total"] - twenty_four["reserved"],
-                                        found[RC]["total"] - found[RC]["reserved"] - 64 * GB))
-        refused = self._create_server(flavor_id=self.flavor("nvidia-2007"), networks="none",
-                                      host="host1", expected_state="ERROR")
+        self.assertEqual(
+            (0, 32 * GB),
+            (
+                twenty_four["total"] - twenty_four["reserved"],
+                found[RC]["total"] - found[RC]["reserved"] - 64 * GB,
+            ),
+        )
+        refused = self._create_server(
+            flavor_id=self.flavor("nvidia-2007"),
+            networks="none",
+            host="host1",
+            expected_state="ERROR",
+        )
         self.assertIn("No valid host", refused["fault"]["message"])
         self.assertEqual(((2008, 0), (2008, 64)), self.located())
         self._create_server(flavor_id=thirty_two, networks="none", host="host1")
@@ -348,9 +431,16 @@ class MixedSizeLiveMigrationTests(test_vendor_vfio_live_migration.VendorVfioLive
 
     def mixed_flavor(self, type_id):
         return self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0, name=f"vgpu-{type_id}",
-            extra_spec={f"resources:{RC}": str(SIZES[type_id] * GB),
-                        f"trait:{inventory.type_traits(type_id, None)[0]}": "required"})
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name=f"vgpu-{type_id}",
+            extra_spec={
+                f"resources:{RC}": str(SIZES[type_id] * GB),
+                f"trait:{inventory.type_traits(type_id, None)[0]}": "required",
+            },
+        )
 
     def usage(self, hostname):
         rp = self._get_provider_uuid_by_name(f"{hostname}_pci_0000_c1_00_0")
@@ -358,20 +448,21 @@ class MixedSizeLiveMigrationTests(test_vendor_vfio_live_migration.VendorVfioLive
 
     def test_the_guest_moves_to_a_vf_of_its_type(self):
         self.flavor = self.mixed_flavor("nvidia-1157")
-        resident = self._create_server(flavor_id=self.mixed_flavor("nvidia-1156"),
-                                       networks="none", host="dest")
+        resident = self._create_server(
+            flavor_id=self.mixed_flavor("nvidia-1156"), networks="none", host="dest"
+        )
         (on_source,) = self.boot()
         self.assertEqual({on_source: "nvidia-1157"}, self.typed_vfs("src"))
         self._live_migrate(self.server, "completed")
-        self.assertEqual("dest", self.api.get_server(self.server["id"])[
-            "OS-EXT-SRV-ATTR:host"])
+        self.assertEqual("dest", self.api.get_server(self.server["id"])["OS-EXT-SRV-ATTR:host"])
         (arrived,) = [vf for vf, _state in self.claims("dest", self.server["id"])]
         self.assertEqual("nvidia-1157", self.typed_vfs("dest")[arrived])
         self.assertEqual(2, len(self.typed_vfs("dest")))
         # The source's VF goes with its guest: a mixed-size board keeps no
         # typed VF for reuse.
-        self.assertEqual(({}, 0, 20 * GB), (self.typed_vfs("src"), self.usage("src"),
-                                            self.usage("dest")))
+        self.assertEqual(
+            ({}, 0, 20 * GB), (self.typed_vfs("src"), self.usage("src"), self.usage("dest"))
+        )
         self.assertEqual(1, len(self.claims("dest", resident["id"])))
         self._run_periodics()
         self.assert_audit_clean()

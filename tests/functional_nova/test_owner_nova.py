@@ -37,7 +37,6 @@ NOVA_MARKS_OWNER = NOVA_RELEASE >= 34
 
 
 class OwnerNovaTestMixin:
-
     def spy_owner_filter(self):
         """``[(applied, root_required)]`` of each run of nova's owner filter
         (none on a nova without it)."""
@@ -52,17 +51,24 @@ class OwnerNovaTestMixin:
                 applied = request_filter_fn(ctxt, request_spec)
                 runs.append((applied, set(request_spec.root_required)))
                 return applied
+
             return spy
 
-        self.useFixture(fixtures.MonkeyPatch(
-            "nova.scheduler.request_filter.ALL_REQUEST_FILTERS",
-            [spying(f) for f in request_filter.ALL_REQUEST_FILTERS]))
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "nova.scheduler.request_filter.ALL_REQUEST_FILTERS",
+                [spying(f) for f in request_filter.ALL_REQUEST_FILTERS],
+            )
+        )
         return runs
 
     def assert_marked_as_nova_marks(self, rp_uuid):
         """The provider carries OWNER_NOVA exactly where nova marks its own."""
-        self.assertEqual(NOVA_MARKS_OWNER, OWNER_NOVA in self._get_provider_traits(rp_uuid),
-                         f"nova {NOVA_RELEASE}, provider {rp_uuid}")
+        self.assertEqual(
+            NOVA_MARKS_OWNER,
+            OWNER_NOVA in self._get_provider_traits(rp_uuid),
+            f"nova {NOVA_RELEASE}, provider {rp_uuid}",
+        )
 
     def assert_owner_filter_was_active(self, runs):
         """Every scheduling request of a nova 34 ran the filter, which required
@@ -71,29 +77,32 @@ class OwnerNovaTestMixin:
             self.assertFalse(hasattr(request_filter, "owner_nova_filter"))
             return
         minimum = service_obj.get_minimum_version_all_cells(
-            nova_context.get_admin_context(), ["nova-compute"])
+            nova_context.get_admin_context(), ["nova-compute"]
+        )
         self.assertGreaterEqual(minimum, request_filter.MIN_COMPUTE_VERSION_OWNER_TRAIT)
         self.assertTrue(runs)
-        self.assertEqual([(True, True)] * len(runs),
-                         [(applied, OWNER_NOVA in required) for applied, required in runs])
+        self.assertEqual(
+            [(True, True)] * len(runs),
+            [(applied, OWNER_NOVA in required) for applied, required in runs],
+        )
 
     def vgpu_providers_of(self, server):
         """``{rp uuid: VGPU units}`` of a server's allocations."""
         allocations = self._get_allocations_by_server_uuid(server["id"])
-        return {rp: a["resources"]["VGPU"] for rp, a in allocations.items()
-                if "VGPU" in a["resources"]}
+        return {
+            rp: a["resources"]["VGPU"] for rp, a in allocations.items() if "VGPU" in a["resources"]
+        }
 
 
 class OwnerNovaTests(OwnerNovaTestMixin, test_vgpu.VGPUDriverTestBase):
-    ENABLED_TYPES = "nvidia-231"   # GRID T4-2Q on each of the eight T4
+    ENABLED_TYPES = "nvidia-231"  # GRID T4-2Q on each of the eight T4
 
     def test_vgpu_flavors_land_on_gpu_providers_marked_as_nova_marks_its_own(self):
         runs = self.spy_owner_filter()
         self.start_vgpu_compute("host1", "t4x8")
         root = self.compute_rp_uuids["host1"]
-        self.assert_marked_as_nova_marks(root)        # nova's own compute node
-        gpus = {self._get_provider_uuid_by_name(name): name
-                for name in self.gpu_providers("host1")}
+        self.assert_marked_as_nova_marks(root)  # nova's own compute node
+        gpus = {self._get_provider_uuid_by_name(name): name for name in self.gpu_providers("host1")}
         self.assertEqual(8, len(gpus))
         for rp in gpus:
             self.assert_marked_as_nova_marks(rp)
@@ -102,15 +111,15 @@ class OwnerNovaTests(OwnerNovaTestMixin, test_vgpu.VGPUDriverTestBase):
 
         flavors = {
             "one": {"resources:VGPU": "1"},
-            "two": {"resources1:VGPU": "1", "resources2:VGPU": "1",
-                    "group_policy": "isolate"},
+            "two": {"resources1:VGPU": "1", "resources2:VGPU": "1", "group_policy": "isolate"},
         }
         if NOVA_MARKS_OWNER:
             # Where Cyborg offers vGPUs too, a flavor asks for nova's by owner.
             flavors["nova's"] = {"resources1:VGPU": "1", "trait1:OWNER_NOVA": "required"}
         for name, extra_spec in flavors.items():
-            flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                         extra_spec=extra_spec)
+            flavor = self._create_flavor(
+                memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec=extra_spec
+            )
             server = self._create_server(flavor_id=flavor, networks="none", host="host1")
             self.assertEqual("ACTIVE", server["status"], name)
             on = self.vgpu_providers_of(server)
@@ -135,7 +144,7 @@ class OwnerNovaTakeoverTests(OwnerNovaTestMixin, test_takeover.NovaHostTestBase)
         vfs = self.child_providers()
         self.assertEqual(16, len(vfs))
         for rp in vfs.values():
-            self.assert_marked_as_nova_marks(rp)      # nova's driver marks its own
+            self.assert_marked_as_nova_marks(rp)  # nova's driver marks its own
         before = self._create_server(flavor_id=self.flavor, networks="none", host="host1")
 
         self.switch_to_vgpu_driver()
@@ -154,12 +163,13 @@ class OwnerNovaTakeoverTests(OwnerNovaTestMixin, test_takeover.NovaHostTestBase)
         place, and keep the traits nova and others gave it."""
         runs = self.spy_owner_filter()
         name = "host1_pci_0000_18_00_0"
-        self.start_nova_compute_on("t4x8", "0000:18:00.0", "nvidia-231")   # GRID T4-2Q
+        self.start_nova_compute_on("t4x8", "0000:18:00.0", "nvidia-231")  # GRID T4-2Q
         nova_rp = self._get_provider_uuid_by_name(name)
         self.assert_marked_as_nova_marks(nova_rp)
-        self._create_trait("CUSTOM_OPERATOR_TAG")     # an operator's, on nova's provider
-        self._set_provider_traits(nova_rp, [*self._get_provider_traits(nova_rp),
-                                            "CUSTOM_OPERATOR_TAG"])
+        self._create_trait("CUSTOM_OPERATOR_TAG")  # an operator's, on nova's provider
+        self._set_provider_traits(
+            nova_rp, [*self._get_provider_traits(nova_rp), "CUSTOM_OPERATOR_TAG"]
+        )
         before = self._create_server(flavor_id=self.flavor, networks="none", host="host1")
         self.assertEqual({nova_rp: 1}, self.vgpu_providers_of(before))
 
@@ -171,8 +181,9 @@ class OwnerNovaTakeoverTests(OwnerNovaTestMixin, test_takeover.NovaHostTestBase)
         self.assertIn("CUSTOM_OPERATOR_TAG", traits)
         self.assertIn(placement.OWNER_TRAIT, traits)
         self.assertIn("CUSTOM_VGPU_GRID_T4_2Q", traits)
-        self.assertEqual([(m, "attached") for m in self.domain_mdevs_of(before)],
-                         self.claims_of(before))
+        self.assertEqual(
+            [(m, "attached") for m in self.domain_mdevs_of(before)], self.claims_of(before)
+        )
         after = self._create_server(flavor_id=self.flavor, networks="none", host="host1")
         self.assertEqual({nova_rp: 1}, self.vgpu_providers_of(after))
         self.assertEqual({name: (8, 0, 2)}, self.gpu_providers("host1"))
@@ -187,8 +198,9 @@ class OwnerNovaTakeoverTests(OwnerNovaTestMixin, test_takeover.NovaHostTestBase)
         root = os.path.join(self.tmp, "host1", "sys")
         self.kernel = fakekernel.FakeKernel.build(root, profiles.load(profile))
         self.kernels["host1"] = self.kernel
-        self.flags(sysfs_root=root, state_dir=os.path.join(self.tmp, "host1", "state"),
-                   group="vgpu")
+        self.flags(
+            sysfs_root=root, state_dir=os.path.join(self.tmp, "host1", "state"), group="vgpu"
+        )
         self.flags(compute_driver="libvirt.LibvirtDriver")
         pci_info = fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0)
         device = test_takeover.SysfsVF(self.kernel, gpu, type_id, 40)

@@ -31,8 +31,10 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         """Three guests under nova's driver; nova deletes the last one and
         leaves its mdev created and defined, as nova does."""
         self.start_nova_compute()
-        servers = [self._create_server(flavor_id=self.flavor, networks="none",
-                                       host="host1") for _ in range(3)]
+        servers = [
+            self._create_server(flavor_id=self.flavor, networks="none", host="host1")
+            for _ in range(3)
+        ]
         mdevs = [self.mdev_of(s) for s in servers]
         # nova's own _create_mdev made them: created, defined, autostarted.
         self.assertEqual({m: True for m in mdevs}, self.nodedevs.defined("host1"))
@@ -54,8 +56,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         self._delete_server(gone)
         reconciler = self.computes["host1"].driver.vgpu.reconciler
         self.assertEqual([foreign_mdev], [o.mdev_uuid for o in reconciler.orphans()])
-        self.assertEqual(["removed"], [o.result for o in
-                                       reconciler.reclaim(reconciler.orphans())])
+        self.assertEqual(["removed"], [o.result for o in reconciler.reclaim(reconciler.orphans())])
         self.assertEqual([keep_mdev], list(self.kernel_mdevs("host1")))
         # The next inventory update undefines the removed guest's mdev, so
         # autostart at a host boot cannot bring it back either.
@@ -69,8 +70,7 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertEqual(keep_mdev, self.mdev_of(keep))
         self.assertEqual("ACTIVE", self.api.get_server(keep["id"])["status"])
-        self.assertEqual({test_takeover.GPU_PROVIDER: (10, 0, 1)},
-                         self.gpu_providers("host1"))
+        self.assertEqual({test_takeover.GPU_PROVIDER: (10, 0, 1)}, self.gpu_providers("host1"))
 
     def test_a_claimed_mdev_gone_from_sysfs_is_started_again(self):
         (keep, _other), (keep_mdev, other_mdev, foreign_mdev) = self.boot_under_nova()
@@ -80,8 +80,9 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
         self.restart_compute_service("host1")
 
         # Back with its UUID; the undefined orphan stays only in sysfs.
-        self.assertEqual(sorted([keep_mdev, other_mdev, foreign_mdev]),
-                         sorted(self.kernel_mdevs("host1")))
+        self.assertEqual(
+            sorted([keep_mdev, other_mdev, foreign_mdev]), sorted(self.kernel_mdevs("host1"))
+        )
         self.assertEqual({keep_mdev: True, other_mdev: True}, self.nodedevs.defined("host1"))
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertIn(f"Started defined mdev {keep_mdev}", self.stdlog.logger.output)
@@ -89,13 +90,12 @@ class PersistentMdevTests(test_takeover.NovaHostTestBase):
     def test_a_late_vf_does_not_stop_the_start(self):
         (keep, _other), (keep_mdev, _other_mdev, _foreign) = self.boot_under_nova()
         self.switch_to_vgpu_driver()
-        self.kernel.reboot()   # no mdevs, the A100's VFs not enabled yet
+        self.kernel.reboot()  # no mdevs, the A100's VFs not enabled yet
 
         self.restart_compute_service("host1")
 
         self.assertEqual([], list(self.kernel_mdevs("host1")))
-        self.assertIn(f"Defined mdev {keep_mdev} does not start yet",
-                      self.stdlog.logger.output)
+        self.assertIn(f"Defined mdev {keep_mdev} does not start yet", self.stdlog.logger.output)
         self.assertEqual([(keep_mdev, "attached")], self.claims_of(keep))
         self.assertIn(keep_mdev, self.nodedevs.defined("host1"))
 

@@ -26,8 +26,9 @@ class PowerTestBase(test_vgpu.VGPUDriverTestBase):
         self.ctxt = context.get_admin_context()
         self.configure_types()
         self.start_vgpu_compute("host1", self.PROFILE)
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec=self.FLAVOR_RESOURCES)
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec=self.FLAVOR_RESOURCES
+        )
 
     def configure_types(self):
         """[mdev_<type>] options, set before the compute starts."""
@@ -37,14 +38,14 @@ class PowerTestBase(test_vgpu.VGPUDriverTestBase):
         return self.computes["host1"].driver
 
     def boot(self, name="guest"):
-        server = self._create_server(name=name, flavor_id=self.flavor, networks="none",
-                                     host="host1")
+        server = self._create_server(
+            name=name, flavor_id=self.flavor, networks="none", host="host1"
+        )
         return server, self.server_mdevs(server)
 
     def server_mdevs(self, server):
         guest = self.driver._host.get_guest(self._instance(server))
-        return test_vgpu.guest_xml.mdev_uuids(test_vgpu.guest_xml.parse(
-            guest.get_xml_desc()))
+        return test_vgpu.guest_xml.mdev_uuids(test_vgpu.guest_xml.parse(guest.get_xml_desc()))
 
     def _instance(self, server):
         return objects.Instance.get_by_uuid(self.ctxt, server["id"])
@@ -89,10 +90,14 @@ class HardRebootTests(PowerTestBase):
             real_destroy(driver, *args, **kwargs)
             seen["claims"] = self.claims(server)
             seen["other"] = self.driver.vgpu.allocate(
-                "other-instance", self._allocations(server), self.driver._providers_by_uuid())
+                "other-instance", self._allocations(server), self.driver._providers_by_uuid()
+            )
 
-        self.useFixture(test_vgpu.fixtures.MonkeyPatch(
-            "nova.virt.libvirt.driver.LibvirtDriver.destroy", destroy_then_boot))
+        self.useFixture(
+            test_vgpu.fixtures.MonkeyPatch(
+                "nova.virt.libvirt.driver.LibvirtDriver.destroy", destroy_then_boot
+            )
+        )
         self._reboot_server(server, hard=True)
         self.assertEqual([(mdevs[0], "attached")], seen["claims"])
         self.assertNotIn(mdevs[0], seen["other"])
@@ -122,8 +127,9 @@ class LostTrackTests(PowerTestBase):
         self._reboot_server(server, hard=True)
         again = self.server_mdevs(server)
         self.assertEqual(2, len(again))
-        self.assertEqual({"mtty-2"}, {m.type_id for m in self.kernels["host1"].list_mdevs()
-                                      if m.uuid in again})
+        self.assertEqual(
+            {"mtty-2"}, {m.type_id for m in self.kernels["host1"].list_mdevs() if m.uuid in again}
+        )
         self.assertEqual(sorted((m, "attached") for m in again), self.claims(server))
         usage = self._get_provider_usages(self._gpu_provider())
         self.assertEqual(2, usage["CUSTOM_SERIAL"])

@@ -29,24 +29,29 @@ class ReplayedCasesTest(soak.SoakTestBase):
         ERROR with no domain and its allocation kept; a stop makes it SHUTOFF,
         still domainless.  That allocation is nova's until the start defines
         the domain again, with a vGPU of the flavor's type."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
-            soak.Op("stop", server="soak-1"),
-            soak.Op("start", server="soak-1"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
+                soak.Op("stop", server="soak-1"),
+                soak.Op("start", server="soak-1"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
         outcomes = [line.split(" -> ")[1] for line in result.log]
-        self.assertEqual(["done", "refused: HTTP 500", "done", "done", "done"], outcomes,
-                         result.log)
+        self.assertEqual(
+            ["done", "refused: HTTP 500", "done", "done", "done"], outcomes, result.log
+        )
         # Placement counted the kept allocation while no domain was there:
         # nova's, from the interrupted delete through the stop, and not after
         # the start (whose guest the per-operation checks found whole).
-        leaks = {(v.category, v.subject): (v.first_op, v.last_op)
-                 for v in result.nova_leaks.values()}
-        self.assertEqual({("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 3)},
-                         leaks, result.report())
+        leaks = {
+            (v.category, v.subject): (v.first_op, v.last_op) for v in result.nova_leaks.values()
+        }
+        self.assertEqual(
+            {("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 3)}, leaks, result.report()
+        )
 
     def test_a_claim_on_a_compute_restarted_in_an_outage_is_nova_s_error(self):
         """A compute started while Placement answers 503 has no provider tree
@@ -54,22 +59,29 @@ class ReplayedCasesTest(soak.SoakTestBase):
         unshelve there fails in nova's own claim (AttributeError in
         _claim_resources, no frame of ours), which the 10,000-operation run
         of seed 20261124 met at op 7142.  Reported as nova's, not counted."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("shelve", server="soak-1"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="dest")),
-            soak.Op("unshelve", server="soak-1", host="dest"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op("shelve", server="soak-1"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="dest")),
+                soak.Op("unshelve", server="soak-1", host="dest"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual("nova error: resource-tracker-without-provider-tree",
-                         result.log[-1].split(" -> ")[1], result.log)
-        self.assertIn(("nova-error:resource-tracker-without-provider-tree", "unshelve"),
-                      {(v.category, v.subject) for v in result.nova_leaks.values()})
+        self.assertEqual(
+            "nova error: resource-tracker-without-provider-tree",
+            result.log[-1].split(" -> ")[1],
+            result.log,
+        )
+        self.assertIn(
+            ("nova-error:resource-tracker-without-provider-tree", "unshelve"),
+            {(v.category, v.subject) for v in result.nova_leaks.values()},
+        )
         # The traceback is nova's alone.
         log = self.stdlog.logger.output
         at = log.find("in _claim_resources")
-        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at) : at])
 
     def test_a_build_on_a_compute_restarted_in_an_outage_is_nova_s_error(self):
         """The same missing provider tree fails a build there: nova's
@@ -78,20 +90,24 @@ class ReplayedCasesTest(soak.SoakTestBase):
         10,000-operation run of seed 20261124 met at op 6918.  Reported as
         nova's, not counted; once a periodic update has run, a boot there
         works."""
-        result = self.run_script([
-            soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="src")),
-            soak.Op("boot", flavor="t4x1", host="src"),
-            soak.Op("periodic_update"),
-            soak.Op("boot", flavor="t4x1", host="src"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("fault_placement_5xx", inner=soak.Op("restart_compute", host="src")),
+                soak.Op("boot", flavor="t4x1", host="src"),
+                soak.Op("periodic_update"),
+                soak.Op("boot", flavor="t4x1", host="src"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done", "done", "nova error: resource-tracker-without-provider-tree",
-                          "done", "done"],
-                         [line.split(" -> ")[1] for line in result.log], result.log)
+        self.assertEqual(
+            ["done", "done", "nova error: resource-tracker-without-provider-tree", "done", "done"],
+            [line.split(" -> ")[1] for line in result.log],
+            result.log,
+        )
         log = self.stdlog.logger.output
         at = log.find("in _claim_resources")
-        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at) : at])
 
     def test_a_nova_error_after_the_log_capture_was_emptied_is_still_nova_s(self):
         """A long run empties nova's log capture every 100 operations.  The
@@ -110,8 +126,11 @@ class ReplayedCasesTest(soak.SoakTestBase):
         for result in first, second:
             print(result.report(), file=sys.stderr)
             self.assertEqual({}, result.violations, result.report())
-            self.assertEqual("nova error: resource-tracker-without-provider-tree",
-                             result.log[-1].split(" -> ")[1], result.log)
+            self.assertEqual(
+                "nova error: resource-tracker-without-provider-tree",
+                result.log[-1].split(" -> ")[1],
+                result.log,
+            )
 
     def test_a_guest_back_before_its_old_vgpu_is_gone_gets_another(self):
         """A guest live-migrated away while its vGPU was held open (its
@@ -119,61 +138,76 @@ class ReplayedCasesTest(soak.SoakTestBase):
         allocation there reused its own releasing claim, and once the
         kernel let go the guest's domain named a vGPU that was gone (the
         10,000-operation run of seed 20261124 on 42c6e2d, op 9418)."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="src"),
-            soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=4),
-            soak.Op("live_migrate", server="soak-1"),
-            soak.Op("cold_migrate", server="soak-1"),
-            soak.Op("periodic_update"),
-            soak.Op("periodic_update"),
-            soak.Op("confirm_resize", server="soak-1"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="src"),
+                soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=4),
+                soak.Op("live_migrate", server="soak-1"),
+                soak.Op("cold_migrate", server="soak-1"),
+                soak.Op("periodic_update"),
+                soak.Op("periodic_update"),
+                soak.Op("confirm_resize", server="soak-1"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
-        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
-                         result.log)
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log], result.log)
         self.assertEqual({}, result.violations, result.report())
 
     def test_what_a_revert_in_an_outage_leaves_goes_at_the_next_periodic(self):
         """A revert that Placement's 503s interrupt leaves the source's
         domain and claim (nothing reached the source); the next periodic
         update lets them go, so they are not counted."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="src"),
-            soak.Op("resize", server="soak-1", flavor="a100x1"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="src"),
+                soak.Op("resize", server="soak-1", flavor="a100x1"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done", "done", "refused: HTTP 500", "done"],
-                         [line.split(" -> ")[1] for line in result.log], result.log)
+        self.assertEqual(
+            ["done", "done", "refused: HTTP 500", "done"],
+            [line.split(" -> ")[1] for line in result.log],
+            result.log,
+        )
         # What stays is nova's: the errored migration's unit on the source,
         # after the server and (with it) its migrations were deleted.
-        self.assertIn(("nova-leak:left-allocation", "src src_pci_0000_18_00_0"),
-                      {(v.category, v.subject) for v in result.nova_leaks.values()})
+        self.assertIn(
+            ("nova-leak:left-allocation", "src src_pci_0000_18_00_0"),
+            {(v.category, v.subject) for v in result.nova_leaks.values()},
+        )
 
     def test_a_domainless_server_resized_away_leaves_nova_s_unit_behind(self):
         """Resized while nova had left it without a domain, the server gets
         one on the other host, and nova moves the kept allocation to the
         migration, on the source where no domain held it: still nova's,
         until the confirmation lets it go."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
-            soak.Op("stop", server="soak-1"),
-            soak.Op("resize", server="soak-1", flavor="a100x1"),
-            # Another guest on that GPU: the mismatch's numbers change, so it
-            # is explained again, now by the migration.
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("confirm_resize", server="soak-1"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
+                soak.Op("stop", server="soak-1"),
+                soak.Op("resize", server="soak-1", flavor="a100x1"),
+                # Another guest on that GPU: the mismatch's numbers change, so it
+                # is explained again, now by the migration.
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op("confirm_resize", server="soak-1"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done", "refused: HTTP 500"] + ["done"] * 5,
-                         [line.split(" -> ")[1] for line in result.log], result.log)
-        leaks = {(v.category, v.subject): (v.first_op, v.last_op)
-                 for v in result.nova_leaks.values()}
-        self.assertEqual({("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 5)},
-                         leaks, result.report())
+        self.assertEqual(
+            ["done", "refused: HTTP 500"] + ["done"] * 5,
+            [line.split(" -> ")[1] for line in result.log],
+            result.log,
+        )
+        leaks = {
+            (v.category, v.subject): (v.first_op, v.last_op) for v in result.nova_leaks.values()
+        }
+        self.assertEqual(
+            {("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"): (2, 5)}, leaks, result.report()
+        )
 
     def test_a_guest_back_where_its_old_vgpu_is_still_going_holds_only_its_new_one(self):
         """A resize away whose confirmation finds the source's vGPU still
@@ -183,20 +217,20 @@ class ReplayedCasesTest(soak.SoakTestBase):
         longer counted it (the 10,000-operation run of seed 20261124, ops
         9684-9698).  Only the new vGPU is attached now; the old one goes
         once the kernel lets it."""
-        result = self.run_script([
-            soak.Op("boot", flavor="a100x1", host="src"),
-            soak.Op("resize", server="soak-1", flavor="t4x1"),
-            soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=3),
-            soak.Op("confirm_resize", server="soak-1"),
-            soak.Op("live_migrate", server="soak-1"),
-            soak.Op("periodic_update"),
-            soak.Op("periodic_update"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="a100x1", host="src"),
+                soak.Op("resize", server="soak-1", flavor="t4x1"),
+                soak.Op("fault_hold_vgpu", host="src", server="soak-1", hold_ops=3),
+                soak.Op("confirm_resize", server="soak-1"),
+                soak.Op("live_migrate", server="soak-1"),
+                soak.Op("periodic_update"),
+                soak.Op("periodic_update"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
-        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
-                         result.log)
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log], result.log)
         self.assertEqual({}, result.violations, result.report())
-
 
     def test_a_shelve_of_a_server_nova_left_without_a_domain_is_nova_s_error(self):
         """nova's shelve snapshots the guest's domain; of a server nova left
@@ -204,19 +238,24 @@ class ReplayedCasesTest(soak.SoakTestBase):
         in nova's own code (InstanceNotRunning from the snapshot), which the
         10,000-operation run of seed 20261124 met at op 9293.  Reported as
         nova's, not counted."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
-            soak.Op("stop", server="soak-1"),
-            soak.Op("shelve", server="soak-1"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("delete", server="soak-1")),
+                soak.Op("stop", server="soak-1"),
+                soak.Op("shelve", server="soak-1"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual("nova error: snapshot-of-a-domainless-server",
-                         result.log[-1].split(" -> ")[1], result.log)
+        self.assertEqual(
+            "nova error: snapshot-of-a-domainless-server",
+            result.log[-1].split(" -> ")[1],
+            result.log,
+        )
         log = self.stdlog.logger.output
         at = log.find("raise exception.InstanceNotRunning")
-        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at):at])
+        self.assertNotIn("vgpu_driver", log[log.rfind("Traceback", 0, at) : at])
 
     def test_an_unshelve_after_a_revert_in_an_outage_gets_no_vgpu_of_another_flavor(self):
         """A revert that Placement's 503s interrupt leaves the server on its
@@ -224,20 +263,26 @@ class ReplayedCasesTest(soak.SoakTestBase):
         server's request spec; an unshelve then schedules for the old flavor
         (the 10,000-operation prelude of seed 20261125 on 05fb86f, op 1370).
         The driver defines no guest with vGPUs its flavor does not ask for."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="src"),
-            soak.Op("resize", server="soak-1", flavor="a100x2"),
-            soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
-            soak.Op("stop", server="soak-1"),
-            soak.Op("start", server="soak-1"),
-            soak.Op("shelve", server="soak-1"),
-            soak.Op("unshelve", server="soak-1", host="dest"),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="src"),
+                soak.Op("resize", server="soak-1", flavor="a100x2"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
+                soak.Op("stop", server="soak-1"),
+                soak.Op("start", server="soak-1"),
+                soak.Op("shelve", server="soak-1"),
+                soak.Op("unshelve", server="soak-1", host="dest"),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done", "done", "refused: HTTP 500"] + ["done"] * 4
-                         + ["nova error: request-spec-of-another-flavor"],
-                         [line.split(" -> ")[1] for line in result.log], result.log)
+        self.assertEqual(
+            ["done", "done", "refused: HTTP 500"]
+            + ["done"] * 4
+            + ["nova error: request-spec-of-another-flavor"],
+            [line.split(" -> ")[1] for line in result.log],
+            result.log,
+        )
 
     def test_a_killed_finish_leaves_a_state_the_operator_recovers(self):
         """nova-compute killed in the define of a resize's finish on the
@@ -250,23 +295,27 @@ class ReplayedCasesTest(soak.SoakTestBase):
         unfinished, and its allocation of the source's vGPU, which the
         guest's old domain kept until the delete, is nova's after it."""
         kill = "fault_killed_in_define"
-        result = self.run_script([
-            soak.Op("boot", flavor="a100x1", host="src"),
-            soak.Op(kill, server="soak-1",
-                    inner=soak.Op("resize", server="soak-1", flavor="t4x1")),
-            soak.Op("boot", flavor="t4x1", host="src"),
-            soak.Op("resize", server="soak-2", flavor="a100x1"),
-            soak.Op("revert_resize", server="soak-2"),
-            soak.Op("resize", server="soak-2", flavor="a100x1"),
-            soak.Op(kill, server="soak-2", inner=soak.Op("revert_resize", server="soak-2")),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="a100x1", host="src"),
+                soak.Op(
+                    kill, server="soak-1", inner=soak.Op("resize", server="soak-1", flavor="t4x1")
+                ),
+                soak.Op("boot", flavor="t4x1", host="src"),
+                soak.Op("resize", server="soak-2", flavor="a100x1"),
+                soak.Op("revert_resize", server="soak-2"),
+                soak.Op("resize", server="soak-2", flavor="a100x1"),
+                soak.Op(kill, server="soak-2", inner=soak.Op("revert_resize", server="soak-2")),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log],
-                         result.log)
+        self.assertEqual(["done"] * 7, [line.split(" -> ")[1] for line in result.log], result.log)
         self.assertEqual({"fault_killed_in_define": 2}, dict(result.faults))
-        self.assertIn(("nova-leak:left-allocation", "src src_pci_0000_41_00_0"),
-                      {(v.category, v.subject) for v in result.nova_leaks.values()})
+        self.assertIn(
+            ("nova-leak:left-allocation", "src src_pci_0000_41_00_0"),
+            {(v.category, v.subject) for v in result.nova_leaks.values()},
+        )
 
     def test_a_server_deleted_offloaded_after_a_kill_in_its_unshelve_leaves_no_vgpu(self):
         """nova-compute killed in the define of an unshelve leaves the
@@ -275,15 +324,22 @@ class ReplayedCasesTest(soak.SoakTestBase):
         10,000-operation run of seed 20261126, op 288).  The host
         reconciler drops the claim nobody came for, and its vGPU with it:
         at the end nothing is left."""
-        result = self.run_script([
-            soak.Op("boot", flavor="t4x1", host="dest"),
-            soak.Op("fault_killed_in_define", server="soak-1",
-                    inner=soak.Op("hard_reboot", server="soak-1")),
-            soak.Op("shelve", server="soak-1"),
-            soak.Op("fault_killed_in_define", server="soak-1",
-                    inner=soak.Op("unshelve", server="soak-1")),
-        ])
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x1", host="dest"),
+                soak.Op(
+                    "fault_killed_in_define",
+                    server="soak-1",
+                    inner=soak.Op("hard_reboot", server="soak-1"),
+                ),
+                soak.Op("shelve", server="soak-1"),
+                soak.Op(
+                    "fault_killed_in_define",
+                    server="soak-1",
+                    inner=soak.Op("unshelve", server="soak-1"),
+                ),
+            ]
+        )
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
-        self.assertEqual(["done"] * 4, [line.split(" -> ")[1] for line in result.log],
-                         result.log)
+        self.assertEqual(["done"] * 4, [line.split(" -> ")[1] for line in result.log], result.log)

@@ -26,13 +26,19 @@ class StoppedLongRunTest(unittest.TestCase):
     def test_sigterm_stops_after_the_operation_in_progress_and_reports(self):
         proc = subprocess.Popen(
             [sys.executable, BENCH, "--ops", "1000", "--seed", "4242"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, VGPU_SOAK_TRACE="1"), start_new_session=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, VGPU_SOAK_TRACE="1"),
+            start_new_session=True,
+        )
         self.addCleanup(_kill_group, proc)
         out, err = _Reader(proc.stdout), _Reader(proc.stderr)
         if not err.wait_for_op(WAIT_FOR_OPS, TIMEOUT):
-            self.fail(f"no operation {WAIT_FOR_OPS} within {TIMEOUT} s (exit "
-                      f"{proc.poll()}): {err.text()[-4000:]}")
+            self.fail(
+                f"no operation {WAIT_FOR_OPS} within {TIMEOUT} s (exit "
+                f"{proc.poll()}): {err.text()[-4000:]}"
+            )
         # One operator action often sends two (pkill -f matching both the
         # run and the timeout around it, which forwards its own).
         proc.send_signal(signal.SIGTERM)
@@ -75,7 +81,7 @@ class _Reader:
                 self._op = int(traced.group(1)) if traced else self._op
                 self._changed.notify_all()
         with self._changed:
-            self._op = None         # the end: nothing more will come
+            self._op = None  # the end: nothing more will come
             self._changed.notify_all()
 
     def wait_for_op(self, op, timeout):

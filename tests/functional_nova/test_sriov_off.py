@@ -5,8 +5,10 @@ are enabled."""
 from tests.functional_nova import test_vgpu
 
 A100 = "0000:41:00.0"
-WARNING = (f"GPU {A100} is configured but gets no provider: SR-IOV is off: run "
-           f"vgpu-manage sriov enable {A100}")
+WARNING = (
+    f"GPU {A100} is configured but gets no provider: SR-IOV is off: run "
+    f"vgpu-manage sriov enable {A100}"
+)
 
 
 class SriovOffTest(test_vgpu.VGPUDriverTestBase):
@@ -19,6 +21,5 @@ class SriovOffTest(test_vgpu.VGPUDriverTestBase):
         self.assertEqual(1, self.stdlog.logger.output.count(WARNING))
         self.kernels["host1"].set_vfs(A100, 16)
         self._run_periodics(raise_on_error=True)
-        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)}, self.gpu_providers("host1"))
         self.assertEqual(1, self.stdlog.logger.output.count(WARNING))

@@ -23,8 +23,9 @@ class VanishedGpuTests(test_vgpu.VGPUDriverTestBase):
         super().setUp()
         self.flags(device_addresses=list(GPUS), group="mdev_nvidia-231")
         self.start_vgpu_compute("host1", "t4x8")
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1"})
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
 
     def test_unused_provider_goes_and_a_held_one_stays_reserved(self):
         server = self._create_server(flavor_id=self.flavor, networks="none", host="host1")

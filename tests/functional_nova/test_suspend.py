@@ -46,14 +46,23 @@ class LiveMdevHotplug(fixtures.Fixture):
         super().__init__()
         self.host_mdevs = host_mdevs
         self.per_host = per_host
-        self.saved_images = {}   # domain name -> mdevs hidden when it was saved
+        self.saved_images = {}  # domain name -> mdevs hidden when it was saved
 
     def _setUp(self):
-        for name in ("detachDevice", "attachDevice", "XMLDesc", "managedSave",
-                     "managedSaveRemove", "createWithFlags"):
-            self.useFixture(fixtures.MonkeyPatch(
-                f"{Domain.__module__}.Domain.{name}",
-                getattr(self, f"_{name}")(getattr(Domain, name))))
+        for name in (
+            "detachDevice",
+            "attachDevice",
+            "XMLDesc",
+            "managedSave",
+            "managedSaveRemove",
+            "createWithFlags",
+        ):
+            self.useFixture(
+                fixtures.MonkeyPatch(
+                    f"{Domain.__module__}.Domain.{name}",
+                    getattr(self, f"_{name}")(getattr(Domain, name)),
+                )
+            )
 
     @staticmethod
     def _hidden(dom):
@@ -66,6 +75,7 @@ class LiveMdevHotplug(fixtures.Fixture):
                 return real(dom, xml)
             self._hidden(dom).add(uuid)
             return True
+
         return detach
 
     def _attachDevice(self, real):
@@ -73,40 +83,52 @@ class LiveMdevHotplug(fixtures.Fixture):
             uuid = _mdev_uuid(xml)
             if uuid is None:
                 return real(dom, xml)
-            if uuid not in (self.host_mdevs(dom._connection.getHostname()) if self.per_host
-                            else self.host_mdevs()):
+            if uuid not in (
+                self.host_mdevs(dom._connection.getHostname())
+                if self.per_host
+                else self.host_mdevs()
+            ):
                 raise fakelibvirt.make_libvirtError(
-                    fakelibvirt.libvirtError, f"mediated device '{uuid}' not found",
+                    fakelibvirt.libvirtError,
+                    f"mediated device '{uuid}' not found",
                     error_code=fakelibvirt.VIR_ERR_DEVICE_MISSING,
-                    error_domain=fakelibvirt.VIR_FROM_DOMAIN)
+                    error_domain=fakelibvirt.VIR_FROM_DOMAIN,
+                )
             self._hidden(dom).discard(uuid)
             return True
+
         return attach
 
     def _XMLDesc(self, real):
         def describe(dom, flags):
             tree = etree.fromstring(real(dom, flags))
             # A saved domain is shut off (the fake still calls it active).
-            live = (dom.isActive() and dom.name() not in self.saved_images
-                    and not flags & fakelibvirt.VIR_DOMAIN_XML_INACTIVE)
+            live = (
+                dom.isActive()
+                and dom.name() not in self.saved_images
+                and not flags & fakelibvirt.VIR_DOMAIN_XML_INACTIVE
+            )
             hidden = self._hidden(dom) if live else set()
             for hostdev in tree.findall("./devices/hostdev[@type='mdev']"):
                 hostdev.set("managed", hostdev.get("managed", "no"))  # libvirt always says
                 if hostdev.find("./source/address").get("uuid") in hidden:
                     hostdev.getparent().remove(hostdev)
             return etree.tostring(tree, encoding="unicode")
+
         return describe
 
     def _managedSave(self, real):
         def save(dom, flags):
             self.saved_images[dom.name()] = set(self._hidden(dom))
             return real(dom, flags)
+
         return save
 
     def _managedSaveRemove(self, real):
         def remove(dom, flags=0):
             self.saved_images.pop(dom.name(), None)
             return real(dom, flags)
+
         return remove
 
     def _createWithFlags(self, real):
@@ -115,6 +137,7 @@ class LiveMdevHotplug(fixtures.Fixture):
             self._hidden(dom).clear()
             self._hidden(dom).update(hidden)
             return real(dom, flags)
+
         return start
 
 
@@ -126,7 +149,8 @@ class SuspendTests(test_power.PowerTestBase):
     def running_xml_mdevs(self, server):
         guest = self.driver._host.get_guest(self._instance(server))
         return test_power.test_vgpu.guest_xml.mdev_uuids(
-            test_power.test_vgpu.guest_xml.parse(guest._domain.XMLDesc(0)))
+            test_power.test_vgpu.guest_xml.parse(guest._domain.XMLDesc(0))
+        )
 
     def test_suspend_and_resume_keep_the_mdev(self):
         server, mdevs = self.boot()

@@ -44,14 +44,24 @@ class SysfsVF(fakelibvirt.FakePCIDevice):
         self.vf = address
         self.type_id = type_id
         pci = names.parse_pci_address(address)
-        super().__init__("MDEV_TYPES", pci.bus, pci.slot, pci.function, iommu_group, 0,
-                         prod_id="20F1", prod_name="GA100 [A100 PCIe 40GB]")
+        super().__init__(
+            "MDEV_TYPES",
+            pci.bus,
+            pci.slot,
+            pci.function,
+            iommu_group,
+            0,
+            prod_id="20F1",
+            prod_name="GA100 [A100 PCIe 40GB]",
+        )
 
     def XMLDesc(self, flags):
         available = self.kernel.available_instances(self.vf, self.type_id)
-        block = (f"<type id='{self.type_id}'><name>NVIDIA A100-4C</name>"
-                 f"<deviceAPI>vfio-pci</deviceAPI>"
-                 f"<availableInstances>{available}</availableInstances></type>")
+        block = (
+            f"<type id='{self.type_id}'><name>NVIDIA A100-4C</name>"
+            f"<deviceAPI>vfio-pci</deviceAPI>"
+            f"<availableInstances>{available}</availableInstances></type>"
+        )
         return self._TYPES_RE.sub(block, self.pci_device)
 
 
@@ -63,13 +73,17 @@ class NovaHostTestBase(test_vgpu.VGPUDriverTestBase):
     def setUp(self):
         super().setUp()
         self.kernel = None
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1"})
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
         # Two vGPUs: on nova's per-VF providers (total 1 each) two groups.
         self.two_flavor = self._create_flavor(
-            memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-            extra_spec={"resources1:VGPU": "1", "resources2:VGPU": "1",
-                        "group_policy": "isolate"})
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources1:VGPU": "1", "resources2:VGPU": "1", "group_policy": "isolate"},
+        )
 
     # -- the host under nova's own driver --------------------------------------------------
 
@@ -77,8 +91,9 @@ class NovaHostTestBase(test_vgpu.VGPUDriverTestBase):
         root = os.path.join(self.tmp, "host1", "sys")
         self.kernel = fakekernel.FakeKernel.build(root, profiles.load("a100-sriov"))
         self.kernels["host1"] = self.kernel
-        self.flags(sysfs_root=root, state_dir=os.path.join(self.tmp, "host1", "state"),
-                   group="vgpu")
+        self.flags(
+            sysfs_root=root, state_dir=os.path.join(self.tmp, "host1", "state"), group="vgpu"
+        )
         self.flags(compute_driver="libvirt.LibvirtDriver")
         pci_info = fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0)
         for group, parent in enumerate(self.kernel.list_parents(), start=40):
@@ -114,12 +129,12 @@ class NovaHostTestBase(test_vgpu.VGPUDriverTestBase):
     def vgpu_allocation(self, server):
         """``{rp uuid: VGPU units}`` of a server."""
         allocations = self._get_allocations_by_server_uuid(server["id"])
-        return {rp: a["resources"]["VGPU"] for rp, a in allocations.items()
-                if "VGPU" in a["resources"]}
+        return {
+            rp: a["resources"]["VGPU"] for rp, a in allocations.items() if "VGPU" in a["resources"]
+        }
 
 
 class TakeoverTests(NovaHostTestBase):
-
     def test_guests_move_to_the_gpu_provider_and_keep_their_mdevs(self):
         self.start_nova_compute()
         one = self._create_server(flavor_id=self.flavor, networks="none", host="host1")
@@ -132,15 +147,20 @@ class TakeoverTests(NovaHostTestBase):
         self.assertNotIn(GPU_PROVIDER, before)
         vf_of = {uuid: name for name, uuid in before.items()}
         self.assertEqual([1, 1, 2], [sum(self.vgpu_allocation(s).values()) for s in servers])
-        self.assertTrue(all(vf_of[rp] != GPU_PROVIDER for s in servers
-                            for rp in self.vgpu_allocation(s)))
+        self.assertTrue(
+            all(vf_of[rp] != GPU_PROVIDER for s in servers for rp in self.vgpu_allocation(s))
+        )
         mdevs = {s["id"]: self.domain_mdevs_of(s) for s in servers}
         two_mdevs = 2 if NOVA_MDEVS_PER_PROVIDER else 1
         self.assertEqual([1, 1, two_mdevs], [len(mdevs[s["id"]]) for s in servers])
-        self.assertEqual(sorted(m for ms in mdevs.values() for m in ms),
-                         [m.uuid for m in self.kernel.list_mdevs()])
-        root_before = {s["id"]: self._get_allocations_by_server_uuid(s["id"])[
-            self.compute_rp_uuids["host1"]] for s in servers}
+        self.assertEqual(
+            sorted(m for ms in mdevs.values() for m in ms),
+            [m.uuid for m in self.kernel.list_mdevs()],
+        )
+        root_before = {
+            s["id"]: self._get_allocations_by_server_uuid(s["id"])[self.compute_rp_uuids["host1"]]
+            for s in servers
+        }
 
         self.switch_to_vgpu_driver()
 
@@ -149,9 +169,11 @@ class TakeoverTests(NovaHostTestBase):
         self.assertIn("Requesting a reshape to take over providers", log)
         self.assertEqual(1, log.count('"POST /placement/reshaper" status: 204'))
         # An older nova's two-vGPU guest: its allocation moves as it is, said.
-        self.assertEqual(not NOVA_MDEVS_PER_PROVIDER,
-                         f"Consumer {two['id']} had 2 unit(s) allocated on GPU 0000:41:00.0's "
-                         "old providers but holds 1 mdev(s) of it here" in log)
+        self.assertEqual(
+            not NOVA_MDEVS_PER_PROVIDER,
+            f"Consumer {two['id']} had 2 unit(s) allocated on GPU 0000:41:00.0's "
+            "old providers but holds 1 mdev(s) of it here" in log,
+        )
         providers = self.child_providers()
         self.assertEqual([GPU_PROVIDER], list(providers))
         for old in before.values():
@@ -162,12 +184,10 @@ class TakeoverTests(NovaHostTestBase):
         for server, units in zip(servers, (1, 1, 2), strict=True):
             self.assertEqual({gpu_rp: units}, self.vgpu_allocation(server))
             allocations = self._get_allocations_by_server_uuid(server["id"])
-            self.assertEqual(root_before[server["id"]]["resources"],
-                             allocations[root]["resources"])
+            self.assertEqual(root_before[server["id"]]["resources"], allocations[root]["resources"])
             self.assertEqual("ACTIVE", self.api.get_server(server["id"])["status"])
             self.assertEqual(mdevs[server["id"]], self.domain_mdevs_of(server))
-            self.assertEqual([(m, "attached") for m in mdevs[server["id"]]],
-                             self.claims_of(server))
+            self.assertEqual([(m, "attached") for m in mdevs[server["id"]]], self.claims_of(server))
             claims = self.computes["host1"].driver.vgpu.journal.claims(server["id"])
             self.assertEqual({"0000:41:00.0"}, {c.gpu for c in claims})
 
@@ -181,9 +201,10 @@ class TakeoverTests(NovaHostTestBase):
         self._delete_server(two)
         self.assertEqual({GPU_PROVIDER: (10, 0, 3)}, self.gpu_providers("host1"))
         self.assertEqual([], self.claims_of(two))
-        self.assertEqual(sorted([*mdevs[one["id"]], *mdevs[other["id"]], new_mdev]),
-                         sorted(c.mdev_uuid for c in
-                                self.computes["host1"].driver.vgpu.journal.claims()))
+        self.assertEqual(
+            sorted([*mdevs[one["id"]], *mdevs[other["id"]], new_mdev]),
+            sorted(c.mdev_uuid for c in self.computes["host1"].driver.vgpu.journal.claims()),
+        )
 
     def test_a_host_without_guests_is_taken_over_too(self):
         self.start_nova_compute()
@@ -203,5 +224,6 @@ class TakeoverTests(NovaHostTestBase):
         self.assertEqual(1, self.stdlog.logger.output.count("POST /placement/reshaper"))
         self.assertEqual({GPU_PROVIDER: gpu_rp}, self.child_providers())
         self.assertEqual({GPU_PROVIDER: (10, 0, 1)}, self.gpu_providers("host1"))
-        self.assertEqual([(m, "attached") for m in self.domain_mdevs_of(server)],
-                         self.claims_of(server))
+        self.assertEqual(
+            [(m, "attached") for m in self.domain_mdevs_of(server)], self.claims_of(server)
+        )

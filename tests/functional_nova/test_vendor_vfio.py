@@ -9,7 +9,7 @@ from tests.functional_nova import test_vgpu
 
 L40S = "0000:c1:00.0"
 PROVIDER = "host1_pci_0000_c1_00_0"
-TYPE = "nvidia-1155"   # L40S-4Q in the fake profile: 12 per GPU
+TYPE = "nvidia-1155"  # L40S-4Q in the fake profile: 12 per GPU
 
 
 class VendorVfioTests(test_vgpu.VGPUDriverTestBase):
@@ -20,8 +20,9 @@ class VendorVfioTests(test_vgpu.VGPUDriverTestBase):
         # sysfs does not say how many fit on the GPU: the operator does.
         self.flags(max_instances=12, group=f"mdev_{TYPE}")
         self.start_vgpu_compute("host1", "l40s-vfio")
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1"})
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
 
     @property
     def driver(self):
@@ -30,8 +31,7 @@ class VendorVfioTests(test_vgpu.VGPUDriverTestBase):
     def domain_vfs(self):
         vfs = []
         for guest in self.driver._host.list_guests(only_running=False):
-            vfs += test_vgpu.guest_xml.pci_vfs(test_vgpu.guest_xml.parse(
-                guest.get_xml_desc()))
+            vfs += test_vgpu.guest_xml.pci_vfs(test_vgpu.guest_xml.parse(guest.get_xml_desc()))
         return vfs
 
     def typed_vfs(self):

@@ -62,9 +62,11 @@ class VGPUDriverTestBase(base.ServersTestBase):
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
         # Each host's sysfs root is a fake kernel, which answers the writes
         # the privileged helper would make on a real host.
-        self.useFixture(fixtures.MonkeyPatch("vgpu_driver.sysfs.open_host",
-                                             lambda root, writer=None:
-                                             fakekernel.FakeKernel(root)))
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "vgpu_driver.sysfs.open_host", lambda root, writer=None: fakekernel.FakeKernel(root)
+            )
+        )
         self.flags(enabled_mdev_types=self.ENABLED_TYPES, group="devices")
         # nova registers [mdev_<type>] when its driver starts; tests set them first.
         nova.conf.devices.register_dynamic_opts(nova.conf.CONF)
@@ -91,11 +93,15 @@ class VGPUDriverTestBase(base.ServersTestBase):
     def start_vgpu_compute(self, hostname, *profile_names, mdevs=()):
         if hostname not in self.kernels:
             self.build_vgpu_host(hostname, *profile_names, mdevs=mdevs)
-        self.flags(sysfs_root=os.path.join(self.tmp, hostname, "sys"),
-                   state_dir=os.path.join(self.tmp, hostname, "state"), group="vgpu")
+        self.flags(
+            sysfs_root=os.path.join(self.tmp, hostname, "sys"),
+            state_dir=os.path.join(self.tmp, hostname, "state"),
+            group="vgpu",
+        )
         return self.start_compute(
             hostname=hostname,
-            pci_info=fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0))
+            pci_info=fakelibvirt.HostPCIDevicesInfo(num_pci=0, num_pfs=0, num_vfs=0),
+        )
 
     def gpu_providers(self, hostname):
         """``{name: (total, reserved, usage)}`` of the host's GPU providers."""
@@ -106,8 +112,7 @@ class VGPUDriverTestBase(base.ServersTestBase):
             if "VGPU" in inventory:
                 name = self.placement.get(f"/resource_providers/{rp}").body["name"]
                 usage = self._get_provider_usages(rp).get("VGPU", 0)
-                found[name] = (inventory["VGPU"]["total"], inventory["VGPU"]["reserved"],
-                               usage)
+                found[name] = (inventory["VGPU"]["total"], inventory["VGPU"]["reserved"], usage)
         return found
 
     def domain_mdevs(self, hostname):
@@ -138,8 +143,9 @@ class VGPUDriverTestBase(base.ServersTestBase):
             gpu = snapshot.gpu_of_parent(kernel[uuid][0])
             name = inventory.provider_name(hostname, gpu)
             per_gpu[name] = per_gpu.get(name, 0) + 1
-        usages = {name: usage for name, (_t, _r, usage) in
-                  self.gpu_providers(hostname).items() if usage}
+        usages = {
+            name: usage for name, (_t, _r, usage) in self.gpu_providers(hostname).items() if usage
+        }
         self.assertEqual(per_gpu, usages)
 
     def create_servers(self, name, flavor, count, ends=("ACTIVE",), tries=100):
@@ -147,9 +153,17 @@ class VGPUDriverTestBase(base.ServersTestBase):
         is in a state of ``ends`` (polled ``tries`` times, 0.1 s apart); an
         ERROR not among them fails the test."""
         # The image nova's own _create_server defaults to in its fake Glance.
-        self.api.post_server({"server": {
-            "name": name, "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
-            "flavorRef": flavor, "networks": "none", "min_count": count}})
+        self.api.post_server(
+            {
+                "server": {
+                    "name": name,
+                    "imageRef": "155d900f-4e14-4e4c-a73d-069cbf4541e6",
+                    "flavorRef": flavor,
+                    "networks": "none",
+                    "min_count": count,
+                }
+            }
+        )
         return self._wait_for_servers(name, count, ends, tries)
 
     def _wait_for_servers(self, name, count, ends, tries):
@@ -166,8 +180,7 @@ class VGPUDriverTestBase(base.ServersTestBase):
 class CreateServerTests(VGPUDriverTestBase):
     def test_a100_host_reports_one_provider_of_ten_and_boots_a_vgpu_guest(self):
         self.start_vgpu_compute("host1", "a100-sriov")
-        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)}, self.gpu_providers("host1"))
         flavor = self._create_flavor(extra_spec={"resources:VGPU": "1"})
         server = self._create_server(flavor_id=flavor, networks="none", host="host1")
         self.assertEqual("ACTIVE", server["status"])
@@ -181,18 +194,16 @@ class CreateServerTests(VGPUDriverTestBase):
     def test_a100_schedules_at_most_ten_4c_guests(self):
         """nova's per-VF providers offer 16 A100-4C; the board holds 10."""
         self.start_vgpu_compute("host1", "a100-sriov")
-        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                     extra_spec={"resources:VGPU": "1"})
+        flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
         for _ in range(10):
             self._create_server(flavor_id=flavor, networks="none", host="host1")
-        self._create_server(flavor_id=flavor, networks="none", host="host1",
-                            expected_state="ERROR")
-        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 10)},
-                         self.gpu_providers("host1"))
+        self._create_server(flavor_id=flavor, networks="none", host="host1", expected_state="ERROR")
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 10)}, self.gpu_providers("host1"))
         mdevs = self.domain_mdevs("host1")
         self.assertEqual(10, len(set(mdevs)))
-        self.assertEqual(sorted(mdevs),
-                         sorted(self.kernel_mdevs("host1")))
+        self.assertEqual(sorted(mdevs), sorted(self.kernel_mdevs("host1")))
 
     def test_the_periodic_update_writes_what_it_reported_to_the_metrics_file(self):
         textfile = os.path.join(self.tmp, "vgpu.prom")
@@ -202,29 +213,48 @@ class CreateServerTests(VGPUDriverTestBase):
         server = self._create_server(flavor_id=flavor, networks="none", host="host1")
         self._run_periodics()
         with open(textfile, encoding="utf-8") as written:
-            found = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                     for family in prometheus_parser.text_string_to_metric_families(
-                         written.read()) for s in family.samples}
+            found = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in prometheus_parser.text_string_to_metric_families(written.read())
+                for s in family.samples
+            }
         gpu = (("gpu", "0000:41:00.0"), ("type", "nvidia-468"))
         # What Placement holds: (total, reserved, usage).
         self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 2)}, self.gpu_providers("host1"))
         self.assertEqual(
             (10, 0, 2, 1),
-            tuple(found[(f"vgpu_gpu_{name}", gpu)] for name in (
-                "vgpus_capacity", "vgpus_reserved", "vgpus_used")) + (
-                found[("vgpu_gpu_guests", gpu[:1])],))
-        self.assertEqual(1, found[("vgpu_gpu_info", (
-            ("gpu", "0000:41:00.0"), ("model", "10de:20f1"), ("pci_bus_id", "00000000:41:00.0"),
-            ("provider", "host1_pci_0000_41_00_0"), ("resource_class", "VGPU"),
-            ("unit", "vGPUs")))])
+            tuple(
+                found[(f"vgpu_gpu_{name}", gpu)]
+                for name in ("vgpus_capacity", "vgpus_reserved", "vgpus_used")
+            )
+            + (found[("vgpu_gpu_guests", gpu[:1])],),
+        )
+        self.assertEqual(
+            1,
+            found[
+                (
+                    "vgpu_gpu_info",
+                    (
+                        ("gpu", "0000:41:00.0"),
+                        ("model", "10de:20f1"),
+                        ("pci_bus_id", "00000000:41:00.0"),
+                        ("provider", "host1_pci_0000_41_00_0"),
+                        ("resource_class", "VGPU"),
+                        ("unit", "vGPUs"),
+                    ),
+                )
+            ],
+        )
         self.assertEqual(2, found[("vgpu_claims", (("state", "attached"),))])
         self.assertEqual(1, found[("vgpu_reconciler_up", ())])
         self.assertEqual(0, found[("vgpu_orphan_vgpus", ())])
         self._delete_server(server)
         self._run_periodics()
         with open(textfile, encoding="utf-8") as written:
-            self.assertIn('vgpu_gpu_vgpus_used{gpu="0000:41:00.0",type="nvidia-468"} 0.0',
-                          written.read().splitlines())
+            self.assertIn(
+                'vgpu_gpu_vgpus_used{gpu="0000:41:00.0",type="nvidia-468"} 0.0',
+                written.read().splitlines(),
+            )
 
     def test_deleting_the_server_frees_its_mdev_for_the_next(self):
         self.start_vgpu_compute("host1", "a100-sriov")
@@ -232,11 +262,10 @@ class CreateServerTests(VGPUDriverTestBase):
         first = self._create_server(flavor_id=flavor, networks="none", host="host1")
         (mdev,) = self.domain_mdevs("host1")
         self._delete_server(first)
-        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual({"host1_pci_0000_41_00_0": (10, 0, 0)}, self.gpu_providers("host1"))
         self.assertEqual([], self.computes["host1"].driver.vgpu.journal.claims())
         self._create_server(flavor_id=flavor, networks="none", host="host1")
-        self.assertEqual([mdev], self.domain_mdevs("host1"))   # reused, not re-created
+        self.assertEqual([mdev], self.domain_mdevs("host1"))  # reused, not re-created
 
 
 class MultipleTypesTests(VGPUDriverTestBase):
@@ -251,12 +280,17 @@ class MultipleTypesTests(VGPUDriverTestBase):
 
     def test_a_type_trait_picks_the_gpu_serving_it(self):
         self.start_vgpu_compute("host1", "m60-multi")
-        self.assertEqual({"host1_pci_0000_84_00_0": (16, 0, 0),
-                          "host1_pci_0000_85_00_0": (16, 0, 0),
-                          "host1_pci_0000_86_00_0": (8, 0, 0)},
-                         self.gpu_providers("host1"))
-        flavor = self._create_flavor(extra_spec={
-            "resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_M60_1B": "required"})
+        self.assertEqual(
+            {
+                "host1_pci_0000_84_00_0": (16, 0, 0),
+                "host1_pci_0000_85_00_0": (16, 0, 0),
+                "host1_pci_0000_86_00_0": (8, 0, 0),
+            },
+            self.gpu_providers("host1"),
+        )
+        flavor = self._create_flavor(
+            extra_spec={"resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_M60_1B": "required"}
+        )
         self._create_server(flavor_id=flavor, networks="none", host="host1")
         self.assertEqual(1, self.gpu_providers("host1")["host1_pci_0000_86_00_0"][2])
         (mdev,) = self.kernels["host1"].list_mdevs()
@@ -283,8 +317,9 @@ class SeveralVGPUsTests(VGPUDriverTestBase):
 
     def test_multi_create_gets_one_mdev_each(self):
         self.start_vgpu_compute("host1", "t4x8")
-        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                     extra_spec={"resources:VGPU": "1"})
+        flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
         servers = self.create_servers("multi", flavor, 2)
         self.assertEqual(2, len(set(self.domain_mdevs("host1"))))
         used = sum(usage for _t, _r, usage in self.gpu_providers("host1").values())
@@ -294,8 +329,13 @@ class SeveralVGPUsTests(VGPUDriverTestBase):
 
     def test_two_vgpus_isolated_on_two_gpus(self):
         self.start_vgpu_compute("host1", "t4x8")
-        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={
-            "resources1:VGPU": "1", "resources2:VGPU": "1", "group_policy": "isolate"})
+        flavor = self._create_flavor(
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources1:VGPU": "1", "resources2:VGPU": "1", "group_policy": "isolate"},
+        )
         server = self._create_server(flavor_id=flavor, networks="none", host="host1")
         self.assertEqual(2, len(set(self.domain_mdevs("host1"))))
         usages = [usage for _t, _r, usage in self.gpu_providers("host1").values() if usage]
@@ -310,17 +350,22 @@ class ResizeTests(VGPUDriverTestBase):
     def setUp(self):
         super().setUp()
         # As nova's own vGPU resize tests: the fake guests have no disk files.
-        self.useFixture(fixtures.MockPatch(
-            "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]))
+        self.useFixture(
+            fixtures.MockPatch(
+                "nova.virt.libvirt.LibvirtDriver._get_instance_disk_info", return_value=[]
+            )
+        )
         self.useFixture(fixtures.MockPatch("os.rename"))
 
     def test_resize_revert_and_confirm(self):
         for host in ("host1", "host2"):
             self.start_vgpu_compute(host, "a100-sriov")
-        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                     extra_spec={"resources:VGPU": "1"})
-        bigger = self._create_flavor(memory_mb=1024, vcpu=1, disk=1, ephemeral=0,
-                                     extra_spec={"resources:VGPU": "1"})
+        flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
+        bigger = self._create_flavor(
+            memory_mb=1024, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
         server = self._create_server(flavor_id=flavor, networks="none", host="host1")
         source = "host1" if self.domain_mdevs("host1") else "host2"
         target = "host2" if source == "host1" else "host1"
@@ -340,12 +385,14 @@ class ResizeTests(VGPUDriverTestBase):
         # Claims mirror the domains: the harness shares one CONF.host between its
         # computes, so nova leaves the source domain defined here; our claims on
         # the source follow whatever the source's domains still reference.
-        self.assertEqual(sorted(self.domain_mdevs(source)),
-                         sorted(c.mdev_uuid for c in
-                                self.computes[source].driver.vgpu.journal.claims()))
-        self.assertEqual(self.domain_mdevs(target),
-                         [c.mdev_uuid for c in
-                          self.computes[target].driver.vgpu.journal.claims(server["id"])])
+        self.assertEqual(
+            sorted(self.domain_mdevs(source)),
+            sorted(c.mdev_uuid for c in self.computes[source].driver.vgpu.journal.claims()),
+        )
+        self.assertEqual(
+            self.domain_mdevs(target),
+            [c.mdev_uuid for c in self.computes[target].driver.vgpu.journal.claims(server["id"])],
+        )
 
 
 class MaxInstancesTests(VGPUDriverTestBase):
@@ -371,37 +418,54 @@ class MaxInstancesTests(VGPUDriverTestBase):
         self.flags(device_addresses=self.CAPPED, max_instances=3, group="mdev_nvidia-43")
         self.flags(device_addresses=["0000:87:00.0"], group="mdev_nvidia-36")
         self.start_vgpu_compute("host1", "m60-multi")
-        self.capped = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1",
-                                                      "trait:CUSTOM_VGPU_GRID_M60_4A":
-                                                          "required"})
+        self.capped = self._create_flavor(
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_M60_4A": "required"},
+        )
 
     def test_max_instances_caps_the_type_partially_and_refuses_past_it(self):
-        self.assertEqual({"host1_pci_0000_84_00_0": (2, 0, 0),
-                          "host1_pci_0000_85_00_0": (1, 0, 0),
-                          "host1_pci_0000_86_00_0": (2, 2, 0),
-                          "host1_pci_0000_87_00_0": (8, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual(
+            {
+                "host1_pci_0000_84_00_0": (2, 0, 0),
+                "host1_pci_0000_85_00_0": (1, 0, 0),
+                "host1_pci_0000_86_00_0": (2, 2, 0),
+                "host1_pci_0000_87_00_0": (8, 0, 0),
+            },
+            self.gpu_providers("host1"),
+        )
         tree = self.computes["host1"].driver.vgpu.provider_tree("host1")
-        self.assertIn("max_instances=3 for nvidia-43",
-                      tree.provider("host1_pci_0000_86_00_0").reason)
+        self.assertIn(
+            "max_instances=3 for nvidia-43", tree.provider("host1_pci_0000_86_00_0").reason
+        )
         for _ in range(3):
             self._create_server(flavor_id=self.capped, networks="none", host="host1")
-        refused = self._create_server(flavor_id=self.capped, networks="none", host="host1",
-                                      expected_state="ERROR")
+        refused = self._create_server(
+            flavor_id=self.capped, networks="none", host="host1", expected_state="ERROR"
+        )
         self.assertIn("No valid host", refused["fault"]["message"])
-        self.assertEqual({"host1_pci_0000_84_00_0": (2, 0, 2),
-                          "host1_pci_0000_85_00_0": (1, 0, 1),
-                          "host1_pci_0000_86_00_0": (2, 2, 0),
-                          "host1_pci_0000_87_00_0": (8, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual(
+            {
+                "host1_pci_0000_84_00_0": (2, 0, 2),
+                "host1_pci_0000_85_00_0": (1, 0, 1),
+                "host1_pci_0000_86_00_0": (2, 2, 0),
+                "host1_pci_0000_87_00_0": (8, 0, 0),
+            },
+            self.gpu_providers("host1"),
+        )
         self.assertEqual(3, len(self.domain_mdevs("host1")))
         self.assertEqual({"nvidia-43"}, {t for _p, t in self.kernel_mdevs("host1").values()})
         self.used_mdevs_match_placement("host1")
         # The other type is not capped by it.
-        other = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                    extra_spec={"resources:VGPU": "1",
-                                                "trait:CUSTOM_VGPU_GRID_M60_1B": "required"})
+        other = self._create_flavor(
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            extra_spec={"resources:VGPU": "1", "trait:CUSTOM_VGPU_GRID_M60_1B": "required"},
+        )
         self._create_server(flavor_id=other, networks="none", host="host1")
         self.assertEqual(1, self.gpu_providers("host1")["host1_pci_0000_87_00_0"][2])
         self.used_mdevs_match_placement("host1")
@@ -411,15 +475,20 @@ class MaxInstancesTests(VGPUDriverTestBase):
             self._create_server(flavor_id=self.capped, networks="none", host="host1")
         self.flags(max_instances=5, group="mdev_nvidia-43")
         self.restart_compute_service("host1")
-        self.assertEqual({"host1_pci_0000_84_00_0": (2, 0, 2),
-                          "host1_pci_0000_85_00_0": (2, 0, 1),
-                          "host1_pci_0000_86_00_0": (1, 0, 0),
-                          "host1_pci_0000_87_00_0": (8, 0, 0)},
-                         self.gpu_providers("host1"))
+        self.assertEqual(
+            {
+                "host1_pci_0000_84_00_0": (2, 0, 2),
+                "host1_pci_0000_85_00_0": (2, 0, 1),
+                "host1_pci_0000_86_00_0": (1, 0, 0),
+                "host1_pci_0000_87_00_0": (8, 0, 0),
+            },
+            self.gpu_providers("host1"),
+        )
         for _ in range(2):
             self._create_server(flavor_id=self.capped, networks="none", host="host1")
-        self._create_server(flavor_id=self.capped, networks="none", host="host1",
-                            expected_state="ERROR")
+        self._create_server(
+            flavor_id=self.capped, networks="none", host="host1", expected_state="ERROR"
+        )
         self.assertEqual(5, len(self.domain_mdevs("host1")))
         self.used_mdevs_match_placement("host1")
 
@@ -448,8 +517,11 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         self.flags(device_addresses=[self.GPU], group="mdev_nvidia-231")
 
     def test_two_builds_reusing_free_mdevs_at_once_get_distinct_ones(self):
-        self.start_vgpu_compute("host1", "t4x8", mdevs=[
-            {"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE])
+        self.start_vgpu_compute(
+            "host1",
+            "t4x8",
+            mdevs=[{"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE],
+        )
         self._race_two_builds()
 
     def test_two_builds_at_once_while_libvirt_calls_yield(self):
@@ -458,11 +530,17 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         threads): a build that yields while it holds the claims journal must
         not stall the other build on the journal's lock."""
         # A stalled build fails within seconds rather than the journal's 30.
-        self.useFixture(fixtures.MonkeyPatch(
-            "vgpu_driver.claims_journal.Journal.__init__",
-            functools.partialmethod(claims_journal.Journal.__init__, busy_timeout=3.0)))
-        self.start_vgpu_compute("host1", "t4x8", mdevs=[
-            {"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE])
+        self.useFixture(
+            fixtures.MonkeyPatch(
+                "vgpu_driver.claims_journal.Journal.__init__",
+                functools.partialmethod(claims_journal.Journal.__init__, busy_timeout=3.0),
+            )
+        )
+        self.start_vgpu_compute(
+            "host1",
+            "t4x8",
+            mdevs=[{"parent": self.GPU, "type": "nvidia-231", "uuid": u} for u in self.FREE],
+        )
         host = self.computes["host1"].driver._host
         # nova's own wrapper for libvirt objects (every supported release
         # has it): tpool on eventlet, the object itself with native threads.
@@ -476,16 +554,17 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         arrived = []
         allocate = core.VGPUDriver.allocate
 
-        def allocate_together(driver, instance_uuid, allocations, providers,
-                              type_traits=None):
+        def allocate_together(driver, instance_uuid, allocations, providers, type_traits=None):
             arrived.append(instance_uuid)
-            both_inside.wait()   # a build alone here fails: the builds must overlap
+            both_inside.wait()  # a build alone here fails: the builds must overlap
             return allocate(driver, instance_uuid, allocations, providers, type_traits)
 
-        self.useFixture(fixtures.MonkeyPatch(
-            "vgpu_driver.driver.VGPUDriver.allocate", allocate_together))
-        flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                     extra_spec={"resources:VGPU": "1"})
+        self.useFixture(
+            fixtures.MonkeyPatch("vgpu_driver.driver.VGPUDriver.allocate", allocate_together)
+        )
+        flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
         servers = self.create_servers("racer", flavor, 2)
 
         ids = {s["id"] for s in servers}
@@ -493,12 +572,13 @@ class ConcurrentReuseTests(VGPUDriverTestBase):
         by_guest = self.guest_mdevs("host1")
         self.assertEqual(ids, set(by_guest))
         self.assertEqual(sorted(self.FREE), sorted(m for ms in by_guest.values() for m in ms))
-        self.assertEqual(set(self.FREE), set(self.kernel_mdevs("host1")))   # none created
+        self.assertEqual(set(self.FREE), set(self.kernel_mdevs("host1")))  # none created
         journal = self.computes["host1"].driver.vgpu.journal
         for instance, mdevs in by_guest.items():
-            self.assertEqual([(m, "attached", False) for m in mdevs],
-                             [(c.mdev_uuid, c.state, c.created)
-                              for c in journal.claims(instance)])
+            self.assertEqual(
+                [(m, "attached", False) for m in mdevs],
+                [(c.mdev_uuid, c.state, c.created) for c in journal.claims(instance)],
+            )
         self.assertEqual({"host1_pci_0000_18_00_0": (8, 0, 2)}, self.gpu_providers("host1"))
         self.used_mdevs_match_placement("host1")
 
@@ -524,20 +604,24 @@ class StaleTypeTests(VGPUDriverTestBase):
     def setUp(self):
         super().setUp()
         self.flags(device_addresses=[self.GPU], group="mdev_nvidia-231")
-        self.flavor = self._create_flavor(memory_mb=512, vcpu=1, disk=1, ephemeral=0,
-                                          extra_spec={"resources:VGPU": "1"})
+        self.flavor = self._create_flavor(
+            memory_mb=512, vcpu=1, disk=1, ephemeral=0, extra_spec={"resources:VGPU": "1"}
+        )
 
     def test_an_unused_old_type_mdev_is_removed_and_the_gpu_serves_the_new_type(self):
-        kernel = self.build_vgpu_host("host1", "t4x8", mdevs=[
-            {"parent": self.GPU, "type": "nvidia-222", "uuid": self.ORPHAN}])
+        kernel = self.build_vgpu_host(
+            "host1", "t4x8", mdevs=[{"parent": self.GPU, "type": "nvidia-222", "uuid": self.ORPHAN}]
+        )
         # What nova would count for this GPU: nothing.
         self.assertEqual(0, kernel.available_instances(self.GPU, "nvidia-231"))
 
         self.start_vgpu_compute("host1")
         self.assertEqual({}, self.kernel_mdevs("host1"))
         self.assertEqual({self.PROVIDER: (8, 0, 0)}, self.gpu_providers("host1"))
-        self.assertIn("CUSTOM_VGPU_GRID_T4_2Q", self._get_provider_traits(
-            self._get_provider_uuid_by_name(self.PROVIDER)))
+        self.assertIn(
+            "CUSTOM_VGPU_GRID_T4_2Q",
+            self._get_provider_traits(self._get_provider_uuid_by_name(self.PROVIDER)),
+        )
         self.assertEqual([], self.computes["host1"].driver.vgpu.journal.claims())
 
         self._create_server(flavor_id=self.flavor, networks="none", host="host1")
@@ -562,14 +646,16 @@ class StaleTypeTests(VGPUDriverTestBase):
         self.assertEqual({mdev: (self.GPU, "nvidia-222")}, self.kernel_mdevs("host1"))
         self.assertEqual([mdev], self.domain_mdevs("host1"))
         self.assertEqual({self.PROVIDER: (8, 8, 1)}, self.gpu_providers("host1"))
-        reason = self.computes["host1"].driver.vgpu.provider_tree("host1").provider(
-            self.PROVIDER).reason
+        reason = (
+            self.computes["host1"].driver.vgpu.provider_tree("host1").provider(self.PROVIDER).reason
+        )
         self.assertIn("draining", reason)
         self.assertIn("1 of nvidia-222", reason)
         self.assertIn("in use by guests", reason)
         self.used_mdevs_match_placement("host1")
-        refused = self._create_server(flavor_id=self.flavor, networks="none", host="host1",
-                                      expected_state="ERROR")
+        refused = self._create_server(
+            flavor_id=self.flavor, networks="none", host="host1", expected_state="ERROR"
+        )
         self.assertIn("No valid host", refused["fault"]["message"])
 
         # Once the guest is gone, its mdev goes and the GPU serves the new type.

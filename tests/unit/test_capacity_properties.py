@@ -30,8 +30,7 @@ A100_TYPES = [t["id"] for t in A100["type_sets"]["a100"]]
 T4_TYPES = ["nvidia-222", "nvidia-223", "nvidia-231", "nvidia-234", "nvidia-319"]
 
 step = st.one_of(
-    st.tuples(st.just("create"), st.sampled_from(A100_TYPES + T4_TYPES),
-              st.integers(0, 15)),
+    st.tuples(st.just("create"), st.sampled_from(A100_TYPES + T4_TYPES), st.integers(0, 15)),
     st.tuples(st.just("remove"), st.integers(0, 40)),
 )
 
@@ -80,7 +79,8 @@ def creatable_now(host, gpu_parents, type_id):
 def check_inventory(host, type_by_gpu):
     config = mdev_types.MdevConfig(
         types=tuple(mdev_types.TypeConfig(t) for t in sorted(set(type_by_gpu.values()))),
-        by_address=MappingProxyType(dict(type_by_gpu)))
+        by_address=MappingProxyType(dict(type_by_gpu)),
+    )
     snapshot = discovery.discover(host)
     tree = inventory.compute(snapshot, config, "cn1")
     for gpu in snapshot.gpus:
@@ -92,22 +92,24 @@ def check_inventory(host, type_by_gpu):
         assert provider.reserved in (0, provider.total)
 
 
-@settings(max_examples=properties.examples(6), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(step, max_size=25),
-       a100_type=st.sampled_from(A100_TYPES), t4_type=st.sampled_from(T4_TYPES))
+@settings(
+    max_examples=properties.examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    steps=st.lists(step, max_size=25),
+    a100_type=st.sampled_from(A100_TYPES),
+    t4_type=st.sampled_from(T4_TYPES),
+)
 def test_advertised_and_reported_capacity_are_honest(steps, a100_type, t4_type):
     root = tempfile.mkdtemp(prefix="vgpu-prop-")
     try:
-        host = fakekernel.FakeKernel.build(f"{root}/sys",
-                                           profiles.combine("prop", T4_ONE, A100))
+        host = fakekernel.FakeKernel.build(f"{root}/sys", profiles.combine("prop", T4_ONE, A100))
         for action in steps:
             apply(host, action)
         check_inventory(host, {"0000:18:00.0": t4_type, "0000:41:00.0": a100_type})
         for mdev in host.list_mdevs():
             host.remove_mdev(mdev.uuid)
         assert available(host, "0000:18:00.0", "nvidia-222") == 16
-        assert all(available(host, p.name, "nvidia-468") == 1
-                   for p in host.list_parents()[1:])
+        assert all(available(host, p.name, "nvidia-468") == 1 for p in host.list_parents()[1:])
     finally:
         shutil.rmtree(root)

@@ -42,9 +42,11 @@ class FaultyKernel(fakekernel.FakeKernel):
 @pytest.fixture
 def life(tmp_path):
     host = FaultyKernel.build(str(tmp_path / "sys"), profiles.load("t4x8"))
-    config = mdev_types.MdevConfig(types=(mdev_types.TypeConfig("nvidia-222"),),
-                                   default_type="nvidia-222",
-                                   by_address=MappingProxyType({}))
+    config = mdev_types.MdevConfig(
+        types=(mdev_types.TypeConfig("nvidia-222"),),
+        default_type="nvidia-222",
+        by_address=MappingProxyType({}),
+    )
     journal = claims_journal.Journal(str(tmp_path / "state"))
     guests = domains.InProcessDomains()
     manager = mdevs.MdevManager(host, journal, guests, config)
@@ -52,8 +54,7 @@ def life(tmp_path):
     providers = {f"rp-{p.gpu}": p for p in tree.providers}
 
     def allocate(instance, units):
-        return manager.allocate(instance, {f"rp-{T4A}": {"resources": {"VGPU": units}}},
-                                providers)
+        return manager.allocate(instance, {f"rp-{T4A}": {"resources": {"VGPU": units}}}, providers)
 
     return host, journal, guests, manager, allocate
 
@@ -65,9 +66,10 @@ def test_a_failed_grow_keeps_the_claim_the_instance_already_held(life):
     manager.mark_attached("guest")
     host.faults = [OSError(errno.EUSERS, "no room")]
     with pytest.raises(exception.MdevNoCapacity):
-        allocate("guest", 2)          # a resize 1 -> 2 vGPUs on the same host
+        allocate("guest", 2)  # a resize 1 -> 2 vGPUs on the same host
     assert [(c.mdev_uuid, c.state) for c in journal.claims("guest")] == [
-        (first[0], claims.ATTACHED)]
+        (first[0], claims.ATTACHED)
+    ]
 
 
 @pytest.mark.parametrize("fault", [TypeError("bad argument"), KeyboardInterrupt()])
@@ -112,7 +114,7 @@ def test_cleaning_stale_claims_never_deletes_one_taken_meanwhile(life):
                 in_txn.set()
                 guests.read.wait(5)
                 time.sleep(0.3)
-        except Exception as exc:   # pragma: no cover - reported below
+        except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
     other = threading.Thread(target=hand_over)
@@ -122,6 +124,4 @@ def test_cleaning_stale_claims_never_deletes_one_taken_meanwhile(life):
     other.join()
     assert errors == []
     assert dropped == []
-    assert [(c.instance_uuid, c.state) for c in journal.claims()] == [
-        ("new-guest", claims.CLAIMED)]
-
+    assert [(c.instance_uuid, c.state) for c in journal.claims()] == [("new-guest", claims.CLAIMED)]

@@ -49,10 +49,23 @@ class Host:
         uri = libvirt_domains.node_file(self.tmp_path / "node.xml", self.domains)
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1",
-                                "--sysfs-root", self.kernel.paths.root,
-                                "--state-dir", str(self.state), "--libvirt-uri", uri,
-                                "claims", "drop", *argv])
+            code = manage.main(
+                [
+                    "--config-file",
+                    str(conf_file),
+                    "--nodename",
+                    "cn1",
+                    "--sysfs-root",
+                    self.kernel.paths.root,
+                    "--state-dir",
+                    str(self.state),
+                    "--libvirt-uri",
+                    uri,
+                    "claims",
+                    "drop",
+                    *argv,
+                ]
+            )
         return code, out.getvalue(), err.getvalue()
 
 
@@ -73,9 +86,10 @@ def test_a_dry_run_changes_nothing_and_says_would(host):
     before = host.rows()
     code, out, err = host.cli("--claim-state", "migrating_in", "-f", "json")
     assert code == 0
-    assert [(r["instance"], r["vgpu"], r["gpu"], r["type"], r["state"], r["result"],
-             r["reason"]) for r in json.loads(out)] == [
-        (dead, stuck, A100, "nvidia-468", "migrating_in", "would-drop", None)]
+    assert [
+        (r["instance"], r["vgpu"], r["gpu"], r["type"], r["state"], r["result"], r["reason"])
+        for r in json.loads(out)
+    ] == [(dead, stuck, A100, "nvidia-468", "migrating_in", "would-drop", None)]
     assert err == "would drop 1 claim(s); run again with --yes\n"
     assert host.rows() == before
 
@@ -87,11 +101,13 @@ def test_yes_drops_what_the_selectors_all_select_and_leaves_the_mdev(host):
     kept = host.claim(other, claims.MIGRATING_IN)
     host.claim(booting, claims.CLAIMED)
     before = host.rows()
-    code, out, err = host.cli("--instance", dead, "--claim-state", "migrating_in", "--yes",
-                              "-f", "json")
+    code, out, err = host.cli(
+        "--instance", dead, "--claim-state", "migrating_in", "--yes", "-f", "json"
+    )
     assert code == 0, err
     assert sorted((r["vgpu"], r["result"]) for r in json.loads(out)) == sorted(
-        [(first, "dropped"), (second, "dropped")])
+        [(first, "dropped"), (second, "dropped")]
+    )
     assert err == "dropped 2 claim(s)\n"
     assert host.rows() == [r for r in before if r[0] != dead]
     assert {kept, first, second} <= {m.uuid for m in host.kernel.list_mdevs()}
@@ -102,8 +118,9 @@ def test_selectors_are_repeatable_and_a_vgpu_selects_its_claim(host):
     mdev_one = host.claim(one, claims.CLAIMED)
     host.claim(two, claims.CLAIMED)
     mdev_three = host.claim(three, claims.RELEASING)
-    code, out, _ = host.cli("--vgpu", mdev_one, "--vgpu", mdev_three, "--yes", "-f", "value",
-                            "-c", "vgpu")
+    code, out, _ = host.cli(
+        "--vgpu", mdev_one, "--vgpu", mdev_three, "--yes", "-f", "value", "-c", "vgpu"
+    )
     assert code == 0
     assert sorted(out.split()) == sorted([mdev_one, mdev_three])
     assert [r[0] for r in host.rows()] == [two]
@@ -116,9 +133,9 @@ def test_a_claim_a_domain_uses_is_refused_and_the_others_dropped(host):
     code, out, err = host.cli("--claim-state", "migrating_in", "--yes", "-f", "json")
     assert code == base.EXIT_PROBLEMS
     assert sorted((r["vgpu"], r["result"], r["reason"]) for r in json.loads(out)) == sorted(
-        [(stale, "dropped", None), (used, "refused", "domain arrived uses it")])
-    assert err == ("dropped 1 claim(s); refused 1 claim(s) whose vGPU a libvirt domain "
-                   "uses\n")
+        [(stale, "dropped", None), (used, "refused", "domain arrived uses it")]
+    )
+    assert err == ("dropped 1 claim(s); refused 1 claim(s) whose vGPU a libvirt domain uses\n")
     assert host.rows() == [(alive, used, claims.MIGRATING_IN)]
 
 
@@ -140,24 +157,41 @@ def test_nothing_selected_is_not_an_error(host):
     assert host.rows() == before
 
 
-@pytest.mark.parametrize("argv, message", [
-    ((), "error: claims drop '': give --instance, --vgpu or --claim-state; it never drops every "
-         "claim\n"),
-    (("--yes",), "error: claims drop '': give --instance, --vgpu or --claim-state; it never "
-                 "drops every claim\n"),
-    (("--instance", "../etc", "--yes"),
-     "error: --instance '../etc': not an instance UUID (lower-case, 8-4-4-4-12 hex "
-     "digits)\n"),
-    (("--instance", "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
-     "error: --instance '6F9619FF-8B86-D011-B42D-00C04FC964FF': not an instance UUID "
-     "(lower-case, 8-4-4-4-12 hex digits)\n"),
-    (("--vgpu", "nvidia-468", "--yes"),
-     "error: --vgpu 'nvidia-468': not a vGPU id (an mdev UUID, lower-case, or a VF's PCI "
-     "address dddd:bb:ss.f)\n"),
-    (("--claim-state", "attatched", "--yes"),
-     "error: --claim-state 'attatched': not a claim state (claimed, attached, migrating_in, "
-     "releasing)\n"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            (),
+            "error: claims drop '': give --instance, --vgpu or --claim-state; it never drops every "
+            "claim\n",
+        ),
+        (
+            ("--yes",),
+            "error: claims drop '': give --instance, --vgpu or --claim-state; it never "
+            "drops every claim\n",
+        ),
+        (
+            ("--instance", "../etc", "--yes"),
+            "error: --instance '../etc': not an instance UUID (lower-case, 8-4-4-4-12 hex "
+            "digits)\n",
+        ),
+        (
+            ("--instance", "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+            "error: --instance '6F9619FF-8B86-D011-B42D-00C04FC964FF': not an instance UUID "
+            "(lower-case, 8-4-4-4-12 hex digits)\n",
+        ),
+        (
+            ("--vgpu", "nvidia-468", "--yes"),
+            "error: --vgpu 'nvidia-468': not a vGPU id (an mdev UUID, lower-case, or a VF's PCI "
+            "address dddd:bb:ss.f)\n",
+        ),
+        (
+            ("--claim-state", "attatched", "--yes"),
+            "error: --claim-state 'attatched': not a claim state (claimed, attached, migrating_in, "
+            "releasing)\n",
+        ),
+    ],
+)
 def test_bad_selections_are_refused_before_anything_is_read(host, argv, message):
     host.claim(ids()[0], claims.CLAIMED)
     before = host.rows()
@@ -181,10 +215,23 @@ def test_without_libvirt_nothing_is_dropped(host, tmp_path):
     conf_file.write_text(CONF)
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = manage.main(["--config-file", str(conf_file), "--sysfs-root",
-                            host.kernel.paths.root, "--state-dir", str(host.state),
-                            "--libvirt-uri", f"test://{tmp_path}/no-such-node.xml",
-                            "claims", "drop", "--claim-state", "claimed", "--yes"])
+        code = manage.main(
+            [
+                "--config-file",
+                str(conf_file),
+                "--sysfs-root",
+                host.kernel.paths.root,
+                "--state-dir",
+                str(host.state),
+                "--libvirt-uri",
+                f"test://{tmp_path}/no-such-node.xml",
+                "claims",
+                "drop",
+                "--claim-state",
+                "claimed",
+                "--yes",
+            ]
+        )
     assert code == base.EXIT_ERROR
     assert err.getvalue().startswith("error: ") and err.getvalue().count("\n") == 1
     assert host.rows() == before

@@ -23,8 +23,12 @@ T4_CONF = test_cli_status.T4_CONF
 A100_CONF = test_cli_status.A100_CONF
 L40S = "0000:c1:00.0"
 MIXED = ("nvidia-1155", "nvidia-1156", "nvidia-1157", "nvidia-1159")
-L40S_CONF = "[devices]\nenabled_mdev_types = " + ", ".join(MIXED) + "\n" + "".join(
-    f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in MIXED)
+L40S_CONF = (
+    "[devices]\nenabled_mdev_types = "
+    + ", ".join(MIXED)
+    + "\n"
+    + "".join(f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in MIXED)
+)
 
 
 def fixed(n):
@@ -50,9 +54,13 @@ def t4_busy(make_host, tmp_path):
     claim(journal, fixed(101), fixed(1), "0000:18:00.0", "nvidia-231", claims.ATTACHED)
     claim(journal, fixed(102), fixed(2), "0000:18:00.0", "nvidia-231", claims.CLAIMED)
     claim(journal, fixed(104), fixed(5), "0000:35:00.0", "nvidia-222", claims.MIGRATING_IN)
-    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-        libvirt_domains.domain_xml("instance-00000001", [fixed(1)], fixed(101)),
-        libvirt_domains.domain_xml("legacy-vm", [fixed(3)], fixed(103))])
+    uri = libvirt_domains.node_file(
+        tmp_path / "node.xml",
+        [
+            libvirt_domains.domain_xml("instance-00000001", [fixed(1)], fixed(101)),
+            libvirt_domains.domain_xml("legacy-vm", [fixed(3)], fixed(103)),
+        ],
+    )
     return host, T4_CONF, uri
 
 
@@ -64,10 +72,19 @@ def a100_sriov(make_host, tmp_path):
     host.create_mdev("0000:41:00.5", "nvidia-468", fixed(12))
     journal = claims_journal.Journal(str(tmp_path / "state"))
     for n in (11, 12):
-        claim(journal, fixed(111), fixed(n), "0000:41:00.0", "nvidia-468", claims.ATTACHED,
-              parent=f"0000:41:00.{n - 7}")
-    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-        libvirt_domains.domain_xml("instance-00000002", [fixed(11), fixed(12)], fixed(111))])
+        claim(
+            journal,
+            fixed(111),
+            fixed(n),
+            "0000:41:00.0",
+            "nvidia-468",
+            claims.ATTACHED,
+            parent=f"0000:41:00.{n - 7}",
+        )
+    uri = libvirt_domains.node_file(
+        tmp_path / "node.xml",
+        [libvirt_domains.domain_xml("instance-00000002", [fixed(11), fixed(12)], fixed(111))],
+    )
     return host, A100_CONF, uri
 
 
@@ -86,9 +103,14 @@ def l40s_mixed(make_host, tmp_path):
     host.set_mixed_sizes(L40S, True)
     host.set_vendor_vgpu_type("0000:c1:00.4", 1155)
     host.set_vendor_vgpu_type("0000:c1:00.5", 1157)
-    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-        libvirt_domains.domain_xml("instance-00000003", (), fixed(121),
-                                   vfs=["0000:c1:00.4", "0000:c1:00.5"])])
+    uri = libvirt_domains.node_file(
+        tmp_path / "node.xml",
+        [
+            libvirt_domains.domain_xml(
+                "instance-00000003", (), fixed(121), vfs=["0000:c1:00.4", "0000:c1:00.5"]
+            )
+        ],
+    )
     return host, L40S_CONF, uri
 
 
@@ -98,8 +120,7 @@ def l40s_idle(make_host, tmp_path):
     NVML lists none of them as active; each VF's placement_id places it."""
     host = make_host("l40s-vfio")
     host.set_mixed_sizes(L40S, True)
-    for vf, number in (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157),
-                       ("0000:c1:00.6", 1156)):
+    for vf, number in (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157), ("0000:c1:00.6", 1156)):
         host.set_vendor_vgpu_type(vf, number)
     return host, L40S_CONF, libvirt_domains.node_file(tmp_path / "node.xml", [])
 
@@ -121,8 +142,11 @@ COMMANDS = {
     "metrics": ("metrics",),
 }
 # Times of the run (claims' changes) and how long a read took.
-AGE = re.compile(r"^(vgpu_(?:claims_waiting_oldest_timestamp|scrape_duration)_seconds"
-                 r"(?:\{[^}]*\})?) \S+$", re.M)
+AGE = re.compile(
+    r"^(vgpu_(?:claims_waiting_oldest_timestamp|scrape_duration)_seconds"
+    r"(?:\{[^}]*\})?) \S+$",
+    re.M,
+)
 
 
 def normalised(text, host, tmp_path):
@@ -135,12 +159,12 @@ def normalised(text, host, tmp_path):
 @pytest.mark.parametrize("command", ["status", "status.json"])
 def test_idle_vgpus_are_all_placed_in_the_map(request, tmp_path, cli, command):
     host, conf, uri = request.getfixturevalue("l40s_idle")
-    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command],
-                         conf=conf, uri=uri)
+    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command], conf=conf, uri=uri)
     assert "?" not in out.split("--- stderr")[0]
-    golden.assert_golden(f"cli/l40s_idle.{command}",
-                         normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host,
-                                    tmp_path))
+    golden.assert_golden(
+        f"cli/l40s_idle.{command}",
+        normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host, tmp_path),
+    )
 
 
 @pytest.mark.parametrize("host_name", ["l40s_idle", "l40s_mixed"])
@@ -149,14 +173,16 @@ def test_each_types_free_vgpus_are_what_fits_now(request, cli, host_name):
     reason), not what the free MiB would hold unfragmented: on the idle
     board 4 x 4 GB fit (IDs 8, 32, 36, 44), not 5."""
     host, conf, uri = request.getfixturevalue(host_name)
-    code, out, _err = cli("--sysfs-root", host.paths.root, "status", "-f", "json",
-                          conf=conf, uri=uri)
+    code, out, _err = cli(
+        "--sysfs-root", host.paths.root, "status", "-f", "json", conf=conf, uri=uri
+    )
     assert code == 0
     (row,) = [r for r in json.loads(out) if r["provider"]]
-    sizes = {"nvidia-1155": 4096, "nvidia-1156": 8192, "nvidia-1157": 12288,
-             "nvidia-1159": 24576}
-    fits = {int(mib): int(count) for count, mib in
-            re.findall(r"(\d+) x (\d+) MiB", row["reason"].split(";")[0])}
+    sizes = {"nvidia-1155": 4096, "nvidia-1156": 8192, "nvidia-1157": 12288, "nvidia-1159": 24576}
+    fits = {
+        int(mib): int(count)
+        for count, mib in re.findall(r"(\d+) x (\d+) MiB", row["reason"].split(";")[0])
+    }
     free = {t["type"]: t["free"] for t in row["vgpus"]}
     assert free == {t: fits.get(mib, 0) for t, mib in sizes.items()}
     if host_name == "l40s_idle":
@@ -167,8 +193,8 @@ def test_each_types_free_vgpus_are_what_fits_now(request, cli, host_name):
 @pytest.mark.parametrize("host_name", HOSTS)
 def test_output_is_the_golden_file(request, tmp_path, cli, host_name, command):
     host, conf, uri = request.getfixturevalue(host_name)
-    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command],
-                         conf=conf, uri=uri)
-    golden.assert_golden(f"cli/{host_name}.{command}",
-                         normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host,
-                                    tmp_path))
+    code, out, err = cli("--sysfs-root", host.paths.root, *COMMANDS[command], conf=conf, uri=uri)
+    golden.assert_golden(
+        f"cli/{host_name}.{command}",
+        normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host, tmp_path),
+    )

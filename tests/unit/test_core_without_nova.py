@@ -33,8 +33,13 @@ def core_modules():
 def test_every_core_module_imports_without_nova():
     modules = core_modules()
     assert "vgpu_driver.driver" in modules and "vgpu_driver.nova_alias" in modules
-    done = subprocess.run([sys.executable, "-c", PROBE, *modules], capture_output=True,
-                          text=True, check=False, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *modules],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -59,8 +64,13 @@ def test_the_nova_alias_leaves_the_real_modules_spec(tmp_path):
     for package in ("nova", "nova/virt"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
-    done = subprocess.run([sys.executable, "-c", ALIAS_PROBE], capture_output=True,
-                          text=True, check=False, timeout=120,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", ALIAS_PROBE],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

@@ -14,11 +14,23 @@ from vgpu_driver.sysfs import linux
 
 PROFILE_SHAPES = {
     # profile: (GPU addresses, mode, parents per GPU, types per parent)
-    "t4x8": (["0000:18:00.0", "0000:19:00.0", "0000:35:00.0", "0000:36:00.0",
-              "0000:e7:00.0", "0000:e8:00.0", "0000:f4:00.0", "0000:f5:00.0"], "mdev", 1, 17),
+    "t4x8": (
+        [
+            "0000:18:00.0",
+            "0000:19:00.0",
+            "0000:35:00.0",
+            "0000:36:00.0",
+            "0000:e7:00.0",
+            "0000:e8:00.0",
+            "0000:f4:00.0",
+            "0000:f5:00.0",
+        ],
+        "mdev",
+        1,
+        17,
+    ),
     "a100-sriov": (["0000:41:00.0"], "mdev", 16, 6),
-    "m60-multi": (["0000:84:00.0", "0000:85:00.0", "0000:86:00.0", "0000:87:00.0"],
-                  "mdev", 1, 11),
+    "m60-multi": (["0000:84:00.0", "0000:85:00.0", "0000:86:00.0", "0000:87:00.0"], "mdev", 1, 11),
     "mtty": (["mtty_mtty"], "virtual", 1, 2),
     "l40s-vfio": (["0000:c1:00.0"], "vendor-vfio", 16, 6),
 }
@@ -62,8 +74,10 @@ def test_mdevs_are_resolved_through_their_links(make_host):
     host.create_mdev("0000:e7:00.0", "nvidia-319", ids[2])
     snapshot = discovery.discover(host)
     assert {(m.uuid, m.parent, m.type_id) for m in snapshot.mdevs} == {
-        (ids[0], "0000:41:00.5", "nvidia-469"), (ids[1], "0000:41:01.0", "nvidia-469"),
-        (ids[2], "0000:e7:00.0", "nvidia-319")}
+        (ids[0], "0000:41:00.5", "nvidia-469"),
+        (ids[1], "0000:41:01.0", "nvidia-469"),
+        (ids[2], "0000:e7:00.0", "nvidia-319"),
+    }
     a100 = snapshot.gpu("0000:41:00.0")
     assert a100.vgpu_types_in_use() == {"nvidia-469": 2}
     assert snapshot.gpu_of_parent("0000:41:01.0") is a100
@@ -91,12 +105,15 @@ def test_unsafe_entries_in_the_tree_are_skipped(make_host, caplog):
 
 def test_descriptions_and_creatable_lists_parse_leniently():
     assert base.parse_description("num_heads=4, framebuffer=2048M\nmax_instance=8") == {
-        "num_heads": "4", "framebuffer": "2048M", "max_instance": "8"}
+        "num_heads": "4",
+        "framebuffer": "2048M",
+        "max_instance": "8",
+    }
     assert base.parse_description("Single port serial") == {}
     assert base.framebuffer_mb("1G") == 1024 and base.framebuffer_mb("x") is None
     assert linux.parse_creatable_vgpu_types(
-        "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1146 NVIDIA L40S-2B\n") == (
-        (1145, "NVIDIA L40S-1B"), (1146, "NVIDIA L40S-2B"))
+        "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1146 NVIDIA L40S-2B\n"
+    ) == ((1145, "NVIDIA L40S-1B"), (1146, "NVIDIA L40S-2B"))
 
 
 def test_a_sysfs_without_gpus_is_an_empty_host(tmp_path):
@@ -106,12 +123,15 @@ def test_a_sysfs_without_gpus_is_an_empty_host(tmp_path):
     assert snapshot.gpus == () and snapshot.mdevs == ()
 
 
-@pytest.mark.parametrize("make_root, reason", [
-    (lambda p: p / "missing", "does not exist"),
-    (lambda p: (p / "file").write_text("") or p / "file", "is not a directory"),
-    (lambda p: p, "has no bus/ and no class/"),
-    (lambda p: (p / "bus").mkdir() or p, "has no class/"),
-])
+@pytest.mark.parametrize(
+    "make_root, reason",
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "file").write_text("") or p / "file", "is not a directory"),
+        (lambda p: p, "has no bus/ and no class/"),
+        (lambda p: (p / "bus").mkdir() or p, "has no class/"),
+    ],
+)
 def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, reason):
     root = make_root(tmp_path)
     with pytest.raises(exception.InvalidSysfsRoot, match=reason):
@@ -122,6 +142,7 @@ def test_an_impossible_root_is_refused_not_read_as_empty(tmp_path, make_root, re
 def opens():
     """A context in which every path given to ``os.open`` is recorded, in
     the list it yields: what a read opened, and only that read."""
+
     @contextlib.contextmanager
     def counting():
         opened = []
@@ -136,6 +157,7 @@ def opens():
             yield opened
         finally:
             os.open = real_open
+
     return counting
 
 
@@ -148,8 +170,7 @@ def test_the_vfs_a_read_found_are_not_probed_for_sr_iov(make_host, opens):
     with opens() as opened:
         snapshot = discovery.discover(reader)
     vfs = {p.name for p in snapshot.gpu("0000:41:00.0").parents}
-    probed = {os.path.basename(os.path.dirname(p)) for p in opened
-              if p.endswith("/sriov_totalvfs")}
+    probed = {os.path.basename(os.path.dirname(p)) for p in opened if p.endswith("/sriov_totalvfs")}
     assert len(vfs) == 16 and not probed & vfs
     assert "0000:41:00.0" in probed and snapshot.gpu("0000:41:00.0").sriov
 

@@ -22,9 +22,17 @@ def new_id():
 def internal_error():
     """A libvirt error that is not "no such domain", as a daemon may raise."""
     exc = libvirt.libvirtError("internal error: injected")
-    exc.err = (libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_DOMAIN,
-               "internal error: injected", libvirt.VIR_ERR_ERROR,
-               None, None, None, 0, 0)
+    exc.err = (
+        libvirt.VIR_ERR_INTERNAL_ERROR,
+        libvirt.VIR_FROM_DOMAIN,
+        "internal error: injected",
+        libvirt.VIR_ERR_ERROR,
+        None,
+        None,
+        None,
+        0,
+        0,
+    )
     return exc
 
 
@@ -81,8 +89,10 @@ class Host:
 
     def __init__(self, tmp_path, guests=()):
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-        self.uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-            libvirt_domains.domain_xml(name, mdevs) for name, mdevs in guests])
+        self.uri = libvirt_domains.node_file(
+            tmp_path / "node.xml",
+            [libvirt_domains.domain_xml(name, mdevs) for name, mdevs in guests],
+        )
         self.conn = self.reconnect()
         self.index = domain_index.DomainIndex(lambda: self.conn, libvirt)
 
@@ -98,7 +108,8 @@ class Host:
 
     def define(self, name, mdevs, domain_uuid=None, notify=True):
         dom = self.conn._conn.defineXML(
-            libvirt_domains.domain_xml(name, mdevs, domain_uuid=domain_uuid))
+            libvirt_domains.domain_xml(name, mdevs, domain_uuid=domain_uuid)
+        )
         if notify:
             self.index.domain_changed(dom.UUIDString())
         return dom.UUIDString()
@@ -143,8 +154,7 @@ def test_first_use_reads_every_domain(host, mdevs):
 
 def test_pci_hostdevs_are_indexed_by_address(tmp_path):
     host = Host(tmp_path).evented()
-    dom = host.conn._conn.defineXML(libvirt_domains.domain_xml("vf-guest",
-                                                               vfs=["0000:41:00.4"]))
+    dom = host.conn._conn.defineXML(libvirt_domains.domain_xml("vf-guest", vfs=["0000:41:00.4"]))
     assert host.users() == {"0000:41:00.4": "vf-guest"}
     assert host.index.domain_mdevs(dom.UUIDString()) == ("0000:41:00.4",)
 
@@ -416,7 +426,7 @@ def test_domain_now_reads_a_domain_whose_event_has_not_come(tmp_path):
     assert len(host.index.domain_uuids()) == 1
     mdev = new_id()
     guest = host.define("g", [mdev], notify=False)
-    assert host.index.domain_mdevs(guest) == ()       # no event yet: not seen
+    assert host.index.domain_mdevs(guest) == ()  # no event yet: not seen
     assert host.index.domain_now(guest) == (mdev,)
     assert guest in host.index.domain_uuids()
     assert host.index.mdev_users()[mdev].uuid == guest

@@ -20,8 +20,9 @@ def make_driver(make_conf, host, tmp_path, extra=""):
         restore_wait = 5
         {extra}
         """)
-    return driver.VGPUDriver(conf, domains.InProcessDomains(),
-                             host=fakekernel.FakeKernel(host.paths.root))
+    return driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
 
 
 def test_spawn_delete_round_trip(make_host, make_conf, tmp_path):
@@ -74,16 +75,18 @@ def test_hostdevs_follow_the_type_settings(make_host, make_conf, tmp_path):
         sysfs_root = {host.paths.root}
         state_dir = {tmp_path / "state"}
         """)
-    vgpu = driver.VGPUDriver(conf, domains.InProcessDomains(),
-                             host=fakekernel.FakeKernel(host.paths.root))
+    vgpu = driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
     provider = vgpu.provider_tree("cn1").providers[0]
     got = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 2}}}, {"rp": provider})
     xml = vgpu.add_hostdevs(libvirt_domains.domain_xml("g"), got)
     libvirt_schema.assert_valid_domain(xml)
     root = guest.parse(xml)
     assert guest.mdev_uuids(root) == got
-    assert {(h.get("model"), h.get("display"), h.get("ramfb"))
-            for h in root.findall("devices/hostdev")} == {("vfio-pci", "on", "on")}
+    assert {
+        (h.get("model"), h.get("display"), h.get("ramfb")) for h in root.findall("devices/hostdev")
+    } == {("vfio-pci", "on", "on")}
 
 
 def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf, tmp_path):
@@ -91,7 +94,7 @@ def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf,
     vgpu = make_driver(make_conf, host, tmp_path)
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     old = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 1}}}, providers)
-    with vgpu.journal.transaction() as txn:   # a resize on the same host: a 2nd mdev
+    with vgpu.journal.transaction() as txn:  # a resize on the same host: a 2nd mdev
         txn.add("i-1", str(uuid.uuid4()), A100, "0000:41:00.5", "nvidia-468")
     kept = [c.mdev_uuid for c in vgpu.journal.claims("i-1") if c.mdev_uuid not in old]
     assert vgpu.release_unused("i-1", kept) == old
@@ -99,24 +102,27 @@ def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf,
 
 
 def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
-        make_host, make_conf, tmp_path):
+    make_host, make_conf, tmp_path
+):
     """What a restart used to be needed for happens at the next update."""
     host = make_host("a100-sriov")
-    options = ("remove_mdevs_on_release = true", "mdev_remove_timeout = 1",
-               "claim_grace = 0")
+    options = ("remove_mdevs_on_release = true", "mdev_remove_timeout = 1", "claim_grace = 0")
     vgpu = make_driver(make_conf, host, tmp_path, extra="\n        ".join(options))
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     allocation = {"rp": {"resources": {"VGPU": 1}}}
     (busy,) = vgpu.allocate("deleted", allocation, providers)
     (kept,) = vgpu.allocate("resizing", allocation, providers)
-    vgpu.instance_defined("resizing")          # its domain is away for a while
-    host.hold(busy)                            # the guest has not let go yet
+    vgpu.instance_defined("resizing")  # its domain is away for a while
+    host.hold(busy)  # the guest has not let go yet
     assert vgpu.release("deleted") == []
     (unused,) = vgpu.allocate("never-came", allocation, providers)
     assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {
-        busy: "releasing", kept: "attached", unused: "claimed"}
+        busy: "releasing",
+        kept: "attached",
+        unused: "claimed",
+    }
 
-    host.release(busy)                         # its one writer returns
+    host.release(busy)  # its one writer returns
     assert vgpu.manager.removals.join(10)
     vgpu.provider_tree("cn1")
     assert {c.mdev_uuid: c.state for c in vgpu.journal.claims()} == {kept: "attached"}
@@ -131,13 +137,13 @@ def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     got = vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 1}}}, providers)
     vgpu.instance_defined("guest")
-    host.reboot()                                   # VFs come back later
+    host.reboot()  # VFs come back later
     restarted = make_driver(make_conf, host, tmp_path, "restore_wait = 30")
     restarted.domains.define("guest", got)
     started = time.monotonic()
     try:
         outcomes = restarted.init_host()
-        assert time.monotonic() - started < 15   # restore_wait is 30
+        assert time.monotonic() - started < 15  # restore_wait is 30
         assert [(o.mdev_uuid, o.result) for o in outcomes] == [(got[0], "waiting")]
         assert host.list_mdevs() == [] and restarted.worker.running
         assert set(restarted.worker.waiting) == set(got)

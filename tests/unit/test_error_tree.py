@@ -16,9 +16,12 @@ import vgpu_driver
 PACKAGE = pathlib.Path(vgpu_driver.__file__).parent
 TREE = "exception"
 # Stand-ins for a library's own error, named as the library names it.
-NOT_OURS = {("fake/nvml.py", "NVMLError")}   # pynvml.NVMLError, in the fake NVML
-BUILTIN_ERRORS = {name for name, value in vars(builtins).items()
-                  if isinstance(value, type) and issubclass(value, BaseException)}
+NOT_OURS = {("fake/nvml.py", "NVMLError")}  # pynvml.NVMLError, in the fake NVML
+BUILTIN_ERRORS = {
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+}
 
 
 def _base_name(node):
@@ -45,9 +48,12 @@ def error_classes():
     known = set(BUILTIN_ERRORS)
     found = []
     while True:
-        more = [(path, name) for path, name, bases in classes
-                if (path, name) not in found
-                and any(b in known or b.endswith(("Error", "Exception")) for b in bases)]
+        more = [
+            (path, name)
+            for path, name, bases in classes
+            if (path, name) not in found
+            and any(b in known or b.endswith(("Error", "Exception")) for b in bases)
+        ]
         if not more:
             return found
         found += more
@@ -60,16 +66,21 @@ def in_tree(path):
 
 def test_the_walk_finds_errors_in_and_out_of_the_tree():
     found = error_classes()
-    assert ("exception/writes.py", "MdevBusy") in found          # a subclass of a subclass
+    assert ("exception/writes.py", "MdevBusy") in found  # a subclass of a subclass
     assert ("exception/base.py", "VgpuDriverError") in found
-    assert ("fake/nvml.py", "NVMLError") in found                # outside, allowed
+    assert ("fake/nvml.py", "NVMLError") in found  # outside, allowed
 
 
 def test_every_error_is_defined_in_the_exception_package():
-    outside = [f"{path}: {name}" for path, name in error_classes()
-               if not in_tree(path) and (path, name) not in NOT_OURS]
-    assert not outside, ("define these in vgpu_driver/exception/ and export them from "
-                         f"vgpu_driver.exception: {outside}")
+    outside = [
+        f"{path}: {name}"
+        for path, name in error_classes()
+        if not in_tree(path) and (path, name) not in NOT_OURS
+    ]
+    assert not outside, (
+        "define these in vgpu_driver/exception/ and export them from "
+        f"vgpu_driver.exception: {outside}"
+    )
 
 
 def test_no_two_errors_share_a_name():
@@ -80,6 +91,9 @@ def test_no_two_errors_share_a_name():
 
 def test_no_other_class_takes_an_errors_name():
     errors = {name for path, name in error_classes() if in_tree(path)}
-    clashing = sorted(f"{path}: {name}" for path, name, _bases in _classes()
-                      if name in errors and not in_tree(path))
+    clashing = sorted(
+        f"{path}: {name}"
+        for path, name, _bases in _classes()
+        if name in errors and not in_tree(path)
+    )
     assert not clashing, clashing

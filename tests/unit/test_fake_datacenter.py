@@ -17,8 +17,13 @@ def test_the_h100_host_has_only_what_the_real_one_has(make_host):
     host = make_host("h100-datacenter")
     dev = host.paths.pci_device(H100)
     assert os.readlink(host.paths.pci_driver(H100)).endswith("bus/pci/drivers/nvidia")
-    for absent in ("sriov_totalvfs", "sriov_numvfs", "nvidia", "mdev_supported_types",
-                   "iommu_group"):
+    for absent in (
+        "sriov_totalvfs",
+        "sriov_numvfs",
+        "nvidia",
+        "mdev_supported_types",
+        "iommu_group",
+    ):
         assert not os.path.lexists(os.path.join(dev, absent)), absent
     assert not os.path.exists(host.paths.parent_base())
     assert not os.path.exists(os.path.dirname(host.paths.mdev_base()))
@@ -27,7 +32,11 @@ def test_the_h100_host_has_only_what_the_real_one_has(make_host):
     assert discovery.discover(host).gpus == ()
     [gpu] = host_reads.nvidia_gpus(host.paths)
     assert (gpu.address, gpu.device_id, gpu.driver, gpu.iommu_group) == (
-        H100, "10de:2330", "nvidia", None)
+        H100,
+        "10de:2330",
+        "nvidia",
+        None,
+    )
 
 
 def test_nvml_says_pass_through_and_refuses_every_vgpu_call(make_host):
@@ -35,25 +44,30 @@ def test_nvml_says_pass_through_and_refuses_every_vgpu_call(make_host):
     bindings = fake_nvml.Bindings(host.paths.root)
     handle = bindings.nvmlDeviceGetHandleByPciBusId(H100)
     assert bindings.nvmlDeviceGetName(handle) == "NVIDIA H100 80GB HBM3"
-    assert bindings.nvmlDeviceGetVirtualizationMode(handle) == \
-        fake_nvml.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
-    for call, args in ((bindings.nvmlDeviceGetHostVgpuMode, ()),
-                       (bindings.nvmlDeviceGetVgpuHeterogeneousMode, ()),
-                       (bindings.nvmlDeviceGetActiveVgpus, ()),
-                       (bindings.nvmlDeviceGetVgpuTypeSupportedPlacements, (1155,))):
+    assert (
+        bindings.nvmlDeviceGetVirtualizationMode(handle)
+        == fake_nvml.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+    )
+    for call, args in (
+        (bindings.nvmlDeviceGetHostVgpuMode, ()),
+        (bindings.nvmlDeviceGetVgpuHeterogeneousMode, ()),
+        (bindings.nvmlDeviceGetActiveVgpus, ()),
+        (bindings.nvmlDeviceGetVgpuTypeSupportedPlacements, (1155,)),
+    ):
         with pytest.raises(fake_nvml.NVMLError) as caught:
             call(handle, *args)
         assert caught.value.value == fake_nvml.NVML_ERROR_NOT_SUPPORTED, call.__name__
     assert nvml.gpu_facts([H100], bindings) == {
-        H100: nvml.GpuFacts("NVIDIA H100 80GB HBM3", nvml.VIRTUALIZATION_PASSTHROUGH, None,
-                            None)}
+        H100: nvml.GpuFacts("NVIDIA H100 80GB HBM3", nvml.VIRTUALIZATION_PASSTHROUGH, None, None)
+    }
 
 
 def test_a_vgpu_manager_host_answers_host_vgpu(make_host):
     host = make_host("a100-sriov", "t4x8")
     facts = nvml.gpu_facts(["0000:41:00.0", "0000:18:00.0"], fake_nvml.Bindings(host.paths.root))
-    assert facts["0000:41:00.0"] == nvml.GpuFacts("NVIDIA A100-PCIE-40GB",
-                                                   nvml.VIRTUALIZATION_HOST_VGPU, 1, None)
+    assert facts["0000:41:00.0"] == nvml.GpuFacts(
+        "NVIDIA A100-PCIE-40GB", nvml.VIRTUALIZATION_HOST_VGPU, 1, None
+    )
     assert facts["0000:18:00.0"].host_vgpu_mode == 0
 
 
@@ -65,6 +79,6 @@ def test_each_function_has_its_iommu_group_and_vfs_take_theirs_away(make_host):
     assert len(set(host_reads.iommu_groups(host.paths))) == 17
     members = os.listdir(os.path.join(host.paths.iommu_groups(), gpu.iommu_group, "devices"))
     assert members == ["0000:41:00.0"]
-    host.reboot()           # the VFs go, and their groups with them
+    host.reboot()  # the VFs go, and their groups with them
     assert host_reads.nvidia_vfs(host.paths, gpu) == []
     assert host_reads.iommu_groups(host.paths) == (gpu.iommu_group,)

@@ -72,17 +72,29 @@ def test_numvfs_without_a_driver_that_configures_sriov_is_enoent(make_host, driv
     assert host.pci_device(A100).sriov_numvfs == 0
 
 
-@pytest.mark.parametrize("text, code", [
-    ("-1", errno.EINVAL), ("1_0", errno.EINVAL), (" 1", errno.EINVAL), ("1\n\n", errno.EINVAL),
-    ("", errno.EINVAL), ("0x", errno.EINVAL), ("08", errno.EINVAL), ("65536", errno.ERANGE),
-    ("0\n", None), ("+0", None), ("0x0", None), ("00", None),
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("-1", errno.EINVAL),
+        ("1_0", errno.EINVAL),
+        (" 1", errno.EINVAL),
+        ("1\n\n", errno.EINVAL),
+        ("", errno.EINVAL),
+        ("0x", errno.EINVAL),
+        ("08", errno.EINVAL),
+        ("65536", errno.ERANGE),
+        ("0\n", None),
+        ("+0", None),
+        ("0x0", None),
+        ("00", None),
+    ],
+)
 def test_numvfs_parses_as_kstrtou16(make_host, text, code):
     """sriov_numvfs_store returns kstrtou16's error before anything else."""
     host = make_host("a100-sriov-off")
     pf = Paths(host, A100)
     if code is None:
-        host.write_attr(pf.attr("sriov_numvfs"), text)    # zero, as now: no change
+        host.write_attr(pf.attr("sriov_numvfs"), text)  # zero, as now: no change
         assert host.pci_device(A100).sriov_numvfs == 0
     else:
         assert errno_of(host.write_attr, pf.attr("sriov_numvfs"), text) == code
@@ -112,14 +124,14 @@ def test_bind_and_unbind_answer_as_the_driver_core(make_host):
     host.write_attr(pf.driver("nvidia", "unbind"), A100 + "\n")
     host.write_attr(pf.attr("driver_override"), "pci-pf-stub\n")
     assert read(pf.attr("driver_override")) == "pci-pf-stub\n"
-    assert pf.bound is None                       # an override binds nothing by itself
+    assert pf.bound is None  # an override binds nothing by itself
     assert errno_of(host.write_attr, pf.driver("nvidia", "bind"), A100) == errno.ENODEV
     assert errno_of(host.write_attr, pf.attr("driver_override"), "x" * 4096) == errno.EINVAL
     host.write_attr(pf.driver("pci-pf-stub", "bind"), A100)
     assert pf.bound == "pci-pf-stub"
     host.write_attr(pf.attr("sriov_numvfs"), "16")
     host.write_attr(pf.driver("pci-pf-stub", "unbind"), A100)
-    assert host.pci_device(A100).sriov_numvfs == 16     # the VFs outlive the unbind
+    assert host.pci_device(A100).sriov_numvfs == 16  # the VFs outlive the unbind
     host.write_attr(pf.attr("driver_override"), "\n")
     host.write_attr(pf.driver("nvidia", "bind"), A100)
     assert pf.bound == "nvidia" and len(host.list_parents()) == 16
@@ -132,7 +144,7 @@ def test_nvidia_rebound_starts_the_board_afresh(make_host):
     host.set_mixed_sizes(L40S, True)
     pf = Paths(host, L40S)
     host.write_attr(pf.driver("nvidia", "unbind"), L40S)
-    assert host.heterogeneous_mode(L40S)              # nothing said it yet
+    assert host.heterogeneous_mode(L40S)  # nothing said it yet
     host.write_attr(pf.driver("nvidia", "bind"), L40S)
     assert not host.heterogeneous_mode(L40S)
     host.set_vendor_vgpu_type(L40S_VF, 1156)
@@ -171,13 +183,16 @@ def test_the_stand_in_enables_and_disables_as_nvidias_script(make_host):
     assert host.pci_device(A100).sriov_numvfs == 16
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (("-e", "0000:41:00.1"), (1, "", "")),                   # no such NVIDIA function
-    (("-e", "0000:18:00.0"), (0, "", "")),                   # a T4: no SR-IOV, exit 0
-    (("-e", pci_devices.NIC), (1, "", "")),                  # not NVIDIA
-    (("-x", A100), (1, "", sriov_manage.USAGE)),
-    ((), (1, "", sriov_manage.USAGE)),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (("-e", "0000:41:00.1"), (1, "", "")),  # no such NVIDIA function
+        (("-e", "0000:18:00.0"), (0, "", "")),  # a T4: no SR-IOV, exit 0
+        (("-e", pci_devices.NIC), (1, "", "")),  # not NVIDIA
+        (("-x", A100), (1, "", sriov_manage.USAGE)),
+        ((), (1, "", sriov_manage.USAGE)),
+    ],
+)
 def test_the_stand_in_refuses_as_nvidias_script(make_host, argv, expected):
     host = make_host("a100-sriov-off", "t4x8")
     pci_devices.plant_nic(host.paths.root)
@@ -190,7 +205,10 @@ def test_the_stand_in_cannot_take_a_board_in_use(make_host):
     host = make_host("l40s-vfio")
     host.set_vendor_vgpu_type(L40S_VF, 1156)
     assert stand_in(host, "-d", L40S) == (
-        1, f"Disabling VFs on {L40S}\n", f"Cannot obtain unbindLock for {L40S}\n")
+        1,
+        f"Disabling VFs on {L40S}\n",
+        f"Cannot obtain unbindLock for {L40S}\n",
+    )
     assert host.pci_device(L40S).sriov_numvfs == 16
 
 
@@ -199,7 +217,7 @@ def test_the_stand_in_reports_a_refused_write_and_binds_nvidia_back(make_host):
     total = os.path.join(host.paths.pci_device(A100), "sriov_totalvfs")
     os.chmod(total, 0o644)
     with open(total, "w") as f:
-        f.write("32\n")                      # more than the device takes: ERANGE
+        f.write("32\n")  # more than the device takes: ERANGE
     code, out, err = stand_in(host, "-e", A100)
     assert (code, out) == (1, f"Enabling VFs on {A100}\n")
     assert err.endswith("sriov_numvfs: write error: Numerical result out of range\n")

@@ -22,15 +22,20 @@ def l40s(**gpu):
     """The shipped L40S profile, with an L40S-4A beside its Q types."""
     profile = copy.deepcopy(profiles.load("l40s-vfio"))
     board = profile["gpus"][0]
-    board["types"].append({"id": f"nvidia-{A4}", "name": "NVIDIA L40S-4A",
-                           "framebuffer_mb": 4096, "max": 12})
+    board["types"].append(
+        {"id": f"nvidia-{A4}", "name": "NVIDIA L40S-4A", "framebuffer_mb": 4096, "max": 12}
+    )
     board.update(gpu)
     return profile
 
 
 def creatable(host, vf):
-    return {number for vfio in host.list_vendor_vfio() if str(vfio.address) == vf
-            for number, _name in vfio.creatable}
+    return {
+        number
+        for vfio in host.list_vendor_vfio()
+        if str(vfio.address) == vf
+        for number, _name in vfio.creatable
+    }
 
 
 def vfs(host):
@@ -50,10 +55,10 @@ class TestEqualSize:
         assert creatable(host, second) == {Q4, Q8, Q12, Q16, Q24, Q48, A4}
         host.set_vendor_vgpu_type(first, Q4)
         assert creatable(host, second) == {Q4, A4}
-        host.set_vendor_vgpu_type(second, A4)       # same size, another series
+        host.set_vendor_vgpu_type(second, A4)  # same size, another series
         assert refused(host, third, Q8) == errno.EINVAL
-        assert creatable(host, first) == set()      # one vGPU per VF
-        assert host.placement_of(first) is None     # placements are mixed-size mode's
+        assert creatable(host, first) == set()  # one vGPU per VF
+        assert host.placement_of(first) is None  # placements are mixed-size mode's
         host.set_vendor_vgpu_type(first, 0)
         host.set_vendor_vgpu_type(second, 0)
         assert creatable(host, third) == {Q4, Q8, Q12, Q16, Q24, Q48, A4}
@@ -65,9 +70,9 @@ class TestMixedSize:
         host.set_heterogeneous_mode(L40S, True)
         assert host.heterogeneous_mode(L40S)
         one, two, three, four, free = vfs(host)[:5]
-        host.set_vendor_vgpu_type(one, Q4)      # 4 GB at 0: slots 0-3
-        host.set_vendor_vgpu_type(two, Q12)     # 12 GB: 0 overlaps, so 12: slots 12-23
-        host.set_vendor_vgpu_type(three, Q8)    # 8 GB: 0 and 16 overlap, so 24: 24-31
+        host.set_vendor_vgpu_type(one, Q4)  # 4 GB at 0: slots 0-3
+        host.set_vendor_vgpu_type(two, Q12)  # 12 GB: 0 overlaps, so 12: slots 12-23
+        host.set_vendor_vgpu_type(three, Q8)  # 8 GB: 0 and 16 overlap, so 24: 24-31
         assert [host.placement_of(vf) for vf in (one, two, three)] == [0, 12, 24]
         # 24 GB would need 0 or 24; 48 GB all of it.  16 GB still fits at 32.
         assert creatable(host, free) == {Q4, Q8, Q12, Q16, A4}
@@ -84,15 +89,14 @@ class TestMixedSize:
         assert creatable(host, free) == {Q4, Q8, Q12, A4}
         assert host.placements(L40S, Q12)[2] == (12,)
 
-    def test_the_mode_is_refused_while_a_vgpu_exists_or_where_sizes_cannot_mix(
-            self, make_host):
+    def test_the_mode_is_refused_while_a_vgpu_exists_or_where_sizes_cannot_mix(self, make_host):
         host = make_host(l40s(), "a100-sriov")
         host.set_vendor_vgpu_type(vfs(host)[0], Q4)
         with pytest.raises(nvml.NVMLError) as caught:
             host.set_heterogeneous_mode(L40S, True)
         assert caught.value.value == nvml.NVML_ERROR_IN_USE
         assert not host.heterogeneous_mode(L40S)
-        for board in ("0000:41:00.0", ):                   # an mdev SR-IOV board
+        for board in ("0000:41:00.0",):  # an mdev SR-IOV board
             with pytest.raises(nvml.NVMLError) as caught:
                 host.set_heterogeneous_mode(board, True)
             assert caught.value.value == nvml.NVML_ERROR_NOT_SUPPORTED
@@ -100,10 +104,10 @@ class TestMixedSize:
             host.set_heterogeneous_mode("0000:c2:00.0", True)
         assert caught.value.value == nvml.NVML_ERROR_NOT_FOUND
 
-    @pytest.mark.parametrize("gpu", [{"heterogeneous_sizes": False},
-                                     {"architecture": None}])   # a family no rule knows
-    def test_a_board_without_the_capability_or_its_rules_stays_equal_size(
-            self, make_host, gpu):
+    @pytest.mark.parametrize(
+        "gpu", [{"heterogeneous_sizes": False}, {"architecture": None}]
+    )  # a family no rule knows
+    def test_a_board_without_the_capability_or_its_rules_stays_equal_size(self, make_host, gpu):
         host = make_host(l40s(**gpu))
         with pytest.raises(nvml.NVMLError) as caught:
             host.set_heterogeneous_mode(L40S, True)

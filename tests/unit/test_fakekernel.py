@@ -42,16 +42,21 @@ class TestLayout:
         host = make_host("a100-sriov")
         uid = new_uuid()
         host.create_mdev("0000:41:00.4", "nvidia-468", uid)
-        for link in (host.paths.parent("0000:41:00.4"), host.paths.mdev(uid),
-                     host.paths.pci_device("0000:41:00.4")):
+        for link in (
+            host.paths.parent("0000:41:00.4"),
+            host.paths.mdev(uid),
+            host.paths.pci_device("0000:41:00.4"),
+        ):
             assert not os.path.isabs(os.readlink(link))
             assert os.path.realpath(link).startswith(host.paths.join("devices") + os.sep)
         vf = os.path.realpath(host.paths.parent("0000:41:00.4"))
         assert os.path.realpath(os.path.join(vf, "physfn")).endswith("/0000:41:00.0")
         assert os.path.realpath(os.path.join(vf, uid, "mdev_type")).endswith(
-            "mdev_supported_types/nvidia-468")
-        assert os.path.islink(os.path.join(vf, "mdev_supported_types", "nvidia-468",
-                                           "devices", uid))
+            "mdev_supported_types/nvidia-468"
+        )
+        assert os.path.islink(
+            os.path.join(vf, "mdev_supported_types", "nvidia-468", "devices", uid)
+        )
 
     def test_sriov_attributes(self, make_host):
         host = make_host("a100-sriov")
@@ -68,12 +73,22 @@ class TestLayout:
 
 
 class TestCreate:
-    @pytest.mark.parametrize("value", ["", "1234", new_uuid()[:35], new_uuid() + "\n\n",
-                                       "z" * 36, "12345678-1234-1234-1234-1234567890-a"])
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "",
+            "1234",
+            new_uuid()[:35],
+            new_uuid() + "\n\n",
+            "z" * 36,
+            "12345678-1234-1234-1234-1234567890-a",
+        ],
+    )
     def test_malformed_uuid_is_einval(self, make_host, value):
         host = make_host("t4x8")
-        assert_errno(errno.EINVAL, host.write_attr,
-                     create_file(host, "0000:18:00.0", "nvidia-222"), value)
+        assert_errno(
+            errno.EINVAL, host.write_attr, create_file(host, "0000:18:00.0", "nvidia-222"), value
+        )
         assert host.list_mdevs() == []
 
     def test_trailing_newline_and_upper_case_are_accepted(self, make_host):
@@ -143,8 +158,9 @@ class TestCreate:
 
     def test_read_only_attribute_is_eio(self, make_host):
         host = make_host("t4x8")
-        path = os.path.join(host.paths.parent_type("0000:18:00.0", "nvidia-222"),
-                            "available_instances")
+        path = os.path.join(
+            host.paths.parent_type("0000:18:00.0", "nvidia-222"), "available_instances"
+        )
         assert_errno(errno.EIO, host.write_attr, path, "3")
 
     def test_writes_outside_the_root_are_refused(self, make_host, tmp_path):
@@ -184,13 +200,24 @@ class TestSriov:
 
     def test_siblings_only_offer_the_same_framebuffer_size(self, make_host):
         host = make_host("a100-sriov")
-        assert all(available(host, A100_VFS[1], t) == 1 for t in
-                   ("nvidia-468", "nvidia-469", "nvidia-473"))
+        assert all(
+            available(host, A100_VFS[1], t) == 1 for t in ("nvidia-468", "nvidia-469", "nvidia-473")
+        )
         host.create_mdev(A100_VFS[0], "nvidia-471", new_uuid())  # A100-10C, 10240M
-        offered = {t.type_id: t.available_instances
-                   for p in host.list_parents() if p.name == A100_VFS[1] for t in p.types}
-        assert offered == {"nvidia-468": 0, "nvidia-469": 0, "nvidia-470": 0,
-                           "nvidia-471": 1, "nvidia-472": 0, "nvidia-473": 0}
+        offered = {
+            t.type_id: t.available_instances
+            for p in host.list_parents()
+            if p.name == A100_VFS[1]
+            for t in p.types
+        }
+        assert offered == {
+            "nvidia-468": 0,
+            "nvidia-469": 0,
+            "nvidia-470": 0,
+            "nvidia-471": 1,
+            "nvidia-472": 0,
+            "nvidia-473": 0,
+        }
         with pytest.raises(exception.MdevWriteError):
             host.create_mdev(A100_VFS[1], "nvidia-468", new_uuid())
 
@@ -208,13 +235,13 @@ class TestSriov:
         host = make_host("a100-sriov")
         pf = host.paths.pci_device("0000:41:00.0")
         pf_numvfs = os.path.join(pf, "sriov_numvfs")
-        assert_errno(errno.ENOENT, host.write_attr, pf_numvfs, "0")     # nvidia's
+        assert_errno(errno.ENOENT, host.write_attr, pf_numvfs, "0")  # nvidia's
         host.write_attr(host.paths.join("bus/pci/drivers/nvidia/unbind"), "0000:41:00.0")
         host.write_attr(os.path.join(pf, "driver_override"), "pci-pf-stub\n")
         host.write_attr(host.paths.join("bus/pci/drivers/pci-pf-stub/bind"), "0000:41:00.0")
         assert_errno(errno.ERANGE, host.write_attr, pf_numvfs, "17")
         assert_errno(errno.EINVAL, host.write_attr, pf_numvfs, "four")
-        host.write_attr(pf_numvfs, "16")                                  # as it is: no-op
+        host.write_attr(pf_numvfs, "16")  # as it is: no-op
         assert_errno(errno.EBUSY, host.write_attr, pf_numvfs, "8")
         host.write_attr(pf_numvfs, "0")
         assert host.list_parents() == []

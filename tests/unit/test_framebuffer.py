@@ -24,28 +24,29 @@ from vgpu_driver.fake import nvml as fake_nvml
 L40S = "0000:c1:00.0"
 BOARD_SLOTS = 48
 SIZE_OF = {1155: 4, 1156: 8, 1157: 12, 1158: 16, 1159: 24, 1160: 48}
-MIXES = [(1155, 1156, 1157), (1155, 1158, 1159, 1160), (1157, 1159), (1156,),
-         tuple(SIZE_OF)]
+MIXES = [(1155, 1156, 1157), (1155, 1158, 1159, 1160), (1157, 1159), (1156,), tuple(SIZE_OF)]
 
 
 def fits(record, used, amount):
     """Placement's rule for one class of a request against its inventory."""
-    return (record["min_unit"] <= amount <= record["max_unit"]
-            and amount % record["step_size"] == 0
-            and used + amount <= (record["total"] - record["reserved"])
-            * record["allocation_ratio"])
+    return (
+        record["min_unit"] <= amount <= record["max_unit"]
+        and amount % record["step_size"] == 0
+        and used + amount <= (record["total"] - record["reserved"]) * record["allocation_ratio"]
+    )
 
 
 def grants(records, usage, request):
     """Placement's rule: every class of the request fits."""
-    return all(rc in records and fits(records[rc], usage.get(rc, 0), amount)
-               for rc, amount in request.items())
+    return all(
+        rc in records and fits(records[rc], usage.get(rc, 0), amount)
+        for rc, amount in request.items()
+    )
 
 
 def request_of(number, count):
     size = SIZE_OF[number]
-    return {framebuffer.RESOURCE_CLASS: count * size * 1024,
-            size_classes.class_name(size): count}
+    return {framebuffer.RESOURCE_CLASS: count * size * 1024, size_classes.class_name(size): count}
 
 
 @pytest.fixture
@@ -61,16 +62,22 @@ def mixed_l40s(make_host, monkeypatch):
 def board_state(host, types):
     """``(inventory records, usage, {VF: type})`` as the driver would read
     them now, every vGPU held by a guest whose allocation counts it."""
-    present = {str(vf.address): vf.current_type for vf in host.list_vendor_vfio()
-               if vf.current_type}
+    present = {
+        str(vf.address): vf.current_type for vf in host.list_vendor_vfio() if vf.current_type
+    }
     free_vfs = sum(1 for vf in host.list_vendor_vfio() if not vf.current_type)
     used = sum(SIZE_OF[t] for t in present.values())
     found = nvml.placements(L40S, types)
     held = collections.Counter(SIZE_OF[t] for t in present.values())
-    records = {framebuffer.RESOURCE_CLASS: framebuffer.inventory(
-        BOARD_SLOTS, found, used, free_vfs).as_placement()}
-    records.update((rc, found.as_placement()) for rc, found in
-                   size_classes.inventories(found, held, {}, free_vfs).items())
+    records = {
+        framebuffer.RESOURCE_CLASS: framebuffer.inventory(
+            BOARD_SLOTS, found, used, free_vfs
+        ).as_placement()
+    }
+    records.update(
+        (rc, found.as_placement())
+        for rc, found in size_classes.inventories(found, held, {}, free_vfs).items()
+    )
     usage = collections.Counter()
     for number in present.values():
         usage.update(request_of(number, 1))
@@ -110,7 +117,8 @@ def test_placement_grants_exactly_what_the_board_then_accepts(mixed_l40s, seed):
         for number in types:
             for count in (1, 2, 3):
                 assert grants(records, usage, request_of(number, count)) == board_accepts(
-                    host, number, count), (number, count, records, present)
+                    host, number, count
+                ), (number, count, records, present)
         if present and rng.random() < 0.35:
             host.set_vendor_vgpu_type(rng.choice(sorted(present)), 0)
             continue
@@ -131,10 +139,12 @@ def test_the_two_cases_the_framebuffer_class_alone_gets_wrong(mixed_l40s):
     types = (1155, 1157, 1159)
     records, usage, _present = board_state(host, types)
     assert grants(records, usage, request_of(1159, 2)) and board_accepts(host, 1159, 2)
-    assert board_accepts(host, 1157, 3, keep=True)      # 0, 12, 24
+    assert board_accepts(host, 1157, 3, keep=True)  # 0, 12, 24
     records, usage, _present = board_state(host, types)
-    assert records[framebuffer.RESOURCE_CLASS]["total"] - usage[
-        framebuffer.RESOURCE_CLASS] == 12 * 1024
+    assert (
+        records[framebuffer.RESOURCE_CLASS]["total"] - usage[framebuffer.RESOURCE_CLASS]
+        == 12 * 1024
+    )
     assert not grants(records, usage, request_of(1155, 3))
     assert not board_accepts(host, 1155, 3)
     assert grants(records, usage, request_of(1155, 2)) and board_accepts(host, 1155, 2)
@@ -157,8 +167,11 @@ def test_a_fragmented_board_reserves_the_holes_no_configured_size_fits(mixed_l40
     assert len(present) == 6
     fb = records[framebuffer.RESOURCE_CLASS]
     assert (fb["reserved"], fb["total"] - fb["reserved"]) == (16 * 1024, (24 + 8) * 1024)
-    assert [records[size_classes.class_name(s)]["total"] - records[
-        size_classes.class_name(s)]["reserved"] for s in (4, 8)] == [6 + 2, 0]
+    assert [
+        records[size_classes.class_name(s)]["total"]
+        - records[size_classes.class_name(s)]["reserved"]
+        for s in (4, 8)
+    ] == [6 + 2, 0]
     assert not creatable_now(host, 1156) and creatable_now(host, 1155)
 
 
@@ -176,47 +189,74 @@ def test_without_a_free_vf_nothing_is_left_to_grant(mixed_l40s):
     # The held 4 GB vGPU, and 7 more 4 GB (8, 12, ..., 44) or 3 8 GB (16, 24, 40).
     held = {4: 1}
     assert [r.capacity for r in size_classes.inventories(found, held, {}, 15).values()] == [
-        1 + 7, 3]
-    assert [r.capacity for r in size_classes.inventories(found, held, {}, 0).values()] == [
-        1, 0]
+        1 + 7,
+        3,
+    ]
+    assert [r.capacity for r in size_classes.inventories(found, held, {}, 0).values()] == [1, 0]
 
 
 def test_the_inventory_is_placements_own_shape():
     inventory = framebuffer.inventory(
-        BOARD_SLOTS, {1157: nvml.Placements(12, (0, 12, 24, 36), (0, 12, 24, 36)),
-                      1159: nvml.Placements(24, (0, 24), (0, 24))}, 0, 16)
+        BOARD_SLOTS,
+        {
+            1157: nvml.Placements(12, (0, 12, 24, 36), (0, 12, 24, 36)),
+            1159: nvml.Placements(24, (0, 24), (0, 24)),
+        },
+        0,
+        16,
+    )
     assert inventory.as_placement() == {
-        "total": 49152, "reserved": 0, "min_unit": 12288, "max_unit": 49152,
-        "step_size": 12288, "allocation_ratio": 1.0}
+        "total": 49152,
+        "reserved": 0,
+        "min_unit": 12288,
+        "max_unit": 49152,
+        "step_size": 12288,
+        "allocation_ratio": 1.0,
+    }
     with pytest.raises(ValueError):
         framebuffer.inventory(BOARD_SLOTS, {}, 0, 16)
 
 
 def test_size_classes_count_disjoint_placements_and_free_vfs():
-    found = {1157: nvml.Placements(12, (0, 12, 24, 36), (12, 24, 36)),
-             1159: nvml.Placements(24, (0, 24), (24,))}
+    found = {
+        1157: nvml.Placements(12, (0, 12, 24, 36), (12, 24, 36)),
+        1159: nvml.Placements(24, (0, 24), (24,)),
+    }
     by_class = size_classes.inventories(found, {12: 1}, {}, 16)
     assert {rc: r.as_placement() for rc, r in by_class.items()} == {
-        "CUSTOM_VGPU_SIZE_12288_MIB": {"total": 4, "reserved": 0, "min_unit": 1,
-                                       "max_unit": 4, "step_size": 1,
-                                       "allocation_ratio": 1.0},
-        "CUSTOM_VGPU_SIZE_24576_MIB": {"total": 2, "reserved": 1, "min_unit": 1,
-                                       "max_unit": 2, "step_size": 1,
-                                       "allocation_ratio": 1.0}}
+        "CUSTOM_VGPU_SIZE_12288_MIB": {
+            "total": 4,
+            "reserved": 0,
+            "min_unit": 1,
+            "max_unit": 4,
+            "step_size": 1,
+            "allocation_ratio": 1.0,
+        },
+        "CUSTOM_VGPU_SIZE_24576_MIB": {
+            "total": 2,
+            "reserved": 1,
+            "min_unit": 1,
+            "max_unit": 2,
+            "step_size": 1,
+            "allocation_ratio": 1.0,
+        },
+    }
     # Two free VFs: two vGPUs at most, whatever the placements say; a held
     # vGPU no allocation counts in its class is reserved.
     by_class = size_classes.inventories(found, {12: 1}, {12: 1}, 2)
     assert by_class["CUSTOM_VGPU_SIZE_12288_MIB"].capacity == 2
-    assert size_classes.disjoint([0, 2, 3, 5, 6, 9], 3) == 4     # 0, 3, 6, 9
-    assert size_classes.disjoint([2, 0, 4], 3) == 2             # 0, 4
+    assert size_classes.disjoint([0, 2, 3, 5, 6, 9], 3) == 4  # 0, 3, 6, 9
+    assert size_classes.disjoint([2, 0, 4], 3) == 2  # 0, 4
     assert size_classes.disjoint([], 3) == 0
 
 
 def test_lists_that_disagree_count_only_what_they_agree_on(caplog):
     """Two types of one size listing different IDs, and a creatable ID no
     list supports: only what every list supports and creates counts."""
-    found = {1: nvml.Placements(4, (0, 8, 12), (0, 8, 12, 20)),
-             2: nvml.Placements(4, (0, 8, 12), (0, 12))}
+    found = {
+        1: nvml.Placements(4, (0, 8, 12), (0, 8, 12, 20)),
+        2: nvml.Placements(4, (0, 8, 12), (0, 12)),
+    }
     (only,) = size_classes.inventories(found, {}, {}, 16).values()
     assert (only.total, only.capacity) == (3, 2)
     assert "list different placements" in caplog.text and "not supported" in caplog.text

@@ -48,7 +48,8 @@ def test_the_added_hostdev_is_exactly_libvirts_mdev_form():
     (hostdev,) = root.findall("devices/hostdev")
     assert etree.tostring(hostdev, with_tail=False).decode() == (
         '<hostdev mode="subsystem" type="mdev" model="vfio-pci" managed="no"><source>'
-        f'<address uuid="{UUID1}"/></source></hostdev>')
+        f'<address uuid="{UUID1}"/></source></hostdev>'
+    )
     # Indented like its siblings, after the last device.
     assert hostdev.getprevious().tag == "memballoon"
     assert "\n    <hostdev" in guest.to_string(root)
@@ -95,15 +96,21 @@ def test_vendor_vfio_vf_is_a_pci_hostdev_unmanaged():
     hostdev = root.find("devices/hostdev")
     assert (hostdev.get("type"), hostdev.get("managed")) == ("pci", "no")
     assert dict(hostdev.find("source/address").attrib) == {
-        "domain": "0x0000", "bus": "0xc1", "slot": "0x00", "function": "0x4"}
+        "domain": "0x0000",
+        "bus": "0xc1",
+        "slot": "0x00",
+        "function": "0x4",
+    }
     libvirt_schema.assert_valid_domain(guest.to_string(root))
     assert guest.pci_vfs(root) == ["0000:c1:00.4"]
     assert guest.remove_pci_vf(root, "0000:c1:00.4") and guest.pci_vfs(root) == []
 
 
 def test_a_domain_without_devices_gets_them():
-    root = guest.parse("<domain type='test'><name>bare</name><memory>1024</memory>"
-                       "<os><type>hvm</type></os></domain>")
+    root = guest.parse(
+        "<domain type='test'><name>bare</name><memory>1024</memory>"
+        "<os><type>hvm</type></os></domain>"
+    )
     guest.add_mdev(root, UUID1)
     libvirt_schema.assert_valid_domain(guest.to_string(root))
 

@@ -56,8 +56,7 @@ def a100_vfs(host):
 # -- removals the kernel blocks -----------------------------------------------------------
 
 
-def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(
-        make_host, make_driver):
+def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(make_host, make_driver):
     """While QEMU still holds an mdev, each periodic update used to issue
     its removal again (one more blocked writer each time) and wait the full
     ``mdev_remove_timeout`` for it."""
@@ -65,8 +64,8 @@ def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(
     vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 30")
     (held,) = boot(vgpu, "deleted")
     vgpu.domains.undefine("deleted")
-    host.hold(held)                           # QEMU has not let go yet
-    vgpu.manager.remove_timeout = 0.2         # nova's delete waits that long, once
+    host.hold(held)  # QEMU has not let go yet
+    vgpu.manager.remove_timeout = 0.2  # nova's delete waits that long, once
     assert vgpu.release("deleted") == []
     vgpu.manager.remove_timeout = 30
     threads = threading.active_count()
@@ -83,27 +82,26 @@ def test_a_blocked_removal_is_one_writer_and_updates_do_not_wait_for_it(
     assert list(reconciler_state.removals_in_flight(state, time.time())) == [held]
     assert "1 stuck removal(s)" in reconciler_state.describe(state, time.time())
 
-    host.release(held)                        # QEMU exits: the writer returns
+    host.release(held)  # QEMU exits: the writer returns
     assert wait_for(lambda: not vgpu.manager.removals.in_flight())
     vgpu.provider_tree("cn1")
     assert vgpu.journal.claims() == [] and host.list_mdevs() == []
 
 
-def test_a_vgpu_released_while_its_domain_is_still_defined_is_removed_later(
-        make_host, make_driver):
+def test_a_vgpu_released_while_its_domain_is_still_defined_is_removed_later(make_host, make_driver):
     """A guest that left by live migration is released here before nova
     undefines its domain (nova's cleanup, not destroy): the mdev used to lose
     its claim at once and stay behind for good."""
     host = make_host("a100-sriov")
     vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 1")
     (held,) = boot(vgpu, "left")
-    assert vgpu.release("left") == []             # its domain still uses it
+    assert vgpu.release("left") == []  # its domain still uses it
     assert [c.state for c in vgpu.journal.claims()] == [claims.RELEASING]
     assert [m.uuid for m in host.list_mdevs()] == [held]
-    vgpu.provider_tree("cn1")                     # a pass: still in use, kept
+    vgpu.provider_tree("cn1")  # a pass: still in use, kept
     assert [m.uuid for m in host.list_mdevs()] == [held]
-    vgpu.domains.undefine("left")                 # nova's cleanup
-    vgpu.provider_tree("cn1")                     # the next pass removes it
+    vgpu.domains.undefine("left")  # nova's cleanup
+    vgpu.provider_tree("cn1")  # the next pass removes it
     assert vgpu.journal.claims() == [] and host.list_mdevs() == []
 
 
@@ -111,8 +109,10 @@ def test_removals_in_flight_are_bounded(make_host, make_driver):
     """However many removals the kernel blocks, at most
     ``max_removals_in_flight`` writers (privileged workers) wait on it."""
     host = make_host("a100-sriov")
-    vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.2\n"
-                             "max_removals_in_flight = 2")
+    vgpu = make_driver(
+        host,
+        "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.2\nmax_removals_in_flight = 2",
+    )
     held = boot(vgpu, "big", {"rp": {"resources": {"VGPU": 4}}})
     vgpu.domains.undefine("big")
     for mdev in held:
@@ -130,22 +130,21 @@ def test_removals_in_flight_are_bounded(make_host, make_driver):
 # -- the reboot restore -------------------------------------------------------------------
 
 
-def test_a_guest_deleted_while_its_vfs_are_off_does_not_get_its_vgpu_back(
-        make_host, make_driver):
+def test_a_guest_deleted_while_its_vfs_are_off_does_not_get_its_vgpu_back(make_host, make_driver):
     """The restore used to read the claims once and keep creating for
     ``restore_wait``: a guest deleted meanwhile got its mdev back."""
     host = make_host("a100-sriov")
     first = make_driver(host)
     got = boot(first, "guest")
     first.close()
-    host.reboot()                             # VFs come back later
+    host.reboot()  # VFs come back later
     vgpu = make_driver(host, "restore_wait = 60")
     vgpu.domains.define("guest", got)
     assert [o.result for o in vgpu.init_host()] == ["waiting"]
-    vgpu.domains.undefine("guest")            # nova deletes the guest
+    vgpu.domains.undefine("guest")  # nova deletes the guest
     vgpu.release("guest")
     host.set_vfs(A100, 16)
-    assert vgpu.worker.run_now(host_reconciler.UDEV)     # the VFs' events
+    assert vgpu.worker.run_now(host_reconciler.UDEV)  # the VFs' events
     assert not vgpu.worker.waiting
     assert host.list_mdevs() == [] and vgpu.journal.claims() == []
 
@@ -161,7 +160,7 @@ def test_a_restore_takes_no_parent_another_claim_points_at(make_host, make_drive
         txn.add("guest", restored, A100, own, "nvidia-468", claims.ATTACHED)
         txn.add("booting", others, A100, claimed_by_other, "nvidia-468", claims.CLAIMED)
     vgpu.domains.define("guest", [restored])
-    host.create_mdev(own, "nvidia-468", str(uuid.uuid4()))   # an mdev nobody claims
+    host.create_mdev(own, "nvidia-468", str(uuid.uuid4()))  # an mdev nobody claims
     outcomes = {o.mdev_uuid: o for o in vgpu.reconciler.restore(attached_only=True)}
     assert (outcomes[restored].result, outcomes[restored].reason) == ("restored", f"on {free}")
     on = {m.uuid: m.parent for m in host.list_mdevs()}
@@ -172,7 +171,8 @@ def test_a_restore_takes_no_parent_another_claim_points_at(make_host, make_drive
 
 
 def test_a_vgpu_whose_claim_went_while_it_was_written_is_removed_again(
-        make_host, make_driver, monkeypatch):
+    make_host, make_driver, monkeypatch
+):
     host = make_host("a100-sriov")
     vgpu = make_driver(host)
     got = boot(vgpu, "guest")
@@ -196,7 +196,8 @@ def test_a_vgpu_whose_claim_went_while_it_was_written_is_removed_again(
 
 
 def test_a_failing_step_is_logged_and_the_pass_and_worker_go_on(
-        make_host, make_driver, monkeypatch, caplog):
+    make_host, make_driver, monkeypatch, caplog
+):
     host = make_host("a100-sriov")
     vgpu = make_driver(host)
     vgpu.init_host()
@@ -210,7 +211,7 @@ def test_a_failing_step_is_logged_and_the_pass_and_worker_go_on(
     assert vgpu.worker.run_now(host_reconciler.PERIODIC)
     assert vgpu.worker.last.errors == ("stale types: boom",)
     assert vgpu.worker.last_error[1:] == ("stale types", "boom")
-    assert done == [(host_reconciler.PERIODIC,)]           # the next step ran
+    assert done == [(host_reconciler.PERIODIC,)]  # the next step ran
     assert "the stale types step failed" in caplog.text and "RuntimeError: boom" in caplog.text
     assert vgpu.worker.running
     monkeypatch.undo()
@@ -259,7 +260,8 @@ def test_the_service_stopping_stops_the_worker(make_host, make_driver):
 
 
 def test_status_and_claims_list_show_a_stuck_removal_and_the_reconciler(
-        make_host, make_driver, tmp_path, fake_kernel_cli):
+    make_host, make_driver, tmp_path, fake_kernel_cli
+):
     """What nova-compute's reconciler knows is shown by another process."""
     host = make_host("a100-sriov")
     vgpu = make_driver(host, "remove_mdevs_on_release = true\nmdev_remove_timeout = 0.1")
@@ -267,15 +269,26 @@ def test_status_and_claims_list_show_a_stuck_removal_and_the_reconciler(
     held = block_a_removal(vgpu, host)
     assert vgpu.worker.run_now(host_reconciler.PERIODIC)
     conf_file = tmp_path / "cli.conf"
-    conf_file.write_text(f"[devices]\nenabled_mdev_types = nvidia-468\n[vgpu]\n"
-                         f"sysfs_root = {host.paths.root}\n")
+    conf_file.write_text(
+        f"[devices]\nenabled_mdev_types = nvidia-468\n[vgpu]\nsysfs_root = {host.paths.root}\n"
+    )
 
     def cli(*argv):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            code = manage.main(["--config-file", str(conf_file), "--nodename", "cn1",
-                                "--state-dir", str(tmp_path / "state"),
-                                "--libvirt-uri", "test:///default", *argv])
+            code = manage.main(
+                [
+                    "--config-file",
+                    str(conf_file),
+                    "--nodename",
+                    "cn1",
+                    "--state-dir",
+                    str(tmp_path / "state"),
+                    "--libvirt-uri",
+                    "test:///default",
+                    *argv,
+                ]
+            )
         assert code == 0
         return out.getvalue()
 

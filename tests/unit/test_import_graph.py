@@ -24,12 +24,14 @@ ROOT = pathlib.Path(vgpu_driver.__file__).parent
 # by cliff from their own entry points: ``demo``, ``fake-host_*`` in
 # setup.cfg); nothing else may import them, and each of them does import
 # the fake (the list says no more than it must).
-FAKE_ENTRIES = frozenset({
-    "vgpu_driver.cmd.demo_commands",
-    "vgpu_driver.cmd.demo.operator",
-    "vgpu_driver.cmd.demo.scenario",
-    "vgpu_driver.cmd.fake_host_commands",
-})
+FAKE_ENTRIES = frozenset(
+    {
+        "vgpu_driver.cmd.demo_commands",
+        "vgpu_driver.cmd.demo.operator",
+        "vgpu_driver.cmd.demo.scenario",
+        "vgpu_driver.cmd.fake_host_commands",
+    }
+)
 
 
 def _module_name(path):
@@ -48,7 +50,7 @@ def _absolute(name, node, current, is_package):
         return node.module if name is None else name
     base = current.split(".")
     drop = node.level - 1 if is_package else node.level
-    base = base[:len(base) - drop]
+    base = base[: len(base) - drop]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -78,8 +80,12 @@ def _imported(tree, current, is_package, known, at_run_time=False):
             for alias in node.names:
                 submodule = f"{module}.{alias.name}"
                 found.add(submodule if submodule in known else module)
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             found.add(node.args[0].value)
     return {_known_prefix(name, known) for name in found} - {None, current}
 
@@ -92,9 +98,12 @@ def _known_prefix(name, known):
 
 def _graph(at_run_time=False):
     modules = _modules()
-    return {name: _imported(ast.parse(path.read_text()), name,
-                            path.name == "__init__.py", modules, at_run_time)
-            for name, path in modules.items()}
+    return {
+        name: _imported(
+            ast.parse(path.read_text()), name, path.name == "__init__.py", modules, at_run_time
+        )
+        for name, path in modules.items()
+    }
 
 
 def _is_fake(name):
@@ -172,16 +181,16 @@ def test_the_graph_sees_lazy_imports():
 
 def test_production_never_reaches_the_fake():
     graph = _with_packages(_graph())
-    production = [name for name in graph
-                  if not _is_fake(name) and name not in FAKE_ENTRIES]
+    production = [name for name in graph if not _is_fake(name) and name not in FAKE_ENTRIES]
     paths = [p for p in (_path_to_fake(graph, name) for name in sorted(production)) if p]
     assert paths == []
 
 
 def test_the_fake_entries_are_what_imports_the_fake():
     graph = _graph()
-    importers = {name for name, edges in graph.items()
-                 if not _is_fake(name) and any(map(_is_fake, edges))}
+    importers = {
+        name for name, edges in graph.items() if not _is_fake(name) and any(map(_is_fake, edges))
+    }
     assert importers == FAKE_ENTRIES
 
 
@@ -193,6 +202,9 @@ def test_the_graph_tells_imports_for_the_type_checker_apart():
 
 def test_no_import_loop_outside_the_fake():
     graph = _graph(at_run_time=True)
-    production = {name: {t for t in edges if not _is_fake(t)}
-                  for name, edges in graph.items() if not _is_fake(name)}
+    production = {
+        name: {t for t in edges if not _is_fake(t)}
+        for name, edges in graph.items()
+        if not _is_fake(name)
+    }
     assert _cycles(production) == []

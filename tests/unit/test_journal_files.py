@@ -18,7 +18,7 @@ from vgpu_driver import metrics
 from vgpu_driver import state_files
 
 MDEV = "11111111-2222-4333-8444-555555555555"
-STRANGER = 4242         # a uid that is neither root nor the directory's owner
+STRANGER = 4242  # a uid that is neither root nor the directory's owner
 
 
 def _journal_with_a_claim(state_dir):
@@ -36,8 +36,9 @@ def test_a_dangling_link_is_refused_and_nothing_is_made_where_it_points(tmp_path
     (state / "claims.sqlite").symlink_to(target)
     with pytest.raises(exception.JournalUnsafe) as caught:
         claims_journal.Journal(str(state), create=create)
-    assert str(caught.value).startswith(f"Refusing {state}/claims.sqlite: it is a link (to "
-                                        f"'{target}')")
+    assert str(caught.value).startswith(
+        f"Refusing {state}/claims.sqlite: it is a link (to '{target}')"
+    )
     assert list(target.parent.iterdir()) == []
 
 
@@ -80,8 +81,10 @@ def test_a_file_of_another_user_is_refused(tmp_path, suffix):
     os.chown(path, STRANGER, STRANGER)
     with pytest.raises(exception.JournalUnsafe) as caught:
         claims_journal.Journal(str(tmp_path), create=False)
-    assert f"it belongs to uid {STRANGER}, neither the state directory's owner (root) " \
-           "nor root" in str(caught.value)
+    assert (
+        f"it belongs to uid {STRANGER}, neither the state directory's owner (root) "
+        "nor root" in str(caught.value)
+    )
 
 
 def test_a_new_journal_is_0640_whatever_the_umask(tmp_path):

@@ -70,7 +70,7 @@ def test_a_truncated_journal_is_refused(tmp_path):
     journal_with_a_claim(tmp_path)
     path = tmp_path / "claims.sqlite"
     db = sqlite3.connect(path)
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")    # every page in the main file
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the main file
     db.close()
     for suffix in ("-wal", "-shm"):
         (tmp_path / f"claims.sqlite{suffix}").unlink(missing_ok=True)
@@ -116,13 +116,17 @@ def test_a_state_dir_with_uri_characters_opens(tmp_path):
     assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
 
 
-@pytest.mark.parametrize("setup, reason", [
-    (lambda path: path.write_bytes(b""), "the file is empty"),
-    (lambda path: sqlite3.connect(path).executescript("CREATE TABLE other (x)"),
-     "it holds no claims table"),
-])
-def test_creating_never_adopts_an_empty_file_or_another_programs_database(tmp_path, setup,
-                                                                        reason):
+@pytest.mark.parametrize(
+    "setup, reason",
+    [
+        (lambda path: path.write_bytes(b""), "the file is empty"),
+        (
+            lambda path: sqlite3.connect(path).executescript("CREATE TABLE other (x)"),
+            "it holds no claims table",
+        ),
+    ],
+)
+def test_creating_never_adopts_an_empty_file_or_another_programs_database(tmp_path, setup, reason):
     """``claims init`` (and nova-compute's start-up) create a journal only
     where there is none: what is there is left byte for byte."""
     path = tmp_path / claims_journal.Journal.FILENAME
@@ -150,12 +154,15 @@ def test_close_lets_go_of_the_files_and_the_next_use_opens_again(tmp_path):
     assert not [f for f in _open_files() if f.startswith(str(tmp_path))]
     assert [c.mdev_uuid for c in journal.claims()] == [MDEV]
     journal.close()
-    journal.close()     # twice is harmless
+    journal.close()  # twice is harmless
 
 
 def _open_files():
-    return [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")]
+    return [
+        os.readlink(f"/proc/self/fd/{fd}")
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    ]
 
 
 def test_a_journal_this_start_created_but_could_not_open_is_not_left_empty(tmp_path):

@@ -29,8 +29,9 @@ def events():
 def big_host(tmp_path):
     """A test:/// host with 500 domains, each using one mdev (some none)."""
     mdevs = [str(uuid.uuid4()) for _ in range(500)]
-    xmls = [libvirt_domains.domain_xml(f"guest-{i}", [m] if i % 10 else [])
-            for i, m in enumerate(mdevs)]
+    xmls = [
+        libvirt_domains.domain_xml(f"guest-{i}", [m] if i % 10 else []) for i, m in enumerate(mdevs)
+    ]
     return libvirt_domains.node_file(tmp_path / "node.xml", xmls), mdevs
 
 
@@ -53,8 +54,7 @@ def test_free_set_follows_define_and_undefine(big_host, events):
     assert host.mdev_users()[new].uuid == dom.UUIDString()
     # A config change that swaps the mdev is seen too.
     other = str(uuid.uuid4())
-    conn.defineXML(libvirt_domains.domain_xml("late-guest", [other],
-                                              domain_uuid=dom.UUIDString()))
+    conn.defineXML(libvirt_domains.domain_xml("late-guest", [other], domain_uuid=dom.UUIDString()))
     wait_until(lambda: other in host.mdev_users() and new not in host.mdev_users())
     dom.undefine()
     wait_until(lambda: other not in host.mdev_users())
@@ -71,9 +71,13 @@ def test_free_set_follows_define_and_undefine(big_host, events):
 
 def test_running_and_shut_off_domains_both_count(tmp_path, events):
     used_running, used_off = str(uuid.uuid4()), str(uuid.uuid4())
-    uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-        libvirt_domains.domain_xml("running", [used_running]),
-        libvirt_domains.domain_xml("off", [used_off])])
+    uri = libvirt_domains.node_file(
+        tmp_path / "node.xml",
+        [
+            libvirt_domains.domain_xml("running", [used_running]),
+            libvirt_domains.domain_xml("off", [used_off]),
+        ],
+    )
     host = libvirt_events.EventedIndex(uri)
     off = host.conn.lookupByName("off")
     off.destroy()  # the node file's domains start running

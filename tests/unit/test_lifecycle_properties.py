@@ -31,15 +31,20 @@ from vgpu_driver.fake import profiles
 A100, T4 = "0000:41:00.0", "0000:18:00.0"
 T4_TYPES = ("nvidia-222", "nvidia-231")  # 16 and 8 per GPU
 PROFILE = profiles.combine(
-    "prop", profiles.load("a100-sriov"),
-    {**profiles.load("t4x8"), "gpus": profiles.load("t4x8")["gpus"][:1]})
+    "prop",
+    profiles.load("a100-sriov"),
+    {**profiles.load("t4x8"), "gpus": profiles.load("t4x8")["gpus"][:1]},
+)
 
-steps = st.lists(st.one_of(
-    st.tuples(st.just("boot"), st.sampled_from([A100, T4]), st.integers(1, 3)),
-    st.tuples(st.just("delete"), st.integers(0, 50)),
-    st.tuples(st.just("reclaim"), st.booleans()),
-    st.tuples(st.just("retype"), st.sampled_from(T4_TYPES)),
-), max_size=30)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("boot"), st.sampled_from([A100, T4]), st.integers(1, 3)),
+        st.tuples(st.just("delete"), st.integers(0, 50)),
+        st.tuples(st.just("reclaim"), st.booleans()),
+        st.tuples(st.just("retype"), st.sampled_from(T4_TYPES)),
+    ),
+    max_size=30,
+)
 
 
 class Host:
@@ -54,22 +59,28 @@ class Host:
     def retype(self, t4_type):
         self.config = mdev_types.MdevConfig(
             types=(mdev_types.TypeConfig("nvidia-468"), mdev_types.TypeConfig(t4_type)),
-            by_address=MappingProxyType({A100: "nvidia-468", T4: t4_type}))
-        self.manager = mdevs.MdevManager(self.kernel, self.journal, self.domains, self.config,
-                                         remove_on_release=self.remove_on_release)
+            by_address=MappingProxyType({A100: "nvidia-468", T4: t4_type}),
+        )
+        self.manager = mdevs.MdevManager(
+            self.kernel,
+            self.journal,
+            self.domains,
+            self.config,
+            remove_on_release=self.remove_on_release,
+        )
         self.reconciler = reconcile.Reconciler(self.manager)
         self.reconciler.reclaim_stale_types()
 
     def tree(self):
-        return inventory.compute(discovery.discover(self.kernel), self.config, "cn1",
-                                 self.reconciler.in_use())
+        return inventory.compute(
+            discovery.discover(self.kernel), self.config, "cn1", self.reconciler.in_use()
+        )
 
     def boot(self, gpu, units):
         providers = {p.gpu: p for p in self.tree().providers}
         instance = str(uuid.uuid4())
         try:
-            got = self.manager.allocate(instance, {gpu: {"resources": {"VGPU": units}}},
-                                        providers)
+            got = self.manager.allocate(instance, {gpu: {"resources": {"VGPU": units}}}, providers)
         except exception.AllocationError:
             assert self.journal.claims(instance) == []
             return
@@ -103,13 +114,17 @@ class Host:
             assert present[claim.mdev_uuid].type_id == claim.type_id
             assert present[claim.mdev_uuid].parent == claim.parent
         for provider in self.tree().providers:
-            in_use = sum(1 for c in claimed if c.gpu == provider.gpu
-                         and c.type_id == provider.type_id)
+            in_use = sum(
+                1 for c in claimed if c.gpu == provider.gpu and c.type_id == provider.type_id
+            )
             assert in_use <= provider.total
 
 
-@settings(max_examples=properties.examples(12), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=properties.examples(12),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(steps=steps, remove_on_release=st.booleans())
 def test_lifecycle_invariants_hold(steps, remove_on_release):
     root = tempfile.mkdtemp(prefix="vgpu-life-")

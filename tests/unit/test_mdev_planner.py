@@ -30,8 +30,9 @@ def parent(name, *vgpus, available=0):
 
 
 def claim(mdev, instance, parent_name, type_id=T, gpu_address=GPU):
-    return claims.Claim(mdev, instance, gpu_address, parent_name, type_id, claims.CLAIMED,
-                        False, 0.0, 0.0)
+    return claims.Claim(
+        mdev, instance, gpu_address, parent_name, type_id, claims.CLAIMED, False, 0.0, 0.0
+    )
 
 
 def held(*claim_list):
@@ -53,23 +54,34 @@ class TestReuseAndCreate:
         assert summary(plan(state)) == [("m-free", "p0", False)]
 
     def test_vgpus_in_use_or_of_another_type_are_not_reused(self):
-        state = gpu(parent("p0", ("m-domain", T), ("m-claimed", T), ("m-other", OTHER_T),
-                           available=1))
+        state = gpu(
+            parent("p0", ("m-domain", T), ("m-claimed", T), ("m-other", OTHER_T), available=1)
+        )
         got = plan(state, claimed=held(claim("m-claimed", THEM, "p0")), users={"m-domain"})
         assert summary(got) == [("new-00-p0", "p0", True)]
 
     def test_reused_first_then_created_in_parent_order_sorted_by_id(self):
-        state = gpu(parent("p0", ("z-free", T), available=1),
-                    parent("p1", available=2), new_vgpu_id=ids("a"))
+        state = gpu(
+            parent("p0", ("z-free", T), available=1),
+            parent("p1", available=2),
+            new_vgpu_id=ids("a"),
+        )
         got = plan(state, units=3)
-        assert summary(got) == [("a-00-p0", "p0", True), ("a-01-p1", "p1", True),
-                                ("z-free", "p0", False)]
+        assert summary(got) == [
+            ("a-00-p0", "p0", True),
+            ("a-01-p1", "p1", True),
+            ("z-free", "p0", False),
+        ]
         assert {p.gpu for p in got} == {GPU} and {p.type_id for p in got} == {T}
 
     def test_a_vf_gpu_creates_the_vf_itself(self):
         vf0, vf1 = "0000:41:00.4", "0000:41:00.5"
-        state = gpu(parent(vf0, (vf0, T)), parent(vf1, available=1),
-                    kind="VF(s) set to", new_vgpu_id=lambda p: p)
+        state = gpu(
+            parent(vf0, (vf0, T)),
+            parent(vf1, available=1),
+            kind="VF(s) set to",
+            new_vgpu_id=lambda p: p,
+        )
         assert summary(plan(state, users={vf0})) == [(vf1, vf1, True)]
 
 
@@ -132,15 +144,23 @@ class TestLimitsAndRefusals:
         assert len(plan(state, claimed=claimed, users={"m-used"})) == 1
         with pytest.raises(exception.NoGpuCapacity) as refused:
             plan(state, units=2, claimed=claimed, users={"m-used"})
-        assert refused.value.kwargs == {"instance": ME, "gpu": GPU, "type_id": T,
-                                        "wanted": 2, "free": 0, "creatable": 1,
-                                        "claimed": 1}
-        assert str(refused.value) == (f"Cannot give {ME} 2 x {T} on {GPU}: 0 free and "
-                                      "1 creatable (1 already claimed).")
+        assert refused.value.kwargs == {
+            "instance": ME,
+            "gpu": GPU,
+            "type_id": T,
+            "wanted": 2,
+            "free": 0,
+            "creatable": 1,
+            "claimed": 1,
+        }
+        assert str(refused.value) == (
+            f"Cannot give {ME} 2 x {T} on {GPU}: 0 free and 1 creatable (1 already claimed)."
+        )
 
     def test_a_gpu_full_of_another_type_in_use_says_so(self):
-        state = gpu(parent("p0", ("m-a", OTHER_T), ("m-b", OTHER_T), ("m-c", "nvidia-1"),
-                           available=0))
+        state = gpu(
+            parent("p0", ("m-a", OTHER_T), ("m-b", OTHER_T), ("m-c", "nvidia-1"), available=0)
+        )
         with pytest.raises(exception.WrongTypePresent) as refused:
             plan(state, claimed=held(claim("m-b", THEM, "p0", OTHER_T)), users={"m-a"})
         assert refused.value.kwargs["present"] == f"2 mdev(s) of {OTHER_T}"
@@ -175,9 +195,11 @@ class TestRequests:
 
     def test_only_vgpu_classes_on_our_providers_become_requests(self):
         providers = {"rp-b": self.Provider(OTHER_GPU, OTHER_T), "rp-a": self.Provider(GPU, T)}
-        allocations = {"rp-b": {"resources": {"VGPU": 2}},
-                       "rp-a": {"resources": {"VGPU": 1}},
-                       "rp-cn": {"resources": {"VCPU": 4, "MEMORY_MB": 512}}}
+        allocations = {
+            "rp-b": {"resources": {"VGPU": 2}},
+            "rp-a": {"resources": {"VGPU": 1}},
+            "rp-cn": {"resources": {"VCPU": 4, "MEMORY_MB": 512}},
+        }
         got = planner.requests_of(ME, allocations, providers, {"VGPU"})
         assert got == [planner.Request(GPU, T, 1), planner.Request(OTHER_GPU, OTHER_T, 2)]
 

@@ -43,8 +43,9 @@ class Lifecycle:
 
     def refresh(self):
         self.manager.snapshot(refresh=True)
-        self.tree = inventory.compute(discovery.discover(self.host), self.config, "cn1",
-                                      self.reconciler.in_use())
+        self.tree = inventory.compute(
+            discovery.discover(self.host), self.config, "cn1", self.reconciler.in_use()
+        )
         self.providers = {f"rp-{p.gpu}": p for p in self.tree.providers}
 
     def allocate(self, instance, *gpus, units=1):
@@ -69,15 +70,18 @@ class Lifecycle:
 
 @pytest.fixture
 def lifecycle(make_host, tmp_path):
-    def make(*profiles, types=("nvidia-468", "nvidia-222"), mdevs=(), by_address=None,
-             **kwargs):
+    def make(*profiles, types=("nvidia-468", "nvidia-222"), mdevs=(), by_address=None, **kwargs):
         host = make_host(*profiles, mdevs=mdevs)
         by_address = by_address if by_address is not None else {A100: types[0]}
         cfg = mdev_types.MdevConfig(
-            types=tuple(mdev_types.TypeConfig(t) for t in dict.fromkeys(
-                [*types, *by_address.values()])),
-            default_type=types[-1], by_address=MappingProxyType(by_address))
+            types=tuple(
+                mdev_types.TypeConfig(t) for t in dict.fromkeys([*types, *by_address.values()])
+            ),
+            default_type=types[-1],
+            by_address=MappingProxyType(by_address),
+        )
         return Lifecycle(host, cfg, tmp_path / "state", **kwargs)
+
     return make
 
 
@@ -95,14 +99,17 @@ class TestAllocate:
         assert life.allocate(instance, T4A) == [free]
         assert len(life.host.list_mdevs()) == 1
         assert [(c.mdev_uuid, c.state, c.gpu) for c in life.journal.claims()] == [
-            (free, claims.CLAIMED, T4A)]
+            (free, claims.CLAIMED, T4A)
+        ]
 
     def test_creates_on_the_first_free_vf_in_order(self, lifecycle):
         life = lifecycle("a100-sriov")
         _, first = life.boot(A100)
         _, second = life.boot(A100)
         assert {(p, t) for p, t, _ in life.mdevs_by_parent()} == {
-            (A100_VFS[0], "nvidia-468"), (A100_VFS[1], "nvidia-468")}
+            (A100_VFS[0], "nvidia-468"),
+            (A100_VFS[1], "nvidia-468"),
+        }
         assert len(set(first + second)) == 2
 
     def test_an_mdev_a_domain_uses_is_never_reused(self, lifecycle):
@@ -145,7 +152,8 @@ class TestAllocate:
             life.allocate("late-guest", A100)
         assert str(caught.value) == (
             "Cannot give late-guest 1 x nvidia-468 on 0000:41:00.0: 0 free and 0 "
-            "creatable (10 already claimed).")
+            "creatable (10 already claimed)."
+        )
         assert life.journal.claims() == before
 
     def test_asking_more_than_fits_claims_nothing(self, lifecycle):
@@ -156,8 +164,12 @@ class TestAllocate:
 
     def test_wrong_type_in_use_is_typed(self, lifecycle):
         old = new_uuid()
-        life = lifecycle("t4x8", types=("nvidia-231",), by_address={},
-                         mdevs=[{"parent": T4A, "type": "nvidia-222", "uuid": old}])
+        life = lifecycle(
+            "t4x8",
+            types=("nvidia-231",),
+            by_address={},
+            mdevs=[{"parent": T4A, "type": "nvidia-222", "uuid": old}],
+        )
         life.domains.define("old-guest", [old])
         with pytest.raises(exception.WrongTypePresent) as caught:
             life.allocate("new-guest", T4A)
@@ -194,13 +206,16 @@ class TestAllocate:
     def test_unknown_provider_is_typed(self, lifecycle):
         life = lifecycle("t4x8")
         with pytest.raises(exception.UnknownProvider):
-            life.manager.allocate("guest", {"rp-elsewhere": {"resources": {"VGPU": 1}}},
-                                  life.providers)
+            life.manager.allocate(
+                "guest", {"rp-elsewhere": {"resources": {"VGPU": 1}}}, life.providers
+            )
 
     def test_other_resource_classes_are_ignored(self, lifecycle):
         life = lifecycle("t4x8")
-        assert life.manager.allocate("guest", {"root": {"resources": {"VCPU": 4}}},
-                                     life.providers) == []
+        assert (
+            life.manager.allocate("guest", {"root": {"resources": {"VCPU": 4}}}, life.providers)
+            == []
+        )
 
 
 class TestRelease:
@@ -229,7 +244,6 @@ class TestRelease:
         assert life.reconciler.finish_releases() == got
         assert got[0] not in {m.uuid for m in life.host.list_mdevs()}
 
-
     def test_a_guest_back_gets_a_new_vgpu_not_the_one_going_away(self, lifecycle):
         """Its own claim on a vGPU whose removal the kernel still blocks is
         not reused: once the kernel lets go, that vGPU is gone."""
@@ -244,7 +258,8 @@ class TestRelease:
         assert life.reconciler.finish_releases() == old
         assert {m.uuid for m in life.host.list_mdevs()} == set(again)
         assert [(c.mdev_uuid, c.state) for c in life.journal.claims()] == [
-            (again[0], claims.CLAIMED)]
+            (again[0], claims.CLAIMED)
+        ]
 
     def test_a_guest_defined_again_leaves_its_blocked_removal_releasing(self, lifecycle):
         """A guest that moved away while its old vGPU's removal is blocked,
@@ -258,18 +273,27 @@ class TestRelease:
         life.domains.define(instance, new)
         assert life.manager.mark_attached(instance) == 1
         assert {c.mdev_uuid: c.state for c in life.journal.claims()} == {
-            old[0]: claims.RELEASING, new[0]: claims.ATTACHED}
+            old[0]: claims.RELEASING,
+            new[0]: claims.ATTACHED,
+        }
         life.host.release(old[0])
         removed(life)
         assert life.reconciler.finish_releases() == old
         assert [c.mdev_uuid for c in life.journal.claims()] == new
 
+
 class TestTypeChange:
     def test_one_gpu_draining_one_converting(self, lifecycle):
         in_use, unused = new_uuid(), new_uuid()
-        life = lifecycle("t4x8", types=("nvidia-231",), by_address={},
-                         mdevs=[{"parent": T4A, "type": "nvidia-222", "uuid": in_use},
-                                {"parent": T4B, "type": "nvidia-222", "uuid": unused}])
+        life = lifecycle(
+            "t4x8",
+            types=("nvidia-231",),
+            by_address={},
+            mdevs=[
+                {"parent": T4A, "type": "nvidia-222", "uuid": in_use},
+                {"parent": T4B, "type": "nvidia-222", "uuid": unused},
+            ],
+        )
         life.domains.define("old-guest", [in_use])
         outcomes = life.reconciler.reclaim_stale_types()
         assert [(o.mdev_uuid, o.result) for o in outcomes] == [(unused, "removed")]
@@ -290,11 +314,17 @@ class TestTypeChange:
 class TestOrphans:
     def test_kinds_grace_and_reclaim(self, lifecycle):
         free, stale, used = new_uuid(), new_uuid(), new_uuid()
-        life = lifecycle("a100-sriov", "mtty", types=("nvidia-468",),
-                         mdevs=[{"parent": A100_VFS[0], "type": "nvidia-468", "uuid": free},
-                                {"parent": A100_VFS[1], "type": "nvidia-468", "uuid": used},
-                                {"parent": "mtty", "type": "mtty-1", "uuid": stale}],
-                         by_address={A100: "nvidia-468", "mtty_mtty": "mtty-2"})
+        life = lifecycle(
+            "a100-sriov",
+            "mtty",
+            types=("nvidia-468",),
+            mdevs=[
+                {"parent": A100_VFS[0], "type": "nvidia-468", "uuid": free},
+                {"parent": A100_VFS[1], "type": "nvidia-468", "uuid": used},
+                {"parent": "mtty", "type": "mtty-1", "uuid": stale},
+            ],
+            by_address={A100: "nvidia-468", "mtty_mtty": "mtty-2"},
+        )
         life.domains.define("guest", [used])
         orphans = {o.mdev_uuid: o.kind for o in life.reconciler.orphans()}
         assert orphans == {free: reconcile.FREE, stale: reconcile.STALE_TYPE}
@@ -303,8 +333,7 @@ class TestOrphans:
         assert {o.result for o in dry} == {"would-remove"}
         assert len(life.host.list_mdevs()) == 3
         done = life.reconciler.reclaim(life.reconciler.orphans())
-        assert {(o.mdev_uuid, o.result) for o in done} == {(free, "removed"),
-                                                             (stale, "removed")}
+        assert {(o.mdev_uuid, o.result) for o in done} == {(free, "removed"), (stale, "removed")}
         assert [m.uuid for m in life.host.list_mdevs()] == [used]
         assert life.journal.claims() == []
 
@@ -314,7 +343,8 @@ class TestOrphans:
         listed = life.reconciler.orphans()
         life.allocate("quick-guest", T4A)
         assert [(o.result, o.reason) for o in life.reconciler.reclaim(listed)] == [
-            ("kept", "in use now")]
+            ("kept", "in use now")
+        ]
         assert [m.uuid for m in life.host.list_mdevs()] == [free]
 
 
@@ -328,19 +358,24 @@ class TestReboot:
         claimed_only = life.allocate("booting-guest", T4B)
         life.allocate("gone-guest", T4B)
         life.delete("gone-guest")  # its mdev is free: not restored
-        before = {(m.uuid, m.parent, m.type_id) for m in life.host.list_mdevs()
-                  if m.uuid in referenced + claimed_only}
+        before = {
+            (m.uuid, m.parent, m.type_id)
+            for m in life.host.list_mdevs()
+            if m.uuid in referenced + claimed_only
+        }
         life.host.reboot()
         assert life.host.list_mdevs() == []
         # The vendor's enablement step brings the VFs back a little later:
         # until then the A100's vGPUs wait, the T4's come back at once.
         waiting = {o.mdev_uuid: o.result for o in life.reconciler.restore()}
         assert {u for u, r in waiting.items() if r == "waiting"} == {
-            u for u in referenced + claimed_only if u in before_on(A100, before)}
+            u for u in referenced + claimed_only if u in before_on(A100, before)
+        }
         life.host.set_vfs(A100, 16)
         outcomes = life.reconciler.restore()
         assert {(o.mdev_uuid, o.result) for o in outcomes} == {
-            (u, "restored") for u in referenced + claimed_only if waiting[u] == "waiting"}
+            (u, "restored") for u in referenced + claimed_only if waiting[u] == "waiting"
+        }
         after = {(m.uuid, m.parent, m.type_id) for m in life.host.list_mdevs()}
         assert after == before
 
@@ -362,8 +397,10 @@ class TestReboot:
         life.host.reboot()
         outcomes = life.reconciler.restore()
         reasons = {o.mdev_uuid: (o.result, o.reason) for o in outcomes}
-        assert reasons[got[0]] == ("waiting", f"parent {A100_VFS[0]} of GPU {A100} is not "
-                                              "there yet")
+        assert reasons[got[0]] == (
+            "waiting",
+            f"parent {A100_VFS[0]} of GPU {A100} is not there yet",
+        )
         assert sorted(r for r, _ in reasons.values()) == ["failed", "waiting"]
         assert "no claim records its GPU and type" in str(reasons)
 
@@ -384,12 +421,10 @@ class TestStaleClaims:
         assert remaining == {"never-booted", kept_instance, "migrating"}
         stale = life.reconciler.clean_stale_claims(grace=0)
         assert [c.instance_uuid for c in stale] == ["never-booted"]
-        assert {c.instance_uuid for c in life.journal.claims()} == {kept_instance,
-                                                                   "migrating"}
+        assert {c.instance_uuid for c in life.journal.claims()} == {kept_instance, "migrating"}
 
     @pytest.mark.parametrize("remove_on_release", [True, False])
-    def test_a_dropped_claim_s_vgpu_goes_as_a_release_s_does(self, lifecycle,
-                                                             remove_on_release):
+    def test_a_dropped_claim_s_vgpu_goes_as_a_release_s_does(self, lifecycle, remove_on_release):
         """nova deletes an offloaded server without asking its last compute:
         the claim is dropped as stale, and its mdev must go with it when
         releases remove vGPUs (nothing else would ever remove it), or stay
@@ -405,17 +440,28 @@ class TestStaleClaims:
 
 
 class TestErrno:
-    @pytest.mark.parametrize("code,cls", [
-        (errno.EINVAL, exception.MdevInvalidRequest), (errno.EEXIST, exception.MdevAlreadyExists),
-        (errno.EUSERS, exception.MdevNoCapacity), (errno.ENOSPC, exception.MdevNoCapacity),
-        (errno.ENOMEM, exception.MdevNoCapacity), (errno.ENODEV, exception.MdevParentGone),
-        (errno.EBUSY, exception.MdevBusy), (errno.EIO, exception.MdevIOError)])
+    @pytest.mark.parametrize(
+        "code,cls",
+        [
+            (errno.EINVAL, exception.MdevInvalidRequest),
+            (errno.EEXIST, exception.MdevAlreadyExists),
+            (errno.EUSERS, exception.MdevNoCapacity),
+            (errno.ENOSPC, exception.MdevNoCapacity),
+            (errno.ENOMEM, exception.MdevNoCapacity),
+            (errno.ENODEV, exception.MdevParentGone),
+            (errno.EBUSY, exception.MdevBusy),
+            (errno.EIO, exception.MdevIOError),
+        ],
+    )
     def test_each_kernel_errno_has_its_type_and_advice(self, code, cls):
         error = exception.MdevWriteError.from_os_error(
-            "create", "nvidia-35 on 0000:84:00.0", OSError(code, "kernel says no"))
+            "create", "nvidia-35 on 0000:84:00.0", OSError(code, "kernel says no")
+        )
         assert type(error) is cls and error.errno == code
-        assert str(error).startswith(f"create failed on nvidia-35 on 0000:84:00.0: "
-                                     f"[{errno.errorcode[code]}] kernel says no. ")
+        assert str(error).startswith(
+            f"create failed on nvidia-35 on 0000:84:00.0: "
+            f"[{errno.errorcode[code]}] kernel says no. "
+        )
         assert len(str(error)) > 80  # carries a hint an operator can act on
 
     def test_the_fake_kernel_errors_arrive_typed(self, lifecycle):

@@ -47,8 +47,7 @@ def test_every_profile_has_a_configuration():
 
 
 @pytest.mark.parametrize(("profile", "vfs"), CASES)
-def test_status_and_metrics_name_the_same_type_capacity_and_reasons(
-        make_host, cli, profile, vfs):
+def test_status_and_metrics_name_the_same_type_capacity_and_reasons(make_host, cli, profile, vfs):
     host = make_host(profile)
     if profile == "l40s-vfio" and vfs == "on":
         host.set_mixed_sizes(test_cli_golden.L40S, True)
@@ -64,8 +63,9 @@ def test_status_and_metrics_name_the_same_type_capacity_and_reasons(
     assert code == 0, err
     found = test_cli_metrics.samples(out)
     configured = by_gpu(found, "vgpu_gpu_configured_type_info")
-    counts = {name: by_gpu(found, f"vgpu_gpu_vgpus_{name}")
-              for name in ("capacity", "used", "reserved")}
+    counts = {
+        name: by_gpu(found, f"vgpu_gpu_vgpus_{name}") for name in ("capacity", "used", "reserved")
+    }
     reasons = by_gpu(found, "vgpu_gpu_vgpus_reserved_by_reason")
     fb_reasons = by_gpu(found, "vgpu_gpu_framebuffer_reserved_bytes")
     served = by_gpu(found, "vgpu_gpu_served")
@@ -78,12 +78,12 @@ def test_status_and_metrics_name_the_same_type_capacity_and_reasons(
         # Each type's vGPUs.
         for name in ("capacity", "used", "reserved"):
             assert {dict(k)["type"]: v for k, v in counts[name].get(gpu, {}).items()} == {
-                t["type"]: t[name] for t in row["vgpus"]}, (gpu, name)
+                t["type"]: t[name] for t in row["vgpus"]
+            }, (gpu, name)
         # The reasons, in the GPU's unit.
         if row["provider"] and row["name"] == "mixed sizes, in MiB":
             held = {dict(k)["reason"]: v / MIB for k, v in fb_reasons[gpu].items()}
-            assert value_of(found, "vgpu_gpu_framebuffer_capacity_bytes", gpu) == \
-                row["total"] * MIB
+            assert value_of(found, "vgpu_gpu_framebuffer_capacity_bytes", gpu) == row["total"] * MIB
         elif row["provider"]:
             held = {dict(k)["reason"]: v for k, v in reasons[gpu].items()}
             (capacity,) = [t["capacity"] for t in row["vgpus"] if t["type"] == row["type"]]
@@ -92,7 +92,8 @@ def test_status_and_metrics_name_the_same_type_capacity_and_reasons(
             held = {}
             assert gpu not in reasons and gpu not in fb_reasons and row["total"] == 0
         assert {k: v for k, v in held.items() if v} == {
-            k: v for k, v in row["reserved_for"].items() if v}, gpu
+            k: v for k, v in row["reserved_for"].items() if v
+        }, gpu
         assert sum(held.values()) == row["reserved"]
         assert list(served[gpu].values()) == [int(bool(row["provider"]))]
         (labels,) = info[gpu]

@@ -25,24 +25,30 @@ CLOCKED = ("_seconds",)
 
 
 def t4_driver(make_conf, host, tmp_path, uri, textfile):
-    conf = make_conf(test_cli_status.T4_CONF + f"""
+    conf = make_conf(
+        test_cli_status.T4_CONF
+        + f"""
 [vgpu]
 sysfs_root = {host.paths.root}
 state_dir = {tmp_path / "state"}
 metrics_textfile = {textfile}
-""")
-    return driver.VGPUDriver(conf, libvirt_host.LibvirtHost(uri),
-                             host=fakekernel.FakeKernel(host.paths.root))
+"""
+    )
+    return driver.VGPUDriver(
+        conf, libvirt_host.LibvirtHost(uri), host=fakekernel.FakeKernel(host.paths.root)
+    )
 
 
 def unclocked(found):
-    return {key: value for key, value in found.items()
-            if not key[0].endswith(CLOCKED)}
+    return {key: value for key, value in found.items() if not key[0].endswith(CLOCKED)}
 
 
 def said(caplog, level):
-    return [r.getMessage() for r in caplog.records
-            if r.name == metrics_textfile.LOG.logger.name and r.levelno == level]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == metrics_textfile.LOG.logger.name and r.levelno == level
+    ]
 
 
 @pytest.fixture
@@ -52,12 +58,13 @@ def textfile_dir(tmp_path):
     return path
 
 
-def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_conf,
-                                                           tmp_path, textfile_dir):
+def test_each_update_writes_what_vgpu_manage_metrics_reads(
+    busy_t4, cli, make_conf, tmp_path, textfile_dir
+):
     host, ids, inst, uri = busy_t4
     textfile = textfile_dir / "vgpu.prom"
     vgpu = t4_driver(make_conf, host, tmp_path, uri, textfile)
-    umask = os.umask(0o027)     # a service's umask: node_exporter must still read it
+    umask = os.umask(0o027)  # a service's umask: node_exporter must still read it
     try:
         tree = vgpu.provider_tree("cn1")
         os.umask(umask)
@@ -68,11 +75,16 @@ def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_co
         assert unclocked(written) == unclocked(samples(out))
         # What the update reported is what the file says, GPU by GPU.
         capacity = test_cli_metrics.per_gpu(written, "vgpu_gpu_vgpus_capacity")
-        assert capacity == {g.address: (tree.by_gpu(g.address).total
-                                        if tree.by_gpu(g.address) else 0)
-                            for g in vgpu.manager.snapshot().gpus}
-        assert test_cli_metrics.value(written, "vgpu_gpu_vgpus_used", gpu="0000:18:00.0",
-                                      type="nvidia-231") == 3
+        assert capacity == {
+            g.address: (tree.by_gpu(g.address).total if tree.by_gpu(g.address) else 0)
+            for g in vgpu.manager.snapshot().gpus
+        }
+        assert (
+            test_cli_metrics.value(
+                written, "vgpu_gpu_vgpus_used", gpu="0000:18:00.0", type="nvidia-231"
+            )
+            == 3
+        )
         assert test_cli_metrics.value(written, "vgpu_reconciler_up") == 1
         assert written[("vgpu_inventory_update_timestamp_seconds", frozenset())] > 0
         # The temporary file it renames over the metrics is gone.
@@ -83,7 +95,8 @@ def test_each_update_writes_what_vgpu_manage_metrics_reads(busy_t4, cli, make_co
 
 
 def test_a_file_it_cannot_write_is_logged_once_and_the_update_goes_on(
-        busy_t4, make_conf, tmp_path, textfile_dir, caplog):
+    busy_t4, make_conf, tmp_path, textfile_dir, caplog
+):
     host, ids, inst, uri = busy_t4
     textfile = textfile_dir / "vgpu.prom"
     vgpu = t4_driver(make_conf, host, tmp_path, uri, textfile)
@@ -94,38 +107,47 @@ def test_a_file_it_cannot_write_is_logged_once_and_the_update_goes_on(
         for _ in range(3):
             assert vgpu.provider_tree("cn1").providers == first.providers
         failures = said(caplog, logging.WARNING)
-        assert failures == [f"Cannot write the metrics to {textfile}: No such file or "
-                            f"directory; the inventory update goes on without them"]
+        assert failures == [
+            f"Cannot write the metrics to {textfile}: No such file or "
+            f"directory; the inventory update goes on without them"
+        ]
         (tmp_path / "moved").rename(textfile_dir)
         vgpu.provider_tree("cn1")
-        assert said(caplog, logging.INFO) == [
-            f"The metrics are written to {textfile} again"]
+        assert said(caplog, logging.INFO) == [f"The metrics are written to {textfile} again"]
         assert ("vgpu_scrape_success", frozenset()) in samples(textfile.read_text())
     finally:
         vgpu.close()
 
 
-@pytest.mark.parametrize("name, reason", [
-    ("relative.prom", "give an absolute path"),
-    ("{dir}/vgpu.txt", "reads only files named *.prom"),
-    ("{dir}/.prom", "reads only files named *.prom"),
-    ("{dir}/missing/vgpu.prom", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("relative.prom", "give an absolute path"),
+        ("{dir}/vgpu.txt", "reads only files named *.prom"),
+        ("{dir}/.prom", "reads only files named *.prom"),
+        ("{dir}/missing/vgpu.prom", "does not exist"),
+    ],
+)
 def test_a_path_that_cannot_work_stops_the_driver_before_it_writes(
-        make_host, make_conf, tmp_path, textfile_dir, name, reason):
+    make_host, make_conf, tmp_path, textfile_dir, name, reason
+):
     host = make_host("t4x8")
     path = name.format(dir=textfile_dir)
     state = tmp_path / "state"
-    conf = make_conf(test_cli_status.T4_CONF + f"""
+    conf = make_conf(
+        test_cli_status.T4_CONF
+        + f"""
 [vgpu]
 sysfs_root = {host.paths.root}
 state_dir = {state}
 metrics_textfile = {path}
-""")
+"""
+    )
     with pytest.raises(exception.InvalidConfiguration) as raised:
         driver.VGPUDriver(conf, None, host=fakekernel.FakeKernel(host.paths.root))
     assert str(raised.value).startswith(
-        f"Invalid vGPU configuration:\n  error: [vgpu] metrics_textfile = '{path}': ")
+        f"Invalid vGPU configuration:\n  error: [vgpu] metrics_textfile = '{path}': "
+    )
     assert reason in str(raised.value)
     assert not state.exists()
 
@@ -139,7 +161,8 @@ def test_a_directory_is_not_a_file(textfile_dir):
 
 
 def test_metrics_that_cannot_be_computed_never_fail_the_update(
-        busy_t4, make_conf, tmp_path, textfile_dir, caplog, monkeypatch):
+    busy_t4, make_conf, tmp_path, textfile_dir, caplog, monkeypatch
+):
     host, ids, inst, uri = busy_t4
     vgpu = t4_driver(make_conf, host, tmp_path, uri, textfile_dir / "vgpu.prom")
 

@@ -31,8 +31,7 @@ def make_driver(make_conf, host, tmp_path, extra=""):
         {extra}
         """)
     node = tmp_path / "node.xml"
-    uri = (f"test://{node}" if node.exists()
-           else libvirt_domains.node_file(node, []))
+    uri = f"test://{node}" if node.exists() else libvirt_domains.node_file(node, [])
     domains = libvirt_host.LibvirtHost(uri)
     return driver.VGPUDriver(conf, domains, host=fakekernel.FakeKernel(host.paths.root))
 
@@ -42,8 +41,8 @@ def incoming(vgpu, instance):
     ``migrating_in`` for a guest on another host; returns its id."""
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     mapping = vgpu.migrations.claim_incoming(
-        instance, {str(uuid.uuid4()): "nvidia-468"}, {"rp": {"resources": {"VGPU": 1}}},
-        providers)
+        instance, {str(uuid.uuid4()): "nvidia-468"}, {"rp": {"resources": {"VGPU": 1}}}, providers
+    )
     return next(iter(mapping.values()))
 
 
@@ -51,16 +50,19 @@ def age(vgpu, instance, seconds):
     """Make the instance's claims ``seconds`` older, in the journal's file."""
     db = sqlite3.connect(vgpu.journal.path)
     with db:
-        db.execute("UPDATE claims SET created_at = created_at - ?, "
-                   "updated_at = updated_at - ? WHERE instance_uuid = ?",
-                   (seconds, seconds, instance))
+        db.execute(
+            "UPDATE claims SET created_at = created_at - ?, "
+            "updated_at = updated_at - ? WHERE instance_uuid = ?",
+            (seconds, seconds, instance),
+        )
     db.close()
 
 
 def arrive(vgpu, instance, vgpu_id):
     """libvirt starts the incoming guest here: its domain uses the vGPU."""
-    vgpu.domains.conn.defineXML(libvirt_domains.domain_xml(
-        f"guest-{instance[:8]}", [vgpu_id], instance))
+    vgpu.domains.conn.defineXML(
+        libvirt_domains.domain_xml(f"guest-{instance[:8]}", [vgpu_id], instance)
+    )
 
 
 def states(vgpu):
@@ -68,7 +70,8 @@ def states(vgpu):
 
 
 def test_the_periodic_update_drops_a_month_old_unreferenced_migrating_in_claim(
-        make_host, make_conf, tmp_path, caplog):
+    make_host, make_conf, tmp_path, caplog
+):
     host = make_host("a100-sriov")
     vgpu = make_driver(make_conf, host, tmp_path)
     dead, young, arrived = (str(uuid.uuid4()) for _ in range(3))
@@ -125,4 +128,3 @@ def test_zero_keeps_them_for_the_migration_or_the_operator(make_host, make_conf,
     vgpu.reconcile_claims()
     vgpu.init_host()
     assert states(vgpu) == {instance: claims.MIGRATING_IN}
-

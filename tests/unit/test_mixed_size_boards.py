@@ -35,12 +35,14 @@ def mixed_conf_lines(types=MIXED, address=L40S, **extra):
 @pytest.fixture
 def board(make_host, make_driver):
     """``(host, driver)``: an L40S whose configuration gives it four sizes."""
+
     def make(mixed=True):
         host = make_host("l40s-vfio")
         if mixed:
             host.set_mixed_sizes(L40S, True)
         vgpu = make_driver(host, extra=mixed_conf_lines(), types=",".join(MIXED))
         return host, vgpu
+
     return make
 
 
@@ -50,32 +52,45 @@ def trait(type_id):
 
 def allocate(vgpu, instance, type_id, mib):
     provider = vgpu.provider_tree("cn1").by_gpu(L40S)
-    return vgpu.allocate(instance, {"rp": {"resources": {RC: mib}}}, {"rp": provider},
-                         type_traits={trait(type_id)})
+    return vgpu.allocate(
+        instance, {"rp": {"resources": {RC: mib}}}, {"rp": provider}, type_traits={trait(type_id)}
+    )
 
 
 def fitting(provider):
     """``{size GB: vGPUs of it that fit now}``, as the provider says it."""
-    return {int(mib) // GB: int(count)
-            for count, mib in re.findall(r"(\d+) x (\d+) MiB", provider.reason)}
+    return {
+        int(mib) // GB: int(count)
+        for count, mib in re.findall(r"(\d+) x (\d+) MiB", provider.reason)
+    }
 
 
 def size_capacity(provider):
     """``{size GB: what Placement may hold in its class}``."""
-    return {int(rc.split("_")[3]) // GB: found.capacity
-            for rc, found in provider.size_inventories}
+    return {int(rc.split("_")[3]) // GB: found.capacity for rc, found in provider.size_inventories}
 
 
 def typed(host):
-    return {str(vf.address): f"nvidia-{vf.current_type}" for vf in host.list_vendor_vfio()
-            if vf.current_type}
+    return {
+        str(vf.address): f"nvidia-{vf.current_type}"
+        for vf in host.list_vendor_vfio()
+        if vf.current_type
+    }
 
 
 class TestConfiguration:
     def test_vendor_types_may_share_a_board(self, make_conf):
-        config, problems = mdev_types.load(make_conf("\n".join([
-            "[devices]", f"enabled_mdev_types = {FOUR},{EIGHT}",
-            *mixed_conf_lines((FOUR, EIGHT))])))
+        config, problems = mdev_types.load(
+            make_conf(
+                "\n".join(
+                    [
+                        "[devices]",
+                        f"enabled_mdev_types = {FOUR},{EIGHT}",
+                        *mixed_conf_lines((FOUR, EIGHT)),
+                    ]
+                )
+            )
+        )
         assert [p for p in problems if p.severity == "error"] == []
         assert config.mixed_by_address[L40S] == (FOUR, EIGHT)
         assert dict(config.by_address) == {}
@@ -83,31 +98,59 @@ class TestConfiguration:
         assert config.mdev_classes == {RC}
 
     def test_single_type_configs_are_unchanged(self, make_conf):
-        config, problems = mdev_types.load(make_conf("\n".join([
-            "[devices]", f"enabled_mdev_types = {FOUR},{EIGHT}",
-            f"[mdev_{FOUR}]", f"device_addresses = {L40S}",
-            f"[mdev_{EIGHT}]", "device_addresses = 0000:c2:00.0"])))
+        config, problems = mdev_types.load(
+            make_conf(
+                "\n".join(
+                    [
+                        "[devices]",
+                        f"enabled_mdev_types = {FOUR},{EIGHT}",
+                        f"[mdev_{FOUR}]",
+                        f"device_addresses = {L40S}",
+                        f"[mdev_{EIGHT}]",
+                        "device_addresses = 0000:c2:00.0",
+                    ]
+                )
+            )
+        )
         assert problems == []
         assert config.mixed_types == frozenset()
         assert config.mdev_classes == {"VGPU"}
 
     def test_other_types_cannot_share_a_board(self, make_conf):
         types = ("i915-GVTg_V5_4", "i915-GVTg_V5_8")
-        _config, problems = mdev_types.load(make_conf("\n".join([
-            "[devices]", f"enabled_mdev_types = {','.join(types)}",
-            *mixed_conf_lines(types, address="0000:00:02.0")])))
+        _config, problems = mdev_types.load(
+            make_conf(
+                "\n".join(
+                    [
+                        "[devices]",
+                        f"enabled_mdev_types = {','.join(types)}",
+                        *mixed_conf_lines(types, address="0000:00:02.0"),
+                    ]
+                )
+            )
+        )
         (problem,) = problems
         assert problem.severity == "error"
-        assert "a device serves one type, unless every type listing it is an NVIDIA " \
-               "type (nvidia-<number>)" in str(problem)
+        assert (
+            "a device serves one type, unless every type listing it is an NVIDIA "
+            "type (nvidia-<number>)" in str(problem)
+        )
 
-    @pytest.mark.parametrize("option, value", [("mdev_class", "CUSTOM_FOUR"),
-                                               ("max_instances", "3")])
-    def test_options_a_shared_board_cannot_honour_are_errors(self, make_conf, option,
-                                                             value):
-        _config, problems = mdev_types.load(make_conf("\n".join([
-            "[devices]", f"enabled_mdev_types = {FOUR},{EIGHT}",
-            *mixed_conf_lines((FOUR, EIGHT), **{FOUR: {option: value}})])))
+    @pytest.mark.parametrize(
+        "option, value", [("mdev_class", "CUSTOM_FOUR"), ("max_instances", "3")]
+    )
+    def test_options_a_shared_board_cannot_honour_are_errors(self, make_conf, option, value):
+        _config, problems = mdev_types.load(
+            make_conf(
+                "\n".join(
+                    [
+                        "[devices]",
+                        f"enabled_mdev_types = {FOUR},{EIGHT}",
+                        *mixed_conf_lines((FOUR, EIGHT), **{FOUR: {option: value}}),
+                    ]
+                )
+            )
+        )
         (problem,) = problems
         assert problem.option == f"[mdev_{FOUR}] {option}"
         assert "shares a mixed-size board" in str(problem)
@@ -117,9 +160,16 @@ class TestByModel:
     def test_nvidia_types_naming_one_model_share_its_boards(self, make_host, make_driver):
         host = make_host("l40s-vfio")
         host.set_mixed_sizes(L40S, True)
-        vgpu = make_driver(host, types=f"{FOUR},{TWELVE}", extra=[
-            f"[mdev_{FOUR}]", "device_ids = 10de:26b9",
-            f"[mdev_{TWELVE}]", "device_ids = 10de:26b9"])
+        vgpu = make_driver(
+            host,
+            types=f"{FOUR},{TWELVE}",
+            extra=[
+                f"[mdev_{FOUR}]",
+                "device_ids = 10de:26b9",
+                f"[mdev_{TWELVE}]",
+                "device_ids = 10de:26b9",
+            ],
+        )
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         assert provider.sizes == ((FOUR, 4 * GB), (TWELVE, 12 * GB))
         assert provider.resource_class == RC
@@ -131,14 +181,16 @@ class TestInventory:
     def test_a_board_serving_mdevs_does_not_mix_sizes(self, make_host, make_driver):
         t4 = "0000:18:00.0"
         types = ("nvidia-222", "nvidia-223")
-        vgpu = make_driver(make_host("t4x8"), extra=mixed_conf_lines(types, address=t4),
-                           types=",".join(types))
+        vgpu = make_driver(
+            make_host("t4x8"), extra=mixed_conf_lines(types, address=t4), types=",".join(types)
+        )
         tree = vgpu.provider_tree("cn1")
         assert tree.by_gpu(t4) is None
         assert dict(tree.unserved)[t4] == (
             "its addresses are listed under several types (nvidia-222, nvidia-223); a GPU "
             "serves one type, unless it is a board serving vendor-VFIO vGPUs, which mixes "
-            "sizes: fix device_addresses")
+            "sizes: fix device_addresses"
+        )
 
     def test_equal_size_mode_gets_no_provider_and_says_how_to_fix(self, board):
         _host, vgpu = board(mixed=False)
@@ -146,21 +198,29 @@ class TestInventory:
         assert tree.providers == ()
         assert dict(tree.unserved)[L40S] == (
             f"configured for mixed sizes ({', '.join(sorted(MIXED))}) but in equal-size "
-            f"mode: run vgpu-manage sriov sizes {L40S} mixed")
+            f"mode: run vgpu-manage sriov sizes {L40S} mixed"
+        )
 
     def test_an_empty_board_offers_its_whole_framebuffer(self, board):
         _host, vgpu = board()
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         assert provider.inventory()[RC] == {
-            "total": 48 * GB, "reserved": 0, "min_unit": 4 * GB, "max_unit": 48 * GB,
-            "step_size": 4 * GB, "allocation_ratio": 1.0}
+            "total": 48 * GB,
+            "reserved": 0,
+            "min_unit": 4 * GB,
+            "max_unit": 48 * GB,
+            "step_size": 4 * GB,
+            "allocation_ratio": 1.0,
+        }
         # Ada's 4 GB row has 8 placements; 8 and 12 GB 4 each; 24 GB 2.
         assert size_capacity(provider) == {4: 8, 8: 4, 12: 4, 24: 2}
         assert set(provider.inventory()) == {RC} | {
-            f"CUSTOM_VGPU_SIZE_{s * GB}_MIB" for s in (4, 8, 12, 24)}
+            f"CUSTOM_VGPU_SIZE_{s * GB}_MIB" for s in (4, 8, 12, 24)
+        }
         assert {trait(t) for t in MIXED} <= set(provider.traits)
-        assert provider.sizes == tuple((t, s * GB) for t, s in zip(
-            sorted(MIXED), (4, 8, 12, 24), strict=True))
+        assert provider.sizes == tuple(
+            (t, s * GB) for t, s in zip(sorted(MIXED), (4, 8, 12, 24), strict=True)
+        )
 
     def test_each_vgpu_gets_its_type_and_the_inventory_follows_the_board(self, board):
         host, vgpu = board()
@@ -173,8 +233,9 @@ class TestInventory:
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         assert (fitting(provider), provider.reserved) == ({4: 4, 8: 1, 12: 1}, 4 * GB)
         assert provider.reserved_for == ((inventory.FRAGMENTED, 4 * GB),)
-        assert provider.reason == ("mixed sizes: fit now 4 x 4096 MiB, 1 x 8192 MiB, "
-                                   "1 x 12288 MiB; 4096 MiB fragmented")
+        assert provider.reason == (
+            "mixed sizes: fit now 4 x 4096 MiB, 1 x 8192 MiB, 1 x 12288 MiB; 4096 MiB fragmented"
+        )
         # Each size class holds its vGPU and what still fits.
         assert size_capacity(provider) == {4: 1 + 4, 8: 1 + 1, 12: 1 + 1, 24: 0}
         with pytest.raises(exception.NoGpuCapacity):
@@ -210,12 +271,17 @@ class TestInventory:
     def test_an_unused_typed_vf_keeps_its_slots_from_the_others(self, board):
         host, vgpu = board()
         vf = allocate(vgpu, "vm-8", EIGHT, 8 * GB)[0]
-        with vgpu.journal.transaction() as txn:      # a claim dropped by hand
+        with vgpu.journal.transaction() as txn:  # a claim dropped by hand
             txn.remove("vm-8")
         assert typed(host) == {vf: EIGHT}
         snapshot = vgpu.manager.snapshot(refresh=True)
-        tree = inventory.compute(snapshot, vgpu.mdev_config, "cn1", in_use=set(),
-                                 boards=inventory.read_boards(host, snapshot, vgpu.mdev_config))
+        tree = inventory.compute(
+            snapshot,
+            vgpu.mdev_config,
+            "cn1",
+            in_use=set(),
+            boards=inventory.read_boards(host, snapshot, vgpu.mdev_config),
+        )
         assert tree.by_gpu(L40S).reserved == 8 * GB
         # The host reconciler's pass before each update takes it back, as it
         # takes back a stale type.
@@ -224,18 +290,22 @@ class TestInventory:
 
 
 class TestRequests:
-    @pytest.mark.parametrize("traits, mib, why", [
-        ({trait(FOUR), trait(EIGHT)}, 4 * GB, "the flavor requires several of its types"),
-        ({"CUSTOM_MDEV_NVIDIA_1"}, 4 * GB, "name none of its types"),
-        ({trait(EIGHT)}, 12 * GB, "not a whole number of nvidia-1156 vGPUs"),
-        (set(), 5 * GB, "none is of that size"),
-    ])
+    @pytest.mark.parametrize(
+        "traits, mib, why",
+        [
+            ({trait(FOUR), trait(EIGHT)}, 4 * GB, "the flavor requires several of its types"),
+            ({"CUSTOM_MDEV_NVIDIA_1"}, 4 * GB, "name none of its types"),
+            ({trait(EIGHT)}, 12 * GB, "not a whole number of nvidia-1156 vGPUs"),
+            (set(), 5 * GB, "none is of that size"),
+        ],
+    )
     def test_an_allocation_naming_no_single_type_is_refused(self, board, traits, mib, why):
         host, vgpu = board()
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         with pytest.raises(exception.MixedSizeTypeUnknown, match=why):
-            vgpu.allocate("vm", {"rp": {"resources": {RC: mib}}}, {"rp": provider},
-                          type_traits=traits)
+            vgpu.allocate(
+                "vm", {"rp": {"resources": {RC: mib}}}, {"rp": provider}, type_traits=traits
+            )
         assert typed(host) == {}
         assert vgpu.journal.claims() == []
 
@@ -255,18 +325,20 @@ class TestRequests:
 class TestReboot:
     def test_vfs_then_mode_then_types_come_back_in_that_order(self, board):
         host, vgpu = board()
-        vfs = {vf: t for t, gb in ((FOUR, 4), (TWELVE, 12), (EIGHT, 8))
-               for vf in allocate(vgpu, f"vm-{gb}", t, gb * GB)}
+        vfs = {
+            vf: t
+            for t, gb in ((FOUR, 4), (TWELVE, 12), (EIGHT, 8))
+            for vf in allocate(vgpu, f"vm-{gb}", t, gb * GB)
+        }
         host.reboot()
         assert not host.heterogeneous_mode(L40S)
         assert {o.result for o in vgpu.reconciler.restore()} == {"waiting"}
-        host.set_vfs(L40S, 16)        # the VFs first: sriov enable
+        host.set_vfs(L40S, 16)  # the VFs first: sriov enable
         assert not host.heterogeneous_mode(L40S)
         outcomes = vgpu.reconciler.restore()
         # Written in equal-size mode, the first type would have locked the
         # board to its size, and the other two been refused.
-        assert {(o.mdev_uuid, o.result) for o in outcomes} == {
-            (vf, "restored") for vf in vfs}
+        assert {(o.mdev_uuid, o.result) for o in outcomes} == {(vf, "restored") for vf in vfs}
         assert host.heterogeneous_mode(L40S)
         assert typed(host) == vfs
         assert max(fitting(vgpu.provider_tree("cn1").by_gpu(L40S))) == 12
@@ -277,7 +349,7 @@ class TestReboot:
         assert vf == "0000:c1:00.4"
         host.reboot()
         host.set_vfs(L40S, 16)
-        host.set_vendor_vgpu_type("0000:c1:00.5", 1155)   # typed by someone else, first
+        host.set_vendor_vgpu_type("0000:c1:00.5", 1155)  # typed by someone else, first
         (outcome,) = vgpu.reconciler.restore()
         assert (outcome.mdev_uuid, outcome.result) == (vf, "failed")
         assert outcome.reason.startswith("its board cannot mix sizes: ")
@@ -286,40 +358,46 @@ class TestReboot:
 
 class TestStatus:
     def test_a_mixed_board_counts_framebuffer_beside_boards_that_count_vgpus(
-            self, make_host, make_driver):
+        self, make_host, make_driver
+    ):
         host = make_host("l40s-vfio", "a100-sriov")
         host.set_mixed_sizes(L40S, True)
-        vgpu = make_driver(host, extra=mixed_conf_lines((FOUR, TWELVE)),
-                           types=f"{FOUR},{TWELVE},nvidia-468")
+        vgpu = make_driver(
+            host, extra=mixed_conf_lines((FOUR, TWELVE)), types=f"{FOUR},{TWELVE},nvidia-468"
+        )
         allocate(vgpu, "vm-12", TWELVE, 12 * GB)
         tree = vgpu.provider_tree("cn1")
         snapshot = vgpu.manager.snapshot(refresh=True)
         view = status.assemble("cn1", snapshot, tree, vgpu.journal.claims(), {})
         board = {g.gpu: g for g in view.gpus}[L40S]
         assert (board.unit, board.used, board.total, board.type_name) == (
-            "MiB", 12 * GB, 48 * GB, "mixed sizes, in MiB")
+            "MiB",
+            12 * GB,
+            48 * GB,
+            "mixed sizes, in MiB",
+        )
         assert "vGPUs [..........] 0/10 used" in view.summary()
-        assert f"mixed-size framebuffer {status.bar(12 * GB, 48 * GB)} MiB used" \
-            in view.summary()
+        assert f"mixed-size framebuffer {status.bar(12 * GB, 48 * GB)} MiB used" in view.summary()
 
 
 class TestRace:
-    def test_what_placement_granted_against_one_inventory_the_board_refuses_cleanly(
-            self, board):
+    def test_what_placement_granted_against_one_inventory_the_board_refuses_cleanly(self, board):
         """Three 8 GB vGPUs granted against one inventory, before it is
         updated: Placement's sum fits (24 GB free) but only two 8 GB
         placements are left, so the third is refused at claim time."""
         host, vgpu = board()
-        for name in ("vm-0", "vm-12", "vm-24", "vm-36"):       # 12 GB at 0, 12, 24, 36
+        for name in ("vm-0", "vm-12", "vm-24", "vm-36"):  # 12 GB at 0, 12, 24, 36
             allocate(vgpu, name, TWELVE, 12 * GB)
         vgpu.release("vm-0")
-        vgpu.release("vm-24")                   # free: slots 0-11 and 24-35
+        vgpu.release("vm-24")  # free: slots 0-11 and 24-35
         provider = vgpu.provider_tree("cn1").by_gpu(L40S)
         assert (provider.reserved, fitting(provider)) == (0, {4: 4, 8: 2, 12: 2})
         before = typed(host)
         granted = {"rp": {"resources": {RC: 8 * GB}}}
-        got = [vgpu.allocate(name, granted, {"rp": provider}, {trait(EIGHT)})[0]
-               for name in ("vm-a", "vm-b")]
+        got = [
+            vgpu.allocate(name, granted, {"rp": provider}, {trait(EIGHT)})[0]
+            for name in ("vm-a", "vm-b")
+        ]
         with pytest.raises(exception.NoGpuCapacity):
             vgpu.allocate("vm-c", granted, {"rp": provider}, {trait(EIGHT)})
         assert typed(host) == {**before, **dict.fromkeys(got, EIGHT)}

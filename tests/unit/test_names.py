@@ -20,7 +20,11 @@ def test_pci_address_round_trip_and_provider_suffix():
 def test_vf_offsets_carry_into_slot_and_bus():
     pf = names.parse_pci_address("0000:41:00.0")
     assert [str(pf.offset(n)) for n in (4, 8, 255, 256)] == [
-        "0000:41:00.4", "0000:41:01.0", "0000:41:1f.7", "0000:42:00.0"]
+        "0000:41:00.4",
+        "0000:41:01.0",
+        "0000:41:1f.7",
+        "0000:42:00.0",
+    ]
 
 
 @pytest.mark.parametrize("value", ["../0000:41:00.0", "0000:41:00.0/..", "", None, 7])
@@ -71,15 +75,26 @@ def _hex(size):
     return st.text(_HEX, min_size=size, max_size=size)
 
 
-pci_addresses = st.builds(lambda d, b, s0, s1, f: f"{d}:{b}:{s0}{s1}.{f}",
-                          _hex(4), _hex(2), st.sampled_from("01"), _hex(1),
-                          st.sampled_from("01234567"))
+pci_addresses = st.builds(
+    lambda d, b, s0, s1, f: f"{d}:{b}:{s0}{s1}.{f}",
+    _hex(4),
+    _hex(2),
+    st.sampled_from("01"),
+    _hex(1),
+    st.sampled_from("01234567"),
+)
 mdev_uuids = st.uuids().map(str)
-_virtual_part = st.builds(lambda first, rest: first + rest, st.sampled_from(_LOWER_ALNUM),
-                          st.text(_LOWER_ALNUM + "-", max_size=40))
+_virtual_part = st.builds(
+    lambda first, rest: first + rest,
+    st.sampled_from(_LOWER_ALNUM),
+    st.text(_LOWER_ALNUM + "-", max_size=40),
+)
 virtual_names = st.builds(lambda cls, dev: f"{cls}_{dev}", _virtual_part, _virtual_part)
-type_ids = st.builds(lambda first, rest: first + rest, st.sampled_from(_ALNUM),
-                     st.text(_ALNUM + "_.+-", max_size=127))
+type_ids = st.builds(
+    lambda first, rest: first + rest,
+    st.sampled_from(_ALNUM),
+    st.text(_ALNUM + "_.+-", max_size=127),
+)
 vendor_type_ids = st.integers(1, 999_999_999).map(lambda n: f"nvidia-{n}")
 
 
@@ -88,7 +103,7 @@ class Checker:
     name: str
     call: typing.Callable
     valid: st.SearchStrategy
-    canonical: typing.Callable      # what ``call`` returns for a valid value
+    canonical: typing.Callable  # what ``call`` returns for a valid value
     max_len: int
     predicate: bool = False
 
@@ -112,35 +127,60 @@ def _pci_or_same(value):
 
 
 CHECKERS = [
-    Checker("parse_pci_address", lambda v: str(names.parse_pci_address(v)),
-            pci_addresses, str.lower, 12),
-    Checker("is_pci_address", names.is_pci_address, pci_addresses,
-            lambda v: True, 12, predicate=True),
-    Checker("parse_device_address", names.parse_device_address,
-            st.one_of(pci_addresses, virtual_names), _pci_or_same, 128),
-    Checker("virtual_device_path", names.virtual_device_path, virtual_names,
-            lambda v: tuple(v.split("_")), 128),
+    Checker(
+        "parse_pci_address", lambda v: str(names.parse_pci_address(v)), pci_addresses, str.lower, 12
+    ),
+    Checker(
+        "is_pci_address", names.is_pci_address, pci_addresses, lambda v: True, 12, predicate=True
+    ),
+    Checker(
+        "parse_device_address",
+        names.parse_device_address,
+        st.one_of(pci_addresses, virtual_names),
+        _pci_or_same,
+        128,
+    ),
+    Checker(
+        "virtual_device_path",
+        names.virtual_device_path,
+        virtual_names,
+        lambda v: tuple(v.split("_")),
+        128,
+    ),
     Checker("check_type_id", names.check_type_id, type_ids, lambda v: v, 128),
-    Checker("check_parent_name", names.check_parent_name,
-            st.one_of(pci_addresses, type_ids), _pci_or_same, 128),
-    Checker("is_mdev_uuid", names.is_mdev_uuid, mdev_uuids,
-            lambda v: True, 36, predicate=True),
+    Checker(
+        "check_parent_name",
+        names.check_parent_name,
+        st.one_of(pci_addresses, type_ids),
+        _pci_or_same,
+        128,
+    ),
+    Checker("is_mdev_uuid", names.is_mdev_uuid, mdev_uuids, lambda v: True, 36, predicate=True),
     Checker("check_mdev_uuid", names.check_mdev_uuid, mdev_uuids, lambda v: v, 36),
-    Checker("check_vgpu_id", names.check_vgpu_id,
-            st.one_of(mdev_uuids, pci_addresses), _pci_or_same, 36),
-    Checker("is_vf_vgpu_id", names.is_vf_vgpu_id, pci_addresses,
-            lambda v: True, 12, predicate=True),
-    Checker("vendor_type_number", names.vendor_type_number, vendor_type_ids,
-            lambda v: int(v.removeprefix("nvidia-")), 16),
+    Checker(
+        "check_vgpu_id", names.check_vgpu_id, st.one_of(mdev_uuids, pci_addresses), _pci_or_same, 36
+    ),
+    Checker(
+        "is_vf_vgpu_id", names.is_vf_vgpu_id, pci_addresses, lambda v: True, 12, predicate=True
+    ),
+    Checker(
+        "vendor_type_number",
+        names.vendor_type_number,
+        vendor_type_ids,
+        lambda v: int(v.removeprefix("nvidia-")),
+        16,
+    ),
 ]
 checkers = pytest.mark.parametrize("checker", CHECKERS, ids=str)
 
 _NON_ASCII_DIGITS = st.one_of(
     st.sampled_from(["\u0661", "\u06f1", "\u0967", "\uff11", "\uff10", "\U0001d7d9"]),
-    st.characters(categories=["Nd"]).filter(lambda c: not c.isascii()))
+    st.characters(categories=["Nd"]).filter(lambda c: not c.isascii()),
+)
 _NON_ASCII_LETTERS = st.one_of(
     st.sampled_from(["\u0430", "\u212a", "\u0131", "\u017f", "\uff41", "\u00e9"]),
-    st.characters(categories=["L"]).filter(lambda c: not c.isascii()))
+    st.characters(categories=["L"]).filter(lambda c: not c.isascii()),
+)
 
 
 def _with_ascii_digit(checker, value):
@@ -148,7 +188,7 @@ def _with_ascii_digit(checker, value):
     allows a digit wherever it allows a letter."""
     if not any(c in "0123456789" for c in value):
         i = next(i for i, c in enumerate(value) if c.isalnum())
-        value = value[:i] + "1" + value[i + 1:]
+        value = value[:i] + "1" + value[i + 1 :]
         assert not checker.refuses(value)
     return value
 
@@ -164,8 +204,16 @@ def test_valid_names_give_their_canonical_form(checker, data):
 @given(data=st.data())
 def test_line_breaks_and_blanks_around_a_name_are_refused(checker, data):
     value = data.draw(checker.valid)
-    for bad in (value + "\n", value + "\r\n", value + "\n" + value, "\n" + value,
-                value + " ", " " + value, value + "\t", "\t" + value):
+    for bad in (
+        value + "\n",
+        value + "\r\n",
+        value + "\n" + value,
+        "\n" + value,
+        value + " ",
+        " " + value,
+        value + "\t",
+        "\t" + value,
+    ):
         assert checker.refuses(bad), repr(bad)
 
 
@@ -182,9 +230,17 @@ def test_a_nul_anywhere_is_refused(checker, data):
 def test_path_separators_and_parent_segments_are_refused(checker, data):
     value = data.draw(checker.valid)
     i = data.draw(st.integers(0, len(value)), label="at")
-    for bad in (value + "/", "/" + value, value + "/..", "../" + value,
-                f"{value}/../{value}", value[:i] + "/" + value[i:],
-                value[:i] + "/../" + value[i:], "..", "."):
+    for bad in (
+        value + "/",
+        "/" + value,
+        value + "/..",
+        "../" + value,
+        f"{value}/../{value}",
+        value[:i] + "/" + value[i:],
+        value[:i] + "/../" + value[i:],
+        "..",
+        ".",
+    ):
         assert checker.refuses(bad), repr(bad)
 
 
@@ -192,10 +248,11 @@ def test_path_separators_and_parent_segments_are_refused(checker, data):
 @given(data=st.data())
 def test_non_ascii_digits_are_refused(checker, data):
     value = _with_ascii_digit(checker, data.draw(checker.valid))
-    at = data.draw(st.sampled_from([i for i, c in enumerate(value) if c in "0123456789"]),
-                   label="at")
+    at = data.draw(
+        st.sampled_from([i for i, c in enumerate(value) if c in "0123456789"]), label="at"
+    )
     digit = data.draw(_NON_ASCII_DIGITS, label="digit")
-    assert checker.refuses(value[:at] + digit + value[at + 1:])
+    assert checker.refuses(value[:at] + digit + value[at + 1 :])
 
 
 @checkers
@@ -204,15 +261,16 @@ def test_non_ascii_letters_are_refused(checker, data):
     value = data.draw(checker.valid)
     at = data.draw(st.integers(0, len(value) - 1), label="at")
     letter = data.draw(_NON_ASCII_LETTERS, label="letter")
-    assert checker.refuses(value[:at] + letter + value[at + 1:])
+    assert checker.refuses(value[:at] + letter + value[at + 1 :])
 
 
 @checkers
 @given(data=st.data())
 def test_over_long_names_are_refused(checker, data):
     value = data.draw(checker.valid)
-    extra = data.draw(st.integers(max(1, checker.max_len + 1 - len(value)),
-                                  checker.max_len + 300), label="extra")
+    extra = data.draw(
+        st.integers(max(1, checker.max_len + 1 - len(value)), checker.max_len + 300), label="extra"
+    )
     assert checker.refuses(value + "0" * extra)
     assert checker.refuses("0" * extra + value)
 
@@ -228,11 +286,15 @@ def test_whatever_is_accepted_is_a_plain_ascii_name(checker, value):
     assert checker.call(value) == checker.canonical(value)
 
 
-@pytest.mark.parametrize("checker, longest", [
-    ("check_type_id", "a" * 128), ("check_parent_name", "a" * 128),
-    ("parse_device_address", "a" * 63 + "_" + "b" * 64),
-    ("virtual_device_path", "a" * 63 + "_" + "b" * 64),
-])
+@pytest.mark.parametrize(
+    "checker, longest",
+    [
+        ("check_type_id", "a" * 128),
+        ("check_parent_name", "a" * 128),
+        ("parse_device_address", "a" * 63 + "_" + "b" * 64),
+        ("virtual_device_path", "a" * 63 + "_" + "b" * 64),
+    ],
+)
 def test_the_longest_names_are_accepted(checker, longest):
     assert len(longest) == 128
     assert getattr(names, checker)(longest)
@@ -248,8 +310,7 @@ def test_vendor_type_ids_round_trip(number):
     assert names.check_type_id(type_id) == type_id
 
 
-@pytest.mark.parametrize("number", ["\u0661", "\uff11\uff12", "12", " 12", "12\n", True, 1.5,
-                                    None])
+@pytest.mark.parametrize("number", ["\u0661", "\uff11\uff12", "12", " 12", "12\n", True, 1.5, None])
 def test_vendor_type_ids_are_built_from_numbers_only(number):
     with pytest.raises(exception.InvalidSysfsName):
         names.vendor_type_id(number)

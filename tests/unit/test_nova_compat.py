@@ -19,8 +19,7 @@ ADAPTER = pathlib.Path(vgpu_driver.__file__).parent / "nova"
 
 
 def _load_compat():
-    spec = importlib.util.spec_from_file_location("vgpu_driver_nova_compat",
-                                                  ADAPTER / "compat.py")
+    spec = importlib.util.spec_from_file_location("vgpu_driver_nova_compat", ADAPTER / "compat.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -36,8 +35,11 @@ def _uses(tree):
         if not isinstance(node, ast.Attribute):
             continue
         value = node.value
-        if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-                and value.func.id == "super"):
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id == "super"
+        ):
             yield "driver", node.attr
         elif isinstance(value, ast.Attribute) and value.attr == "_host":
             yield "host", node.attr
@@ -45,8 +47,11 @@ def _uses(tree):
             yield "host", node.attr
     # Host callbacks are wrapped by name, through a variable.
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and node.value.startswith("_event_")):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("_event_")
+        ):
             yield "host", node.value
 
 
@@ -54,10 +59,18 @@ def _methods_of_the_adapter_between():
     """Methods of LiveMigration and Allocation, the adapter's classes between
     nova's driver and LibvirtVGPUDriver: a super() call to one of them from
     driver.py lands there (whose own super() calls are scanned in its file)."""
-    trees = [ast.parse((ADAPTER / name).read_text(encoding="utf-8"))
-             for name in ("live_migration.py", "allocation.py")]
-    return {f.name for tree in trees for c in tree.body if isinstance(c, ast.ClassDef)
-            for f in c.body if isinstance(f, ast.FunctionDef)}
+    trees = [
+        ast.parse((ADAPTER / name).read_text(encoding="utf-8"))
+        for name in ("live_migration.py", "allocation.py")
+    ]
+    return {
+        f.name
+        for tree in trees
+        for c in tree.body
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, ast.FunctionDef)
+    }
 
 
 def _declared(owner):
@@ -83,7 +96,7 @@ def test_the_driver_hooks_are_all_found_by_the_scan():
     found = set()
     for source in SOURCES:
         found |= set(_uses(ast.parse(source.read_text(encoding="utf-8"))))
-    assert ("driver", "_allocate_mdevs") not in found    # replaced, never called
+    assert ("driver", "_allocate_mdevs") not in found  # replaced, never called
     assert ("driver", "_hard_reboot") in found
     assert ("host", "_get_new_connection") in found
     assert ("host", "_event_lifecycle_callback") in found
@@ -94,13 +107,16 @@ def test_hooks_are_unique():
     assert len(keys) == len(set(keys))
 
 
-@pytest.mark.parametrize("requires, expected", [
-    (['nova<35,>=31.0.0; extra == "nova"'], "nova<35,>=31.0.0"),
-    (['nova (>=31,<35) ; extra == "nova"'], "nova>=31,<35"),
-    (['novaclient>=1; extra == "nova"', 'nova>=31; extra == "nova"'], "nova>=31"),
-    (['nova>=31'], "unknown"),          # not the nova extra
-    ([], "unknown"),
-])
+@pytest.mark.parametrize(
+    "requires, expected",
+    [
+        (['nova<35,>=31.0.0; extra == "nova"'], "nova<35,>=31.0.0"),
+        (['nova (>=31,<35) ; extra == "nova"'], "nova>=31,<35"),
+        (['novaclient>=1; extra == "nova"', 'nova>=31; extra == "nova"'], "nova>=31"),
+        (["nova>=31"], "unknown"),  # not the nova extra
+        ([], "unknown"),
+    ],
+)
 def test_the_supported_range_is_read_from_the_nova_extra(monkeypatch, requires, expected):
     monkeypatch.setattr(compat.importlib.metadata, "requires", lambda name: requires)
     assert compat.supported_range() == expected

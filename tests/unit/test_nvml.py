@@ -26,18 +26,25 @@ def test_the_mode_is_switched_and_read_back(make_host, fake_bindings):
     host = make_host("l40s-vfio", "a100-sriov")
     fake_bindings.use_host(host.paths.root)
     assert not nvml.heterogeneous_mode(L40S)
-    nvml.set_heterogeneous_mode("0000:C1:00.0", True)      # as lspci writes it
+    nvml.set_heterogeneous_mode("0000:C1:00.0", True)  # as lspci writes it
     assert nvml.heterogeneous_mode(L40S) and host.heterogeneous_mode(L40S)
     nvml.set_heterogeneous_mode(L40S, False)
     assert not host.heterogeneous_mode(L40S)
 
 
-@pytest.mark.parametrize("gpu, action, reason", [
-    (L40S, True, "vGPUs exist on it, and the mode changes only on a GPU without any"),
-    (A100, True, "the GPU cannot mix vGPU sizes (MIG is on, or its driver does not report "
-                 "'Heterogeneous Time-Slice Sizes')"),
-    ("0000:c2:00.0", False, "NVML knows no GPU at this address"),
-])
+@pytest.mark.parametrize(
+    "gpu, action, reason",
+    [
+        (L40S, True, "vGPUs exist on it, and the mode changes only on a GPU without any"),
+        (
+            A100,
+            True,
+            "the GPU cannot mix vGPU sizes (MIG is on, or its driver does not report "
+            "'Heterogeneous Time-Slice Sizes')",
+        ),
+        ("0000:c2:00.0", False, "NVML knows no GPU at this address"),
+    ],
+)
 def test_nvmls_refusals_name_the_gpu_and_why(make_host, fake_bindings, gpu, action, reason):
     host = make_host("l40s-vfio", "a100-sriov")
     fake_bindings.use_host(host.paths.root)
@@ -53,8 +60,9 @@ def test_a_host_without_nvidias_driver_is_one_typed_error(fake_bindings):
     fake_bindings.use_host(None)
     with pytest.raises(exception.NvmlUnavailable) as raised:
         nvml.heterogeneous_mode(L40S)
-    assert str(raised.value) == ("NVIDIA's management library (NVML) cannot be used: "
-                                 "Driver Not Loaded.")
+    assert str(raised.value) == (
+        "NVIDIA's management library (NVML) cannot be used: Driver Not Loaded."
+    )
 
 
 def test_without_nvidia_ml_py_the_error_says_what_to_install(monkeypatch):
@@ -69,8 +77,9 @@ def test_nvidias_own_bindings_without_nvidias_library():
     'library not found' is what the operator reads."""
     with pytest.raises(exception.NvmlUnavailable) as raised:
         nvml.heterogeneous_mode(L40S)
-    assert str(raised.value) == ("NVIDIA's management library (NVML) cannot be used: "
-                                 "NVML Shared Library Not Found.")
+    assert str(raised.value) == (
+        "NVIDIA's management library (NVML) cannot be used: NVML Shared Library Not Found."
+    )
 
 
 def test_a_bad_address_is_refused_before_nvml_is_asked(fake_bindings):
@@ -82,8 +91,8 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
     host = make_host("l40s-vfio")
     fake_bindings.use_host(host.paths.root)
     nvml.set_heterogeneous_mode(L40S, True)
-    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)     # 12 GB at 0
-    host.set_vendor_vgpu_type("0000:c1:00.5", 1155)     # 4 GB at 12
+    host.set_vendor_vgpu_type("0000:c1:00.4", 1157)  # 12 GB at 0
+    host.set_vendor_vgpu_type("0000:c1:00.5", 1155)  # 4 GB at 12
     # NVML lists the active vGPUs: those whose guest runs.
     assert nvml.located_vgpus(L40S) == ()
     host.hold("0000:c1:00.4")
@@ -92,9 +101,11 @@ def test_the_vgpus_nvml_places_are_read_by_placement(make_host, fake_bindings, m
     # An instance gone between NVML's listing and the question (a stale
     # handle, a VF whose type was cleared) is left out.
     listed = fake_nvml.Bindings.nvmlDeviceGetActiveVgpus
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetActiveVgpus",
-                        lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone",
-                                        "0000:c1:00.9"])
+    monkeypatch.setattr(
+        fake_nvml,
+        "nvmlDeviceGetActiveVgpus",
+        lambda handle: [*listed(fake_nvml._MODULE_HOST, handle), "gone", "0000:c1:00.9"],
+    )
     assert nvml.located_vgpus(L40S) == ((1157, 0), (1155, 12))
     host.release("0000:c1:00.4")
     host.set_vendor_vgpu_type("0000:c1:00.4", 0)
@@ -131,7 +142,10 @@ def test_the_fake_vendor_driver_loads_only_for_a_test_host(tmp_path):
     """Production (the host assembly included) imports no fake; the fake's
     NVML comes through its entry point only when both test-only options
     name a fake host."""
-    out = subprocess.run([sys.executable, "-c", FAKE_BINDINGS_ONLY_FOR_A_TEST_HOST,
-                          str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", FAKE_BINDINGS_ONLY_FOR_A_TEST_HOST, str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "vgpu_driver.fake.nvml"

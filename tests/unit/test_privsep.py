@@ -34,8 +34,12 @@ def host(make_host, tmp_path, walk):
     host = make_host("t4x8", "a100-sriov", "l40s-vfio", "mtty")
     nic = os.path.join(host.paths.root, "devices", "pci0000:05", NIC)
     os.makedirs(nic)
-    for name, text in (("class", "0x020000\n"), ("sriov_totalvfs", "8\n"),
-                       ("sriov_numvfs", "0\n"), ("remove", "")):
+    for name, text in (
+        ("class", "0x020000\n"),
+        ("sriov_totalvfs", "8\n"),
+        ("sriov_numvfs", "0\n"),
+        ("remove", ""),
+    ):
         with open(os.path.join(nic, name), "w") as f:
             f.write(text)
     os.symlink(os.path.relpath(nic, host.paths.pci_base()), host.paths.pci_device(NIC))
@@ -49,11 +53,14 @@ def configure(host, make_conf):
     """Run the entry points in-process under a nova.conf of this text."""
 
     def run_under(text, fake_root=True):
-        conf = make_conf(textwrap.dedent(text) + textwrap.dedent(f"""
+        conf = make_conf(
+            textwrap.dedent(text)
+            + textwrap.dedent(f"""
             [vgpu]
             sysfs_root = {host.paths.root}
             test_only_fake_sysfs_root = {fake_root}
-            """))
+            """)
+        )
         privsep.run_in_process(conf)
         return conf
 
@@ -79,7 +86,7 @@ def test_each_entry_point_writes_its_one_attribute(root):
     assert read(os.path.join(host.paths.parent_type(T4, "nvidia-222"), "create")) == mdev
     privsep.set_vgpu_type(L40S_VF, 1156)
     assert read(os.path.join(host.paths.vendor_vfio_dir(L40S_VF), "current_vgpu_type")) == "1156"
-    privsep.set_vgpu_type(L40S_VF, 0)    # clearing frees the VF: always allowed there
+    privsep.set_vgpu_type(L40S_VF, 0)  # clearing frees the VF: always allowed there
     # (a plain file keeps what the shorter write did not cover; sysfs would not)
     assert read(os.path.join(host.paths.vendor_vfio_dir(L40S_VF), "current_vgpu_type"))[0] == "0"
 
@@ -87,7 +94,7 @@ def test_each_entry_point_writes_its_one_attribute(root):
 def test_remove_writes_into_the_mdev_of_a_registered_parent(root):
     host = fakekernel.FakeKernel(root)
     mdev = str(uuid.uuid4())
-    host.create_mdev(T4, "nvidia-223", mdev)     # a type no longer configured: still freed
+    host.create_mdev(T4, "nvidia-223", mdev)  # a type no longer configured: still freed
     privsep.remove_mdev(mdev)
     assert read(os.path.join(host.paths.mdev(mdev), "remove")) == "1"
 
@@ -103,24 +110,31 @@ def test_a_fleet_resolves_as_the_inventory_does(host, configure):
         """)
     privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match=f"GPU {T4_3} is given no mdev type by the configuration"):
+    with pytest.raises(
+        exception.PrivilegedWriteRefused,
+        match=f"GPU {T4_3} is given no mdev type by the configuration",
+    ):
         privsep.create_mdev(T4_3, "nvidia-222", str(uuid.uuid4()))
     assert snapshot(host.paths.root) == before
 
 
-@pytest.mark.parametrize("call, kind", [
-    (lambda: privsep.create_mdev("../../devices", "nvidia-222", str(uuid.uuid4())),
-     "mdev parent name"),
-    (lambda: privsep.create_mdev(T4, "../nvidia-222", str(uuid.uuid4())), "mdev type id"),
-    (lambda: privsep.create_mdev(T4, "nvidia-222", "not-a-uuid"), "mdev UUID"),
-    (lambda: privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()) + "\n"), "mdev UUID"),
-    (lambda: privsep.remove_mdev("../../../outside"), "mdev UUID"),
-    (lambda: privsep.set_vgpu_type("0000:c1:00.4/../..", 1156), "PCI address"),
-    (lambda: privsep.set_vgpu_type(L40S_VF, "1156"), "vGPU type number"),
-    (lambda: privsep.set_vgpu_type(L40S_VF, -1), "vGPU type number"),
-    (lambda: privsep.set_vgpu_type(L40S_VF, True), "vGPU type number"),
-])
+@pytest.mark.parametrize(
+    "call, kind",
+    [
+        (
+            lambda: privsep.create_mdev("../../devices", "nvidia-222", str(uuid.uuid4())),
+            "mdev parent name",
+        ),
+        (lambda: privsep.create_mdev(T4, "../nvidia-222", str(uuid.uuid4())), "mdev type id"),
+        (lambda: privsep.create_mdev(T4, "nvidia-222", "not-a-uuid"), "mdev UUID"),
+        (lambda: privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()) + "\n"), "mdev UUID"),
+        (lambda: privsep.remove_mdev("../../../outside"), "mdev UUID"),
+        (lambda: privsep.set_vgpu_type("0000:c1:00.4/../..", 1156), "PCI address"),
+        (lambda: privsep.set_vgpu_type(L40S_VF, "1156"), "vGPU type number"),
+        (lambda: privsep.set_vgpu_type(L40S_VF, -1), "vGPU type number"),
+        (lambda: privsep.set_vgpu_type(L40S_VF, True), "vGPU type number"),
+    ],
+)
 def test_malformed_names_are_refused_and_write_nothing(root, call, kind):
     before = snapshot(root)
     with pytest.raises(exception.InvalidSysfsName, match=kind):
@@ -137,29 +151,51 @@ def _non_nvidia_vf(root):
 # Each: (what the device or the configuration does not allow, the call,
 # the rule the refusal names).
 POLICY = [
-    ("a type not enabled", lambda: privsep.create_mdev(T4, "nvidia-223", str(uuid.uuid4())),
-     r"type nvidia-223 is not enabled \(\[devices\] enabled_mdev_types\)"),
-    ("an enabled type on a GPU configured for another",
-     lambda: privsep.create_mdev(T4, "nvidia-468", str(uuid.uuid4())),
-     f"GPU {T4} is configured for nvidia-222, not nvidia-468"),
-    ("a T4 type on an A100 VF", lambda: privsep.create_mdev(A100_VF, "nvidia-222",
-                                                             str(uuid.uuid4())),
-     f"GPU {A100} is configured for nvidia-468, not nvidia-222"),
-    ("a virtual parent whose type is not enabled",
-     lambda: privsep.create_mdev("mtty", "mtty-1", str(uuid.uuid4())),
-     "type mtty-1 is not enabled"),
-    ("a vendor type not configured for the board", lambda: privsep.set_vgpu_type(L40S_VF, 1155),
-     f"GPU {L40S} is configured for nvidia-1156, not nvidia-1155"),
-    ("a vendor type on a function that is not NVIDIA's",
-     lambda: privsep.set_vgpu_type(L40S_VF, 1156),
-     r"not an NVIDIA function \(vendor 0x1002\)"),
-    ("a vendor type on a physical function", lambda: privsep.set_vgpu_type(A100, 1156),
-     "not an SR-IOV virtual function"),
-    ("a vendor type on a network card", lambda: privsep.set_vgpu_type(NIC, 4),
-     "not a display or 3D controller"),
-    ("a registered parent that is not there any more",
-     lambda: privsep.create_mdev("0000:99:00.0", "nvidia-222", str(uuid.uuid4())),
-     None),
+    (
+        "a type not enabled",
+        lambda: privsep.create_mdev(T4, "nvidia-223", str(uuid.uuid4())),
+        r"type nvidia-223 is not enabled \(\[devices\] enabled_mdev_types\)",
+    ),
+    (
+        "an enabled type on a GPU configured for another",
+        lambda: privsep.create_mdev(T4, "nvidia-468", str(uuid.uuid4())),
+        f"GPU {T4} is configured for nvidia-222, not nvidia-468",
+    ),
+    (
+        "a T4 type on an A100 VF",
+        lambda: privsep.create_mdev(A100_VF, "nvidia-222", str(uuid.uuid4())),
+        f"GPU {A100} is configured for nvidia-468, not nvidia-222",
+    ),
+    (
+        "a virtual parent whose type is not enabled",
+        lambda: privsep.create_mdev("mtty", "mtty-1", str(uuid.uuid4())),
+        "type mtty-1 is not enabled",
+    ),
+    (
+        "a vendor type not configured for the board",
+        lambda: privsep.set_vgpu_type(L40S_VF, 1155),
+        f"GPU {L40S} is configured for nvidia-1156, not nvidia-1155",
+    ),
+    (
+        "a vendor type on a function that is not NVIDIA's",
+        lambda: privsep.set_vgpu_type(L40S_VF, 1156),
+        r"not an NVIDIA function \(vendor 0x1002\)",
+    ),
+    (
+        "a vendor type on a physical function",
+        lambda: privsep.set_vgpu_type(A100, 1156),
+        "not an SR-IOV virtual function",
+    ),
+    (
+        "a vendor type on a network card",
+        lambda: privsep.set_vgpu_type(NIC, 4),
+        "not a display or 3D controller",
+    ),
+    (
+        "a registered parent that is not there any more",
+        lambda: privsep.create_mdev("0000:99:00.0", "nvidia-222", str(uuid.uuid4())),
+        None,
+    ),
 ]
 
 
@@ -168,7 +204,7 @@ def test_writes_the_configuration_does_not_enable_are_refused(root, what, call, 
     if "not NVIDIA's" in what:
         _non_nvidia_vf(root)
     before = snapshot(root)
-    if rule is None:       # the kernel's answer for a device that is gone
+    if rule is None:  # the kernel's answer for a device that is gone
         with pytest.raises(OSError) as raised:
             call()
         assert raised.value.errno == 19
@@ -191,8 +227,7 @@ def test_no_entry_point_changes_sr_iov(host, configure):
 def test_a_gpu_the_configuration_does_not_name(host, configure):
     configure(confs.FIRST_T4_ONLY)
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match=f"GPU {T4_3} is given no mdev type"):
+    with pytest.raises(exception.PrivilegedWriteRefused, match=f"GPU {T4_3} is given no mdev type"):
         privsep.create_mdev(T4_3, "nvidia-222", str(uuid.uuid4()))
     assert snapshot(host.paths.root) == before
 
@@ -203,8 +238,9 @@ def test_a_vf_that_is_no_parent_is_on_no_gpu(host, configure):
     configure(ENABLED)
     os.unlink(os.path.join(host.paths.root, "class", "mdev_bus", A100_VF))
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match=f"VF {A100_VF} is on no GPU of this host"):
+    with pytest.raises(
+        exception.PrivilegedWriteRefused, match=f"VF {A100_VF} is on no GPU of this host"
+    ):
         privsep.set_vgpu_type(A100_VF, 468)
     assert snapshot(host.paths.root) == before
 
@@ -214,8 +250,10 @@ def test_an_mdev_of_a_virtual_parent_not_configured_stays(host, configure):
     mdev = str(uuid.uuid4())
     fakekernel.FakeKernel(host.paths.root).create_mdev("mtty", "mtty-1", mdev)
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match="parent mtty is neither a display controller nor a device"):
+    with pytest.raises(
+        exception.PrivilegedWriteRefused,
+        match="parent mtty is neither a display controller nor a device",
+    ):
         privsep.remove_mdev(mdev)
     assert snapshot(host.paths.root) == before
 
@@ -229,8 +267,10 @@ def test_a_configuration_with_errors_enables_nothing(host, configure):
         ramfb = true
         """)
     before = snapshot(host.paths.root)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match="the configuration has errors, so it enables nothing"):
+    with pytest.raises(
+        exception.PrivilegedWriteRefused,
+        match="the configuration has errors, so it enables nothing",
+    ):
         privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
     assert snapshot(host.paths.root) == before
 
@@ -267,8 +307,9 @@ def test_links_that_leave_the_root_or_reach_a_non_gpu_are_refused(root, tmp_path
     for planted in (escaping, relative_escape):
         with pytest.raises(exception.PrivilegedWriteRefused, match="outside"):
             privsep.remove_mdev(planted)
-    with pytest.raises(exception.PrivilegedWriteRefused,
-                       match="not an mdev of a registered parent"):
+    with pytest.raises(
+        exception.PrivilegedWriteRefused, match="not an mdev of a registered parent"
+    ):
         privsep.remove_mdev(pci_remove)
     with pytest.raises(exception.PrivilegedWriteRefused, match="not a display or 3D controller"):
         privsep.remove_mdev(nic_parent)
@@ -296,7 +337,7 @@ def test_a_fifo_in_place_of_an_attribute_is_refused_without_blocking(root):
     attr = os.path.join(os.path.realpath(host.paths.mdev(mdev)), "remove")
     os.unlink(attr)
     os.mkfifo(attr)
-    with pytest.raises(OSError) as raised:   # ENXIO: no reader, and no wait for one
+    with pytest.raises(OSError) as raised:  # ENXIO: no reader, and no wait for one
         privsep.remove_mdev(mdev)
     assert raised.value.errno == 6
 
@@ -311,17 +352,26 @@ def test_the_root_comes_from_the_privileged_side_only(root, make_host):
     """A second host's names resolve under the fixed root, never the other."""
     other = make_host("t4x8")
     privsep.create_mdev(T4, "nvidia-222", str(uuid.uuid4()))
-    assert read(os.path.join(fakekernel.FakeKernel(other.paths.root).paths.parent_type(
-        T4, "nvidia-222"), "create")) == ""
+    assert (
+        read(
+            os.path.join(
+                fakekernel.FakeKernel(other.paths.root).paths.parent_type(T4, "nvidia-222"),
+                "create",
+            )
+        )
+        == ""
+    )
 
 
 def test_errors_rebuild_from_their_plain_args():
     """oslo.privsep raises ``type(error)(*error.args)`` on the caller's side."""
-    errors = [exception.InvalidSysfsName("vGPU type number", "x", "a call"),
-              exception.PrivilegedWriteRefused("nvidia-223 on 0000:18:00.0", "a rule"),
-              exception.WritesNeedRoot("create_mdev()", 1000),
-              exception.MdevWriteError.from_os_error("create", "t on p", OSError(28, "full")),
-              exception.GpuGone(instance="i", gpu="g")]
+    errors = [
+        exception.InvalidSysfsName("vGPU type number", "x", "a call"),
+        exception.PrivilegedWriteRefused("nvidia-223 on 0000:18:00.0", "a rule"),
+        exception.WritesNeedRoot("create_mdev()", 1000),
+        exception.MdevWriteError.from_os_error("create", "t on p", OSError(28, "full")),
+        exception.GpuGone(instance="i", gpu="g"),
+    ]
     for error in errors:
         rebuilt = type(error)(*error.args)
         assert type(rebuilt) is type(error) and str(rebuilt) == str(error)

@@ -42,6 +42,7 @@ def files(tmp_path):
         own_path = tmp_path / "privsep.conf"
         own_path.write_text(own.format(nova=nova_path))
         return str(own_path), str(nova_path)
+
     return write
 
 
@@ -59,8 +60,10 @@ def test_only_the_policys_options_reach_the_configuration(files):
 
 
 def test_the_helpers_own_file_sets_the_test_options(files):
-    own, _ = files("[vgpu]\nsysfs_root = /srv/fake\n", own="[nova]\nconfig_files = {nova}\n"
-                   "[vgpu]\ntest_only_fake_sysfs_root = true\n")
+    own, _ = files(
+        "[vgpu]\nsysfs_root = /srv/fake\n",
+        own="[nova]\nconfig_files = {nova}\n[vgpu]\ntest_only_fake_sysfs_root = true\n",
+    )
     conf = helper_conf.load(own)
     assert (conf.vgpu.sysfs_root, conf.vgpu.test_only_fake_sysfs_root) == ("/srv/fake", True)
 
@@ -82,22 +85,29 @@ def test_a_later_file_wins_and_directories_are_read_in_order(tmp_path):
 SECRET = "root:$y$j9T$secret-hash:19000:0:99999:7:::"
 
 
-@pytest.mark.parametrize("text, line, reason", [
-    (f"{SECRET}\n", 1, "an option outside any section"),
-    (f"[vgpu]\n{SECRET.replace(':', ' ')}\n", 2, "neither a section, a comment nor"),
-    (f"[{SECRET}\n", 1, "not a section header"),
-    (f"[vgpu]\n\n  {SECRET}\n", 3, "a continuation line without a key above it"),
-    ("[devices]\nenabled_mdev_types = a\nenabled_mdev_types = b\n", 3,
-     "[devices] enabled_mdev_types given twice"),
-    ("[vgpu]\nsysfs_root = $state_path/sys\n", 0, "[vgpu] sysfs_root holds a '$'"),
-])
+@pytest.mark.parametrize(
+    "text, line, reason",
+    [
+        (f"{SECRET}\n", 1, "an option outside any section"),
+        (f"[vgpu]\n{SECRET.replace(':', ' ')}\n", 2, "neither a section, a comment nor"),
+        (f"[{SECRET}\n", 1, "not a section header"),
+        (f"[vgpu]\n\n  {SECRET}\n", 3, "a continuation line without a key above it"),
+        (
+            "[devices]\nenabled_mdev_types = a\nenabled_mdev_types = b\n",
+            3,
+            "[devices] enabled_mdev_types given twice",
+        ),
+        ("[vgpu]\nsysfs_root = $state_path/sys\n", 0, "[vgpu] sysfs_root holds a '$'"),
+    ],
+)
 def test_what_it_cannot_read_is_refused_by_line_never_echoed(files, text, line, reason):
     own, nova = files(text)
     with pytest.raises(exception.ConfigDataRefused) as caught:
         helper_conf.load(own)
     message = str(caught.value)
-    assert message.startswith(f"The privileged helper cannot use {nova} (line {line}): "
-                              f"{reason}"), message
+    assert message.startswith(f"The privileged helper cannot use {nova} (line {line}): {reason}"), (
+        message
+    )
     assert "secret" not in message and "root:" not in message
 
 
@@ -110,10 +120,13 @@ def test_a_file_that_is_not_a_regular_file_is_refused_without_blocking(files, tm
         helper_conf.load(str(own))
 
 
-@pytest.mark.parametrize("own, reason", [
-    ("[DEFAULT]\nlog_config_append = /tmp/x\n", "[DEFAULT] log_config_append is not an option"),
-    ("[nova]\nconfig_dirs = /etc/nova/nova.conf.d\n", "[nova] config_files names no file"),
-])
+@pytest.mark.parametrize(
+    "own, reason",
+    [
+        ("[DEFAULT]\nlog_config_append = /tmp/x\n", "[DEFAULT] log_config_append is not an option"),
+        ("[nova]\nconfig_dirs = /etc/nova/nova.conf.d\n", "[nova] config_files names no file"),
+    ],
+)
 def test_the_helpers_own_file_holds_only_its_options(files, own, reason):
     own_path, _ = files("[vgpu]\n", own=own)
     with pytest.raises(exception.ConfigDataRefused, match=reason.replace("[", r"\[")):
@@ -130,7 +143,9 @@ def test_oslo_config_reads_back_what_was_kept(tmp_path):
 def test_the_helpers_own_file_must_be_roots_alone(files):
     own, _ = files("[vgpu]\n")
     os.chmod(own, 0o666)
-    with pytest.raises(exception.ConfigDataRefused,
-                       match=r"\(line 0\): .*privsep.conf \(owner root, mode 0666\) can be "
-                             "changed by another user than root"):
+    with pytest.raises(
+        exception.ConfigDataRefused,
+        match=r"\(line 0\): .*privsep.conf \(owner root, mode 0666\) can be "
+        "changed by another user than root",
+    ):
         helper_conf.load(own)

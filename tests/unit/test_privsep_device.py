@@ -15,8 +15,12 @@ from vgpu_driver import discovery
 from vgpu_driver.privsep import beneath
 from vgpu_driver.privsep import device
 
-HOSTS = [("t4x8", "a100-sriov", "l40s-vfio", "mtty"), ("a100-sriov-off", "t4x8"),
-         ("h100-datacenter",), ("m60-multi",)]
+HOSTS = [
+    ("t4x8", "a100-sriov", "l40s-vfio", "mtty"),
+    ("a100-sriov-off", "t4x8"),
+    ("h100-datacenter",),
+    ("m60-multi",),
+]
 
 
 def _expected(gpu):
@@ -24,8 +28,11 @@ def _expected(gpu):
 
 
 def _gpu(found):
-    return None if found is None else found._replace(
-        addresses=(found.addresses[0], *sorted(found.addresses[1:])))
+    return (
+        None
+        if found is None
+        else found._replace(addresses=(found.addresses[0], *sorted(found.addresses[1:])))
+    )
 
 
 @pytest.mark.parametrize("profiles", HOSTS, ids="+".join)
@@ -36,13 +43,16 @@ def test_each_parent_is_on_the_gpu_discovery_puts_it_on(make_host, walk, profile
     assert parents or "t4x8" not in profiles
     with beneath.SysfsRoot(host.paths.root, allow_fake=True) as root:
         for name, gpu in parents:
-            link = (posixpath.join("class", "mdev_bus", name)
-                    if name in host.parent_names()
-                    else posixpath.join("bus", "pci", "devices", name))
+            link = (
+                posixpath.join("class", "mdev_bus", name)
+                if name in host.parent_names()
+                else posixpath.join("bus", "pci", "devices", name)
+            )
             found = device.gpu_of_parent(root, name, root.follow(link, name))
             expected = _expected(gpu)
             assert _gpu(found) == expected._replace(
-                addresses=(expected.addresses[0], *sorted(expected.addresses[1:])))
+                addresses=(expected.addresses[0], *sorted(expected.addresses[1:]))
+            )
 
 
 @pytest.mark.parametrize("profiles", HOSTS, ids="+".join)
@@ -56,7 +66,8 @@ def test_each_pci_gpu_is_read_as_discovery_reads_it(make_host, walk, profiles):
             pf = root.follow(posixpath.join("bus", "pci", "devices", gpu.address), gpu.address)
             expected = _expected(gpu)
             assert _gpu(device.physical_gpu(root, gpu.address, pf)) == expected._replace(
-                addresses=(expected.addresses[0], *sorted(expected.addresses[1:])))
+                addresses=(expected.addresses[0], *sorted(expected.addresses[1:]))
+            )
 
 
 def test_a_function_that_is_no_parent_is_on_no_gpu(make_host, walk):
@@ -70,8 +81,7 @@ def test_a_function_that_is_no_parent_is_on_no_gpu(make_host, walk):
 
 
 @pytest.mark.parametrize("profiles", HOSTS, ids="+".join)
-def test_a_read_among_named_addresses_finds_exactly_those_of_the_gpu(make_host, walk,
-                                                                     profiles):
+def test_a_read_among_named_addresses_finds_exactly_those_of_the_gpu(make_host, walk, profiles):
     """What the policy reads for a write: of the addresses a configuration
     names, exactly those discovery gives the parent's GPU (its PF's and
     the parent's always), whatever else is named."""
@@ -81,9 +91,11 @@ def test_a_read_among_named_addresses_finds_exactly_those_of_the_gpu(make_host, 
     with beneath.SysfsRoot(host.paths.root, allow_fake=True) as root:
         for gpu in snapshot.gpus:
             for parent in gpu.parents:
-                link = (posixpath.join("class", "mdev_bus", parent.name)
-                        if parent.name in host.parent_names()
-                        else posixpath.join("bus", "pci", "devices", parent.name))
+                link = (
+                    posixpath.join("class", "mdev_bus", parent.name)
+                    if parent.name in host.parent_names()
+                    else posixpath.join("bus", "pci", "devices", parent.name)
+                )
                 found = root.follow(link, parent.name)
                 whole = device.gpu_of_parent(root, parent.name, found)
                 named = device.gpu_of_parent(root, parent.name, found, among=every)

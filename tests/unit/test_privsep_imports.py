@@ -57,14 +57,20 @@ ALLOWED = {
     "vgpu_driver.sysfs",
     "vgpu_driver.sysfs.paths",
 }
-NEVER = ("vgpu_driver.fake", "vgpu_driver.nova", "vgpu_driver.placement",
-         "vgpu_driver.inventory", "vgpu_driver.discovery", "vgpu_driver.sysfs.linux",
-         "vgpu_driver.claims", "nova")
+NEVER = (
+    "vgpu_driver.fake",
+    "vgpu_driver.nova",
+    "vgpu_driver.placement",
+    "vgpu_driver.inventory",
+    "vgpu_driver.discovery",
+    "vgpu_driver.sysfs.linux",
+    "vgpu_driver.claims",
+    "nova",
+)
 
 
 def _loaded():
-    out = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, check=True)
     return set(json.loads(out.stdout))
 
 

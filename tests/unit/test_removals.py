@@ -74,7 +74,8 @@ def test_a_refused_or_broken_removal_is_failed_and_retried_by_a_new_writer():
         calls.append(vgpu)
         if len(calls) == 1:
             raise exception.MdevWriteError.from_os_error(
-                "remove", vgpu, OSError(errno.EBUSY, "busy"))
+                "remove", vgpu, OSError(errno.EBUSY, "busy")
+            )
         raise RuntimeError("a bug")
 
     writers = removals.Removals()

@@ -30,8 +30,10 @@ def test_a_garbage_count_reserves_the_gpu_and_names_the_file(make_host, make_con
     providers = {p.gpu: p for p in tree(host, make_conf).providers}
     t4 = providers[T4]
     assert t4.reserved == t4.total == 8
-    assert t4.reason == (f"unreadable sysfs value {path}: b'abc\\n' is unreadable "
-                         "(not a count); check the vendor driver")
+    assert t4.reason == (
+        f"unreadable sysfs value {path}: b'abc\\n' is unreadable "
+        "(not a count); check the vendor driver"
+    )
     assert f"Unreadable sysfs value: {path}" in caplog.text
     others = [p for gpu, p in providers.items() if gpu != T4]
     assert len(others) == 7 and all(p.reserved == 0 and p.reason is None for p in others)
@@ -48,15 +50,20 @@ def test_a_binary_name_gives_no_mojibake_trait(make_host, make_conf):
     host = make_host("t4x8")
     corrupt(host, T4, "nvidia-231", "name", b"GRID \xff\xfe T4\n")
     t4 = tree(host, make_conf).by_gpu(T4)
-    assert t4.traits == ("CUSTOM_MDEV_NVIDIA_231", "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06",
-                         "CUSTOM_OWNER_VGPU_DRIVER")
+    assert t4.traits == (
+        "CUSTOM_MDEV_NVIDIA_231",
+        "CUSTOM_NVIDIA_VGPU_MANAGER_550_127_06",
+        "CUSTOM_OWNER_VGPU_DRIVER",
+    )
     assert t4.reserved == t4.total and "(not UTF-8 text)" in t4.reason
 
 
 def test_a_dangling_parent_link_is_no_device(make_host, caplog):
     host = make_host("t4x8")
-    os.symlink("../../devices/pci0000:99/0000:99:00.0",
-               os.path.join(host.paths.parent_base(), "0000:99:00.0"))
+    os.symlink(
+        "../../devices/pci0000:99/0000:99:00.0",
+        os.path.join(host.paths.parent_base(), "0000:99:00.0"),
+    )
     caplog.set_level(logging.WARNING)
     assert "0000:99:00.0" not in [p.name for p in host.list_parents()]
     assert len(host.list_parents()) == 8
@@ -67,11 +74,15 @@ L40S_VF = "0000:c1:00.4"
 
 
 def test_vendor_type_numbers_are_plain_ascii_numbers():
-    text = ("Available vGPU types:\n1155 : NVIDIA L40S-4Q\n-5 : Negative\n"
-            "\u0661\u0662 : Arabic-Indic digits\n0123 : Leading zero\n"
-            "1234567890 : Ten digits\n1156 : NVIDIA L40S-8Q\n")
+    text = (
+        "Available vGPU types:\n1155 : NVIDIA L40S-4Q\n-5 : Negative\n"
+        "\u0661\u0662 : Arabic-Indic digits\n0123 : Leading zero\n"
+        "1234567890 : Ten digits\n1156 : NVIDIA L40S-8Q\n"
+    )
     assert pci_reads.parse_creatable_vgpu_types(text) == (
-        (1155, "NVIDIA L40S-4Q"), (1156, "NVIDIA L40S-8Q"))
+        (1155, "NVIDIA L40S-4Q"),
+        (1156, "NVIDIA L40S-8Q"),
+    )
 
 
 def test_a_garbage_current_vgpu_type_leaves_the_vf_out(make_host, caplog):

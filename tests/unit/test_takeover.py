@@ -29,18 +29,22 @@ def plan_for(make_conf):
         snapshot = discovery.discover(host)
         tree = inventory.compute(snapshot, config, "cn1")
         return takeover.plan("cn1", tree, snapshot, existing)
+
     return make
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("cn1_pci_0000_41_00_4", "0000:41:00.4"),
-    ("cn1_pci_0000_41_01_2", "0000:41:01.2"),
-    ("cn1_mtty_mtty", "mtty_mtty"),
-    ("cn2_pci_0000_41_00_4", None),         # another host's
-    ("cn1_pci_0000_41_00_9", None),         # not a PCI function
-    ("cn1_NUMA0", None),
-    ("cn1", None),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("cn1_pci_0000_41_00_4", "0000:41:00.4"),
+        ("cn1_pci_0000_41_01_2", "0000:41:01.2"),
+        ("cn1_mtty_mtty", "mtty_mtty"),
+        ("cn2_pci_0000_41_00_4", None),  # another host's
+        ("cn1_pci_0000_41_00_9", None),  # not a PCI function
+        ("cn1_NUMA0", None),
+        ("cn1", None),
+    ],
+)
 def test_device_address_of_a_provider_name(name, expected):
     assert takeover.device_address("cn1", name) == expected
 
@@ -88,33 +92,44 @@ def test_vfs_that_are_not_there_are_not_guessed(make_host, plan_for):
 def test_allocations_are_moved_and_merged_per_gpu(make_host, plan_for):
     plan = plan_for(make_host("a100-sriov"), [vf_provider(vf) for vf in A100_VFS])
     allocations = {
-        "one": {"allocations": {
-            "root": {"generation": 3, "resources": {"VCPU": 1, "MEMORY_MB": 512}},
-            f"uuid-{A100_VFS[3]}": {"generation": 1, "resources": {"VGPU": 1}}},
-            "project_id": "p", "user_id": "u", "consumer_generation": 1},
-        "two": {"allocations": {
-            f"uuid-{A100_VFS[0]}": {"generation": 1, "resources": {"VGPU": 1}},
-            f"uuid-{A100_VFS[1]}": {"generation": 1, "resources": {"VGPU": 1}}},
-            "project_id": "p", "user_id": "u", "consumer_generation": 2},
+        "one": {
+            "allocations": {
+                "root": {"generation": 3, "resources": {"VCPU": 1, "MEMORY_MB": 512}},
+                f"uuid-{A100_VFS[3]}": {"generation": 1, "resources": {"VGPU": 1}},
+            },
+            "project_id": "p",
+            "user_id": "u",
+            "consumer_generation": 1,
+        },
+        "two": {
+            "allocations": {
+                f"uuid-{A100_VFS[0]}": {"generation": 1, "resources": {"VGPU": 1}},
+                f"uuid-{A100_VFS[1]}": {"generation": 1, "resources": {"VGPU": 1}},
+            },
+            "project_id": "p",
+            "user_id": "u",
+            "consumer_generation": 2,
+        },
         "none": {"allocations": {"root": {"resources": {"VCPU": 1}}}},
     }
     moved = takeover.move_allocations(allocations, plan, {GPU_RP: "gpu-uuid"})
     assert moved == {"one": {A100: 1}, "two": {A100: 2}}
     assert allocations["one"]["allocations"] == {
         "root": {"generation": 3, "resources": {"VCPU": 1, "MEMORY_MB": 512}},
-        "gpu-uuid": {"resources": {"VGPU": 1}}}
+        "gpu-uuid": {"resources": {"VGPU": 1}},
+    }
     assert allocations["two"]["allocations"] == {"gpu-uuid": {"resources": {"VGPU": 2}}}
     assert allocations["two"]["consumer_generation"] == 2
     assert allocations["none"]["allocations"] == {"root": {"resources": {"VCPU": 1}}}
 
 
 def test_units_are_counted_in_the_class_the_gpu_serves(make_host, plan_for):
-    conf_text = ("[devices]\nenabled_mdev_types = nvidia-468\n"
-                 "[mdev_nvidia-468]\nmdev_class = CUSTOM_A100\n")
+    conf_text = (
+        "[devices]\nenabled_mdev_types = nvidia-468\n[mdev_nvidia-468]\nmdev_class = CUSTOM_A100\n"
+    )
     existing = [vf_provider(A100_VFS[0], classes=("CUSTOM_A100",))]
     plan = plan_for(make_host("a100-sriov"), existing, conf_text)
-    allocations = {"c": {"allocations": {
-        f"uuid-{A100_VFS[0]}": {"resources": {"CUSTOM_A100": 1}}}}}
+    allocations = {"c": {"allocations": {f"uuid-{A100_VFS[0]}": {"resources": {"CUSTOM_A100": 1}}}}}
     takeover.move_allocations(allocations, plan, {GPU_RP: "g"})
     assert allocations["c"]["allocations"] == {"g": {"resources": {"CUSTOM_A100": 1}}}
 
@@ -133,9 +148,13 @@ def test_mismatches_name_consumers_without_their_mdevs():
 def nova_made_mdevs(make_host, count):
     """A host where nova's driver created ``count`` mdevs, one per VF."""
     made = [str(uuid.uuid4()) for _ in range(count)]
-    host = make_host("a100-sriov", mdevs=[
-        {"parent": vf, "type": "nvidia-468", "uuid": u}
-        for vf, u in zip(A100_VFS, made, strict=False)])
+    host = make_host(
+        "a100-sriov",
+        mdevs=[
+            {"parent": vf, "type": "nvidia-468", "uuid": u}
+            for vf, u in zip(A100_VFS, made, strict=False)
+        ],
+    )
     return host, made
 
 
@@ -145,13 +164,17 @@ def test_mdevs_guests_use_are_adopted_as_attached(make_host, make_conf, tmp_path
     vgpu.domains.define("guest-a", made[:2])
     vgpu.domains.define("guest-b", made[2:3])
     adopted = takeover.adopt(vgpu.manager)
-    assert sorted((c.mdev_uuid, c.instance_uuid, c.state, c.gpu, c.type_id)
-                  for c in adopted) == sorted(
-        [(made[0], "guest-a", "attached", A100, "nvidia-468"),
-         (made[1], "guest-a", "attached", A100, "nvidia-468"),
-         (made[2], "guest-b", "attached", A100, "nvidia-468")])
+    assert sorted(
+        (c.mdev_uuid, c.instance_uuid, c.state, c.gpu, c.type_id) for c in adopted
+    ) == sorted(
+        [
+            (made[0], "guest-a", "attached", A100, "nvidia-468"),
+            (made[1], "guest-a", "attached", A100, "nvidia-468"),
+            (made[2], "guest-b", "attached", A100, "nvidia-468"),
+        ]
+    )
     assert {c.parent for c in adopted} == set(A100_VFS[:3])
-    assert takeover.adopt(vgpu.manager) == []       # once only
+    assert takeover.adopt(vgpu.manager) == []  # once only
 
 
 def test_unused_and_claimed_mdevs_are_left_alone(make_host, make_conf, tmp_path):

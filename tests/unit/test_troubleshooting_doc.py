@@ -20,9 +20,11 @@ MIN_TEXT = 12
 def _errors():
     """Every error with its own text; all are in the exception package
     (tests/unit/test_error_tree.py)."""
-    return {f"{cls.__module__}.{cls.__qualname__}": cls
-            for _, cls in inspect.getmembers(exception, inspect.isclass)
-            if issubclass(cls, exception.VgpuDriverError) and "msg_fmt" in vars(cls)}
+    return {
+        f"{cls.__module__}.{cls.__qualname__}": cls
+        for _, cls in inspect.getmembers(exception, inspect.isclass)
+        if issubclass(cls, exception.VgpuDriverError) and "msg_fmt" in vars(cls)
+    }
 
 
 def _words(text):
@@ -30,8 +32,11 @@ def _words(text):
 
 
 def _fixed_texts(msg_fmt):
-    return [_words(part) for part in PLACEHOLDER.split(msg_fmt.replace("%%", "%"))
-            if len(part.strip()) >= MIN_TEXT]
+    return [
+        _words(part)
+        for part in PLACEHOLDER.split(msg_fmt.replace("%%", "%"))
+        if len(part.strip()) >= MIN_TEXT
+    ]
 
 
 @pytest.mark.parametrize("name, cls", sorted(_errors().items()))
@@ -41,8 +46,9 @@ def test_the_page_explains_the_message(name, cls):
     if not texts:
         # All placeholders (the kernel-write family, "Keystone: <reason>"):
         # the page names the class or the shape.
-        assert cls.__name__ in page or _words(PLACEHOLDER.sub("<x>", cls.msg_fmt)) in \
-            re.sub(r"<[^>]*>", "<x>", page), f"{name}: {cls.msg_fmt!r}"
+        assert cls.__name__ in page or _words(PLACEHOLDER.sub("<x>", cls.msg_fmt)) in re.sub(
+            r"<[^>]*>", "<x>", page
+        ), f"{name}: {cls.msg_fmt!r}"
         return
     missing = [t for t in texts if t not in page]
     assert not missing, f"{name}: not on {PAGE.name}: {missing}"

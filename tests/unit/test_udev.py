@@ -55,7 +55,10 @@ def test_the_udev_message_header_is_libudevs():
     assert data[:8] == b"libudev\0" and data[8:12] == bytes.fromhex("feedcafe")
     offset = int.from_bytes(data[16:20], "little")
     assert offset == 40 and data[offset:].split(b"\0")[:3] == [
-        b"ACTION=add", b"DEVPATH=/devices/x", b"SUBSYSTEM=pci"]
+        b"ACTION=add",
+        b"DEVPATH=/devices/x",
+        b"SUBSYSTEM=pci",
+    ]
     # The subsystem's hash, in network order, for libudev's socket filter
     # (tests/functional/test_hotplug.py shows the filter lets it through).
     assert data[24:28] == uevents.murmurhash2(b"pci").to_bytes(4, "big")

@@ -63,9 +63,9 @@ def test_kept_instances_and_young_claims_stay(make_host, make_driver):
     claimed_beside(vgpu, "guest")
     before = held(vgpu)
     vgpu.worker.keeper = lambda uuids: set()
-    vgpu.worker.run_pass({host_reconciler.PERIODIC})      # younger than the grace
+    vgpu.worker.run_pass({host_reconciler.PERIODIC})  # younger than the grace
     assert held(vgpu) == before
     vgpu.conf.set_override("unused_claim_grace", 0, group="vgpu")
-    vgpu.worker.keeper = lambda uuids: set(uuids)          # an operation under way
+    vgpu.worker.keeper = lambda uuids: set(uuids)  # an operation under way
     vgpu.worker.run_pass({host_reconciler.PERIODIC})
     assert held(vgpu) == before

@@ -29,7 +29,7 @@ from vgpu_driver.fake import domains
 
 L40S = "0000:c1:00.0"
 VFS = [str(names.parse_pci_address(L40S).offset(4 + i)) for i in range(16)]
-FOUR_Q, EIGHT_Q = "nvidia-1155", "nvidia-1156"   # 12 resp. 6 per GPU
+FOUR_Q, EIGHT_Q = "nvidia-1155", "nvidia-1156"  # 12 resp. 6 per GPU
 
 
 def new_uuid():
@@ -38,8 +38,7 @@ def new_uuid():
 
 def typed(host):
     """``{VF address: type number}`` of the VFs that are vGPUs now."""
-    return {str(vf.address): vf.current_type for vf in host.list_vendor_vfio()
-            if vf.current_type}
+    return {str(vf.address): vf.current_type for vf in host.list_vendor_vfio() if vf.current_type}
 
 
 class BlindDomains(domains.InProcessDomains):
@@ -56,8 +55,11 @@ def vf_life(make_host, tmp_path):
             host.set_vendor_vgpu_type(vf, number)
         config = mdev_types.MdevConfig(
             types=(mdev_types.TypeConfig(type_id, max_instances=max_instances),),
-            default_type=type_id, by_address=MappingProxyType({}))
+            default_type=type_id,
+            by_address=MappingProxyType({}),
+        )
         return Lifecycle(host, config, tmp_path / "state", **kwargs)
+
     return make
 
 
@@ -68,9 +70,10 @@ class TestAllocate:
         got = life.allocate(instance, L40S, units=2)
         assert got == VFS[:2]
         assert typed(life.host) == {VFS[0]: 1156, VFS[1]: 1156}
-        assert [(c.mdev_uuid, c.parent, c.gpu, c.type_id, c.state, c.created, c.is_vf)
-                for c in life.journal.claims()] == [
-            (vf, vf, L40S, EIGHT_Q, claims.CLAIMED, True, True) for vf in VFS[:2]]
+        assert [
+            (c.mdev_uuid, c.parent, c.gpu, c.type_id, c.state, c.created, c.is_vf)
+            for c in life.journal.claims()
+        ] == [(vf, vf, L40S, EIGHT_Q, claims.CLAIMED, True, True) for vf in VFS[:2]]
 
     def test_a_free_vf_of_the_type_is_reused_before_typing_another(self, vf_life):
         life = vf_life(typed_vfs=[(VFS[5], 1156)])
@@ -86,14 +89,14 @@ class TestAllocate:
 
     def test_claims_not_written_yet_hold_their_place(self, vf_life):
         life = vf_life()
-        with life.journal.transaction() as txn:   # another allocation, between steps
+        with life.journal.transaction() as txn:  # another allocation, between steps
             txn.add("other", VFS[0], L40S, VFS[0], EIGHT_Q)
         assert life.allocate("guest", L40S) == [VFS[1]]
         assert typed(life.host) == {VFS[1]: 1156}
 
     def test_a_retry_returns_the_same_vfs_and_finishes_the_writes(self, vf_life):
         life = vf_life()
-        with life.journal.transaction() as txn:   # died after the journal, before sysfs
+        with life.journal.transaction() as txn:  # died after the journal, before sysfs
             txn.add("guest", VFS[3], L40S, VFS[3], EIGHT_Q, created=True)
         first = life.allocate("guest", L40S, units=3)
         assert first == [VFS[0], VFS[1], VFS[3]]
@@ -109,7 +112,8 @@ class TestAllocate:
             life.allocate("late-guest", L40S)
         assert str(caught.value) == (
             "Cannot give late-guest 1 x nvidia-1156 on 0000:c1:00.0: 0 free and 0 "
-            "creatable (6 already claimed).")
+            "creatable (6 already claimed)."
+        )
         assert life.journal.claims() == before and len(typed(life.host)) == 6
 
     def test_the_drivers_refusal_is_a_typed_allocation_error(self, vf_life):
@@ -167,7 +171,7 @@ class TestRelease:
         life.host.hold(got[0])
         assert life.delete(instance) == []
         assert [c.state for c in life.journal.claims()] == [claims.RELEASING]
-        assert life.allocate("next", L40S) == [VFS[1]]   # not handed out meanwhile
+        assert life.allocate("next", L40S) == [VFS[1]]  # not handed out meanwhile
         life.host.release(got[0])
         assert life.reconciler.finish_releases() == got
         assert typed(life.host) == {VFS[1]: 1156}
@@ -177,11 +181,11 @@ class TestOrphans:
     def test_kinds_grace_and_reclaim(self, vf_life):
         life = vf_life(typed_vfs=[(VFS[0], 1156), (VFS[1], 1156)])
         life.domains.define("guest", [VFS[1]])
-        life.allocate("booting", L40S)   # takes VFS[0], the free one
+        life.allocate("booting", L40S)  # takes VFS[0], the free one
         life.host.set_vendor_vgpu_type(VFS[3], 1156)
-        assert {o.mdev_uuid: (o.kind, o.parent, o.gpu)
-                for o in life.reconciler.orphans()} == {
-            VFS[3]: (reconcile.FREE, VFS[3], L40S)}
+        assert {o.mdev_uuid: (o.kind, o.parent, o.gpu) for o in life.reconciler.orphans()} == {
+            VFS[3]: (reconcile.FREE, VFS[3], L40S)
+        }
         assert life.reconciler.orphans(grace=3600) == []
         done = life.reconciler.reclaim(life.reconciler.orphans())
         assert [(o.mdev_uuid, o.result) for o in done] == [(VFS[3], "removed")]
@@ -204,8 +208,9 @@ class TestOrphans:
         assert life.allocate("new-guest", L40S) == [VFS[0]]
 
     def test_a_blind_domain_source_never_takes_a_typed_vf(self, vf_life):
-        life = vf_life(type_id=FOUR_Q, max_instances=12,
-                       typed_vfs=[(VFS[0], 1156), (VFS[1], 1156)])   # stale, unclaimed
+        life = vf_life(
+            type_id=FOUR_Q, max_instances=12, typed_vfs=[(VFS[0], 1156), (VFS[1], 1156)]
+        )  # stale, unclaimed
         life.manager.domains = BlindDomains()
         assert life.reconciler.orphans() == []
         assert life.reconciler.reclaim_stale_types() == []
@@ -222,17 +227,17 @@ class TestReboot:
             referenced += got
         claimed_only = life.allocate("booting-guest", L40S)
         life.allocate("gone-guest", L40S)
-        life.delete("gone-guest")   # kept typed, free: not restored
-        life.domains.define("nic-user", ["0000:3b:00.2"])   # a passed-through NIC
-        before = {vf: n for vf, n in typed(life.host).items()
-                  if vf in referenced + claimed_only}
+        life.delete("gone-guest")  # kept typed, free: not restored
+        life.domains.define("nic-user", ["0000:3b:00.2"])  # a passed-through NIC
+        before = {vf: n for vf, n in typed(life.host).items() if vf in referenced + claimed_only}
         life.host.reboot()
         assert life.host.list_vendor_vfio() == []
         assert {o.result for o in life.reconciler.restore()} == {"waiting"}
         life.host.set_vfs(L40S, 16)
         outcomes = life.reconciler.restore()
         assert {(o.mdev_uuid, o.result) for o in outcomes} == {
-            (vf, "restored") for vf in referenced + claimed_only}
+            (vf, "restored") for vf in referenced + claimed_only
+        }
         assert typed(life.host) == before
 
     def test_one_instance_only_and_what_could_not_be_restored(self, vf_life):
@@ -242,7 +247,8 @@ class TestReboot:
         life.host.reboot()
         outcomes = life.reconciler.restore(instance_uuid=rebooting)
         assert [(o.mdev_uuid, o.result, o.reason) for o in outcomes] == [
-            (mine[0], "waiting", f"parent {mine[0]} of GPU {L40S} is not there yet")]
+            (mine[0], "waiting", f"parent {mine[0]} of GPU {L40S} is not there yet")
+        ]
         life.host.set_vfs(L40S, 16)
         outcomes = life.reconciler.restore(instance_uuid=rebooting)
         assert [(o.mdev_uuid, o.result) for o in outcomes] == [(mine[0], "restored")]
@@ -250,14 +256,13 @@ class TestReboot:
         # Another size took the GPU meanwhile: the driver refuses, and it is said.
         life.host.set_vendor_vgpu_type(theirs[0], 0)
         life.host.set_vendor_vgpu_type(mine[0], 0)
-        life.host.set_vendor_vgpu_type(VFS[9], 1160)   # L40S-48Q: the whole GPU
+        life.host.set_vendor_vgpu_type(VFS[9], 1160)  # L40S-48Q: the whole GPU
         (outcome,) = life.reconciler.restore(instance_uuid=rebooting)
         assert outcome.result == "failed" and "[EINVAL]" in outcome.reason
 
 
 class TestDomainsAndTools:
-    def test_hostdevs_are_the_vfs_and_valid_for_libvirt(self, make_host, make_conf,
-                                                         tmp_path):
+    def test_hostdevs_are_the_vfs_and_valid_for_libvirt(self, make_host, make_conf, tmp_path):
         host = make_host("l40s-vfio")
         conf = make_conf(f"""
             [devices]
@@ -275,43 +280,55 @@ class TestDomainsAndTools:
         libvirt_schema.assert_valid_domain(xml)
         root = guest.parse(xml)
         assert guest.vgpu_ids(root) == got == VFS[:2]
-        assert {(h.get("type"), h.get("managed")) for h in root.findall("devices/hostdev")} \
-            == {("pci", "no")}
+        assert {(h.get("type"), h.get("managed")) for h in root.findall("devices/hostdev")} == {
+            ("pci", "no")
+        }
         with pytest.raises(exception.UnknownVgpu):
             vgpu.add_hostdevs(xml, ["0000:3b:00.2"])
-        assert vgpu.mdev_types(got) == {vf: EIGHT_Q for vf in got}   # they migrate
+        assert vgpu.mdev_types(got) == {vf: EIGHT_Q for vf in got}  # they migrate
         with pytest.raises(exception.VgpuDriverError, match="cannot take a migrated mdev"):
-            vgpu.migrations.claim_incoming("i-2", {new_uuid(): EIGHT_Q},
-                                           {"rp": {"resources": {"VGPU": 1}}},
-                                           {"rp": provider})
+            vgpu.migrations.claim_incoming(
+                "i-2", {new_uuid(): EIGHT_Q}, {"rp": {"resources": {"VGPU": 1}}}, {"rp": provider}
+            )
         assert [c.instance_uuid for c in vgpu.journal.claims()] == ["i-1", "i-1"]
 
     def test_libvirt_indexes_the_pci_hostdevs_of_every_domain(self, tmp_path):
         from vgpu_driver import libvirt_host
 
         mdev = new_uuid()
-        uri = libvirt_domains.node_file(tmp_path / "node.xml", [
-            libvirt_domains.domain_xml("with-vf", vfs=[VFS[2]]),
-            libvirt_domains.domain_xml("with-both", [mdev], vfs=[VFS[3]])])
+        uri = libvirt_domains.node_file(
+            tmp_path / "node.xml",
+            [
+                libvirt_domains.domain_xml("with-vf", vfs=[VFS[2]]),
+                libvirt_domains.domain_xml("with-both", [mdev], vfs=[VFS[3]]),
+            ],
+        )
         host = libvirt_host.LibvirtHost(uri)
         users = host.mdev_users()
         assert host.sees_pci_hostdevs
         assert {k: v.name for k, v in users.items()} == {
-            VFS[2]: "with-vf", VFS[3]: "with-both", mdev: "with-both"}
+            VFS[2]: "with-vf",
+            VFS[3]: "with-both",
+            mdev: "with-both",
+        }
 
     def test_adopt_and_audit_count_vfs(self, vf_life):
         life = vf_life(typed_vfs=[(VFS[0], 1156), (VFS[1], 1156)])
         life.domains.define("nova-era-guest", [VFS[0]])
         (adopted,) = takeover.adopt(life.manager)
         assert (adopted.mdev_uuid, adopted.instance_uuid, adopted.state) == (
-            VFS[0], "nova-era-guest", claims.ATTACHED)
+            VFS[0],
+            "nova-era-guest",
+            claims.ATTACHED,
+        )
         life.allocate("new-guest", L40S)
-        usage = audit.host_usage(discovery.discover(life.host), life.journal.claims(),
-                                 life.domains.mdev_users())
+        usage = audit.host_usage(
+            discovery.discover(life.host), life.journal.claims(), life.domains.mdev_users()
+        )
         assert usage == {(L40S, "nova-era-guest"): 1, (L40S, "new-guest"): 1}
-        assert [(v.id, v.parent, v.type_id, v.is_vf)
-                for v in discovery.discover(life.host).vgpus] == [
-            (VFS[0], VFS[0], EIGHT_Q, True), (VFS[1], VFS[1], EIGHT_Q, True)]
+        assert [
+            (v.id, v.parent, v.type_id, v.is_vf) for v in discovery.discover(life.host).vgpus
+        ] == [(VFS[0], VFS[0], EIGHT_Q, True), (VFS[1], VFS[1], EIGHT_Q, True)]
 
 
 class TestSysfsAndPrivsep:

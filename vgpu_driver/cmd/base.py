@@ -21,8 +21,7 @@ EXIT_ERROR = 2
 
 # What a command can meet on a sound host given bad input: each is one
 # ``error:`` line.  Anything else is a bug and keeps its traceback.
-EXPECTED_ERRORS = (exception.VgpuDriverError, cfg.Error, OSError,
-                   ks_exceptions.ClientException)
+EXPECTED_ERRORS = (exception.VgpuDriverError, cfg.Error, OSError, ks_exceptions.ClientException)
 
 
 def one_line(exc):
@@ -55,7 +54,8 @@ def seconds(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a finite, non-negative number of seconds")
+            f"{text!r} is not a finite, non-negative number of seconds"
+        )
     return value
 
 
@@ -67,7 +67,7 @@ class _ErrorsAsExitCodes:
         try:
             return super().run(parsed_args)
         except BrokenPipeError:
-            raise       # the reader went away: main() ends quietly
+            raise  # the reader went away: main() ends quietly
         except EXPECTED_ERRORS as exc:
             self.app.LOG.debug("%s failed", self.cmd_name, exc_info=exc)
             self.app.stderr.write(f"error: {one_line(exc)}\n")
@@ -93,8 +93,10 @@ class Lister(_ErrorsAsExitCodes, lister.Lister):
         unknown = [c for c in parsed_args.columns or () if c not in column_names]
         if unknown:
             raise exception.InvalidOption(
-                option="-c", value=unknown[0],
-                reason=f"no such column; the columns are {', '.join(column_names)}")
+                option="-c",
+                value=unknown[0],
+                reason=f"no such column; the columns are {', '.join(column_names)}",
+            )
 
 
 class FailableLister(Lister):

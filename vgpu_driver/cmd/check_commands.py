@@ -6,7 +6,6 @@ and Placement once; it writes nothing.  Exit 0 when no check found an
 error, 1 when one did, 2 when it could not run (one ``error:`` line).
 """
 
-
 from vgpu_driver import host_check
 from vgpu_driver import host_files
 from vgpu_driver import host_probe
@@ -24,25 +23,34 @@ class HostCheck(base.FailableLister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--user", default="nova",
-                            help="The user nova-compute runs as (default: nova).")
-        parser.add_argument("--bin-dir", default=None,
-                            help="Where vgpu-privsep-helper is, as install-units takes it "
-                                 "(default: the directory of this vgpu-manage).")
-        parser.add_argument("--tmpdir", default="/tmp",
-                            help="nova-compute's temporary directory, as install-units "
-                                 "takes it (default: /tmp).")
-        parser.add_argument("--root", default="/",
-                            help="Look for the installed sudo rule and helper file under "
-                                 "this directory instead of / (an image being built).")
+        parser.add_argument(
+            "--user", default="nova", help="The user nova-compute runs as (default: nova)."
+        )
+        parser.add_argument(
+            "--bin-dir",
+            default=None,
+            help="Where vgpu-privsep-helper is, as install-units takes it "
+            "(default: the directory of this vgpu-manage).",
+        )
+        parser.add_argument(
+            "--tmpdir",
+            default="/tmp",
+            help="nova-compute's temporary directory, as install-units takes it (default: /tmp).",
+        )
+        parser.add_argument(
+            "--root",
+            default="/",
+            help="Look for the installed sudo rule and helper file under "
+            "this directory instead of / (an image being built).",
+        )
         return parser
 
     def take_action(self, parsed_args):
         conf = self.app.conf
-        settings = host_files.settings_for(conf, parsed_args.user, parsed_args.bin_dir,
-                                           parsed_args.tmpdir)
+        settings = host_files.settings_for(
+            conf, parsed_args.user, parsed_args.bin_dir, parsed_args.tmpdir
+        )
         facts = host_probe.read(conf, self.app.open_host(), settings, parsed_args.root)
         findings = host_check.check(facts)
         self.failed = any(f.level == host_check.ERROR for f in findings)
         return COLUMNS, [(f.check, f.level, f.message, f.fix) for f in findings]
-

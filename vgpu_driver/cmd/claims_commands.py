@@ -25,9 +25,11 @@ DROP_COLUMNS = ("instance", "vgpu", "gpu", "type", "state", "age", "result", "re
 
 def _instance_uuid(value):
     if not names.is_mdev_uuid(value):
-        raise exception.InvalidOption(option="--instance", value=value,
-                                      reason="not an instance UUID (lower-case, "
-                                             "8-4-4-4-12 hex digits)")
+        raise exception.InvalidOption(
+            option="--instance",
+            value=value,
+            reason="not an instance UUID (lower-case, 8-4-4-4-12 hex digits)",
+        )
     return value
 
 
@@ -36,15 +38,20 @@ def _vgpu_id(value):
     try:
         return names.check_vgpu_id(value)
     except exception.InvalidSysfsName:
-        raise exception.InvalidOption(option="--vgpu", value=value,
-                                      reason="not a vGPU id (an mdev UUID, lower-case, "
-                                             "or a VF's PCI address dddd:bb:ss.f)") from None
+        raise exception.InvalidOption(
+            option="--vgpu",
+            value=value,
+            reason="not a vGPU id (an mdev UUID, lower-case, or a VF's PCI address dddd:bb:ss.f)",
+        ) from None
 
 
 def _state(value):
     if value not in claims.STATES:
-        raise exception.InvalidOption(option="--claim-state", value=value,
-                                      reason=f"not a claim state ({', '.join(claims.STATES)})")
+        raise exception.InvalidOption(
+            option="--claim-state",
+            value=value,
+            reason=f"not a claim state ({', '.join(claims.STATES)})",
+        )
     return value
 
 
@@ -59,14 +66,16 @@ class InitClaims(base.Command):
     """
 
     def take_action(self, parsed_args):
-        claims_journal.check_new_state_dir(self.app.conf.vgpu.state_dir,
-                                   also_ours=(reconciler_state.STATE_FILE,
-                                              audit.RECORD_FILE))
+        claims_journal.check_new_state_dir(
+            self.app.conf.vgpu.state_dir, also_ours=(reconciler_state.STATE_FILE, audit.RECORD_FILE)
+        )
         journal = self.app.journal(create=True)
         count = len(journal.claims())
-        self.app.stdout.write(f"claims journal {journal.path}: schema version "
-                              f"{journal.schema_version}, {count} claim(s)\n")
-        journal.close()     # sqlite's side files go with root's connection
+        self.app.stdout.write(
+            f"claims journal {journal.path}: schema version "
+            f"{journal.schema_version}, {count} claim(s)\n"
+        )
+        journal.close()  # sqlite's side files go with root's connection
         return base.EXIT_OK
 
 
@@ -85,11 +94,21 @@ class ListClaims(base.Lister):
         present = {v.id for v in snapshot.vgpus}
         now = time.time()
         stuck = reconciler_state.removals_in_flight(
-            reconciler_state.read(self.app.conf.vgpu.state_dir), now)
-        rows = [(c.instance_uuid, c.mdev_uuid, c.gpu, c.type_id, c.state,
-                 round(now - c.created_at, 1), c.mdev_uuid in present,
-                 round(stuck[c.mdev_uuid], 1) if c.mdev_uuid in stuck else None)
-                for c in journal.claims()]
+            reconciler_state.read(self.app.conf.vgpu.state_dir), now
+        )
+        rows = [
+            (
+                c.instance_uuid,
+                c.mdev_uuid,
+                c.gpu,
+                c.type_id,
+                c.state,
+                round(now - c.created_at, 1),
+                c.mdev_uuid in present,
+                round(stuck[c.mdev_uuid], 1) if c.mdev_uuid in stuck else None,
+            )
+            for c in journal.claims()
+        ]
         return COLUMNS, [columns.optional(r) for r in rows]
 
 
@@ -98,8 +117,7 @@ class RestoreClaims(base.FailableLister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--instance", metavar="UUID",
-                            help="Only this instance's vGPUs.")
+        parser.add_argument("--instance", metavar="UUID", help="Only this instance's vGPUs.")
         return parser
 
     def take_action(self, parsed_args):
@@ -109,8 +127,7 @@ class RestoreClaims(base.FailableLister):
         outcomes = reconciler.restore(instance_uuid=parsed_args.instance)
         # Here a parent not there yet is a failure: nobody retries it.
         self.failed = any(o.result in ("failed", "waiting") for o in outcomes)
-        return ("vgpu", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
-                                              for o in outcomes]
+        return ("vgpu", "result", "reason"), [(o.mdev_uuid, o.result, o.reason) for o in outcomes]
 
 
 class DropClaims(base.FailableLister):
@@ -123,17 +140,34 @@ class DropClaims(base.FailableLister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--instance", action="append", default=[], metavar="UUID",
-                            help="Claims of this instance; repeatable.")
-        parser.add_argument("--vgpu", action="append", default=[], metavar="ID",
-                            help="The claim on this vGPU (mdev UUID, or a vendor-VFIO "
-                                 "VF's PCI address); repeatable.")
+        parser.add_argument(
+            "--instance",
+            action="append",
+            default=[],
+            metavar="UUID",
+            help="Claims of this instance; repeatable.",
+        )
+        parser.add_argument(
+            "--vgpu",
+            action="append",
+            default=[],
+            metavar="ID",
+            help="The claim on this vGPU (mdev UUID, or a vendor-VFIO "
+            "VF's PCI address); repeatable.",
+        )
         # Not --state: the global parser would take it for --state-dir.
-        parser.add_argument("--claim-state", action="append", default=[], metavar="STATE",
-                            help=f"Claims in this state ({', '.join(claims.STATES)}); "
-                                 "repeatable.")
-        parser.add_argument("--yes", action="store_true",
-                            help="Drop them; without it, only list what would be dropped.")
+        parser.add_argument(
+            "--claim-state",
+            action="append",
+            default=[],
+            metavar="STATE",
+            help=f"Claims in this state ({', '.join(claims.STATES)}); repeatable.",
+        )
+        parser.add_argument(
+            "--yes",
+            action="store_true",
+            help="Drop them; without it, only list what would be dropped.",
+        )
         return parser
 
     def take_action(self, parsed_args):
@@ -151,8 +185,9 @@ class DropClaims(base.FailableLister):
             else:
                 drop, refused = _split(journal.claims(), selected, domains.mdev_users())
         except sqlite3.Error as exc:
-            raise exception.JournalError(path=journal.path,
-                                         reason=f"cannot drop claims: {exc}") from exc
+            raise exception.JournalError(
+                path=journal.path, reason=f"cannot drop claims: {exc}"
+            ) from exc
         self.failed = bool(refused)
         self.app.stderr.write(_summary(len(drop), len(refused), parsed_args.yes) + "\n")
         return DROP_COLUMNS, _drop_rows(drop, refused, parsed_args.yes)
@@ -165,12 +200,16 @@ def _selection(parsed_args):
     vgpus = {_vgpu_id(v) for v in parsed_args.vgpu}
     states = {_state(v) for v in parsed_args.claim_state}
     if not (instances or vgpus or states):
-        raise exception.InvalidOption(option="claims drop", value="",
-                                      reason="give --instance, --vgpu or --claim-state; it "
-                                             "never drops every claim")
-    return lambda c: ((not instances or c.instance_uuid in instances)
-                      and (not vgpus or c.mdev_uuid in vgpus)
-                      and (not states or c.state in states))
+        raise exception.InvalidOption(
+            option="claims drop",
+            value="",
+            reason="give --instance, --vgpu or --claim-state; it never drops every claim",
+        )
+    return lambda c: (
+        (not instances or c.instance_uuid in instances)
+        and (not vgpus or c.mdev_uuid in vgpus)
+        and (not states or c.state in states)
+    )
 
 
 def _split(all_claims, selected, users):
@@ -188,8 +227,11 @@ def _split(all_claims, selected, users):
 def _summary(dropped, refused, done):
     if not dropped and not refused:
         return "no claim matches"
-    text = (f"dropped {dropped} claim(s)" if done else
-            f"would drop {dropped} claim(s)" + ("; run again with --yes" if dropped else ""))
+    text = (
+        f"dropped {dropped} claim(s)"
+        if done
+        else f"would drop {dropped} claim(s)" + ("; run again with --yes" if dropped else "")
+    )
     if refused:
         text += f"; refused {refused} claim(s) whose vGPU a libvirt domain uses"
     return text
@@ -199,7 +241,17 @@ def _drop_rows(drop, refused, done):
     now = time.time()
     outcomes = [(c, "dropped" if done else "would-drop", None) for c in drop]
     outcomes += [(c, "refused", f"domain {name} uses it") for c, name in refused.items()]
-    rows = [(c.instance_uuid, c.mdev_uuid, c.gpu, c.type_id, c.state,
-             round(now - c.created_at, 1), result, reason)
-            for c, result, reason in sorted(outcomes, key=lambda o: o[0].mdev_uuid)]
+    rows = [
+        (
+            c.instance_uuid,
+            c.mdev_uuid,
+            c.gpu,
+            c.type_id,
+            c.state,
+            round(now - c.created_at, 1),
+            result,
+            reason,
+        )
+        for c, result, reason in sorted(outcomes, key=lambda o: o[0].mdev_uuid)
+    ]
     return [columns.optional(r) for r in rows]

@@ -25,8 +25,7 @@ class PciRangesColumn(ListColumn):
                 runs[-1].append(address)
             else:
                 runs.append([address])
-        text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])
-                         for run in runs)
+        text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
         return f"{text} ({len(found)})" if len(found) > 1 else text
 
     def machine_readable(self):

@@ -17,9 +17,12 @@ def combined_profile(names):
 
 
 def add_profile_argument(parser):
-    parser.add_argument("--profile", required=True, action="append",
-                        help="Profile name (see 'fake-host profiles'); repeat to "
-                             "combine several on one host.")
+    parser.add_argument(
+        "--profile",
+        required=True,
+        action="append",
+        help="Profile name (see 'fake-host profiles'); repeat to combine several on one host.",
+    )
 
 
 class ListProfiles(base.Lister):
@@ -48,7 +51,8 @@ class CreateFakeHost(base.Command):
         parents = kernel.list_parents()
         self.app.stdout.write(
             f"fake host {profile['name']!r} written to {kernel.paths.root}: "
-            f"{len(profile['gpus'])} device(s), {len(parents)} mdev parent(s)\n")
+            f"{len(profile['gpus'])} device(s), {len(parents)} mdev parent(s)\n"
+        )
         return 0
 
 
@@ -72,8 +76,7 @@ def _build_whole(target, profile):
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise exception.FakeHostNotWritten(
-                path=target, reason=_within(exc, staging)) from exc
+            raise exception.FakeHostNotWritten(path=target, reason=_within(exc, staging)) from exc
         raise
     return target
 
@@ -97,9 +100,11 @@ class ServeFakeHost(base.Command):
         parser = super().get_parser(prog_name)
         add_profile_argument(parser)
         parser.add_argument(
-            "--tree", metavar="DIR",
+            "--tree",
+            metavar="DIR",
             help="Empty or new directory for the fake kernel's own tree (kept "
-                 "afterwards); by default a temporary one, removed on exit.")
+            "afterwards); by default a temporary one, removed on exit.",
+        )
         parser.add_argument("mountpoint", help="Empty directory, or a new one.")
         return parser
 
@@ -112,7 +117,8 @@ class ServeFakeHost(base.Command):
             kernel = fakekernel.FakeKernel.build(tree, profile)
             self.app.stdout.write(
                 f"serving fake host {profile['name']!r} at {parsed_args.mountpoint} "
-                f"(tree in {tree}); SIGTERM or SIGINT unmounts\n")
+                f"(tree in {tree}); SIGTERM or SIGINT unmounts\n"
+            )
             self.app.stdout.flush()
             served.serve(kernel, parsed_args.mountpoint)
         return 0

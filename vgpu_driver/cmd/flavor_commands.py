@@ -17,8 +17,9 @@ def flavor_spec(tree, type_id, count):
     for provider in tree.providers:
         mib = dict(provider.sizes).get(type_id)
         if mib:
-            return size_classes.flavor_spec(trait, mib // framebuffer.SLOT_MIB, mib, count,
-                                            provider.resource_class)
+            return size_classes.flavor_spec(
+                trait, mib // framebuffer.SLOT_MIB, mib, count, provider.resource_class
+            )
         if not provider.mixed and provider.type_id == type_id:
             return size_classes.flavor_spec(trait, None, 1, count, provider.resource_class)
     return None
@@ -35,20 +36,30 @@ class FlavorSpec(base.Lister):
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
         parser.add_argument("type_id", metavar="TYPE", help="A type this host serves.")
-        parser.add_argument("count", metavar="COUNT", type=int, nargs="?", default=1,
-                            help="vGPUs per guest (default 1).")
+        parser.add_argument(
+            "count",
+            metavar="COUNT",
+            type=int,
+            nargs="?",
+            default=1,
+            help="vGPUs per guest (default 1).",
+        )
         return parser
 
     def take_action(self, parsed_args):
         if parsed_args.count < 1:
-            raise exception.InvalidOption(option="COUNT", value=parsed_args.count,
-                                          reason="a flavor asks at least one vGPU")
+            raise exception.InvalidOption(
+                option="COUNT", value=parsed_args.count, reason="a flavor asks at least one vGPU"
+            )
         tree, _snapshot = host_view.desired_tree(self.app)
         specs = flavor_spec(tree, parsed_args.type_id, parsed_args.count)
         if specs is None:
-            served = sorted({t for p in tree.providers
-                             for t in (dict(p.sizes) if p.mixed else (p.type_id,))})
+            served = sorted(
+                {t for p in tree.providers for t in (dict(p.sizes) if p.mixed else (p.type_id,))}
+            )
             raise exception.InvalidOption(
-                option="TYPE", value=parsed_args.type_id,
-                reason=f"no GPU of this host serves it (served: {', '.join(served) or 'none'})")
+                option="TYPE",
+                value=parsed_args.type_id,
+                reason=f"no GPU of this host serves it (served: {', '.join(served) or 'none'})",
+            )
         return ("property", "value"), sorted(specs.items())

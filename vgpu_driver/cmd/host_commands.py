@@ -1,6 +1,5 @@
 """Listings of what the host has: types, mdevs and the provider inventory."""
 
-
 from vgpu_driver import discovery
 from vgpu_driver import host_probe
 from vgpu_driver import libvirt_host
@@ -20,15 +19,18 @@ class ListTypes(base.Lister):
 
     def take_action(self, parsed_args):
         host = self.app.open_host()
-        cols = ("parent", "type", "name", "available_instances", "device_api",
-                "description")
+        cols = ("parent", "type", "name", "available_instances", "device_api", "description")
         rows = []
         for parent in host.list_parents():
-            rows += [(parent.name, t.type_id, t.name, t.available_instances, t.device_api,
-                      t.description) for t in parent.types]
+            rows += [
+                (parent.name, t.type_id, t.name, t.available_instances, t.device_api, t.description)
+                for t in parent.types
+            ]
         for vf in host.list_vendor_vfio():
-            rows += [(str(vf.address), names.vendor_type_id(number), name, 1, "vfio-pci", None)
-                     for number, name in vf.creatable]
+            rows += [
+                (str(vf.address), names.vendor_type_id(number), name, 1, "vfio-pci", None)
+                for number, name in vf.creatable
+            ]
         if parsed_args.parent:
             rows = [r for r in rows if r[0] == parsed_args.parent.lower()]
         return cols, [columns.optional(r) for r in sorted(rows, key=lambda r: (r[0], r[1]))]
@@ -62,8 +64,9 @@ class ListMdevs(base.Lister):
             claim, user = claimed.get(vgpu.id), users.get(vgpu.id)
             instance = user.uuid if user else claim.instance_uuid if claim else None
             state = claim.state if claim else "in-use" if user else unclaimed
-            rows.append((vgpu.id, vgpu.parent, gpu.address if gpu else None,
-                         vgpu.type_id, instance, state))
+            rows.append(
+                (vgpu.id, vgpu.parent, gpu.address if gpu else None, vgpu.type_id, instance, state)
+            )
         return cols, [columns.optional(r) for r in rows]
 
 
@@ -82,11 +85,46 @@ class ShowInventory(base.Lister):
         unoffered = host_probe.unoffered_gpus(self.app.open_host(), snapshot)
         if unoffered:
             self.app.stderr.write(f"warning: {unoffered}\n")
-        cols = ("provider", "parent_provider", "gpu", "type", "resource_class", "total",
-                "reserved", "max_unit", "traits", "reason")
-        rows = [(p.name, p.parent_provider, p.gpu, _types_text(p), p.resource_class, p.total,
-                 p.reserved, p.max_unit, columns.ListColumn(p.traits), p.reason)
-                for p in tree.providers]
-        rows += [(None, tree.root_name, gpu, None, None, 0, 0, 0, columns.ListColumn(()),
-                  f"no provider: {why}") for gpu, why in tree.unserved]
+        cols = (
+            "provider",
+            "parent_provider",
+            "gpu",
+            "type",
+            "resource_class",
+            "total",
+            "reserved",
+            "max_unit",
+            "traits",
+            "reason",
+        )
+        rows = [
+            (
+                p.name,
+                p.parent_provider,
+                p.gpu,
+                _types_text(p),
+                p.resource_class,
+                p.total,
+                p.reserved,
+                p.max_unit,
+                columns.ListColumn(p.traits),
+                p.reason,
+            )
+            for p in tree.providers
+        ]
+        rows += [
+            (
+                None,
+                tree.root_name,
+                gpu,
+                None,
+                None,
+                0,
+                0,
+                0,
+                columns.ListColumn(()),
+                f"no provider: {why}",
+            )
+            for gpu, why in tree.unserved
+        ]
         return cols, [columns.optional(r) for r in sorted(rows, key=lambda r: r[2])]

@@ -47,9 +47,17 @@ def desired_tree(app, sync=None):
     snapshot = discovery.discover(host)
     boards = inventory.read_boards(host, snapshot, config)
     unallocated = _claims_placement_lacks(app, snapshot, sync, boards) if sync else None
-    return (inventory.compute(snapshot, config, app.options.nodename,
-                              in_use(app, snapshot, view=sync is None), unallocated, boards),
-            snapshot)
+    return (
+        inventory.compute(
+            snapshot,
+            config,
+            app.options.nodename,
+            in_use(app, snapshot, view=sync is None),
+            unallocated,
+            boards,
+        ),
+        snapshot,
+    )
 
 
 def _claims_placement_lacks(app, snapshot, sync, boards):
@@ -60,6 +68,8 @@ def _claims_placement_lacks(app, snapshot, sync, boards):
     nodename = app.options.nodename
     sync.observe(inventory.ProviderTree(root_name=nodename, providers=()))
     return inventory.claims_placement_lacks(
-        claim_list, nodename,
+        claim_list,
+        nodename,
         lambda name: sync.allocations(name) if name in sync.known else {},
-        inventory.claim_units(boards))
+        inventory.claim_units(boards),
+    )

@@ -27,9 +27,11 @@ from vgpu_driver.cmd import base
 
 COLUMNS = ("path", "mode", "result")
 DIRECTORY_MODE = 0o755
-NEXT_STEPS = ("systemctl daemon-reload; systemctl enable vgpu-driver-sriov.service; "
-              "systemctl restart nova-compute (and, to answer Prometheus' scrapes: "
-              "systemctl enable --now vgpu-driver-metrics.service)")
+NEXT_STEPS = (
+    "systemctl daemon-reload; systemctl enable vgpu-driver-sriov.service; "
+    "systemctl restart nova-compute (and, to answer Prometheus' scrapes: "
+    "systemctl enable --now vgpu-driver-metrics.service)"
+)
 
 
 class InstallUnits(base.Lister):
@@ -37,23 +39,36 @@ class InstallUnits(base.Lister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--root", default="/",
-                            help="Install under this directory instead of / (an image "
-                                 "being built); it must exist.")
-        parser.add_argument("--user", default="nova",
-                            help="The user nova-compute runs as (default: nova); it must "
-                                 "exist (in --root's etc/passwd with --root).")
-        parser.add_argument("--bin-dir", default=None,
-                            help="Where vgpu-privsep-helper, vgpu-manage and vgpu-nova-compute "
-                                 "are (default: the directory of this vgpu-manage).")
-        parser.add_argument("--tmpdir", default="/tmp",
-                            help="nova-compute's temporary directory, where oslo.privsep "
-                                 "makes its socket (default: /tmp, TMPDIR unset); a trailing "
-                                 "/ is dropped, as Python's tempfile drops it.")
-        parser.add_argument("--force", action="store_true",
-                            help="Replace files that are there with other contents.")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="List what would be written, and write nothing.")
+        parser.add_argument(
+            "--root",
+            default="/",
+            help="Install under this directory instead of / (an image being built); it must exist.",
+        )
+        parser.add_argument(
+            "--user",
+            default="nova",
+            help="The user nova-compute runs as (default: nova); it must "
+            "exist (in --root's etc/passwd with --root).",
+        )
+        parser.add_argument(
+            "--bin-dir",
+            default=None,
+            help="Where vgpu-privsep-helper, vgpu-manage and vgpu-nova-compute "
+            "are (default: the directory of this vgpu-manage).",
+        )
+        parser.add_argument(
+            "--tmpdir",
+            default="/tmp",
+            help="nova-compute's temporary directory, where oslo.privsep "
+            "makes its socket (default: /tmp, TMPDIR unset); a trailing "
+            "/ is dropped, as Python's tempfile drops it.",
+        )
+        parser.add_argument(
+            "--force", action="store_true", help="Replace files that are there with other contents."
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="List what would be written, and write nothing."
+        )
         return parser
 
     def take_action(self, parsed_args):
@@ -67,17 +82,22 @@ class InstallUnits(base.Lister):
         if missing:
             raise exception.InstallFilesRefused(
                 reason=f"{settings.bin_dir} has no {', '.join(missing)} (give --bin-dir, "
-                       f"the bin/ of the environment nova and vgpu-driver are in)")
-        _check_root_only(host_files.root_reads(settings) +
-                         [os.path.dirname(os.path.join(root, f.path)) for f in files])
-        plan = [(f, os.path.join(root, f.path), _result(os.path.join(root, f.path), f))
-                for f in files]
+                f"the bin/ of the environment nova and vgpu-driver are in)"
+            )
+        _check_root_only(
+            host_files.root_reads(settings)
+            + [os.path.dirname(os.path.join(root, f.path)) for f in files]
+        )
+        plan = [
+            (f, os.path.join(root, f.path), _result(os.path.join(root, f.path), f)) for f in files
+        ]
         replaced = [target for _f, target, result in plan if result == "replaced"]
         if replaced and not parsed_args.force:
             verb = "differs" if len(replaced) == 1 else "differ"
             raise exception.InstallFilesRefused(
                 reason=f"{', '.join(replaced)} {verb} from what would be written (--force "
-                       f"replaces them)")
+                f"replaces them)"
+            )
         _check_sudoers(files[0])
         rows = []
         for file, target, result in plan:
@@ -91,8 +111,9 @@ class InstallUnits(base.Lister):
         return COLUMNS, rows
 
     def _settings(self, parsed_args):
-        return host_files.settings_for(self.app.conf, parsed_args.user, parsed_args.bin_dir,
-                                       parsed_args.tmpdir)
+        return host_files.settings_for(
+            self.app.conf, parsed_args.user, parsed_args.bin_dir, parsed_args.tmpdir
+        )
 
 
 def _check_user(root, user):
@@ -111,8 +132,9 @@ def _check_user(root, user):
                     return
         except OSError:
             pass
-    raise exception.InvalidOption(option="--user", value=user,
-                                  reason=f"no such user in {os.path.join(root, 'etc/passwd')}")
+    raise exception.InvalidOption(
+        option="--user", value=user, reason=f"no such user in {os.path.join(root, 'etc/passwd')}"
+    )
 
 
 def _check_root_only(paths):
@@ -124,13 +146,15 @@ def _check_root_only(paths):
             found += [p for p in root_only.problems(each) if p not in found]
     if found:
         raise exception.InstallFilesRefused(
-            reason="root would run or read what another user can replace: " + "; ".join(found)
-                   + " (install vgpu-driver's environment and configuration as root, "
-                     "writable by root alone)")
+            reason="root would run or read what another user can replace: "
+            + "; ".join(found)
+            + " (install vgpu-driver's environment and configuration as root, "
+            "writable by root alone)"
+        )
 
 
 def _result(target, file):
-    """"unchanged" only for a root-owned regular file with the text and mode
+    """ "unchanged" only for a root-owned regular file with the text and mode
     it would get: another owner could edit what root runs or sudo reads."""
     try:
         st = os.lstat(target)
@@ -145,15 +169,19 @@ def _result(target, file):
 def _check_sudoers(file):
     """sudo's own parser accepts the rule, before anything is written."""
     visudo = shutil.which("visudo") or next(
-        (p for p in ("/usr/sbin/visudo", "/sbin/visudo") if os.access(p, os.X_OK)), None)
+        (p for p in ("/usr/sbin/visudo", "/sbin/visudo") if os.access(p, os.X_OK)), None
+    )
     if visudo is None:
-        raise exception.InstallFilesRefused(reason="visudo is not installed, so the sudo rule "
-                                                   "cannot be checked (install sudo first)")
+        raise exception.InstallFilesRefused(
+            reason="visudo is not installed, so the sudo rule "
+            "cannot be checked (install sudo first)"
+        )
     with tempfile.NamedTemporaryFile("w", suffix=".sudoers", encoding="utf-8") as draft:
         draft.write(file.text)
         draft.flush()
-        checked = subprocess.run([visudo, "-c", "-q", "-f", draft.name], capture_output=True,
-                                 text=True, check=False)
+        checked = subprocess.run(
+            [visudo, "-c", "-q", "-f", draft.name], capture_output=True, text=True, check=False
+        )
     if checked.returncode != 0:
         detail = " ".join((checked.stderr or checked.stdout).split())
         raise exception.InstallFilesRefused(reason=f"visudo refused the sudo rule: {detail}")

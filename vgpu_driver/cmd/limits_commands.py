@@ -30,8 +30,7 @@ def _names(app):
 
 
 def _listing(rows):
-    return COLUMNS, [columns.optional((r.resource_name, r.default_limit, r.status))
-                     for r in rows]
+    return COLUMNS, [columns.optional((r.resource_name, r.default_limit, r.status)) for r in rows]
 
 
 class CheckLimits(base.Lister):
@@ -48,7 +47,8 @@ class CheckLimits(base.Lister):
         if not code and self.missing:
             self.app.stderr.write(
                 f"missing in Keystone: {', '.join(self.missing)}; nova refuses servers "
-                f"asking for them (create them with 'vgpu-manage limits apply')\n")
+                f"asking for them (create them with 'vgpu-manage limits apply')\n"
+            )
             return base.EXIT_PROBLEMS
         return code
 
@@ -58,22 +58,30 @@ class ApplyLimits(base.Lister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--default-limit", type=_non_negative, required=True,
-                            metavar="N",
-                            help="Default limit of each limit created (per project).")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="List the limits that would be created, without "
-                                 "creating them.")
+        parser.add_argument(
+            "--default-limit",
+            type=_non_negative,
+            required=True,
+            metavar="N",
+            help="Default limit of each limit created (per project).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="List the limits that would be created, without creating them.",
+        )
         return parser
 
     def take_action(self, parsed_args):
         registered = _registered_limits(self.app)
-        rows = registered.apply(_names(self.app), parsed_args.default_limit,
-                                dry_run=parsed_args.dry_run)
+        rows = registered.apply(
+            _names(self.app), parsed_args.default_limit, dry_run=parsed_args.dry_run
+        )
         verb = "would create" if parsed_args.dry_run else "created"
         self.app.stderr.write(
             f"{verb} {len(rows)} registered limit(s) for service {registered.service_id} "
-            f"in region {registered.region_id}\n")
+            f"in region {registered.region_id}\n"
+        )
         return _listing(rows)
 
 

@@ -34,7 +34,8 @@ class ManageApp(app.App):
             description="Inspect and manage virtual GPUs (VFIO mdevs) on a compute host.",
             version=vgpu_driver.__version__,
             command_manager=commandmanager.CommandManager("vgpu_driver.manage"),
-            deferred_help=True)
+            deferred_help=True,
+        )
         self._conf = None
 
     def build_option_parser(self, description, version, argparse_kwargs=None):
@@ -43,22 +44,34 @@ class ManageApp(app.App):
         argparse_kwargs = {**(argparse_kwargs or {}), "allow_abbrev": False}
         parser = super().build_option_parser(description, version, argparse_kwargs)
         parser.add_argument(
-            "--config-file", action="append", default=[], metavar="FILE",
+            "--config-file",
+            action="append",
+            default=[],
+            metavar="FILE",
             help="nova.conf (or snippet) to read; repeatable. Default: nova's "
-                 "usual locations (/etc/nova/nova.conf ...).")
+            "usual locations (/etc/nova/nova.conf ...).",
+        )
         parser.add_argument(
-            "--sysfs-root", metavar="DIR",
-            help="Directory that plays /sys (overrides [vgpu] sysfs_root).")
+            "--sysfs-root",
+            metavar="DIR",
+            help="Directory that plays /sys (overrides [vgpu] sysfs_root).",
+        )
         parser.add_argument(
-            "--nodename", default=socket.gethostname(),
-            help="Compute node name; providers are named after it (default: this host's name).")
+            "--nodename",
+            default=socket.gethostname(),
+            help="Compute node name; providers are named after it (default: this host's name).",
+        )
         parser.add_argument(
-            "--libvirt-uri", metavar="URI",
+            "--libvirt-uri",
+            metavar="URI",
             help="libvirt connection telling which guest uses which mdev (overrides "
-                 "[vgpu] libvirt_uri).")
+            "[vgpu] libvirt_uri).",
+        )
         parser.add_argument(
-            "--state-dir", metavar="DIR",
-            help="Directory of the driver's state (overrides [vgpu] state_dir).")
+            "--state-dir",
+            metavar="DIR",
+            help="Directory of the driver's state (overrides [vgpu] state_dir).",
+        )
         return base.usage_errors_on_one_line(parser)
 
     def configure_logging(self):
@@ -77,8 +90,10 @@ class ManageApp(app.App):
         try:
             self.command_manager.find_command(argv)
         except ValueError:
-            self.stderr.write(f"error: {_unknown_command(argv, self.get_fuzzy_matches)}; "
-                              "see 'vgpu-manage --help'\n")
+            self.stderr.write(
+                f"error: {_unknown_command(argv, self.get_fuzzy_matches)}; "
+                "see 'vgpu-manage --help'\n"
+            )
             return base.EXIT_ERROR
         return super().run_subcommand(argv)
 
@@ -96,9 +111,10 @@ class ManageApp(app.App):
                 value = getattr(self.options, option)
                 if value is not None and not value.strip():
                     raise exception.InvalidOption(
-                        option="--" + option.replace("_", "-"), value=value,
-                        reason="empty; give a value, or leave the option out for "
-                               f"[vgpu] {option}")
+                        option="--" + option.replace("_", "-"),
+                        value=value,
+                        reason=f"empty; give a value, or leave the option out for [vgpu] {option}",
+                    )
                 if value is not None:
                     conf.set_override(option, value, group="vgpu")
             privsep.run_in_process_when_root(conf)
@@ -138,8 +154,11 @@ class ManageApp(app.App):
             state_dir = self.conf.vgpu.state_dir
             if os.path.exists(state_dir) and not os.path.isdir(state_dir):
                 raise
-            self.LOG.warning("No claims journal at %s (%s): claims are not counted in "
-                             "this view", exc.kwargs["path"], exc.kwargs["reason"])
+            self.LOG.warning(
+                "No claims journal at %s (%s): claims are not counted in this view",
+                exc.kwargs["path"],
+                exc.kwargs["reason"],
+            )
             return None
 
     def domains(self):
@@ -147,15 +166,26 @@ class ManageApp(app.App):
 
     def lifecycle(self, mdev_config):
         """A manager and reconciler over this host, its journal and libvirt."""
-        vgpu = driver.VGPUDriver(self.conf, self.domains(), host=self.open_host(),
-                                 mdev_config=mdev_config, journal=self.journal())
+        vgpu = driver.VGPUDriver(
+            self.conf,
+            self.domains(),
+            host=self.open_host(),
+            mdev_config=mdev_config,
+            journal=self.journal(),
+        )
         return vgpu.manager, vgpu.reconciler
 
 
 # Loggers whose INFO lines say nothing an operator of this command needs:
 # libraries', and how this command process learns of GPU changes.
-_QUIET_UNLESS_DEBUG = ("keystoneauth", "openstack", "stevedore", "urllib3", "oslo_privsep",
-                       "vgpu_driver.sysfs.udev")
+_QUIET_UNLESS_DEBUG = (
+    "keystoneauth",
+    "openstack",
+    "stevedore",
+    "urllib3",
+    "oslo_privsep",
+    "vgpu_driver.sysfs.udev",
+)
 
 
 class _ConsoleFormatter(logging.Formatter):
@@ -171,8 +201,10 @@ class _ConsoleFormatter(logging.Formatter):
 
 def _unknown_command(argv, near_misses):
     if argv[0].startswith("-"):
-        return (f"unknown option {argv[0]!r} (a command's own options, such as -f, go "
-                "after the command)")
+        return (
+            f"unknown option {argv[0]!r} (a command's own options, such as -f, go "
+            "after the command)"
+        )
     near = near_misses(argv[0])
     hint = f" (did you mean {' or '.join(repr(m) for m in near)}?)" if near else ""
     return f"{' '.join(argv)!r} is not a vgpu-manage command{hint}"
@@ -185,10 +217,10 @@ def _check_utf8(path):
             f.read().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise cfg.ConfigFileParseError(
-            path, f"not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})"
+            path, f"not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})"
         ) from None
     except OSError:
-        pass   # oslo.config says what is wrong with a file it cannot open
+        pass  # oslo.config says what is wrong with a file it cannot open
 
 
 # What cliff returns when the reader stopped reading (``... | head``), as a
@@ -205,7 +237,7 @@ def _quiet_stdout():
 def main(argv=None):
     try:
         code = ManageApp().run(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exc:    # argparse's exit: a usage error, --help, --version
+    except SystemExit as exc:  # argparse's exit: a usage error, --help, --version
         return exc.code if isinstance(exc.code, int) else base.EXIT_ERROR
     except BrokenPipeError:
         code = SIGPIPE_EXIT

@@ -31,8 +31,16 @@ def reading(app):
     sources = status_commands.read_sources(app)
     record = audit.read_record(app.conf.vgpu.state_dir)
     return metrics.build_reading(
-        sources.view, sources.snapshot, sources.config, sources.tree, sources.claims,
-        sources.users, sources.reconciler, record, app.conf.vgpu, sources.now,
+        sources.view,
+        sources.snapshot,
+        sources.config,
+        sources.tree,
+        sources.claims,
+        sources.users,
+        sources.reconciler,
+        record,
+        app.conf.vgpu,
+        sources.now,
     ), _warnings(sources, record)
 
 
@@ -41,11 +49,15 @@ def _warnings(sources, record):
     if sources.warning:
         found.append(f"{sources.warning} Guests are unknown (vgpu_guests_known 0).")
     if sources.reconciler and "unreadable" in sources.reconciler:
-        found.append(f"The host reconciler's state is unreadable "
-                     f"({sources.reconciler['unreadable']}): vgpu_reconciler_up is 0.")
+        found.append(
+            f"The host reconciler's state is unreadable "
+            f"({sources.reconciler['unreadable']}): vgpu_reconciler_up is 0."
+        )
     if record and "unreadable" in record:
-        found.append(f"The last audit's record is unreadable ({record['unreadable']}): "
-                     f"vgpu_placement_drift is left out until the next audit.")
+        found.append(
+            f"The last audit's record is unreadable ({record['unreadable']}): "
+            f"vgpu_placement_drift is left out until the next audit."
+        )
     return found
 
 
@@ -64,9 +76,11 @@ def parse_listen(text):
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise exception.InvalidOption(
-            option="--listen", value=text,
+            option="--listen",
+            value=text,
             reason="give ADDR:PORT, such as 127.0.0.1:9839 ([ADDR]:PORT for IPv6; port 0 "
-                   "picks a free one)")
+            "picks a free one)",
+        )
     return host, int(port)
 
 
@@ -83,18 +97,23 @@ class PrintMetrics(base.Command):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--output", metavar="FILE",
-                            help="Write to FILE (replaced whole) instead of stdout.")
+        parser.add_argument(
+            "--output", metavar="FILE", help="Write to FILE (replaced whole) instead of stdout."
+        )
         return parser
 
     def take_action(self, parsed_args):
         output = parsed_args.output
-        if output and not (output.endswith(metrics_textfile.SUFFIX)
-                           and os.path.basename(output) != metrics_textfile.SUFFIX):
+        if output and not (
+            output.endswith(metrics_textfile.SUFFIX)
+            and os.path.basename(output) != metrics_textfile.SUFFIX
+        ):
             raise exception.InvalidOption(
-                option="--output", value=output,
+                option="--output",
+                value=output,
                 reason=f"node_exporter's textfile collector reads only files named "
-                       f"*{metrics_textfile.SUFFIX}")
+                f"*{metrics_textfile.SUFFIX}",
+            )
         started = time.monotonic()
         found, warnings = reading(self.app)
         found = dataclasses.replace(found, read_seconds=time.monotonic() - started)
@@ -120,21 +139,27 @@ class ServeMetrics(base.Command):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR:PORT",
-                            help=f"Where to listen (default: {DEFAULT_LISTEN}).")
+        parser.add_argument(
+            "--listen",
+            default=DEFAULT_LISTEN,
+            metavar="ADDR:PORT",
+            help=f"Where to listen (default: {DEFAULT_LISTEN}).",
+        )
         return parser
 
     def take_action(self, parsed_args):
         address, port = parse_listen(parsed_args.listen)
         _found, warnings = reading(self.app)
         self.app.stderr.write("".join(f"warning: {w}\n" for w in warnings))
-        scrape = metrics.registry_of(lambda: reading(self.app)[0], base.EXPECTED_ERRORS,
-                                     self._failed)
+        scrape = metrics.registry_of(
+            lambda: reading(self.app)[0], base.EXPECTED_ERRORS, self._failed
+        )
         try:
             server, thread = prometheus_client.start_http_server(port, address, scrape)
         except OSError as exc:
-            raise exception.MetricsNotServed(listen=parsed_args.listen,
-                                             reason=exc.strerror or exc) from exc
+            raise exception.MetricsNotServed(
+                listen=parsed_args.listen, reason=exc.strerror or exc
+            ) from exc
         bound = server.server_address
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         self.app.stdout.write(f"serving metrics on http://{shown}:{bound[1]}/metrics\n")
@@ -156,8 +181,9 @@ class ServeMetrics(base.Command):
 
 def _wait_for_stop():
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         while not stop.wait(1.0):
             pass

@@ -19,14 +19,19 @@ def _reconciler(app):
     journal, where there is nothing to look at.  A missing journal on a host
     with vGPUs is refused: every claimed mdev would look like an orphan."""
     if app.journal(discovery.discover(app.open_host())) is None:
-        app.domains().mdev_users()   # still refuse to run blind
+        app.domains().mdev_users()  # still refuse to run blind
         return None
     return app.lifecycle(host_view.load_mdev_config(app))[1]
 
 
 def _add_grace(parser):
-    parser.add_argument("--grace", type=base.seconds, default=0.0, metavar="SECONDS",
-                        help="Leave out mdevs younger than this (default: 0).")
+    parser.add_argument(
+        "--grace",
+        type=base.seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="Leave out mdevs younger than this (default: 0).",
+    )
 
 
 class ListOrphans(base.Lister):
@@ -45,9 +50,17 @@ class ListOrphans(base.Lister):
         reconciler = _reconciler(self.app)
         if reconciler is None:
             return COLUMNS, []
-        rows = [(o.mdev_uuid, o.parent, o.gpu, o.type_id, o.kind,
-                 None if o.age is None else round(o.age, 1))
-                for o in reconciler.orphans(parsed_args.grace)]
+        rows = [
+            (
+                o.mdev_uuid,
+                o.parent,
+                o.gpu,
+                o.type_id,
+                o.kind,
+                None if o.age is None else round(o.age, 1),
+            )
+            for o in reconciler.orphans(parsed_args.grace)
+        ]
         return COLUMNS, [columns.optional(r) for r in rows]
 
 
@@ -57,19 +70,25 @@ class ReclaimOrphans(base.FailableLister):
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
         _add_grace(parser)
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Only say what would be removed.")
-        parser.add_argument("--include-unmanaged", action="store_true",
-                            help="Also remove orphans on GPUs vgpu-driver does not serve.")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Only say what would be removed."
+        )
+        parser.add_argument(
+            "--include-unmanaged",
+            action="store_true",
+            help="Also remove orphans on GPUs vgpu-driver does not serve.",
+        )
         return parser
 
     def take_action(self, parsed_args):
         reconciler = _reconciler(self.app)
         if reconciler is None:
             return ("uuid", "result", "reason"), []
-        orphans = [o for o in reconciler.orphans(parsed_args.grace)
-                   if parsed_args.include_unmanaged or o.kind != reconcile.UNMANAGED]
+        orphans = [
+            o
+            for o in reconciler.orphans(parsed_args.grace)
+            if parsed_args.include_unmanaged or o.kind != reconcile.UNMANAGED
+        ]
         outcomes = reconciler.reclaim(orphans, dry_run=parsed_args.dry_run)
         self.failed = any(o.result == "failed" for o in outcomes)
-        return ("uuid", "result", "reason"), [(o.mdev_uuid, o.result, o.reason)
-                                              for o in outcomes]
+        return ("uuid", "result", "reason"), [(o.mdev_uuid, o.result, o.reason) for o in outcomes]

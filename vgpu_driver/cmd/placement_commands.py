@@ -28,9 +28,11 @@ class Sync(base.Lister):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Read Placement and list the writes a sync would make, "
-                                 "without making them.")
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Read Placement and list the writes a sync would make, without making them.",
+        )
         return parser
 
     def take_action(self, parsed_args):
@@ -42,9 +44,12 @@ class Sync(base.Lister):
             f"{len(tree.providers)} GPU provider(s): {len(report.created)} created, "
             f"{len(report.updated)} updated, {len(report.deleted)} deleted, "
             f"{len(report.kept)} kept reserved; {verb} {len(report.planned)} write(s) "
-            f"after {report.reads} read(s)\n")
-        rows = [(method, url, json.dumps(body, sort_keys=True) if body else None)
-                for method, url, body in report.planned]
+            f"after {report.reads} read(s)\n"
+        )
+        rows = [
+            (method, url, json.dumps(body, sort_keys=True) if body else None)
+            for method, url, body in report.planned
+        ]
         return ("method", "url", "body"), [columns.optional(r) for r in rows]
 
 
@@ -62,14 +67,22 @@ class Audit(base.Lister):
         journal = self.app.journal(snapshot)
         claim_list = journal.claims() if journal else []
         users = self.app.domains().mdev_users()
-        drifts = audit_mod.audit(sync, tree, snapshot, claim_list, users,
-                                 moves=lambda: self._moves(connection, tree.root_name))
+        drifts = audit_mod.audit(
+            sync,
+            tree,
+            snapshot,
+            claim_list,
+            users,
+            moves=lambda: self._moves(connection, tree.root_name),
+        )
         self.drifted = bool(drifts)
         if journal is not None:
             self._record(drifts)
         rows = [(d.kind, d.provider, d.gpu, d.consumer, d.detail) for d in drifts]
-        return (("kind", "provider", "gpu", "consumer", "detail"),
-                [columns.optional(r) for r in rows])
+        return (
+            ("kind", "provider", "gpu", "consumer", "detail"),
+            [columns.optional(r) for r in rows],
+        )
 
     def _record(self, drifts):
         """What was found, for ``vgpu-manage metrics``; an audit run by a user
@@ -77,8 +90,10 @@ class Audit(base.Lister):
         try:
             audit_mod.write_record(self.app.conf.vgpu.state_dir, drifts, time.time())
         except OSError as exc:
-            self.app.stderr.write(f"warning: the audit's result was not recorded for "
-                                  f"vgpu-manage metrics: {base.one_line(exc)}\n")
+            self.app.stderr.write(
+                f"warning: the audit's result was not recorded for "
+                f"vgpu-manage metrics: {base.one_line(exc)}\n"
+            )
 
     def _moves(self, connection, host):
         """nova's moves under way on the host; none (with a warning) when
@@ -86,8 +101,10 @@ class Audit(base.Lister):
         try:
             return compute_api.moves_on(connection, host)
         except exception.ComputeApiUnavailable as exc:
-            self.app.stderr.write(f"warning: {exc}; an allocation a resize awaiting "
-                                  f"confirmation holds shows as drift.\n")
+            self.app.stderr.write(
+                f"warning: {exc}; an allocation a resize awaiting "
+                f"confirmation holds shows as drift.\n"
+            )
             return {}
 
     def run(self, parsed_args):

@@ -49,19 +49,37 @@ class Status(base.Lister):
     """
 
     def take_action(self, parsed_args):
-        cols = ("physical_function", "vendor", "device", "totalvfs", "numvfs", "vfs",
-                "mdev_types", "state", "vgpu_sizes")
+        cols = (
+            "physical_function",
+            "vendor",
+            "device",
+            "totalvfs",
+            "numvfs",
+            "vfs",
+            "mdev_types",
+            "state",
+            "vgpu_sizes",
+        )
         host = self.app.open_host()
         snapshot = discovery.discover(host)
 
         def warn(text):
             self.app.stderr.write(f"warning: {text}\n")
 
-        rows = [(pf.address, pf.vendor, pf.device, pf.totalvfs, pf.numvfs,
-                 columns.PciRangesColumn([vf.address for vf in pf.vfs]),
-                 columns.ListColumn(pf.mdev_types), pf.state,
-                 vgpu_sizes(host, snapshot, pf.address, warn))
-                for pf in sriov.functions_in(snapshot)]
+        rows = [
+            (
+                pf.address,
+                pf.vendor,
+                pf.device,
+                pf.totalvfs,
+                pf.numvfs,
+                columns.PciRangesColumn([vf.address for vf in pf.vfs]),
+                columns.ListColumn(pf.mdev_types),
+                pf.state,
+                vgpu_sizes(host, snapshot, pf.address, warn),
+            )
+            for pf in sriov.functions_in(snapshot)
+        ]
         return cols, [columns.optional(r) for r in rows]
 
 
@@ -69,8 +87,11 @@ def _configured(app, host):
     """SR-IOV GPUs the config gives a type (device_addresses, device_ids)."""
     snapshot = discovery.discover(host)
     served = inventory.configured_types(snapshot, host_view.load_mdev_config(app))
-    return [gpu.address for gpu in snapshot.gpus
-            if discovery.is_sriov_gpu(gpu.pci) and gpu.address in served]
+    return [
+        gpu.address
+        for gpu in snapshot.gpus
+        if discovery.is_sriov_gpu(gpu.pci) and gpu.address in served
+    ]
 
 
 def _script(app):
@@ -88,26 +109,43 @@ class Enable(base.Command):
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
         which = parser.add_mutually_exclusive_group()
-        which.add_argument("--all", action="store_true",
-                           help="Every NVIDIA SR-IOV GPU of the host.")
-        which.add_argument("--configured", action="store_true",
-                           help="The SR-IOV GPUs nova.conf gives a type ([mdev_<type>] "
-                                "device_addresses, device_ids).")
-        parser.add_argument("addresses", nargs="*", metavar="ADDRESS",
-                            help="Physical function PCI address (dddd:bb:ss.f).")
-        parser.add_argument("--wait", type=base.seconds, default=DEFAULT_WAIT, metavar="SECONDS",
-                            help="At most this long for the VFs to offer their types "
-                                 "(default: %(default)s).")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Check and say what would be written; write nothing.")
+        which.add_argument(
+            "--all", action="store_true", help="Every NVIDIA SR-IOV GPU of the host."
+        )
+        which.add_argument(
+            "--configured",
+            action="store_true",
+            help="The SR-IOV GPUs nova.conf gives a type ([mdev_<type>] "
+            "device_addresses, device_ids).",
+        )
+        parser.add_argument(
+            "addresses",
+            nargs="*",
+            metavar="ADDRESS",
+            help="Physical function PCI address (dddd:bb:ss.f).",
+        )
+        parser.add_argument(
+            "--wait",
+            type=base.seconds,
+            default=DEFAULT_WAIT,
+            metavar="SECONDS",
+            help="At most this long for the VFs to offer their types (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Check and say what would be written; write nothing.",
+        )
         return parser
 
     def _addresses(self, parsed_args, host):
         chosen = bool(parsed_args.addresses) + parsed_args.all + parsed_args.configured
         if chosen != 1:
             raise exception.InvalidOption(
-                option="sriov enable", value=" ".join(parsed_args.addresses),
-                reason="give ADDRESS..., --all or --configured (one of them)")
+                option="sriov enable",
+                value=" ".join(parsed_args.addresses),
+                reason="give ADDRESS..., --all or --configured (one of them)",
+            )
         if parsed_args.all:
             return [pf.address for pf in sriov.list_functions(host)]
         if parsed_args.configured:
@@ -126,8 +164,10 @@ class Enable(base.Command):
         if parsed_args.dry_run:
             for step in steps:
                 if step.action == "enable":
-                    out.write(f"{step.address}: would enable VFs: {step.detail} "
-                              f"({script.command('-e', step.address)})\n")
+                    out.write(
+                        f"{step.address}: would enable VFs: {step.detail} "
+                        f"({script.command('-e', step.address)})\n"
+                    )
                 else:
                     out.write(f"{step.address}: would leave: {step.detail}\n")
             self._mixed_sizes(host, [step.address for step in steps], dry_run=True)
@@ -139,8 +179,9 @@ class Enable(base.Command):
 
         changes = udev.start(host, self.app.conf.vgpu.hotplug_events)
         try:
-            sriov.enable(host, steps, parsed_args.wait, script, wake=sriov.waker(changes),
-                         progress=progress)
+            sriov.enable(
+                host, steps, parsed_args.wait, script, wake=sriov.waker(changes), progress=progress
+            )
         finally:
             changes.stop()
         self._mixed_sizes(host, [step.address for step in steps])
@@ -150,8 +191,9 @@ class Enable(base.Command):
         """Once the VFs are there: the boards the configuration lists under
         several types go to mixed-size mode, which NVIDIA's driver forgets
         at every enablement (and cannot take before the VFs come)."""
-        served = inventory.configured_types(discovery.discover(host),
-                                            host_view.load_mdev_config(self.app))
+        served = inventory.configured_types(
+            discovery.discover(host), host_view.load_mdev_config(self.app)
+        )
         for address in addresses:
             types = served.get(address, ())
             if len(types) < 2:
@@ -175,10 +217,14 @@ class Disable(base.Command):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("address", metavar="ADDRESS",
-                            help="Physical function PCI address (dddd:bb:ss.f).")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Check and say what would be written; write nothing.")
+        parser.add_argument(
+            "address", metavar="ADDRESS", help="Physical function PCI address (dddd:bb:ss.f)."
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Check and say what would be written; write nothing.",
+        )
         return parser
 
     def take_action(self, parsed_args):
@@ -189,11 +235,14 @@ class Disable(base.Command):
         journal = self.app.journal(discovery.discover(host))
         script = _script(self.app)
         if parsed_args.dry_run:
-            step = sriov.plan_disable(host, parsed_args.address,
-                                      journal.claims if journal else None)
+            step = sriov.plan_disable(
+                host, parsed_args.address, journal.claims if journal else None
+            )
             if step.action == "disable":
-                self.app.stdout.write(f"{step.address}: would disable VFs: {step.detail} "
-                                      f"({script.command('-d', step.address)})\n")
+                self.app.stdout.write(
+                    f"{step.address}: would disable VFs: {step.detail} "
+                    f"({script.command('-d', step.address)})\n"
+                )
             else:
                 self.app.stdout.write(f"{step.address}: would leave: {step.detail}\n")
             return base.EXIT_OK
@@ -201,13 +250,14 @@ class Disable(base.Command):
             script.check("-d", parsed_args.address)
         # Checked again and written under the journal's allocation lock, so
         # no vGPU is claimed on these VFs between the check and the write.
-        with (journal.transaction() if journal else contextlib.nullcontext()) as txn:
-            step = sriov.plan_disable(host, parsed_args.address,
-                                      txn.claims if txn else None)
+        with journal.transaction() if journal else contextlib.nullcontext() as txn:
+            step = sriov.plan_disable(host, parsed_args.address, txn.claims if txn else None)
             sriov.disable(host, step, script)
-        self.app.stdout.write(f"{step.address}: "
-                              f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
-                              f"{step.detail}\n")
+        self.app.stdout.write(
+            f"{step.address}: "
+            f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
+            f"{step.detail}\n"
+        )
         return base.EXIT_OK
 
 
@@ -221,13 +271,20 @@ class Sizes(base.Command):
 
     def get_parser(self, prog_name):
         parser = super().get_parser(prog_name)
-        parser.add_argument("address", metavar="ADDRESS",
-                            help="Physical function PCI address (dddd:bb:ss.f).")
-        parser.add_argument("sizes", choices=(SIZES_MIXED, SIZES_EQUAL),
-                            help="mixed: vGPUs of several framebuffer sizes on the board; "
-                                 "equal: of one size (NVIDIA's default).")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Check and say what would be switched; switch nothing.")
+        parser.add_argument(
+            "address", metavar="ADDRESS", help="Physical function PCI address (dddd:bb:ss.f)."
+        )
+        parser.add_argument(
+            "sizes",
+            choices=(SIZES_MIXED, SIZES_EQUAL),
+            help="mixed: vGPUs of several framebuffer sizes on the board; "
+            "equal: of one size (NVIDIA's default).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Check and say what would be switched; switch nothing.",
+        )
         return parser
 
     def take_action(self, parsed_args):
@@ -237,26 +294,30 @@ class Sizes(base.Command):
         gpu = snapshot.gpu(pf.address)
         if gpu is None or gpu.mode != discovery.MODE_VENDOR_VFIO:
             raise exception.SriovRefused(
-                action="switch the vGPU sizes of", address=pf.address,
+                action="switch the vGPU sizes of",
+                address=pf.address,
                 reason="its VFs serve no vendor-VFIO vGPUs (they are off: run vgpu-manage "
-                       "sriov enable first; or the board serves mdevs, which do not mix "
-                       "sizes)")
+                "sriov enable first; or the board serves mdevs, which do not mix "
+                "sizes)",
+            )
         wanted = parsed_args.sizes == SIZES_MIXED
         if host.mixed_sizes(pf.address) == wanted:
-            self.app.stdout.write(f"{pf.address}: already {parsed_args.sizes} sizes, "
-                                  "left alone\n")
+            self.app.stdout.write(f"{pf.address}: already {parsed_args.sizes} sizes, left alone\n")
             return base.EXIT_OK
         busy = [vf.address for vf in pf.vfs if vf.busy]
         if busy:
             raise exception.SriovRefused(
-                action="switch the vGPU sizes of", address=pf.address,
+                action="switch the vGPU sizes of",
+                address=pf.address,
                 reason=f"VFs {', '.join(busy)} hold vGPUs; the mode changes only on a "
-                       "board without any")
+                "board without any",
+            )
         if parsed_args.dry_run:
-            self.app.stdout.write(f"{pf.address}: would switch to {parsed_args.sizes} "
-                                  "sizes\n")
+            self.app.stdout.write(f"{pf.address}: would switch to {parsed_args.sizes} sizes\n")
             return base.EXIT_OK
         host.set_mixed_sizes(pf.address, wanted)
-        self.app.stdout.write(f"{pf.address}: switched to {parsed_args.sizes} sizes (until "
-                              "its VFs are disabled or enabled again, or the host reboots)\n")
+        self.app.stdout.write(
+            f"{pf.address}: switched to {parsed_args.sizes} sizes (until "
+            "its VFs are disabled or enabled again, or the host reboots)\n"
+        )
         return base.EXIT_OK

@@ -25,8 +25,23 @@ from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_view
 from vgpu_driver.cmd import status_screen
 
-COLUMNS = ("provider", "gpu", "type", "name", "used", "total", "bar", "reserved", "reason",
-           "vgpus", "reserved_for", "sriov", "guests", "claims", "framebuffer")
+COLUMNS = (
+    "provider",
+    "gpu",
+    "type",
+    "name",
+    "used",
+    "total",
+    "bar",
+    "reserved",
+    "reason",
+    "vgpus",
+    "reserved_for",
+    "sriov",
+    "guests",
+    "claims",
+    "framebuffer",
+)
 
 
 class GuestsColumn(cliff_columns.FormattableColumn):
@@ -42,8 +57,7 @@ class GuestsColumn(cliff_columns.FormattableColumn):
     def machine_readable(self):
         if self._value is None:
             return None
-        return [{"vgpu": g.vgpu, "instance": g.instance, "domain": g.domain}
-                for g in self._value]
+        return [{"vgpu": g.vgpu, "instance": g.instance, "domain": g.domain} for g in self._value]
 
 
 class ClaimsColumn(cliff_columns.FormattableColumn):
@@ -53,8 +67,10 @@ class ClaimsColumn(cliff_columns.FormattableColumn):
         return "\n".join(status_screen.claim_lines(self._value))
 
     def machine_readable(self):
-        return [{"vgpu": c.vgpu, "instance": c.instance, "state": c.state,
-                 "stuck_for": c.stuck_for} for c in self._value]
+        return [
+            {"vgpu": c.vgpu, "instance": c.instance, "state": c.state, "stuck_for": c.stuck_for}
+            for c in self._value
+        ]
 
 
 class TypesColumn(cliff_columns.FormattableColumn):
@@ -66,8 +82,16 @@ class TypesColumn(cliff_columns.FormattableColumn):
         return "\n".join(status_screen.type_lines(self._value))
 
     def machine_readable(self):
-        return [{"type": t.type_id, "capacity": t.capacity, "used": t.used,
-                 "reserved": t.reserved, "free": t.free} for t in self._value]
+        return [
+            {
+                "type": t.type_id,
+                "capacity": t.capacity,
+                "used": t.used,
+                "reserved": t.reserved,
+                "free": t.free,
+            }
+            for t in self._value
+        ]
 
 
 class ReservedForColumn(cliff_columns.FormattableColumn):
@@ -97,8 +121,11 @@ class SriovColumn(cliff_columns.FormattableColumn):
     def machine_readable(self):
         if self._value is None:
             return None
-        return {"state": self._value.state, "numvfs": self._value.numvfs,
-                "totalvfs": self._value.totalvfs}
+        return {
+            "state": self._value.state,
+            "numvfs": self._value.numvfs,
+            "totalvfs": self._value.totalvfs,
+        }
 
 
 class FramebufferColumn(cliff_columns.FormattableColumn):
@@ -114,10 +141,20 @@ class FramebufferColumn(cliff_columns.FormattableColumn):
             return None
         if found.error:
             return {"error": found.error}
-        return {"slots": found.slots, "slot_mib": framebuffer.SLOT_MIB,
-                "unlocated": found.unlocated,
-                "vgpus": [{"mark": v.mark, "type": v.type_id, "placement": v.placement,
-                           "mib": v.size * framebuffer.SLOT_MIB} for v in found.vgpus]}
+        return {
+            "slots": found.slots,
+            "slot_mib": framebuffer.SLOT_MIB,
+            "unlocated": found.unlocated,
+            "vgpus": [
+                {
+                    "mark": v.mark,
+                    "type": v.type_id,
+                    "placement": v.placement,
+                    "mib": v.size * framebuffer.SLOT_MIB,
+                }
+                for v in found.vgpus
+            ],
+        }
 
 
 def libvirt_users(app):
@@ -138,13 +175,13 @@ class Sources:
     (``metrics`` shows the same reads)."""
 
     view: status.HostStatus
-    warning: str | None         # why libvirt could not be asked, if it could not
-    config: object              # the resolved MdevConfig
+    warning: str | None  # why libvirt could not be asked, if it could not
+    config: object  # the resolved MdevConfig
     snapshot: discovery.HostSnapshot
     claims: list
     users: dict | None
     tree: inventory.ProviderTree
-    reconciler: dict | None     # what the host reconciler last wrote
+    reconciler: dict | None  # what the host reconciler last wrote
     now: float
 
 
@@ -160,22 +197,45 @@ def read_sources(app):
         journal.close()
     users, warning = libvirt_users(app)
     boards = inventory.read_boards(host, snapshot, config)
-    tree = inventory.compute(snapshot, config, app.options.nodename,
-                             status.in_use(claim_list, users), boards=boards)
+    tree = inventory.compute(
+        snapshot, config, app.options.nodename, status.in_use(claim_list, users), boards=boards
+    )
     worker = reconciler_state.read(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
-    view = status.of_host(app.options.nodename, snapshot, tree, claim_list, users, worker, now,
-                          maps=framebuffer.map_boards(host, snapshot, tree, boards),
-                          configured=inventory.configured_types(snapshot, config))
+    view = status.of_host(
+        app.options.nodename,
+        snapshot,
+        tree,
+        claim_list,
+        users,
+        worker,
+        now,
+        maps=framebuffer.map_boards(host, snapshot, tree, boards),
+        configured=inventory.configured_types(snapshot, config),
+    )
     return Sources(view, warning, config, snapshot, claim_list, users, tree, worker, now)
 
 
 def row(gpu):
-    return columns.optional((
-        gpu.provider, gpu.gpu, gpu.type_id, gpu.type_name, gpu.used, gpu.total, gpu.bar,
-        gpu.reserved, gpu.reason, TypesColumn(gpu.types),
-        ReservedForColumn((gpu.reserved_for, gpu.unit)), SriovColumn(gpu.sriov),
-        GuestsColumn(gpu.guests), ClaimsColumn(gpu.claims), FramebufferColumn(gpu.board_map)))
+    return columns.optional(
+        (
+            gpu.provider,
+            gpu.gpu,
+            gpu.type_id,
+            gpu.type_name,
+            gpu.used,
+            gpu.total,
+            gpu.bar,
+            gpu.reserved,
+            gpu.reason,
+            TypesColumn(gpu.types),
+            ReservedForColumn((gpu.reserved_for, gpu.unit)),
+            SriovColumn(gpu.sriov),
+            GuestsColumn(gpu.guests),
+            ClaimsColumn(gpu.claims),
+            FramebufferColumn(gpu.board_map),
+        )
+    )
 
 
 class ShowStatus(base.Lister):

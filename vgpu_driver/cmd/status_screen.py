@@ -44,21 +44,27 @@ def table_width(column_names, rows):
 def guest_lines(guests):
     """``instance (domain)``, one per guest, ``x2`` for two of its vGPUs."""
     held = collections.Counter((g.domain, g.instance) for g in guests)
-    return [f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
-            for (domain, instance), count in sorted(held.items())]
+    return [
+        f"{instance} ({domain})" + (f" x{count}" if count > 1 else "")
+        for (domain, instance), count in sorted(held.items())
+    ]
 
 
 def claim_lines(claims):
     """``instance: state``, one per claim in flight, with a stuck removal's age."""
-    return [f"{c.instance}: {c.state}" + (
-        f" (removal stuck {c.stuck_for:.0f}s)" if c.stuck_for is not None else "")
-        for c in claims]
+    return [
+        f"{c.instance}: {c.state}"
+        + (f" (removal stuck {c.stuck_for:.0f}s)" if c.stuck_for is not None else "")
+        for c in claims
+    ]
 
 
 def type_lines(types):
     """``type: used/capacity used, R reserved, F free``, one per type, in vGPUs."""
-    return [f"{t.type_id}: {t.used}/{t.capacity} used, {t.reserved} reserved, {t.free} free"
-            for t in types]
+    return [
+        f"{t.type_id}: {t.used}/{t.capacity} used, {t.reserved} reserved, {t.free} free"
+        for t in types
+    ]
 
 
 def reserved_lines(reserved_for, unit):
@@ -108,8 +114,7 @@ def _head(gpu, selected):
     if "bar" in selected:
         parts.append(gpu.bar)
     elif "used" in selected or "total" in selected:
-        parts.append(f"{gpu.used}/{gpu.total} used" if "total" in selected
-                     else f"{gpu.used} used")
+        parts.append(f"{gpu.used}/{gpu.total} used" if "total" in selected else f"{gpu.used} used")
     if "reserved" in selected and gpu.reserved:
         parts.append(f"{gpu.reserved} reserved")
     if "sriov" in selected and gpu.sriov is not None:
@@ -173,8 +178,14 @@ def _flow(parts, separator, width):
 def _wrap(line, width, indent):
     if width is None or len(line) <= width:
         return [line]
-    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
-                         break_on_hyphens=False, drop_whitespace=True) or [line]
+    return textwrap.wrap(
+        line,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [line]
 
 
 def _text(value):

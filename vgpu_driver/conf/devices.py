@@ -8,7 +8,8 @@ def devices_group() -> cfg.OptGroup:
     return cfg.OptGroup(
         "devices",
         title="Mediated device types",
-        help="Which mediated device (mdev) types this host offers to guests.")
+        help="Which mediated device (mdev) types this host offers to guests.",
+    )
 
 
 MDEV_CLASS_PATTERN = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
@@ -29,7 +30,8 @@ model) names the GPUs that serve it.  At most one type may omit both: it
 serves every GPU not taken by another type.  Run ``vgpu-manage types`` to
 see what the host offers and ``vgpu-manage config check`` to validate the
 result.
-"""),
+""",
+    ),
 ]
 
 
@@ -47,7 +49,8 @@ virtual functions (the whole GPU then serves the type).  Kernel sample
 devices are named ``<class>_<device>`` (``mtty_mtty``).  An address may
 appear under one type only.  Empty (and no ``device_ids``) means every GPU
 not listed under another type.
-"""),
+""",
+        ),
         cfg.ListOpt(
             "device_ids",
             default=[],
@@ -60,7 +63,8 @@ not named by any ``device_addresses`` are taken in PCI address order, up to
 a ``gpu_count`` are filled first (in ``enabled_mdev_types`` order), then the
 type without one takes the rest; two types without a count may not share an
 id.  ``vgpu-manage config check`` prints the resulting GPU to type map.
-"""),
+""",
+        ),
         cfg.IntOpt(
             "gpu_count",
             min=1,
@@ -68,7 +72,8 @@ id.  ``vgpu-manage config check`` prints the resulting GPU to type map.
 Most GPUs that serve ``{type_id}`` on a host, counting those named by
 ``device_addresses``.  Needs ``device_ids``.  Unset means every matching GPU
 left by the types that have a count.
-"""),
+""",
+        ),
         cfg.StrOpt(
             "mdev_class",
             default="VGPU",
@@ -78,20 +83,23 @@ left by the types that have a count.
 Placement resource class of the inventory reported for GPUs serving
 ``{type_id}``: ``VGPU`` or a custom class ``CUSTOM_[A-Z0-9_]+``.  Flavors ask
 for it with ``resources:<class>=1``.
-"""),
+""",
+        ),
         cfg.BoolOpt(
             "display",
             help=f"""
 Give guests of ``{type_id}`` the vGPU's display (libvirt ``display='on'``),
 for a console through the vGPU.  Unset leaves it to libvirt (off).
-"""),
+""",
+        ),
         cfg.BoolOpt(
             "ramfb",
             help=f"""
 Also give guests of ``{type_id}`` a boot-time framebuffer (``ramfb='on'``),
 so firmware and boot messages show before the guest's vGPU driver loads.
 Needs ``display = true``.
-"""),
+""",
+        ),
         cfg.IntOpt(
             "max_instances",
             min=1,
@@ -101,7 +109,8 @@ Unset means as many as the GPUs can host.  GPUs are filled in PCI address
 order and capped partially; a GPU left without capacity keeps its provider
 with all of it reserved.  Each GPU's own limit (``max_instance`` in the
 type's description, free VFs on SR-IOV boards) always applies.
-"""),
+""",
+        ),
     ]
 
 
@@ -137,5 +146,6 @@ and every A100 board nvidia-468::
     device_ids = 10de:1eb8
     [mdev_nvidia-468]
     device_ids = 10de:20f1
-""")
+""",
+    )
     return group, mdev_type_opts("<type>")

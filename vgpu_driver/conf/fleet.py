@@ -77,28 +77,38 @@ def gpu_device_id(gpu: PhysicalGPU) -> str | None:
         return None
 
 
-def problems(type_configs: Iterable[TypeConfig], option: Callable[[str, str], str],
-             ) -> list[exception.ConfigProblem]:
+def problems(
+    type_configs: Iterable[TypeConfig],
+    option: Callable[[str, str], str],
+) -> list[exception.ConfigProblem]:
     """Config errors no host can fix: ambiguous ids, counts without ids."""
     found: list[exception.ConfigProblem] = []
     uncounted: dict[str, str] = {}
     for type_config in type_configs:
         if type_config.gpu_count is not None and not type_config.device_ids:
-            found.append(exception.ConfigProblem(
-                option(type_config.type_id, "gpu_count"), type_config.gpu_count,
-                "needs device_ids (the GPU model it counts)"))
+            found.append(
+                exception.ConfigProblem(
+                    option(type_config.type_id, "gpu_count"),
+                    type_config.gpu_count,
+                    "needs device_ids (the GPU model it counts)",
+                )
+            )
         if type_config.gpu_count is not None:
             continue
         for device_id in type_config.device_ids:
             other = uncounted.setdefault(device_id, type_config.type_id)
             if other != type_config.type_id and not (
-                    names.is_vendor_type_id(other)
-                    and names.is_vendor_type_id(type_config.type_id)):
-                found.append(exception.ConfigProblem(
-                    option(type_config.type_id, "device_ids"), device_id,
-                    f"types {other} and {type_config.type_id} both take {device_id} "
-                    f"GPUs and neither has a gpu_count to decide; give one of them "
-                    f"a gpu_count"))
+                names.is_vendor_type_id(other) and names.is_vendor_type_id(type_config.type_id)
+            ):
+                found.append(
+                    exception.ConfigProblem(
+                        option(type_config.type_id, "device_ids"),
+                        device_id,
+                        f"types {other} and {type_config.type_id} both take {device_id} "
+                        f"GPUs and neither has a gpu_count to decide; give one of them "
+                        f"a gpu_count",
+                    )
+                )
     return found
 
 
@@ -107,8 +117,9 @@ class _Counts:
 
     def __init__(self, config: MdevConfig, explicit: Mapping[str, str | None]) -> None:
         self._config = config
-        self._taken = {t.type_id: sum(1 for v in explicit.values() if v == t.type_id)
-                       for t in config.types}
+        self._taken = {
+            t.type_id: sum(1 for v in explicit.values() if v == t.type_id) for t in config.types
+        }
 
     def room(self, type_config: TypeConfig) -> bool:
         count = type_config.gpu_count
@@ -117,9 +128,11 @@ class _Counts:
     def take(self, type_config: TypeConfig) -> str:
         self._taken[type_config.type_id] += 1
         count = type_config.gpu_count
-        return (f"device_ids {', '.join(type_config.device_ids)}"
-                + (f", GPU {self._taken[type_config.type_id]} of gpu_count {count}"
-                   if count is not None else ""))
+        return f"device_ids {', '.join(type_config.device_ids)}" + (
+            f", GPU {self._taken[type_config.type_id]} of gpu_count {count}"
+            if count is not None
+            else ""
+        )
 
 
 def shared_by_device_id(type_configs: Iterable[TypeConfig]) -> dict[str, tuple[str, ...]]:
@@ -130,22 +143,30 @@ def shared_by_device_id(type_configs: Iterable[TypeConfig]) -> dict[str, tuple[s
         if type_config.gpu_count is None and names.is_vendor_type_id(type_config.type_id):
             for device_id in type_config.device_ids:
                 takers.setdefault(device_id, []).append(type_config.type_id)
-    return {device_id: tuple(types) for device_id, types in takers.items()
-            if len(types) > 1}
+    return {device_id: tuple(types) for device_id, types in takers.items() if len(types) > 1}
 
 
-def _assignment(config: MdevConfig, gpu: PhysicalGPU, type_config: TypeConfig,
-                how: str) -> Assignment:
+def _assignment(
+    config: MdevConfig, gpu: PhysicalGPU, type_config: TypeConfig, how: str
+) -> Assignment:
     """The Assignment of ``gpu`` to ``type_config``, with the types it
     shares the board with when its device id is shared."""
     device_id = gpu_device_id(gpu)
     # No device id (None) finds no board.
-    shared: tuple[str, ...] = shared_by_device_id(config.types).get(
-        device_id, ()) if type_config.gpu_count is None else ()  # type: ignore[arg-type]
+    shared: tuple[str, ...] = (
+        shared_by_device_id(config.types).get(device_id, ())  # type: ignore[arg-type]
+        if type_config.gpu_count is None
+        else ()
+    )
     if type_config.type_id not in shared:
         shared = ()
-    return Assignment(gpu.address, device_id, type_config.type_id,
-                      how + (" (a mixed-size board)" if shared else ""), shared)
+    return Assignment(
+        gpu.address,
+        device_id,
+        type_config.type_id,
+        how + (" (a mixed-size board)" if shared else ""),
+        shared,
+    )
 
 
 def _explicit(config: MdevConfig, gpu: PhysicalGPU) -> str | None:
@@ -162,8 +183,7 @@ def _candidates(config: MdevConfig, device_id: str | None) -> list[TypeConfig]:
 def resolve(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, Assignment]:
     """``{gpu address: Assignment}`` for GPUs that matched some device_ids."""
     free = [g for g in snapshot.gpus if not config.explicit_types(g.addresses)]
-    explicit = {g.address: _explicit(config, g) for g in snapshot.gpus
-                if _explicit(config, g)}
+    explicit = {g.address: _explicit(config, g) for g in snapshot.gpus if _explicit(config, g)}
     counts = _Counts(config, explicit)
     result: dict[str, Assignment] = {}
     for gpu in free:
@@ -172,7 +192,8 @@ def resolve(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, Assignment]
             if held.get(type_config.type_id) and counts.room(type_config):
                 how = counts.take(type_config)
                 result[gpu.address] = _assignment(
-                    config, gpu, type_config, f"{how}; keeps its existing vGPUs of this type")
+                    config, gpu, type_config, f"{how}; keeps its existing vGPUs of this type"
+                )
                 break
     for gpu in free:
         device_id = gpu_device_id(gpu)
@@ -183,15 +204,20 @@ def resolve(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, Assignment]
         if chosen is None:
             full = ", ".join(f"{t.type_id} (gpu_count {t.gpu_count})" for t in candidates)
             result[gpu.address] = Assignment(
-                gpu.address, device_id, None,
-                f"matches device_ids of {full}, all of them taken by GPUs before it")
+                gpu.address,
+                device_id,
+                None,
+                f"matches device_ids of {full}, all of them taken by GPUs before it",
+            )
             continue
         result[gpu.address] = _assignment(config, gpu, chosen, counts.take(chosen))
     return result
 
 
-def gpu_map(config: MdevConfig, snapshot: HostSnapshot,
-            ) -> list[tuple[str, str | None, tuple[str, ...], str]]:
+def gpu_map(
+    config: MdevConfig,
+    snapshot: HostSnapshot,
+) -> list[tuple[str, str | None, tuple[str, ...], str]]:
     """``[(gpu, device_id, (type id, ...), how)]`` for every GPU of the host:
     no type, one, or the NVIDIA types of a mixed-size board.
 

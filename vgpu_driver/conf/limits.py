@@ -26,13 +26,15 @@ limit_opts = [
 The Keystone endpoint id of the compute service (nova) whose registered
 limits apply; its service and region scope the ``class:<resource class>``
 limits ``vgpu-manage limits`` checks and creates.
-"""),
+""",
+    ),
 ]
 
 
 def oslo_limit_group() -> cfg.OptGroup:
-    return cfg.OptGroup(GROUP, title="Unified limits",
-                        help="How to reach Keystone's unified limits, as nova does.")
+    return cfg.OptGroup(
+        GROUP, title="Unified limits", help="How to reach Keystone's unified limits, as nova does."
+    )
 
 
 def register_opts(conf: cfg.ConfigOpts) -> None:
@@ -43,9 +45,12 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
 
 
 def list_opts() -> list[tuple[cfg.OptGroup, list[Any]]]:
-    options = (limit_opts + ks_loading.get_session_conf_options()
-               + ks_loading.get_auth_common_conf_options()
-               + ks_loading.get_auth_plugin_conf_options("password"))
+    options = (
+        limit_opts
+        + ks_loading.get_session_conf_options()
+        + ks_loading.get_auth_common_conf_options()
+        + ks_loading.get_auth_plugin_conf_options("password")
+    )
     return [(oslo_limit_group(), placement._unique(options))]
 
 
@@ -61,6 +66,7 @@ def connection(conf: cfg.ConfigOpts) -> tuple[Any, str]:
     auth_url = getattr(auth, "auth_url", None)
     if auth_url and urllib.parse.urlsplit(auth_url).scheme not in ("http", "https"):
         raise exception.KeystoneUnavailable(
-            url=auth_url, reason="[oslo_limit] auth_url is not an http:// or https:// URL")
+            url=auth_url, reason="[oslo_limit] auth_url is not an http:// or https:// URL"
+        )
     session = ks_loading.load_session_from_conf_options(conf, GROUP, auth=auth)
     return openstack.connection.Connection(session=session), group.endpoint_id

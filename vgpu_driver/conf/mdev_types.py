@@ -48,15 +48,18 @@ class MdevConfig:
     types: tuple[TypeConfig, ...] = ()
     default_type: str | None = None
     by_address: MappingProxyType[str, str] = dataclasses.field(
-        default_factory=lambda: MappingProxyType({}))
+        default_factory=lambda: MappingProxyType({})
+    )
     # {address: (type id, ...)}: the NVIDIA types sharing a mixed-size
     # board, in enabled_mdev_types order (by_address holds the rest).
     mixed_by_address: MappingProxyType[str, tuple[str, ...]] = dataclasses.field(
-        default_factory=lambda: MappingProxyType({}))
+        default_factory=lambda: MappingProxyType({})
+    )
     # After for_host(): {GPU address: fleet.Assignment} of GPUs matched by
     # device_ids (type_id None: matched, but every matching type is full).
     by_model: MappingProxyType[str, fleet.Assignment] = dataclasses.field(
-        default_factory=lambda: MappingProxyType({}))
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def type_config(self, type_id: str) -> TypeConfig | None:
         for type_config in self.types:
@@ -78,16 +81,18 @@ class MdevConfig:
     def mixed_types(self) -> frozenset[str]:
         """The types that share a board with another type (mixed-size
         boards), by address or by device id."""
-        return frozenset(t for shared in (self.mixed_by_address,
-                                          fleet.shared_by_device_id(self.types))
-                         for types in shared.values() for t in types)
+        return frozenset(
+            t
+            for shared in (self.mixed_by_address, fleet.shared_by_device_id(self.types))
+            for types in shared.values()
+            for t in types
+        )
 
     def types_for(self, addresses: Iterable[str]) -> list[str]:
         """The distinct types the config assigns to any of ``addresses``
         (through device_ids too, once resolved by :meth:`for_host`)."""
         found = set(self.explicit_types(addresses))
-        found.update(t for a in addresses if a in self.by_model
-                     for t in self.by_model[a].types)
+        found.update(t for a in addresses if a in self.by_model for t in self.by_model[a].types)
         return sorted(found)
 
     def fleet_reason(self, address: str) -> str | None:
@@ -99,8 +104,7 @@ class MdevConfig:
         """This config with device_ids resolved against one host's GPUs."""
         if not any(t.device_ids for t in self.types):
             return self
-        return dataclasses.replace(
-            self, by_model=MappingProxyType(fleet.resolve(self, snapshot)))
+        return dataclasses.replace(self, by_model=MappingProxyType(fleet.resolve(self, snapshot)))
 
     @property
     def enabled(self) -> tuple[str, ...]:
@@ -120,8 +124,9 @@ def _option(group: str, name: str) -> str:
     return f"[{group}] {name}"
 
 
-def _read(conf: cfg.ConfigOpts, group: str, name: str,
-          problems: list[exception.ConfigProblem]) -> Any:
+def _read(
+    conf: cfg.ConfigOpts, group: str, name: str, problems: list[exception.ConfigProblem]
+) -> Any:
     """An option's value, or None with a problem when oslo.config rejects it."""
     try:
         return conf[group][name]
@@ -137,7 +142,8 @@ def _raw_value(conf: cfg.ConfigOpts, group: str, name: str) -> Any:
     try:
         # No namespace yet (no file parsed) fails as any other miss does.
         value, _loc = conf._namespace._get_file_value(  # type: ignore[union-attr]
-            [(group, name)])
+            [(group, name)]
+        )
         return value[-1] if isinstance(value, list) else value
     except Exception:  # noqa: BLE001 - best effort, reporting only
         return None
@@ -152,49 +158,72 @@ def _written(conf: cfg.ConfigOpts, group: str, name: str) -> bool:
     return True
 
 
-def _enabled_types(conf: cfg.ConfigOpts, problems: list[exception.ConfigProblem],
-                   ) -> list[str]:
-    if _written(conf, "devices", "enabled_mdev_types") and \
-            _written(conf, "devices", "enabled_vgpu_types"):
-        problems.append(exception.ConfigProblem(
-            _option("devices", "enabled_vgpu_types"),
-            _raw_value(conf, "devices", "enabled_vgpu_types"),
-            "ignored: enabled_mdev_types is set too and wins; remove the old name",
-            "warning"))
+def _enabled_types(
+    conf: cfg.ConfigOpts,
+    problems: list[exception.ConfigProblem],
+) -> list[str]:
+    if _written(conf, "devices", "enabled_mdev_types") and _written(
+        conf, "devices", "enabled_vgpu_types"
+    ):
+        problems.append(
+            exception.ConfigProblem(
+                _option("devices", "enabled_vgpu_types"),
+                _raw_value(conf, "devices", "enabled_vgpu_types"),
+                "ignored: enabled_mdev_types is set too and wins; remove the old name",
+                "warning",
+            )
+        )
     enabled: list[str] = []
     for type_id in conf.devices.enabled_mdev_types:
         try:
             names.check_type_id(type_id)
         except exception.InvalidSysfsName:
-            problems.append(exception.ConfigProblem(
-                _option("devices", "enabled_mdev_types"), type_id,
-                "not an mdev type id (see 'vgpu-manage types')"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option("devices", "enabled_mdev_types"),
+                    type_id,
+                    "not an mdev type id (see 'vgpu-manage types')",
+                )
+            )
             continue
         if type_id in enabled:
-            problems.append(exception.ConfigProblem(
-                _option("devices", "enabled_mdev_types"), type_id,
-                "listed twice; the second entry is ignored", "warning"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option("devices", "enabled_mdev_types"),
+                    type_id,
+                    "listed twice; the second entry is ignored",
+                    "warning",
+                )
+            )
             continue
         enabled.append(type_id)
     return enabled
 
 
-def _type_config(conf: cfg.ConfigOpts, type_id: str,
-                 problems: list[exception.ConfigProblem]) -> TypeConfig:
+def _type_config(
+    conf: cfg.ConfigOpts, type_id: str, problems: list[exception.ConfigProblem]
+) -> TypeConfig:
     group = devices.group_name(type_id)
     addresses: list[str] = []
     for raw in _read(conf, group, "device_addresses", problems) or []:
         try:
             address = names.parse_device_address(raw)
         except exception.InvalidSysfsName:
-            problems.append(exception.ConfigProblem(
-                _option(group, "device_addresses"), raw,
-                "not a PCI address (dddd:bb:ss.f) nor a virtual device "
-                "(<class>_<device>, e.g. mtty_mtty)"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(group, "device_addresses"),
+                    raw,
+                    "not a PCI address (dddd:bb:ss.f) nor a virtual device "
+                    "(<class>_<device>, e.g. mtty_mtty)",
+                )
+            )
             continue
         if address in addresses:
-            problems.append(exception.ConfigProblem(
-                _option(group, "device_addresses"), raw, "listed twice", "warning"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(group, "device_addresses"), raw, "listed twice", "warning"
+                )
+            )
             continue
         addresses.append(address)
     device_ids = _device_ids(conf, group, problems)
@@ -204,26 +233,44 @@ def _type_config(conf: cfg.ConfigOpts, type_id: str,
     display = _read(conf, group, "display", problems)
     ramfb = _read(conf, group, "ramfb", problems)
     if ramfb and not display:
-        problems.append(exception.ConfigProblem(
-            _option(group, "ramfb"), True, "needs display = true (libvirt shows the boot "
-                                           "framebuffer through the vGPU's display)"))
+        problems.append(
+            exception.ConfigProblem(
+                _option(group, "ramfb"),
+                True,
+                "needs display = true (libvirt shows the boot "
+                "framebuffer through the vGPU's display)",
+            )
+        )
     for problem in problems:
         if problem.value is None and problem.option.startswith(f"[{group}]"):
             problem.value = _raw_value(conf, group, problem.option.split("] ")[1])
-    return TypeConfig(type_id, tuple(addresses), mdev_class or "VGPU", max_instances,
-                      display, ramfb, device_ids, gpu_count)
+    return TypeConfig(
+        type_id,
+        tuple(addresses),
+        mdev_class or "VGPU",
+        max_instances,
+        display,
+        ramfb,
+        device_ids,
+        gpu_count,
+    )
 
 
-def _device_ids(conf: cfg.ConfigOpts, group: str,
-                problems: list[exception.ConfigProblem]) -> tuple[str, ...]:
+def _device_ids(
+    conf: cfg.ConfigOpts, group: str, problems: list[exception.ConfigProblem]
+) -> tuple[str, ...]:
     found: list[str] = []
     for raw in _read(conf, group, "device_ids", problems) or []:
         try:
             device_id = fleet.parse_device_id(raw)
         except ValueError:
-            problems.append(exception.ConfigProblem(
-                _option(group, "device_ids"), raw,
-                "not a PCI vendor:device id (e.g. 10de:1eb8, see lspci -nn)"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(group, "device_ids"),
+                    raw,
+                    "not a PCI vendor:device id (e.g. 10de:1eb8, see lspci -nn)",
+                )
+            )
             continue
         if device_id not in found:
             found.append(device_id)
@@ -253,35 +300,49 @@ def load(conf: cfg.ConfigOpts) -> tuple[MdevConfig, list[exception.ConfigProblem
         if serves_the_rest and default_type is None:
             default_type = type_id
         elif serves_the_rest:
-            problems.append(exception.ConfigProblem(
-                _option(devices.group_name(type_id), "device_addresses"), [],
-                f"empty, but type {default_type} already serves every unlisted "
-                f"device; {type_id} will not be used (set its device_addresses)",
-                "warning"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(devices.group_name(type_id), "device_addresses"),
+                    [],
+                    f"empty, but type {default_type} already serves every unlisted "
+                    f"device; {type_id} will not be used (set its device_addresses)",
+                    "warning",
+                )
+            )
         for address in type_config.device_addresses:
             listed = listing.get(address, ())
             if listed and not all(map(names.is_vendor_type_id, (*listed, type_id))):
-                problems.append(exception.ConfigProblem(
-                    _option(devices.group_name(type_id), "device_addresses"), address,
-                    f"{address} is also listed under type {listed[0]}; a device serves "
-                    f"one type, unless every type listing it is an NVIDIA type "
-                    f"(nvidia-<number>) of a board that mixes vGPU sizes: remove it "
-                    f"from [mdev_{type_id}] or [mdev_{listed[0]}]"))
+                problems.append(
+                    exception.ConfigProblem(
+                        _option(devices.group_name(type_id), "device_addresses"),
+                        address,
+                        f"{address} is also listed under type {listed[0]}; a device serves "
+                        f"one type, unless every type listing it is an NVIDIA type "
+                        f"(nvidia-<number>) of a board that mixes vGPU sizes: remove it "
+                        f"from [mdev_{type_id}] or [mdev_{listed[0]}]",
+                    )
+                )
                 continue
             listing[address] = (*listed, type_id)
     mixed = {a: types for a, types in listing.items() if len(types) > 1}
     problems += _mixed_size_problems(
-        type_configs, [*mixed.values(), *fleet.shared_by_device_id(type_configs).values()])
+        type_configs, [*mixed.values(), *fleet.shared_by_device_id(type_configs).values()]
+    )
     problems += fleet.problems(
-        type_configs, lambda type_id, name: _option(devices.group_name(type_id), name))
-    config = MdevConfig(tuple(type_configs), default_type, MappingProxyType(
-        {a: types[0] for a, types in listing.items() if len(types) == 1}),
-        mixed_by_address=MappingProxyType(mixed))
+        type_configs, lambda type_id, name: _option(devices.group_name(type_id), name)
+    )
+    config = MdevConfig(
+        tuple(type_configs),
+        default_type,
+        MappingProxyType({a: types[0] for a, types in listing.items() if len(types) == 1}),
+        mixed_by_address=MappingProxyType(mixed),
+    )
     return config, problems
 
 
-def _mixed_size_problems(type_configs: Iterable[TypeConfig],
-                         sharing: Iterable[Iterable[str]]) -> list[exception.ConfigProblem]:
+def _mixed_size_problems(
+    type_configs: Iterable[TypeConfig], sharing: Iterable[Iterable[str]]
+) -> list[exception.ConfigProblem]:
     """Options a type sharing a mixed-size board (``sharing``: the tuples
     of types that share one) cannot honour: the board is one framebuffer
     inventory, neither a class of the type's own nor a count of its vGPUs."""
@@ -292,15 +353,23 @@ def _mixed_size_problems(type_configs: Iterable[TypeConfig],
             continue
         group = devices.group_name(type_config.type_id)
         if type_config.mdev_class != "VGPU":
-            problems.append(exception.ConfigProblem(
-                _option(group, "mdev_class"), type_config.mdev_class,
-                f"{type_config.type_id} shares a mixed-size board, whose vGPUs are "
-                f"allocated in {framebuffer.RESOURCE_CLASS}; remove mdev_class"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(group, "mdev_class"),
+                    type_config.mdev_class,
+                    f"{type_config.type_id} shares a mixed-size board, whose vGPUs are "
+                    f"allocated in {framebuffer.RESOURCE_CLASS}; remove mdev_class",
+                )
+            )
         if type_config.max_instances is not None:
-            problems.append(exception.ConfigProblem(
-                _option(group, "max_instances"), type_config.max_instances,
-                f"{type_config.type_id} shares a mixed-size board, whose framebuffer "
-                f"is the limit; remove max_instances"))
+            problems.append(
+                exception.ConfigProblem(
+                    _option(group, "max_instances"),
+                    type_config.max_instances,
+                    f"{type_config.type_id} shares a mixed-size board, whose framebuffer "
+                    f"is the limit; remove max_instances",
+                )
+            )
     return problems
 
 

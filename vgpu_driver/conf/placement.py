@@ -19,8 +19,7 @@ GROUP = "placement"
 
 
 def placement_group() -> cfg.OptGroup:
-    return cfg.OptGroup(GROUP, title="Placement",
-                        help="How to reach the Placement service.")
+    return cfg.OptGroup(GROUP, title="Placement", help="How to reach the Placement service.")
 
 
 def register_opts(conf: cfg.ConfigOpts) -> None:
@@ -32,10 +31,12 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
 
 
 def list_opts() -> list[tuple[cfg.OptGroup, list[Any]]]:
-    options = (ks_loading.get_session_conf_options()
-               + ks_loading.get_auth_common_conf_options()
-               + ks_loading.get_auth_plugin_conf_options("password")
-               + ks_loading.get_adapter_conf_options(include_deprecated=False))
+    options = (
+        ks_loading.get_session_conf_options()
+        + ks_loading.get_auth_common_conf_options()
+        + ks_loading.get_auth_plugin_conf_options("password")
+        + ks_loading.get_adapter_conf_options(include_deprecated=False)
+    )
     return [(placement_group(), _unique(options))]
 
 
@@ -67,7 +68,9 @@ def _connection(conf: cfg.ConfigOpts, openstack: Any) -> Any:
         session = ks_loading.load_session_from_conf_options(conf, GROUP, auth=auth)
         group = conf[GROUP]
         return openstack.connection.Connection(
-            session=session, region_name=group.region_name,
+            session=session,
+            region_name=group.region_name,
             placement_interface=(group.valid_interfaces or [None])[0],
-            placement_endpoint_override=group.endpoint_override)
+            placement_endpoint_override=group.endpoint_override,
+        )
     return openstack.connect()

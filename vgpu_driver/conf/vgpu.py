@@ -13,9 +13,9 @@ def vgpu_group() -> cfg.OptGroup:
     between configs (nova's own CONF among them).
     """
     return cfg.OptGroup(
-        "vgpu",
-        title="vgpu-driver",
-        help="Options of vgpu-driver itself (not read by nova).")
+        "vgpu", title="vgpu-driver", help="Options of vgpu-driver itself (not read by nova)."
+    )
+
 
 vgpu_opts = [
     cfg.StrOpt(
@@ -27,7 +27,8 @@ Point it at a mount made by ``vgpu-manage fake-host serve`` to run the driver
 on a fake host.  The privileged helper reads this option from the files it
 is started with (by default nova-compute's own) and writes under it only,
 and only when it is a sysfs mount (see ``test_only_fake_sysfs_root``).
-"""),
+""",
+    ),
     cfg.BoolOpt(
         "test_only_fake_sysfs_root",
         default=False,
@@ -41,7 +42,8 @@ otherwise steer what root writes.  The privileged helper (``vgpu-privsep-helper`
 takes it from its own root-owned file (``/etc/vgpu-driver/privsep.conf``)
 only, never from nova-compute's files; ``vgpu-manage`` run as root takes it
 from its ``--config-file``.
-"""),
+""",
+    ),
     cfg.StrOpt(
         "test_only_fake_nvml_host",
         help="""
@@ -51,14 +53,16 @@ NVIDIA's management library, to switch a GPU's mixed-size vGPU mode: the
 host ``sysfs_root`` serves.  Honoured only together with
 ``test_only_fake_sysfs_root``, and by the helper from its own file only, as
 that option.  Never set it on a real host.
-"""),
+""",
+    ),
     cfg.StrOpt(
         "state_dir",
         default="/var/lib/vgpu-driver",
         help="""
 Directory for the driver's persistent state (the mdev claims journal).  It
 must survive reboots and be local to the host.
-"""),
+""",
+    ),
     cfg.BoolOpt(
         "remove_mdevs_on_release",
         default=False,
@@ -67,7 +71,8 @@ What to do with an instance's mdevs when it is deleted.  False keeps them
 for the next guest of the same type (nova's behaviour; fastest).  True
 removes them, leaving the GPU free to change type.  Either way an unused
 mdev of a type its GPU no longer serves is removed automatically.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "mdev_remove_timeout",
         default=30.0,
@@ -79,7 +84,8 @@ the removal stays in flight (one writer per mdev, never a second), the mdev
 stays reserved, and the host reconciler drops its claim once the kernel has
 removed it.  ``vgpu-manage status`` shows such a removal as stuck, with its
 age.
-"""),
+""",
+    ),
     cfg.IntOpt(
         "max_removals_in_flight",
         default=2,
@@ -92,7 +98,8 @@ a guest still holds the device; the others wait their turn, reserved.  Keep
 it below the privileged helper's thread pool (``thread_pool_size`` in
 ``[vgpu_driver_sysfs_writer]``, the CPU count by default) so that creating
 vGPUs never waits for a free worker.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "reconcile_interval",
         default=60.0,
@@ -102,7 +109,8 @@ Seconds between two passes of the host reconciler when nothing asks for
 one sooner.  It also runs at each periodic inventory update, when a removal
 the kernel blocked returns, and (every second, or at udev's events) while
 vGPUs wait for their parents after a reboot.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "restore_wait",
         default=300.0,
@@ -113,15 +121,17 @@ whose parent has not appeared since it was found missing (SR-IOV VFs appear
 only after the vendor's enablement step), is reported as an error.  The
 service does not wait for them: the host reconciler re-creates each one as
 soon as its parent appears, and keeps trying after this time.
-"""),
+""",
+    ),
     cfg.StrOpt(
         "hotplug_events",
         default="auto",
         choices=[
-            ("auto", "udev on the kernel's own sysfs when a udev daemon runs, "
-                     "else polling"),
-            ("udev", "udev whatever sysfs_root is (a fake host that announces "
-                     "its devices as udev does)"),
+            ("auto", "udev on the kernel's own sysfs when a udev daemon runs, else polling"),
+            (
+                "udev",
+                "udev whatever sysfs_root is (a fake host that announces its devices as udev does)",
+            ),
             ("off", "polling: every refresh reads every GPU, waits sleep"),
         ],
         help="""
@@ -131,7 +141,8 @@ extra, pyudev), or by reading sysfs again.  With events, the periodic
 inventory refresh re-reads only the GPUs that changed, and mdevs waiting for
 late VFs after a reboot are re-created as soon as the VFs appear.  When udev
 cannot be used the driver polls, and says why once in its log.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "full_refresh_interval",
         default=600.0,
@@ -141,7 +152,8 @@ Seconds between two full reads of every GPU when udev events drive the
 inventory refresh (in between, only GPUs that events named are read again).
 Bounds how long a change udev did not announce can go unseen; 0 reads
 everything every time.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "claim_grace",
         default=600.0,
@@ -149,7 +161,8 @@ everything every time.
         help="""
 Seconds after which a claim that no guest has come to use is dropped as
 stale (for example, after a crash during a boot).
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "unused_claim_grace",
         default=300.0,
@@ -163,7 +176,8 @@ removed as on any release (``remove_mdevs_on_release``).  Never while nova
 is in the middle of an operation on the guest (a task state, a migration
 from or to this host, an operation nova-compute is running); a stopped
 guest whose domain is gone keeps its claims, which its next start uses.
-"""),
+""",
+    ),
     cfg.FloatOpt(
         "migration_claim_timeout",
         default=21600.0,
@@ -178,7 +192,8 @@ here, steps nova bounds by its RPC timeout (``[DEFAULT] long_rpc_timeout``,
 30 minutes by default); from then on the domain references it however long
 the copy takes.  The default, 6 hours, leaves a wide margin.  0 never drops
 them: the migration settles them, or ``vgpu-manage claims drop`` does.
-"""),
+""",
+    ),
     cfg.StrOpt(
         "metrics_textfile",
         default="",
@@ -191,14 +206,16 @@ textfile collector directory (its name must end in ``.prom``; the directory
 must exist and be writable by nova-compute's user).  The file is replaced
 whole each time.  Empty: not written (``vgpu-manage metrics serve`` or
 ``metrics --output`` still work).
-"""),
+""",
+    ),
     cfg.StrOpt(
         "libvirt_uri",
         default="qemu:///system",
         help="""
 libvirt connection whose domains (active and inactive) tell which mdevs are
 in use.
-"""),
+""",
+    ),
     cfg.StrOpt(
         "sriov_manage_path",
         default="/usr/lib/nvidia/sriov-manage",
@@ -209,7 +226,8 @@ installed with the NVIDIA vGPU manager.  ``vgpu-manage sriov enable`` and
 ``-e ADDRESS`` or ``-d ADDRESS``, once per configured GPU: the ``nvidia``
 driver refuses a direct write to ``sriov_numvfs``.  nova-compute never runs
 it.
-"""),
+""",
+    ),
 ]
 
 

@@ -9,8 +9,7 @@ class UnknownProfile(base.VgpuDriverError):
 
 
 class FakeHostExists(base.VgpuDriverError):
-    msg_fmt = ("%(path)s is not empty; choose an empty or new directory for the "
-               "fake host.")
+    msg_fmt = "%(path)s is not empty; choose an empty or new directory for the fake host."
 
 
 class FakeHostNotWritten(base.VgpuDriverError):
@@ -18,8 +17,10 @@ class FakeHostNotWritten(base.VgpuDriverError):
 
 
 class FakeHostMountPointInUse(base.VgpuDriverError):
-    msg_fmt = ("Cannot serve the fake host at %(path)s: %(why)s; choose an empty "
-               "directory that nothing is mounted on.")
+    msg_fmt = (
+        "Cannot serve the fake host at %(path)s: %(why)s; choose an empty "
+        "directory that nothing is mounted on."
+    )
 
 
 class MetricsNotWritten(base.VgpuDriverError):
@@ -45,5 +46,7 @@ class DemoDirNotEmpty(base.VgpuDriverError):
 class NoValidHost(base.VgpuDriverError):
     """The demo's scheduler found no allocation candidate, as nova's would."""
 
-    msg_fmt = ("Placement has no allocation candidate for %(instance)s "
-               "(GET /allocation_candidates?%(query)s)")
+    msg_fmt = (
+        "Placement has no allocation candidate for %(instance)s "
+        "(GET /allocation_candidates?%(query)s)"
+    )

@@ -12,8 +12,7 @@ class ConfigProblem:
 
     __slots__ = ("option", "value", "reason", "severity")
 
-    def __init__(self, option: str, value: object, reason: str,
-                 severity: str = "error") -> None:
+    def __init__(self, option: str, value: object, reason: str, severity: str = "error") -> None:
         self.option = option
         self.value = value
         self.reason = reason
@@ -39,19 +38,24 @@ class InvalidOption(base.VgpuDriverError):
 
 
 class InvalidSysfsName(base.VgpuDriverError):
-    msg_fmt = ("Refusing %(kind)s %(name)r%(source)s: it is not a valid %(kind)s, "
-               "so it is never joined into a sysfs path.")
+    msg_fmt = (
+        "Refusing %(kind)s %(name)r%(source)s: it is not a valid %(kind)s, "
+        "so it is never joined into a sysfs path."
+    )
 
     def __init__(self, kind: str, name: object, source: str | None = None) -> None:
-        super().__init__(kind=kind, name=name,
-                         source=f" from {source}" if source else "")
+        super().__init__(kind=kind, name=name, source=f" from {source}" if source else "")
 
 
 class InvalidSysfsRoot(base.VgpuDriverError):
-    msg_fmt = ("Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
-               "([vgpu] sysfs_root).")
+    msg_fmt = (
+        "Sysfs root %(root)s %(reason)s, so it cannot play /sys. Check --sysfs-root "
+        "([vgpu] sysfs_root)."
+    )
 
 
 class InvalidNodename(base.VgpuDriverError):
-    msg_fmt = ("Refusing nodename %(nodename)r: %(reason)s. Pass the compute node's name "
-               "as nova-compute reports it (--nodename, or [DEFAULT] host).")
+    msg_fmt = (
+        "Refusing nodename %(nodename)r: %(reason)s. Pass the compute node's name "
+        "as nova-compute reports it (--nodename, or [DEFAULT] host)."
+    )

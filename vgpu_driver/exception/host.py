@@ -24,11 +24,15 @@ class SriovManageFailed(base.VgpuDriverError):
 
 
 class SriovNotReady(base.VgpuDriverError):
-    msg_fmt = ("%(address)s: after %(waited).0fs, %(ready)d of %(numvfs)d VFs offer mdev "
-               "types or NVIDIA's vGPU files; check that the NVIDIA vGPU manager "
-               "(nvidia-vgpu-mgr.service) runs and the kernel log, or wait longer (--wait).")
+    msg_fmt = (
+        "%(address)s: after %(waited).0fs, %(ready)d of %(numvfs)d VFs offer mdev "
+        "types or NVIDIA's vGPU files; check that the NVIDIA vGPU manager "
+        "(nvidia-vgpu-mgr.service) runs and the kernel log, or wait longer (--wait)."
+    )
 
 
 class LibvirtUnavailable(base.VgpuDriverError):
-    msg_fmt = ("Cannot reach libvirt at %(uri)s: %(reason)s. Without it, mdevs used by "
-               "guests cannot be told from free ones.")
+    msg_fmt = (
+        "Cannot reach libvirt at %(uri)s: %(reason)s. Without it, mdevs used by "
+        "guests cannot be told from free ones."
+    )

@@ -8,8 +8,7 @@ class KeystoneError(base.VgpuDriverError):
 
 
 class LimitsNotConfigured(KeystoneError):
-    msg_fmt = ("Keystone: %(option)s is not set; set [oslo_limit] as nova's unified "
-               "limits use it.")
+    msg_fmt = "Keystone: %(option)s is not set; set [oslo_limit] as nova's unified limits use it."
 
 
 class KeystoneUnavailable(KeystoneError):

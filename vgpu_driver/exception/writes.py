@@ -8,12 +8,14 @@ from vgpu_driver.exception import base
 
 
 class PrivilegedHelperUnavailable(base.VgpuDriverError):
-    msg_fmt = ("Cannot start the privileged helper (%(reason)s), so no sysfs write can be "
-               "made. nova-compute starts it as [vgpu_driver_sysfs_writer] helper_command "
-               "says (by default 'sudo <bin>/vgpu-privsep-helper --config-file "
-               "/etc/vgpu-driver/privsep.conf --privsep_context "
-               "vgpu_driver.privsep.sysfs_writer ...'); write the sudoers rule and the "
-               "helper's file with 'vgpu-manage install-units'.")
+    msg_fmt = (
+        "Cannot start the privileged helper (%(reason)s), so no sysfs write can be "
+        "made. nova-compute starts it as [vgpu_driver_sysfs_writer] helper_command "
+        "says (by default 'sudo <bin>/vgpu-privsep-helper --config-file "
+        "/etc/vgpu-driver/privsep.conf --privsep_context "
+        "vgpu_driver.privsep.sysfs_writer ...'); write the sudoers rule and the "
+        "helper's file with 'vgpu-manage install-units'."
+    )
 
 
 class ConfigDataRefused(base.VgpuDriverError):
@@ -39,9 +41,11 @@ class PrivilegedWriteRefused(base.VgpuDriverError):
 
 
 class WritesNeedRoot(PrivilegedWriteRefused):
-    msg_fmt = ("vgpu-manage writes sysfs only when it runs as root (it runs as uid "
-               "%(uid)s), so %(target)s was not written; run the command as root, "
-               "e.g. with sudo.")
+    msg_fmt = (
+        "vgpu-manage writes sysfs only when it runs as root (it runs as uid "
+        "%(uid)s), so %(target)s was not written; run the command as root, "
+        "e.g. with sudo."
+    )
 
     def __init__(self, target: str, uid: int) -> None:
         base.VgpuDriverError.__init__(self, target=target, uid=uid)
@@ -53,44 +57,44 @@ class MdevWriteError(base.VgpuDriverError):
     msg_fmt = "%(action)s failed on %(target)s: %(reason)s. %(hint)s"
 
     HINTS: dict[int | None, str] = {
-        errno_mod.EINVAL: "The value written was malformed (a create needs a "
-                          "36-character UUID).",
-        errno_mod.EEXIST: "An mdev with this UUID already exists; reuse it or "
-                          "pick a new UUID.",
+        errno_mod.EINVAL: "The value written was malformed (a create needs a 36-character UUID).",
+        errno_mod.EEXIST: "An mdev with this UUID already exists; reuse it or pick a new UUID.",
         errno_mod.EUSERS: "The parent has no free instance of this type; check "
-                          "'vgpu-manage types' and free or reclaim mdevs.",
-        errno_mod.ENOSPC: "The parent's resources are exhausted; free an mdev "
-                          "first.",
+        "'vgpu-manage types' and free or reclaim mdevs.",
+        errno_mod.ENOSPC: "The parent's resources are exhausted; free an mdev first.",
         errno_mod.ENOMEM: "The vendor driver ran out of memory or its instance "
-                          "limit; free an mdev first.",
+        "limit; free an mdev first.",
         errno_mod.ENODEV: "The parent device is gone or being unregistered; "
-                          "check the vendor driver and, for SR-IOV boards, that "
-                          "the VFs are enabled.",
+        "check the vendor driver and, for SR-IOV boards, that "
+        "the VFs are enabled.",
         errno_mod.EBUSY: "The device is in use; stop the guest using it first.",
-        errno_mod.EIO: "The vendor driver reported an I/O error; check the "
-                       "host kernel log.",
+        errno_mod.EIO: "The vendor driver reported an I/O error; check the host kernel log.",
         errno_mod.ETIMEDOUT: "The kernel is still waiting for the guest to release "
-                             "the device; the mdev goes once the guest lets go.",
+        "the device; the mdev goes once the guest lets go.",
     }
 
     # Where NVIDIA's current_vgpu_type means something else by the same errno.
     ACTION_HINTS: dict[tuple[str, int | None], str] = {
-        ("current_vgpu_type", errno_mod.EINVAL):
-            "The VF does not offer this vGPU type now (see its "
-            "nvidia/creatable_vgpu_types): the GPU holds vGPUs of another size or "
-            "the type's per-GPU maximum is reached.",
-        ("current_vgpu_type", errno_mod.EBUSY):
-            "The VF already has a vGPU type, or a guest still holds it; its type "
-            "can change once the guest is gone (write 0 first).",
+        (
+            "current_vgpu_type",
+            errno_mod.EINVAL,
+        ): "The VF does not offer this vGPU type now (see its "
+        "nvidia/creatable_vgpu_types): the GPU holds vGPUs of another size or "
+        "the type's per-GPU maximum is reached.",
+        (
+            "current_vgpu_type",
+            errno_mod.EBUSY,
+        ): "The VF already has a vGPU type, or a guest still holds it; its type "
+        "can change once the guest is gone (write 0 first).",
     }
 
     def __init__(self, action: str, target: str, os_error: OSError) -> None:
         self.errno = os_error.errno
         reason = os_error.strerror or str(os_error)
         hint = self.ACTION_HINTS.get((action, self.errno)) or self.HINTS.get(self.errno, "")
-        super().__init__(action=action, target=target,
-                         reason=f"[{_errno_name(self.errno)}] {reason}",
-                         hint=hint)
+        super().__init__(
+            action=action, target=target, reason=f"[{_errno_name(self.errno)}] {reason}", hint=hint
+        )
 
     @staticmethod
     def from_os_error(action: str, target: str, os_error: OSError) -> MdevWriteError:

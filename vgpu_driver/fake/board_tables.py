@@ -95,21 +95,40 @@ _24 = ((1, 24), (2, 12), (3, 8), (4, 6), (6, 4), (8, 3), (12, 2), (24, 1))
 _40 = ((4, 10), (5, 8), (8, 5), (10, 4), (20, 2), (40, 1))
 _80 = ((4, 20), (5, 16), (8, 10), (10, 8), (16, 5), (20, 4), (40, 2), (80, 1))
 _94 = ((4, 23), (6, 15), (11, 8), (15, 6), (23, 4), (31, 3), (47, 2), (94, 1))
-_96 = ((2, 32), (3, 32), (4, 24), (6, 16), (8, 12), (12, 8), (16, 6), (24, 4), (32, 3),
-       (48, 2), (96, 1))
+_96 = (
+    (2, 32),
+    (3, 32),
+    (4, 24),
+    (6, 16),
+    (8, 12),
+    (12, 8),
+    (16, 6),
+    (24, 4),
+    (32, 3),
+    (48, 2),
+    (96, 1),
+)
 
-BOARDS = {b.key: b for b in (
-    Board("a100-40gb", "NVIDIA A100-PCIE-40GB", AMPERE, 40, _series("A100", "C", _40)),
-    Board("a100-80gb", "NVIDIA A100 80GB PCIe", AMPERE, 80, _series("A100D", "C", _80)),
-    Board("a40", "NVIDIA A40", AMPERE, 48, _series("A40", "Q", _48)),
-    Board("a10", "NVIDIA A10", AMPERE, 24, _series("A10", "Q", _24)),
-    Board("l40s", "NVIDIA L40S", ADA, 48, _series("L40S", "Q", _48)),
-    Board("l4", "NVIDIA L4", ADA, 24, _series("L4", "Q", _24)),
-    Board("h100-80gb", "NVIDIA H100 PCIe", HOPPER, 80, _series("H100", "C", _80)),
-    Board("h100-nvl", "NVIDIA H100 NVL", HOPPER, 94, _series("H100L", "C", _94)),
-    Board("rtx-pro-6000-blackwell-se", "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-          BLACKWELL, 96, _series("DC", "Q", _96)),
-)}
+BOARDS = {
+    b.key: b
+    for b in (
+        Board("a100-40gb", "NVIDIA A100-PCIE-40GB", AMPERE, 40, _series("A100", "C", _40)),
+        Board("a100-80gb", "NVIDIA A100 80GB PCIe", AMPERE, 80, _series("A100D", "C", _80)),
+        Board("a40", "NVIDIA A40", AMPERE, 48, _series("A40", "Q", _48)),
+        Board("a10", "NVIDIA A10", AMPERE, 24, _series("A10", "Q", _24)),
+        Board("l40s", "NVIDIA L40S", ADA, 48, _series("L40S", "Q", _48)),
+        Board("l4", "NVIDIA L4", ADA, 24, _series("L4", "Q", _24)),
+        Board("h100-80gb", "NVIDIA H100 PCIe", HOPPER, 80, _series("H100", "C", _80)),
+        Board("h100-nvl", "NVIDIA H100 NVL", HOPPER, 94, _series("H100L", "C", _94)),
+        Board(
+            "rtx-pro-6000-blackwell-se",
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            BLACKWELL,
+            96,
+            _series("DC", "Q", _96),
+        ),
+    )
+}
 
 
 def board(key):
@@ -124,11 +143,18 @@ def board_of_gpu(gpu):
     None where it lacks what the rules need."""
     if gpu.get("architecture") not in ARCHITECTURES or not gpu.get("framebuffer_mb"):
         return None
-    types = tuple(VgpuType(spec["id"], gb(spec["framebuffer_mb"]), int(spec["max"]))
-                  for spec in gpu.get("types", ())
-                  if spec.get("max") and spec.get("framebuffer_mb"))
-    return Board(gpu.get("address", ""), gpu.get("product_name", ""), gpu["architecture"],
-                 gb(gpu["framebuffer_mb"]), types)
+    types = tuple(
+        VgpuType(spec["id"], gb(spec["framebuffer_mb"]), int(spec["max"]))
+        for spec in gpu.get("types", ())
+        if spec.get("max") and spec.get("framebuffer_mb")
+    )
+    return Board(
+        gpu.get("address", ""),
+        gpu.get("product_name", ""),
+        gpu["architecture"],
+        gb(gpu["framebuffer_mb"]),
+        types,
+    )
 
 
 def gb(framebuffer_mb):
@@ -151,7 +177,7 @@ def _denied(board_, vgpu_type):
     if board_.architecture == BLACKWELL or vgpu_type.framebuffer_gb != 1:
         return frozenset()
     if vgpu_type.max_instances >= board_.framebuffer_gb:
-        return frozenset()      # the guest's 1 GB carries reserved framebuffer
+        return frozenset()  # the guest's 1 GB carries reserved framebuffer
     return _DENY_1GB[board_.architecture]
 
 
@@ -188,8 +214,7 @@ def _evenly_spaced(board_, vgpu_type):
 def supported(board_):
     """``{type name: Placeable}``: where each type may sit in mixed-size mode."""
     rule = _evenly_spaced if board_.architecture == BLACKWELL else _halving
-    return {t.name: Placeable(t, placement_size(board_, t), rule(board_, t))
-            for t in board_.types}
+    return {t.name: Placeable(t, placement_size(board_, t), rule(board_, t)) for t in board_.types}
 
 
 def homogeneous(board_):
@@ -225,7 +250,6 @@ def creatable(board_, used, mixed=True):
         if not mixed and used_sizes and used_sizes != {entry.type.framebuffer_gb}:
             found.append(entry._replace(placements=()))
             continue
-        free = tuple(p for p in entry.placements
-                     if taken.isdisjoint(range(p, p + entry.size)))
+        free = tuple(p for p in entry.placements if taken.isdisjoint(range(p, p + entry.size)))
         found.append(entry._replace(placements=free))
     return found

@@ -29,9 +29,13 @@ class InProcessDomains(DomainReferences):
         self._index = MappingProxyType({})
 
     def _reindex(self):
-        self._index = MappingProxyType({
-            mdev: DomainRef(uuid, name)
-            for uuid, (name, mdevs) in self._domains.items() for mdev in mdevs})
+        self._index = MappingProxyType(
+            {
+                mdev: DomainRef(uuid, name)
+                for uuid, (name, mdevs) in self._domains.items()
+                for mdev in mdevs
+            }
+        )
 
     def define(self, uuid, mdev_uuids, name=None):
         with self._lock:

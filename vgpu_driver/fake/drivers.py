@@ -87,10 +87,14 @@ class PciDrivers:
     def _uevent_driver(dev, name):
         """``uevent`` names the bound driver first, as the kernel's does."""
         path = os.path.join(dev, "uevent")
-        lines = [line for line in (linux.read_attr(path) or "").splitlines()
-                 if line and not line.startswith("DRIVER=")]
-        tree.write_file(path, "".join(f"{line}\n" for line in
-                                      ([f"DRIVER={name}"] if name else []) + lines))
+        lines = [
+            line
+            for line in (linux.read_attr(path) or "").splitlines()
+            if line and not line.startswith("DRIVER=")
+        ]
+        tree.write_file(
+            path, "".join(f"{line}\n" for line in ([f"DRIVER={name}"] if name else []) + lines)
+        )
 
     def _override(self, dev):
         value = linux.read_attr(os.path.join(dev, "driver_override"))
@@ -103,8 +107,11 @@ class PciDrivers:
         override = self._override(dev)
         if override is not None:
             return override == name
-        return (name == NVIDIA and linux.read_attr(os.path.join(dev, "vendor")) == "0x10de"
-                and (linux.read_attr(os.path.join(dev, "class")) or "").startswith("0x03"))
+        return (
+            name == NVIDIA
+            and linux.read_attr(os.path.join(dev, "vendor")) == "0x10de"
+            and (linux.read_attr(os.path.join(dev, "class")) or "").startswith("0x03")
+        )
 
     def _function_dir(self, value, attr):
         """The device directory of the address written to bind or unbind."""
@@ -125,8 +132,11 @@ class PciDrivers:
         as NVIDIA's ``sriov-manage`` does: through ``pci-pf-stub``, then
         ``nvidia`` bound back (any count, for tests; the script asks for
         ``sriov_totalvfs``).  The kernel's errno is raised."""
-        sriov_manage.set_numvfs(sriov_manage.Sysfs(self.paths.root, self.write_attr),
-                                str(names.parse_pci_address(str(pf_address))), count)
+        sriov_manage.set_numvfs(
+            sriov_manage.Sysfs(self.paths.root, self.write_attr),
+            str(names.parse_pci_address(str(pf_address))),
+            count,
+        )
 
     def _boot_driver(self, dev):
         """As after a boot: ``nvidia`` bound, no override."""
@@ -161,8 +171,7 @@ class PciDrivers:
         if len(value.encode()) >= _PAGE_SIZE - 1:
             raise tree.os_error(errno.EINVAL, "driver_override")
         value = value.split("\n", 1)[0]
-        tree.write_file(os.path.join(dev, "driver_override"), f"{value or '(null)'}\n",
-                        0o644)
+        tree.write_file(os.path.join(dev, "driver_override"), f"{value or '(null)'}\n", 0o644)
 
     def _check_sriov_configure(self, pf_dir):
         """``sriov_numvfs_store`` (``drivers/pci/iov.c``) asks the PF's

@@ -61,9 +61,14 @@ from vgpu_driver.sysfs import writes
 MARKER_DIR = ".vgpu-fake-kernel"
 
 
-class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.MdevParents,
-                 nvml_state.NvmlState, vgpu_placements.VgpuPlacements,
-                 writes.WritableSysfs):
+class FakeKernel(
+    pci_functions.PciFunctions,
+    drivers.PciDrivers,
+    mdev_parents.MdevParents,
+    nvml_state.NvmlState,
+    vgpu_placements.VgpuPlacements,
+    writes.WritableSysfs,
+):
     """LinuxSysfs over a fake tree, its writer the kernel's write handlers.
 
     The PCI side (:mod:`vgpu_driver.fake.pci_functions`), the drivers bound
@@ -94,8 +99,13 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         # kernel/iommu_groups is there, empty or not, on every kernel
         # (drivers/iommu/iommu.c, iommu_init); the mdev core's directories
         # only with its module (see vgpu_driver.sysfs.host_reads).
-        subs = ["bus/pci/devices", "bus/pci/drivers", "class", "devices/virtual",
-                "kernel/iommu_groups"]
+        subs = [
+            "bus/pci/devices",
+            "bus/pci/drivers",
+            "class",
+            "devices/virtual",
+            "kernel/iommu_groups",
+        ]
         if model["mdev"]:
             subs += ["class/mdev_bus", "bus/mdev/devices"]
         for sub in subs:
@@ -110,8 +120,11 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
             for gpu in model["gpus"]:
                 kernel._plug_gpu(gpu)
             for mdev in profile.get("mdevs", ()):
-                kernel._create(kernel._parent_dir(mdev["parent"]), mdev["type"],
-                               mdev.get("uuid") or str(uuid_mod.uuid4()))
+                kernel._create(
+                    kernel._parent_dir(mdev["parent"]),
+                    mdev["type"],
+                    mdev.get("uuid") or str(uuid_mod.uuid4()),
+                )
         return kernel
 
     def __init__(self, root):
@@ -152,15 +165,15 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
             uevents.broadcast(action, devpath, subsystem, properties)
 
     def _announce_pci(self, action, dev, **properties):
-        self._announce(action, dev, "pci", PCI_SLOT_NAME=os.path.basename(dev),
-                       **properties)
+        self._announce(action, dev, "pci", PCI_SLOT_NAME=os.path.basename(dev), **properties)
 
     # -- the lock: one writer at a time, across processes ---------------------------
 
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(os.path.join(self.paths.root, MARKER_DIR, "lock"),
-                     os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(
+            os.path.join(self.paths.root, MARKER_DIR, "lock"), os.O_RDWR | os.O_CREAT, 0o600
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -176,7 +189,7 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
 
     def _store(self, entry_point, *args):
         """The write the privileged entry point would make, answered here."""
-        if entry_point == "set_heterogeneous_mode":     # NVML's, no file
+        if entry_point == "set_heterogeneous_mode":  # NVML's, no file
             return driver_nvml.set_heterogeneous_mode(*args, self.nvml_bindings)
         path, value = self._entry_point_write(entry_point, *args)
         return self.write_attr(path, value)
@@ -190,8 +203,10 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
         if entry_point == "remove_mdev":
             return os.path.join(self.paths.mdev(args[0]), "remove"), "1"
         if entry_point == "set_vgpu_type":
-            return (os.path.join(self.paths.vendor_vfio_dir(args[0]), "current_vgpu_type"),
-                    str(args[1]))
+            return (
+                os.path.join(self.paths.vendor_vfio_dir(args[0]), "current_vgpu_type"),
+                str(args[1]),
+            )
         raise ValueError(entry_point)
 
     def write_attr(self, path, value):
@@ -212,8 +227,9 @@ class FakeKernel(pci_functions.PciFunctions, drivers.PciDrivers, mdev_parents.Md
                 return self._store_numvfs(owner, value)
             if attr == "driver_override":
                 return self._store_driver_override(owner, value)
-            if attr in ("bind", "unbind") and \
-                    os.path.dirname(owner) == self.paths.join("bus", "pci", "drivers"):
+            if attr in ("bind", "unbind") and os.path.dirname(owner) == self.paths.join(
+                "bus", "pci", "drivers"
+            ):
                 store = self._store_bind if attr == "bind" else self._store_unbind
                 return store(os.path.basename(owner), value)
             if attr == "current_vgpu_type":

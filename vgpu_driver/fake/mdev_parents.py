@@ -19,7 +19,8 @@ from vgpu_driver.fake import vendor
 from vgpu_driver.sysfs import linux
 
 _UUID_TEXT_RE = re.compile(
-    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 _HOLD_POLL_SECONDS = 0.05
 
 
@@ -35,14 +36,16 @@ class MdevParents:
             type_dir = os.path.join(types_dir, mdev_type["id"])
             os.makedirs(os.path.join(type_dir, "devices"))
             tree.write_file(os.path.join(type_dir, "create"), "", 0o200)
-            tree.write_file(os.path.join(type_dir, "device_api"),
-                            f"{mdev_type.get('device_api', 'vfio-pci')}\n")
+            tree.write_file(
+                os.path.join(type_dir, "device_api"), f"{mdev_type.get('device_api', 'vfio-pci')}\n"
+            )
             tree.write_file(os.path.join(type_dir, "available_instances"), "0\n")
             if mdev_type.get("name") is not None:
                 tree.write_file(os.path.join(type_dir, "name"), f"{mdev_type['name']}\n")
             if mdev_type.get("description") is not None:
-                tree.write_file(os.path.join(type_dir, "description"),
-                                f"{mdev_type['description']}\n")
+                tree.write_file(
+                    os.path.join(type_dir, "description"), f"{mdev_type['description']}\n"
+                )
         tree.link(dev, self.paths.parent(name))
         self._refresh(gpu)
 
@@ -64,8 +67,7 @@ class MdevParents:
             if gpu["model"] == "mtty":
                 if dev == self._device_dir(gpu):
                     return gpu
-            elif name == gpu["address"] or (
-                    gpu.get("sriov") and name in self._current_vfs(gpu)):
+            elif name == gpu["address"] or (gpu.get("sriov") and name in self._current_vfs(gpu)):
                 return gpu
         raise tree.os_error(errno.ENODEV, dev)
 
@@ -74,8 +76,9 @@ class MdevParents:
         found = []
         for dev in self._parent_dirs(gpu):
             if gpu["model"] == "nvidia-vfio":
-                current = int(linux.read_attr(
-                    os.path.join(dev, "nvidia", "current_vgpu_type")) or 0)
+                current = int(
+                    linux.read_attr(os.path.join(dev, "nvidia", "current_vgpu_type")) or 0
+                )
                 if current:
                     found.append((dev, None, names.vendor_type_id(current)))
                 continue
@@ -90,16 +93,20 @@ class MdevParents:
         for dev in self._parent_dirs(gpu):
             if gpu["model"] == "nvidia-vfio":
                 lines = ["ID    : vGPU Name"]
-                lines += [f"{names.vendor_type_number(spec['id']):<6}: {spec['name']}"
-                          for spec in gpu["types"]
-                          if vendor.available(gpu, dev, spec, existing, placed)]
-                tree.write_file(os.path.join(dev, "nvidia", "creatable_vgpu_types"),
-                                "\n".join(lines) + "\n")
+                lines += [
+                    f"{names.vendor_type_number(spec['id']):<6}: {spec['name']}"
+                    for spec in gpu["types"]
+                    if vendor.available(gpu, dev, spec, existing, placed)
+                ]
+                tree.write_file(
+                    os.path.join(dev, "nvidia", "creatable_vgpu_types"), "\n".join(lines) + "\n"
+                )
                 continue
             for spec in gpu["types"]:
-                tree.write_file(os.path.join(dev, "mdev_supported_types", spec["id"],
-                                             "available_instances"),
-                                f"{vendor.available(gpu, dev, spec, existing, placed)}\n")
+                tree.write_file(
+                    os.path.join(dev, "mdev_supported_types", spec["id"], "available_instances"),
+                    f"{vendor.available(gpu, dev, spec, existing, placed)}\n",
+                )
 
     def _store_create(self, dev, type_id, value):
         # As mdev_sysfs.c: 36 characters, or 37 with the trailing newline.
@@ -118,14 +125,14 @@ class MdevParents:
             raise tree.os_error(errno.EINVAL, type_id)
         placed = self._placed(gpu) if gpu.get("sriov") else None
         if vendor.available(gpu, dev, spec, self._gpu_mdev_types(gpu), placed) < 1:
-            raise tree.os_error(errno.ENOSPC if gpu["model"] == "mtty" else errno.EUSERS,
-                                type_id)
+            raise tree.os_error(errno.ENOSPC if gpu["model"] == "mtty" else errno.EUSERS, type_id)
         mdev_dir = os.path.join(dev, uuid)
         os.makedirs(os.path.join(mdev_dir, "power"))
         tree.write_file(os.path.join(mdev_dir, "remove"), "", 0o200)
         tree.write_file(os.path.join(mdev_dir, "uevent"), f"MDEV_TYPE={type_id}\n")
-        tree.link(os.path.join(dev, "mdev_supported_types", type_id),
-                  os.path.join(mdev_dir, "mdev_type"))
+        tree.link(
+            os.path.join(dev, "mdev_supported_types", type_id), os.path.join(mdev_dir, "mdev_type")
+        )
         tree.link(self.paths.join("bus", "mdev"), os.path.join(mdev_dir, "subsystem"))
         tree.link(self._new_iommu_group(), os.path.join(mdev_dir, "iommu_group"))
         tree.link(mdev_dir, os.path.join(dev, "mdev_supported_types", type_id, "devices", uuid))

@@ -58,7 +58,6 @@ class NVMLError(Exception):
         super().__init__(_TEXTS.get(value, f"NVML error {value}"))
 
 
-
 def use_host(root):
     """Answer from the fake kernel tree at ``root`` (None: the environment's)."""
     _host["root"] = root
@@ -68,9 +67,9 @@ class PlacementList:
     """pynvml's ``c_nvmlVgpuPlacementList_v1_t``, as its callers read it."""
 
     def __init__(self, size, ids):
-        self.placementSize = size       # noqa: N815 - pynvml's field names
+        self.placementSize = size  # noqa: N815 - pynvml's field names
         self.count = len(ids)
-        self.placementIds = list(ids)   # noqa: N815
+        self.placementIds = list(ids)  # noqa: N815
 
 
 class Bindings:
@@ -149,19 +148,24 @@ class Bindings:
     def nvmlDeviceSetVgpuHeterogeneousMode(self, handle, heterogeneous_mode):  # noqa: N802
         if heterogeneous_mode not in (NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        self._kernel().set_heterogeneous_mode(handle,
-                                              heterogeneous_mode == NVML_FEATURE_ENABLED)
+        self._kernel().set_heterogeneous_mode(handle, heterogeneous_mode == NVML_FEATURE_ENABLED)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetVgpuTypeSupportedPlacements(self, handle, vgpuTypeId, mode=0,  # noqa: N802,N803
-                                                 version=1):
+    def nvmlDeviceGetVgpuTypeSupportedPlacements(  # noqa: N802
+        self,
+        handle,
+        vgpuTypeId,  # noqa: N803
+        mode=0,
+        version=1,
+    ):
         """The IDs a type may take in mixed-size mode (``mode``
         ``NVML_VGPU_PGPU_HETEROGENEOUS_MODE``) or, where the board has them,
         in equal-size mode (``NVML_VGPU_PGPU_HOMOGENEOUS_MODE``)."""
         if mode not in (NVML_VGPU_PGPU_HETEROGENEOUS_MODE, NVML_VGPU_PGPU_HOMOGENEOUS_MODE):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         size, supported, _creatable = self._kernel().placements(
-            handle, vgpuTypeId, homogeneous=mode == NVML_VGPU_PGPU_HOMOGENEOUS_MODE)
+            handle, vgpuTypeId, homogeneous=mode == NVML_VGPU_PGPU_HOMOGENEOUS_MODE
+        )
         return PlacementList(size, supported)
 
     def nvmlDeviceGetVgpuTypeCreatablePlacements(self, handle, vgpuTypeId, version=1):  # noqa: N802,N803
@@ -206,9 +210,11 @@ nvmlDeviceGetHostVgpuMode = _MODULE_HOST.nvmlDeviceGetHostVgpuMode  # noqa: N816
 nvmlDeviceGetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceGetVgpuHeterogeneousMode  # noqa: N816
 nvmlDeviceSetVgpuHeterogeneousMode = _MODULE_HOST.nvmlDeviceSetVgpuHeterogeneousMode  # noqa: N816
 nvmlDeviceGetVgpuTypeSupportedPlacements = (  # noqa: N816
-    _MODULE_HOST.nvmlDeviceGetVgpuTypeSupportedPlacements)
+    _MODULE_HOST.nvmlDeviceGetVgpuTypeSupportedPlacements
+)
 nvmlDeviceGetVgpuTypeCreatablePlacements = (  # noqa: N816
-    _MODULE_HOST.nvmlDeviceGetVgpuTypeCreatablePlacements)
+    _MODULE_HOST.nvmlDeviceGetVgpuTypeCreatablePlacements
+)
 nvmlDeviceGetActiveVgpus = _MODULE_HOST.nvmlDeviceGetActiveVgpus  # noqa: N816
 nvmlVgpuInstanceGetType = _MODULE_HOST.nvmlVgpuInstanceGetType  # noqa: N816
 nvmlVgpuInstanceGetPlacementId = _MODULE_HOST.nvmlVgpuInstanceGetPlacementId  # noqa: N816

@@ -29,7 +29,7 @@ class NvmlState:
         """Whether the GPU is in mixed-size mode (NVML's
         ``nvmlDeviceGetVgpuHeterogeneousMode``)."""
         gpu = self._vfio_gpu(pf_address)
-        if gpu["model"] == nvml.DATACENTER_MODEL:   # no vGPU manager: no vGPU call
+        if gpu["model"] == nvml.DATACENTER_MODEL:  # no vGPU manager: no vGPU call
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         return os.path.exists(self._state_path(f"mixed-size-{gpu['address']}"))
 
@@ -70,7 +70,7 @@ class NvmlState:
         starts (``numActiveVgpu`` counts guests, ``numCreatedVgpu``
         vGPUs), so a vGPU no guest holds (:meth:`hold`) is not listed."""
         gpu = self._vfio_gpu(pf_address)
-        if gpu["model"] not in vendor.SRIOV_MODELS:     # time-sliced boards: not asked
+        if gpu["model"] not in vendor.SRIOV_MODELS:  # time-sliced boards: not asked
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
         with self._locked():
             found = []
@@ -111,7 +111,7 @@ class NvmlState:
             creatable = ()
             if mixed or equal_placed:
                 creatable = vendor.creatable_placements(
-                    gpu, spec, self._gpu_mdev_types(gpu), self._recorded(gpu), mixed=mixed)
+                    gpu, spec, self._gpu_mdev_types(gpu), self._recorded(gpu), mixed=mixed
+                )
         size, supported = vendor.placement_table(gpu, spec, mixed=not homogeneous)
         return size, supported, creatable
-

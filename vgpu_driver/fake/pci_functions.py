@@ -34,7 +34,6 @@ def _pci_config(vendor, device):
     return bytes(config)
 
 
-
 class PciFunctions:
     """Plugging and unplugging PCI functions; the SR-IOV and vendor-VFIO stores."""
 
@@ -42,8 +41,7 @@ class PciFunctions:
         if gpu["model"] == "mtty":
             return self.paths.join("devices", "virtual", *gpu["virtual"].split("/"))
         pf = names.parse_pci_address(gpu["address"])
-        return self.paths.join("devices", f"pci{pf.domain:04x}:{pf.bus:02x}",
-                               str(address or pf))
+        return self.paths.join("devices", f"pci{pf.domain:04x}:{pf.bus:02x}", str(address or pf))
 
     def _plug_pci_function(self, gpu, address, physfn=None):
         dev = self._device_dir(gpu, address)
@@ -55,11 +53,13 @@ class PciFunctions:
         vendor_id, device_id = int(gpu["vendor"], 16), int(gpu["device"], 16)
         tree.write_bytes(os.path.join(dev, "config"), _pci_config(vendor_id, device_id))
         ids = f"{vendor_id:04X}:{device_id:04X}"
-        tree.write_file(os.path.join(dev, "uevent"),
-                        f"DRIVER=nvidia\nPCI_CLASS=30200\nPCI_ID={ids}\nPCI_SUBSYS_ID={ids}\n"
-                        f"PCI_SLOT_NAME={address}\n"
-                        f"MODALIAS=pci:v0000{vendor_id:04X}d0000{device_id:04X}"
-                        f"sv0000{vendor_id:04X}sd0000{device_id:04X}bc03sc02i00\n")
+        tree.write_file(
+            os.path.join(dev, "uevent"),
+            f"DRIVER=nvidia\nPCI_CLASS=30200\nPCI_ID={ids}\nPCI_SUBSYS_ID={ids}\n"
+            f"PCI_SLOT_NAME={address}\n"
+            f"MODALIAS=pci:v0000{vendor_id:04X}d0000{device_id:04X}"
+            f"sv0000{vendor_id:04X}sd0000{device_id:04X}bc03sc02i00\n",
+        )
         tree.link(self.paths.join("bus", "pci"), os.path.join(dev, "subsystem"))
         tree.write_file(os.path.join(dev, "driver_override"), "(null)\n", 0o644)
         tree.link(dev, self.paths.pci_device(address))
@@ -82,7 +82,7 @@ class PciFunctions:
         dev = self._plug_pci_function(gpu, gpu["address"])
         self._announce_pci("bind", dev, DRIVER="nvidia")
         if gpu["model"] == nvml.DATACENTER_MODEL:
-            return      # no vGPU manager: the GPU is no mdev parent
+            return  # no vGPU manager: the GPU is no mdev parent
         sriov = gpu.get("sriov")
         if sriov:
             tree.write_file(os.path.join(dev, "sriov_totalvfs"), f"{sriov['totalvfs']}\n")
@@ -183,6 +183,6 @@ class PciFunctions:
             existing, placed = self._gpu_mdev_types(gpu), self._placed(gpu)
             if spec is None or not vendor.available(gpu, vf_dir, spec, existing, placed):
                 raise tree.os_error(errno.EINVAL, "current_vgpu_type")
-            self._place(gpu, vf_dir, spec)      # the lowest creatable, if any
+            self._place(gpu, vf_dir, spec)  # the lowest creatable, if any
             tree.write_file(current_file, f"{wanted}\n", 0o644)
         self._refresh(gpu)

@@ -9,10 +9,16 @@ by default, and the 1 GB row of Ada and Hopper boards with ``architecture``.
 
 from vgpu_driver.fake import board_tables
 
-_REFERENCE = {b.framebuffer_gb: b for b in board_tables.BOARDS.values()
-              if b.architecture in (board_tables.AMPERE, board_tables.HOPPER)}
-_GSP = {b.framebuffer_gb: b for b in board_tables.BOARDS.values()
-        if b.architecture in (board_tables.ADA, board_tables.HOPPER)}
+_REFERENCE = {
+    b.framebuffer_gb: b
+    for b in board_tables.BOARDS.values()
+    if b.architecture in (board_tables.AMPERE, board_tables.HOPPER)
+}
+_GSP = {
+    b.framebuffer_gb: b
+    for b in board_tables.BOARDS.values()
+    if b.architecture in (board_tables.ADA, board_tables.HOPPER)
+}
 
 
 def _by_size(board):

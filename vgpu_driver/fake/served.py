@@ -22,11 +22,20 @@ import mfusepy
 from vgpu_driver import exception
 from vgpu_driver.fake import fakekernel
 
-CONTROL_FILES = frozenset({"create", "remove", "sriov_numvfs", "current_vgpu_type", "bind",
-                           "unbind", "driver_override"})
+CONTROL_FILES = frozenset(
+    {"create", "remove", "sriov_numvfs", "current_vgpu_type", "bind", "unbind", "driver_override"}
+)
 _STOPPED_BY_SIGNAL = 8
-_STAT_FIELDS = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime",
-                "st_mtime", "st_ctime")
+_STAT_FIELDS = (
+    "st_mode",
+    "st_nlink",
+    "st_uid",
+    "st_gid",
+    "st_size",
+    "st_atime",
+    "st_mtime",
+    "st_ctime",
+)
 
 
 def _fuse_error(code):
@@ -81,8 +90,9 @@ class FakeHostFS(mfusepy.Operations):
 
     @staticmethod
     def _writable(backing):
-        return (os.path.basename(backing) in CONTROL_FILES
-                and os.lstat(backing).st_mode & stat.S_IWUSR)
+        return (
+            os.path.basename(backing) in CONTROL_FILES and os.lstat(backing).st_mode & stat.S_IWUSR
+        )
 
     def read(self, path, size, offset, fh):
         try:
@@ -130,13 +140,21 @@ def serve(kernel, mount_point):
     check_mount_point(mount_point)
     os.makedirs(mount_point, exist_ok=True)
     try:
-        mfusepy.FUSE(FakeHostFS(kernel), mount_point, foreground=True,
-                     allow_other=os.geteuid() == 0, direct_io=True,
-                     attr_timeout=0, entry_timeout=0, negative_timeout=0,
-                     fsname="vgpu-fake-host")
+        mfusepy.FUSE(
+            FakeHostFS(kernel),
+            mount_point,
+            foreground=True,
+            allow_other=os.geteuid() == 0,
+            direct_io=True,
+            attr_timeout=0,
+            entry_timeout=0,
+            negative_timeout=0,
+            fsname="vgpu-fake-host",
+        )
     except RuntimeError as exc:
         # libfuse's main loop returns 8 when a signal ended it; it has
         # unmounted by then.  Any other code is a failure to serve.
         if exc.args != (_STOPPED_BY_SIGNAL,) or os.path.ismount(mount_point):
             raise exception.FakeHostMountPointInUse(
-                path=mount_point, why=f"libfuse failed with code {exc}") from None
+                path=mount_point, why=f"libfuse failed with code {exc}"
+            ) from None

@@ -92,8 +92,7 @@ class Sysfs:
 
     def bound(self, address):
         target = os.path.realpath(self.device(address, "driver"))
-        return os.path.basename(target) if os.path.lexists(self.device(address, "driver")) \
-            else None
+        return os.path.basename(target) if os.path.lexists(self.device(address, "driver")) else None
 
 
 def set_numvfs(sysfs, address, count, report=None):
@@ -175,8 +174,11 @@ def _every_gpu(sysfs):
     found = []
     for address in sorted(os.listdir(sysfs.path("bus", "pci", "devices"))):
         pci_class = sysfs.read("bus", "pci", "devices", address, "class") or ""
-        if (address.endswith(":00.0") and pci_class[:6] in ("0x0300", "0x0302")
-                and sysfs.read("bus", "pci", "devices", address, "vendor") == NVIDIA_VENDOR):
+        if (
+            address.endswith(":00.0")
+            and pci_class[:6] in ("0x0300", "0x0302")
+            and sysfs.read("bus", "pci", "devices", address, "vendor") == NVIDIA_VENDOR
+        ):
             found.append(address)
     return found
 
@@ -219,10 +221,11 @@ def main(argv=None, out=None, err=None):
     if not target:
         err.write(USAGE)
         return 1
-    if not args.sysfs_root or not os.path.isdir(args.sysfs_root) or \
-            not _is_fake(args.sysfs_root):
-        err.write(f"sriov-manage (fake): {args.sysfs_root or 'no root'} is no fake host "
-                  f"(give --sysfs-root or {ENV_ROOT})\n")
+    if not args.sysfs_root or not os.path.isdir(args.sysfs_root) or not _is_fake(args.sysfs_root):
+        err.write(
+            f"sriov-manage (fake): {args.sysfs_root or 'no root'} is no fake host "
+            f"(give --sysfs-root or {ENV_ROOT})\n"
+        )
         return 1
     sysfs = _open(args.sysfs_root)
     if target.lower() == "all":

@@ -34,7 +34,7 @@ def murmurhash2(data, seed=0):
     h = (seed ^ length) & 0xFFFFFFFF
     whole = length - length % 4
     for i in range(0, whole, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+        k = int.from_bytes(data[i : i + 4], "little")
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> 24
         k = (k * m) & 0xFFFFFFFF
@@ -52,13 +52,26 @@ def murmurhash2(data, seed=0):
 
 def message(action, devpath, subsystem, properties=()):
     """One udev netlink message for a device event."""
-    props = {"ACTION": action, "DEVPATH": devpath, "SUBSYSTEM": subsystem,
-             "SEQNUM": str(next(_seqnum)), **dict(properties)}
+    props = {
+        "ACTION": action,
+        "DEVPATH": devpath,
+        "SUBSYSTEM": subsystem,
+        "SEQNUM": str(next(_seqnum)),
+        **dict(properties),
+    }
     body = b"".join(f"{k}={v}".encode() + b"\0" for k, v in props.items())
     zero = _BE32.pack(0)
-    header = _HEADER.pack(b"libudev", _BE32.pack(_MAGIC), _HEADER.size, _HEADER.size,
-                          len(body), _BE32.pack(murmurhash2(subsystem.encode())),
-                          zero, zero, zero)
+    header = _HEADER.pack(
+        b"libudev",
+        _BE32.pack(_MAGIC),
+        _HEADER.size,
+        _HEADER.size,
+        len(body),
+        _BE32.pack(murmurhash2(subsystem.encode())),
+        zero,
+        zero,
+        zero,
+    )
     return header + body
 
 
@@ -66,8 +79,9 @@ def broadcast(action, devpath, subsystem, properties=()):
     """Send one event to udev's group; False when this process may not."""
     data = message(action, devpath, subsystem, properties)
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                           NETLINK_KOBJECT_UEVENT) as sock:
+        with socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT
+        ) as sock:
             sock.sendto(data, (0, UDEV_GROUP))
     except OSError:
         return False

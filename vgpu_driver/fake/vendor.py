@@ -87,8 +87,11 @@ def available(gpu, dev, spec, existing, placed=None):
 def can_mix_sizes(gpu):
     """Whether the board can be put in mixed-size mode: SR-IOV under the
     vGPU manager, the capability reported, and a family the rules know."""
-    return (gpu["model"] in SRIOV_MODELS and bool(gpu.get("heterogeneous_sizes"))
-            and board_tables.board_of_gpu(gpu) is not None)
+    return (
+        gpu["model"] in SRIOV_MODELS
+        and bool(gpu.get("heterogeneous_sizes"))
+        and board_tables.board_of_gpu(gpu) is not None
+    )
 
 
 def homogeneous_placements(gpu, manager_version):
@@ -97,9 +100,13 @@ def homogeneous_placements(gpu, manager_version):
     reports them); the fake gives none before, the conservative reading."""
     board = board_tables.board_of_gpu(gpu)
     branch = (manager_version or "0").split(".")[0]
-    return (gpu["model"] in SRIOV_MODELS and board is not None
-            and board.architecture != board_tables.AMPERE
-            and branch.isdigit() and int(branch) >= HOMOGENEOUS_FROM_BRANCH)
+    return (
+        gpu["model"] in SRIOV_MODELS
+        and board is not None
+        and board.architecture != board_tables.AMPERE
+        and branch.isdigit()
+        and int(branch) >= HOMOGENEOUS_FROM_BRANCH
+    )
 
 
 def placement_table(gpu, spec, mixed):
@@ -125,8 +132,9 @@ def creatable_placements(gpu, spec, existing, placed, mixed=True):
 
 
 def _as_type(spec):
-    return board_tables.VgpuType(spec["id"], board_tables.gb(spec["framebuffer_mb"]),
-                                 int(spec.get("max") or 1))
+    return board_tables.VgpuType(
+        spec["id"], board_tables.gb(spec["framebuffer_mb"]), int(spec.get("max") or 1)
+    )
 
 
 def host_model(profile):
@@ -140,8 +148,12 @@ def host_model(profile):
         entry["types"] = [_driver_type_spec(spec) for spec in specs]
         gpus.append(entry)
     # A host with the IOMMU off, or without the mdev core's module, says so.
-    return {"name": profile.get("name"), "gpus": gpus,
-            "iommu": profile.get("iommu", True), "mdev": profile.get("mdev", True)}
+    return {
+        "name": profile.get("name"),
+        "gpus": gpus,
+        "iommu": profile.get("iommu", True),
+        "mdev": profile.get("mdev", True),
+    }
 
 
 def _driver_type_spec(spec):

@@ -51,8 +51,9 @@ class VgpuPlacements:
         mixed = self._mixed_size(gpu)
         chosen = None
         if mixed or vendor.homogeneous_placements(gpu, self._manager_version()):
-            found = vendor.creatable_placements(gpu, spec, self._gpu_mdev_types(gpu),
-                                                self._recorded(gpu), mixed=mixed)
+            found = vendor.creatable_placements(
+                gpu, spec, self._gpu_mdev_types(gpu), self._recorded(gpu), mixed=mixed
+            )
             chosen = found[0] if found else None
         vf = os.path.basename(vf_dir)
         if chosen is not None:
@@ -69,8 +70,11 @@ class VgpuPlacements:
     def _show_placement(dev, placement):
         """The device's ``nvidia/placement_id`` (read-only in the fake)."""
         os.makedirs(os.path.join(dev, "nvidia"), exist_ok=True)
-        tree.write_file(os.path.join(dev, "nvidia", "placement_id"),
-                        f"{NOT_APPLICABLE if placement is None else placement}\n", 0o444)
+        tree.write_file(
+            os.path.join(dev, "nvidia", "placement_id"),
+            f"{NOT_APPLICABLE if placement is None else placement}\n",
+            0o444,
+        )
 
     def _forget_mixed_size(self, gpu):
         """The mode and the placements go with the VFs: the vendor driver

@@ -36,5 +36,12 @@ from vgpu_driver.mdevs.planner import Request
 from vgpu_driver.mdevs.strategies import MdevParentStrategy
 from vgpu_driver.mdevs.strategies import VendorVfioStrategy
 
-__all__ = ["GpuState", "MdevManager", "MdevParentStrategy", "ParentState", "Planned",
-           "Request", "VendorVfioStrategy"]
+__all__ = [
+    "GpuState",
+    "MdevManager",
+    "MdevParentStrategy",
+    "ParentState",
+    "Planned",
+    "Request",
+    "VendorVfioStrategy",
+]

@@ -41,10 +41,17 @@ LOG = logging.getLogger(__name__)
 class MdevManager:
     """The mdev lifecycle of one host: allocate and release, claims first."""
 
-    def __init__(self, host: WritableSysfs, journal: claims_journal.Journal,
-                 domains: DomainReferences, mdev_config: MdevConfig, *,
-                 remove_on_release: bool = False, remove_timeout: float = 30.0,
-                 removals: removals_mod.Removals | None = None) -> None:
+    def __init__(
+        self,
+        host: WritableSysfs,
+        journal: claims_journal.Journal,
+        domains: DomainReferences,
+        mdev_config: MdevConfig,
+        *,
+        remove_on_release: bool = False,
+        remove_timeout: float = 30.0,
+        removals: removals_mod.Removals | None = None,
+    ) -> None:
         self.host = host
         self.journal = journal
         self.domains = domains
@@ -75,13 +82,15 @@ class MdevManager:
     def _for_vgpu(self, vgpu_id: str) -> strategies._Strategy:
         return strategies.for_vgpu(vgpu_id, self.host, self.domains, self.config)
 
-    def _gpu_state(self, instance: str, address: str, type_id: str,
-                   users: Container[str]) -> planner.GpuState:
+    def _gpu_state(
+        self, instance: str, address: str, type_id: str, users: Container[str]
+    ) -> planner.GpuState:
         """The GPU's live state for the planner; refreshes a stale cache."""
         for refresh in (False, True):
             gpu = self.snapshot(refresh=refresh).gpu(address)
-            state = None if gpu is None else \
-                self._for_gpu(gpu).gpu_state(instance, gpu, type_id, users)
+            state = (
+                None if gpu is None else self._for_gpu(gpu).gpu_state(instance, gpu, type_id, users)
+            )
             if state is not None:
                 break
         if state is None or not state.parents:
@@ -90,9 +99,14 @@ class MdevManager:
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(self, instance_uuid: str, allocations: Mapping[str, Mapping[str, Any]],
-                 providers: Mapping[str, GpuProvider], state: str = claims_mod.CLAIMED,
-                 type_traits: Iterable[str] | None = None) -> list[str]:
+    def allocate(
+        self,
+        instance_uuid: str,
+        allocations: Mapping[str, Mapping[str, Any]],
+        providers: Mapping[str, GpuProvider],
+        state: str = claims_mod.CLAIMED,
+        type_traits: Iterable[str] | None = None,
+    ) -> list[str]:
         """The mdev UUIDs for an instance's allocation, claimed and present.
 
         ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
@@ -102,8 +116,9 @@ class MdevManager:
         ``type_traits`` those the flavor requires (they name the type of a
         mixed-size board's vGPUs, :func:`planner.requests_of`).
         """
-        requests = planner.requests_of(instance_uuid, allocations, providers,
-                                       self.config.mdev_classes, type_traits)
+        requests = planner.requests_of(
+            instance_uuid, allocations, providers, self.config.mdev_classes, type_traits
+        )
         if not requests:
             return []
         # Read before the lock, which only ever waits for claims: a vGPU a
@@ -114,8 +129,15 @@ class MdevManager:
             plan = self._plan(instance_uuid, requests, claimed, users)
             added = planner.new_claims(plan, claimed, instance_uuid)
             for item in added:
-                txn.add(instance_uuid, item.mdev_uuid, item.gpu, item.parent, item.type_id,
-                        state, created=item.create)
+                txn.add(
+                    instance_uuid,
+                    item.mdev_uuid,
+                    item.gpu,
+                    item.parent,
+                    item.type_id,
+                    state,
+                    created=item.create,
+                )
         try:
             for item in plan:
                 if item.create:
@@ -126,14 +148,22 @@ class MdevManager:
             # were the instance's before and stay.
             self._undo(instance_uuid, added)
             raise
-        LOG.info("Instance %s gets mdevs %s", instance_uuid,
-                 ", ".join(f"{p.mdev_uuid} ({'created' if p.create else 'reused'} on "
-                           f"{p.parent})" for p in plan))
+        LOG.info(
+            "Instance %s gets mdevs %s",
+            instance_uuid,
+            ", ".join(
+                f"{p.mdev_uuid} ({'created' if p.create else 'reused'} on {p.parent})" for p in plan
+            ),
+        )
         return [item.mdev_uuid for item in plan]
 
-    def _plan(self, instance: str, requests: Iterable[planner.Request],
-              claimed: Mapping[str, claims_mod.Claim],
-              users: Container[str]) -> list[planner.Planned]:
+    def _plan(
+        self,
+        instance: str,
+        requests: Iterable[planner.Request],
+        claimed: Mapping[str, claims_mod.Claim],
+        users: Container[str],
+    ) -> list[planner.Planned]:
         """Each GPU read, then planned, in turn: a refusal stops the reading."""
         plan: list[planner.Planned] = []
         for request in requests:
@@ -157,9 +187,11 @@ class MdevManager:
         the kernel still blocks, from a move away from this host that the
         guest has since come back from), and no domain refers to it."""
         with self.journal.transaction() as txn:
-            return txn.set_state(instance_uuid, claims_mod.ATTACHED,
-                                 from_states=(claims_mod.CLAIMED, claims_mod.MIGRATING_IN,
-                                              claims_mod.ATTACHED))
+            return txn.set_state(
+                instance_uuid,
+                claims_mod.ATTACHED,
+                from_states=(claims_mod.CLAIMED, claims_mod.MIGRATING_IN, claims_mod.ATTACHED),
+            )
 
     def release(self, instance_uuid: str) -> list[str]:
         """Forget an instance's claims; remove its vGPUs if so configured.
@@ -191,8 +223,15 @@ class MdevManager:
             dropped = txn.remove_exact(stale)
             going = [c for c in dropped if self._goes_on_release(c.type_id)]
             for claim in going:
-                txn.add(claim.instance_uuid, claim.mdev_uuid, claim.gpu, claim.parent,
-                        claim.type_id, claims_mod.RELEASING, claim.created)
+                txn.add(
+                    claim.instance_uuid,
+                    claim.mdev_uuid,
+                    claim.gpu,
+                    claim.parent,
+                    claim.type_id,
+                    claims_mod.RELEASING,
+                    claim.created,
+                )
         if going:
             self.finish_release([c.mdev_uuid for c in going])
         return dropped
@@ -227,7 +266,8 @@ class MdevManager:
             earlier = removal is not None and removal.started_at < called
             if not earlier and (removal is None or removal.state == removals_mod.IN_FLIGHT):
                 removal = self.removals.remove(
-                    uuid, self._destroy, deadline - self.removals.clock())
+                    uuid, self._destroy, deadline - self.removals.clock()
+                )
             if self._removed(uuid, removal):
                 done.append(uuid)
         if done:
@@ -251,13 +291,17 @@ class MdevManager:
 
     def _removed(self, uuid: str, removal: removals_mod.Removal | None) -> bool:
         if removal is None:
-            LOG.info("vGPU %s waits for its removal: %d others are in flight",
-                     uuid, self.removals.limit)
+            LOG.info(
+                "vGPU %s waits for its removal: %d others are in flight", uuid, self.removals.limit
+            )
             return False
         if removal.state == removals_mod.IN_FLIGHT:
-            LOG.warning("vGPU %s not removed yet: the kernel has blocked its removal "
-                        "for %.0fs (a guest still holds it); it stays reserved", uuid,
-                        self.removals.clock() - removal.started_at)
+            LOG.warning(
+                "vGPU %s not removed yet: the kernel has blocked its removal "
+                "for %.0fs (a guest still holds it); it stays reserved",
+                uuid,
+                self.removals.clock() - removal.started_at,
+            )
             return False
         if removal.state == removals_mod.FAILED:
             LOG.warning("vGPU %s not removed yet: %s", uuid, removal.error)

@@ -53,7 +53,7 @@ class ParentState:
     """One parent as read now: its vGPUs and its room for the type asked for."""
 
     name: str
-    vgpus: tuple[tuple[str, str], ...]   # (vgpu id, type id); a typed VF: itself
+    vgpus: tuple[tuple[str, str], ...]  # (vgpu id, type id); a typed VF: itself
     available: int
 
 
@@ -84,9 +84,13 @@ class Request:
     units: int
 
 
-def requests_of(instance: str, allocations: Mapping[str, Mapping[str, Any]],
-                providers: Mapping[str, GpuProvider], mdev_classes: Collection[str],
-                type_traits: Iterable[str] | None = None) -> list[Request]:
+def requests_of(
+    instance: str,
+    allocations: Mapping[str, Mapping[str, Any]],
+    providers: Mapping[str, GpuProvider],
+    mdev_classes: Collection[str],
+    type_traits: Iterable[str] | None = None,
+) -> list[Request]:
     """The :class:`Request` list of the vGPU classes in a Placement allocation.
 
     ``allocations`` is Placement's ``{rp_uuid: {"resources": {rc: n}}}``;
@@ -114,8 +118,9 @@ def requests_of(instance: str, allocations: Mapping[str, Mapping[str, Any]],
     return requests
 
 
-def mixed_size_request(instance: str, provider: GpuProvider, mib: int,
-                       type_traits: Iterable[str] | None = None) -> Request:
+def mixed_size_request(
+    instance: str, provider: GpuProvider, mib: int, type_traits: Iterable[str] | None = None
+) -> Request:
     """The :class:`Request` of ``mib`` framebuffer MiB on a mixed-size board.
 
     The type is the one of the board's that ``type_traits`` name; without
@@ -130,19 +135,29 @@ def mixed_size_request(instance: str, provider: GpuProvider, mib: int,
         candidates = [t for t, size in sizes.items() if size == mib]
     if len(candidates) != 1:
         raise exception.MixedSizeTypeUnknown(
-            instance=instance, gpu=provider.gpu, mib=mib, types=", ".join(sizes),
-            reason="the flavor requires several of its types" if candidates else
-            "the flavor's required traits name none of its types, and none is of that size")
+            instance=instance,
+            gpu=provider.gpu,
+            mib=mib,
+            types=", ".join(sizes),
+            reason="the flavor requires several of its types"
+            if candidates
+            else "the flavor's required traits name none of its types, and none is of that size",
+        )
     type_id = candidates[0]
     if mib % sizes[type_id]:
         raise exception.MixedSizeTypeUnknown(
-            instance=instance, gpu=provider.gpu, mib=mib, types=", ".join(sizes),
-            reason=f"it is not a whole number of {type_id} vGPUs ({sizes[type_id]} MiB)")
+            instance=instance,
+            gpu=provider.gpu,
+            mib=mib,
+            types=", ".join(sizes),
+            reason=f"it is not a whole number of {type_id} vGPUs ({sizes[type_id]} MiB)",
+        )
     return Request(provider.gpu, type_id, mib // sizes[type_id])
 
 
-def _check_size_class(instance: str, provider: GpuProvider, request: Request,
-                      resources: Mapping[str, int]) -> None:
+def _check_size_class(
+    instance: str, provider: GpuProvider, request: Request, resources: Mapping[str, int]
+) -> None:
     """Refuse an allocation whose vGPUs of the type's size class are not
     the vGPUs its MiB make: the board's inventories would no longer add up.
     An allocation with none (a flavor made before the size classes) is
@@ -151,10 +166,12 @@ def _check_size_class(instance: str, provider: GpuProvider, request: Request,
     count = resources.get(size_class, 0) if size_class else 0
     if count and count != request.units:
         raise exception.MixedSizeTypeUnknown(
-            instance=instance, gpu=provider.gpu, mib=resources[provider.resource_class],
+            instance=instance,
+            gpu=provider.gpu,
+            mib=resources[provider.resource_class],
             types=", ".join(dict(provider.sizes)),
-            reason=f"it asks {count} {size_class} for {request.units} {request.type_id} "
-                   "vGPUs")
+            reason=f"it asks {count} {size_class} for {request.units} {request.type_id} vGPUs",
+        )
 
 
 class _Referenced:
@@ -167,8 +184,13 @@ class _Referenced:
         return uuid in self._users or uuid in self._claimed
 
 
-def plan_gpu(instance: str, request: Request, state: GpuState,
-             claimed: Mapping[str, claims.Claim], users: Container[str]) -> list[Planned]:
+def plan_gpu(
+    instance: str,
+    request: Request,
+    state: GpuState,
+    claimed: Mapping[str, claims.Claim],
+    users: Container[str],
+) -> list[Planned]:
     """The vGPUs ``instance`` gets on one GPU, sorted by id.
 
     ``claimed`` is ``{vgpu id: Claim}`` holding at least every claim on the
@@ -182,14 +204,22 @@ def plan_gpu(instance: str, request: Request, state: GpuState,
     # The instance's own claims, but not those going away: a vGPU whose
     # removal is in flight (the guest left this host and came back) is gone
     # as soon as the kernel lets go of it.
-    mine = [c for c in claimed.values()
-            if c.instance_uuid == instance and c.gpu == state.address
-            and c.state != claims.RELEASING]
-    plan = [Planned(c.mdev_uuid, state.address, c.parent, c.type_id,
-                    create=c.mdev_uuid not in existing) for c in mine[:units]]
+    mine = [
+        c
+        for c in claimed.values()
+        if c.instance_uuid == instance and c.gpu == state.address and c.state != claims.RELEASING
+    ]
+    plan = [
+        Planned(c.mdev_uuid, state.address, c.parent, c.type_id, create=c.mdev_uuid not in existing)
+        for c in mine[:units]
+    ]
     wanted = units - len(plan)
-    free = [(s.name, uuid) for s in state.parents for uuid, t in s.vgpus
-            if t == type_id and uuid not in used]
+    free = [
+        (s.name, uuid)
+        for s in state.parents
+        for uuid, t in s.vgpus
+        if t == type_id and uuid not in used
+    ]
     for parent, uuid in free[:wanted]:
         plan.append(Planned(uuid, state.address, parent, type_id, create=False))
     wanted -= min(wanted, len(free))
@@ -197,15 +227,17 @@ def plan_gpu(instance: str, request: Request, state: GpuState,
         slots = creatable(state, type_id, claimed, existing)
         if len(slots) < wanted:
             _refuse(instance, state, type_id, units, len(free), len(slots), claimed, used)
-        plan += [Planned(state.new_vgpu_id(parent), state.address, parent, type_id,
-                         create=True)
-                 for parent in slots[:wanted]]
+        plan += [
+            Planned(state.new_vgpu_id(parent), state.address, parent, type_id, create=True)
+            for parent in slots[:wanted]
+        ]
     # The same order on a retry, whatever was reused or created first time.
     return sorted(plan, key=lambda item: item.mdev_uuid)
 
 
-def creatable(state: GpuState, type_id: str, claimed: Mapping[str, claims.Claim],
-              existing: Container[str]) -> list[str]:
+def creatable(
+    state: GpuState, type_id: str, claimed: Mapping[str, claims.Claim], existing: Container[str]
+) -> list[str]:
     """Parents to create on, one entry per vGPU that still fits, in order.
 
     Claims whose vGPU is not created yet hold their place: the kernel's
@@ -221,21 +253,29 @@ def creatable(state: GpuState, type_id: str, claimed: Mapping[str, claims.Claim]
         slots += [parent.name] * max(room, 0)
     if state.limit is not None:
         of_type = sum(1 for p in state.parents for _, t in p.vgpus if t == type_id)
-        slots = slots[:max(state.limit - of_type - sum(pending.values()), 0)]
+        slots = slots[: max(state.limit - of_type - sum(pending.values()), 0)]
     return slots
 
 
-def new_claims(plan: Iterable[Planned], claimed: Mapping[str, claims.Claim],
-               instance: str) -> list[Planned]:
+def new_claims(
+    plan: Iterable[Planned], claimed: Mapping[str, claims.Claim], instance: str
+) -> list[Planned]:
     """The planned vGPUs ``instance`` does not hold a claim on yet: the
     claims an allocation adds, and the only ones its failure takes back."""
     held = {u for u, c in claimed.items() if c.instance_uuid == instance}
     return [item for item in plan if item.mdev_uuid not in held]
 
 
-def _refuse(instance: str, state: GpuState, type_id: str, units: int, free: int,
-            creatable: int, claimed: Mapping[str, claims.Claim],
-            used: Container[str]) -> NoReturn:
+def _refuse(
+    instance: str,
+    state: GpuState,
+    type_id: str,
+    units: int,
+    free: int,
+    creatable: int,
+    claimed: Mapping[str, claims.Claim],
+    used: Container[str],
+) -> NoReturn:
     """Raise the refusal that says why: other types in use, or no room."""
     others: dict[str, list[str]] = {}
     for parent in state.parents:
@@ -244,11 +284,17 @@ def _refuse(instance: str, state: GpuState, type_id: str, units: int, free: int,
                 others.setdefault(t, []).append(uuid)
     in_use = {t: [u for u in uuids if u in used] for t, uuids in others.items()}
     if not free and not creatable and any(in_use.values()) and not state.mixes_types:
-        present = ", ".join(f"{len(u)} {state.kind} {t}" for t, u in sorted(in_use.items())
-                            if u)
-        raise exception.WrongTypePresent(instance=instance, gpu=state.address,
-                                         type_id=type_id, present=present)
+        present = ", ".join(f"{len(u)} {state.kind} {t}" for t, u in sorted(in_use.items()) if u)
+        raise exception.WrongTypePresent(
+            instance=instance, gpu=state.address, type_id=type_id, present=present
+        )
     pending = sum(1 for c in claimed.values() if c.gpu == state.address)
-    raise exception.NoGpuCapacity(instance=instance, gpu=state.address, type_id=type_id,
-                                  wanted=units, free=free, creatable=creatable,
-                                  claimed=pending)
+    raise exception.NoGpuCapacity(
+        instance=instance,
+        gpu=state.address,
+        type_id=type_id,
+        wanted=units,
+        free=free,
+        creatable=creatable,
+        claimed=pending,
+    )

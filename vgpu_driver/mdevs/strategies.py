@@ -39,26 +39,32 @@ _CONSISTENT_READ_TRIES = 5
 class _Strategy:
     """What both modes share: the GPU's state for the planner."""
 
-    kind: ClassVar[str]   # each mode's: how vGPUs of a type are named in a refusal
+    kind: ClassVar[str]  # each mode's: how vGPUs of a type are named in a refusal
 
-    def __init__(self, host: WritableSysfs, domains: DomainReferences,
-                 config: MdevConfig) -> None:
+    def __init__(self, host: WritableSysfs, domains: DomainReferences, config: MdevConfig) -> None:
         self.host, self.domains, self.config = host, domains, config
 
-    def gpu_state(self, instance: str, gpu: PhysicalGPU, type_id: str,
-                  users: Container[str]) -> planner.GpuState | None:
+    def gpu_state(
+        self, instance: str, gpu: PhysicalGPU, type_id: str, users: Container[str]
+    ) -> planner.GpuState | None:
         """The planner's :class:`~planner.GpuState`; None if a parent vanished."""
         parents = self.parent_states(instance, gpu, type_id, users)
         if parents is None:
             return None
-        return planner.GpuState(gpu.address, tuple(parents), self.limit(gpu, type_id),
-                                self.kind, self.new_vgpu_id,
-                                mixes_types=type_id in self.config.mixed_types)
+        return planner.GpuState(
+            gpu.address,
+            tuple(parents),
+            self.limit(gpu, type_id),
+            self.kind,
+            self.new_vgpu_id,
+            mixes_types=type_id in self.config.mixed_types,
+        )
 
     if TYPE_CHECKING:
         # What each mode provides.
-        def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
-                          users: Container[str]) -> list[planner.ParentState] | None: ...
+        def parent_states(
+            self, instance: str, gpu: PhysicalGPU, type_id: str, users: Container[str]
+        ) -> list[planner.ParentState] | None: ...
 
         @staticmethod
         def new_vgpu_id(parent: str) -> str: ...
@@ -78,8 +84,9 @@ class MdevParentStrategy(_Strategy):
 
     kind = "mdev(s) of"
 
-    def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
-                      users: Container[str]) -> list[planner.ParentState] | None:
+    def parent_states(
+        self, instance: str, gpu: PhysicalGPU, type_id: str, users: Container[str]
+    ) -> list[planner.ParentState] | None:
         """Each parent's mdevs and room for ``type_id``; None if one vanished.
 
         Creations run outside the journal lock, so one may land between the
@@ -92,8 +99,11 @@ class MdevParentStrategy(_Strategy):
             for _attempt in range(_CONSISTENT_READ_TRIES):
                 if mdevs is None:
                     return None
-                available = self.host.available_instances(parent.name, type_id) \
-                    if parent.lists(type_id) else 0
+                available = (
+                    self.host.available_instances(parent.name, type_id)
+                    if parent.lists(type_id)
+                    else 0
+                )
                 if self.host.parent_mdev_uuids(parent.name) == [u for u, _ in mdevs]:
                     break
                 mdevs = self.host.parent_mdevs(parent.name)
@@ -126,8 +136,9 @@ class VendorVfioStrategy(_Strategy):
 
     kind = "VF(s) set to"
 
-    def parent_states(self, instance: str, gpu: PhysicalGPU, type_id: str,
-                      users: Container[str]) -> list[planner.ParentState] | None:
+    def parent_states(
+        self, instance: str, gpu: PhysicalGPU, type_id: str, users: Container[str]
+    ) -> list[planner.ParentState] | None:
         """Each VF as a parent; None if one vanished.
 
         A typed VF holds one vGPU, itself.  An untyped one has room for
@@ -142,8 +153,11 @@ class VendorVfioStrategy(_Strategy):
             if vf is None:
                 return None
             if vf.current_type:
-                states.append(planner.ParentState(
-                    parent.name, ((parent.name, names.vendor_type_id(vf.current_type)),), 0))
+                states.append(
+                    planner.ParentState(
+                        parent.name, ((parent.name, names.vendor_type_id(vf.current_type)),), 0
+                    )
+                )
                 continue
             room = parent.name not in users and any(n == number for n, _ in vf.creatable)
             states.append(planner.ParentState(parent.name, (), int(room)))
@@ -154,10 +168,12 @@ class VendorVfioStrategy(_Strategy):
         looks stale once attached, and the VF free to the next allocation."""
         if not self.domains.sees_pci_hostdevs:
             raise exception.AllocationError(
-                instance=instance, gpu=address,
+                instance=instance,
+                gpu=address,
                 reason="its vGPUs are VFs passed through as PCI hostdevs, and this "
-                       "host's domain source does not report PCI hostdevs, so the "
-                       "guests using them cannot be told")
+                "host's domain source does not report PCI hostdevs, so the "
+                "guests using them cannot be told",
+            )
 
     def limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
         """As sysfs tells it, capped by the type's ``max_instances``.
@@ -214,10 +230,13 @@ class VendorVfioStrategy(_Strategy):
             if vf is None or vf.current_type != number:
                 raise
         except (exception.MdevInvalidRequest, exception.MdevNoCapacity) as exc:
-            raise exception.VfTypeRefused(instance=instance, type_id=item.type_id,
-                                          gpu=item.gpu, vf=item.parent,
-                                          reason=exc.kwargs.get("reason", str(exc))
-                                          ) from exc
+            raise exception.VfTypeRefused(
+                instance=instance,
+                type_id=item.type_id,
+                gpu=item.gpu,
+                vf=item.parent,
+                reason=exc.kwargs.get("reason", str(exc)),
+            ) from exc
 
     def destroy(self, vgpu_id: str, timeout: float | None) -> None:
         """Clear the VF's type (write 0); nothing if it has none or is gone."""
@@ -226,19 +245,23 @@ class VendorVfioStrategy(_Strategy):
             self.host.set_vendor_vgpu_type(vgpu_id, 0, timeout=timeout)
 
 
-def for_gpu(gpu: PhysicalGPU, host: WritableSysfs, domains: DomainReferences,
-            config: MdevConfig) -> _Strategy:
+def for_gpu(
+    gpu: PhysicalGPU, host: WritableSysfs, domains: DomainReferences, config: MdevConfig
+) -> _Strategy:
     """The strategy of a GPU's mode (mdev and virtual parents alike)."""
-    cls: type[_Strategy] = (VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO
-                            else MdevParentStrategy)
+    cls: type[_Strategy] = (
+        VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO else MdevParentStrategy
+    )
     return cls(host, domains, config)
 
 
-def for_vgpu(vgpu_id: str, host: WritableSysfs, domains: DomainReferences,
-             config: MdevConfig) -> _Strategy:
+def for_vgpu(
+    vgpu_id: str, host: WritableSysfs, domains: DomainReferences, config: MdevConfig
+) -> _Strategy:
     """The strategy that made a vGPU, told by its id: a VF's address or an mdev UUID."""
-    cls: type[_Strategy] = (VendorVfioStrategy if names.is_vf_vgpu_id(vgpu_id)
-                            else MdevParentStrategy)
+    cls: type[_Strategy] = (
+        VendorVfioStrategy if names.is_vf_vgpu_id(vgpu_id) else MdevParentStrategy
+    )
     return cls(host, domains, config)
 
 

@@ -38,17 +38,22 @@ def abandoned(claims, defined, running, nodename, grace, now=None):
     now = time.time() if now is None else now
     newest = {}
     for claim in claims:
-        if (claim.state in (vgpu_claims.CLAIMED, vgpu_claims.ATTACHED)
-                and uuidutils.is_uuid_like(claim.instance_uuid)):
-            newest[claim.instance_uuid] = max(claim.updated_at,
-                                              newest.get(claim.instance_uuid, 0))
-    candidates = sorted(uuid for uuid, updated in newest.items()
-                        if uuid not in running and now - updated > grace)
+        if claim.state in (vgpu_claims.CLAIMED, vgpu_claims.ATTACHED) and uuidutils.is_uuid_like(
+            claim.instance_uuid
+        ):
+            newest[claim.instance_uuid] = max(claim.updated_at, newest.get(claim.instance_uuid, 0))
+    candidates = sorted(
+        uuid for uuid, updated in newest.items() if uuid not in running and now - updated > grace
+    )
     if not candidates:
         return []
     context = nova_context.get_admin_context(read_deleted="yes")
-    known = {i.uuid: i for i in objects.InstanceList.get_by_filters(
-        context, {"uuid": candidates}, expected_attrs=[])}
+    known = {
+        i.uuid: i
+        for i in objects.InstanceList.get_by_filters(
+            context, {"uuid": candidates}, expected_attrs=[]
+        )
+    }
     found = []
     for uuid in candidates:
         instance = known.get(uuid)
@@ -68,4 +73,3 @@ def _kept(instance, nodename, defined):
     if instance.deleted or instance.node != nodename:
         return False
     return defined or instance.vm_state != vm_states.ERROR or instance.task_state is not None
-

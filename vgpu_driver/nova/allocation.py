@@ -64,10 +64,8 @@ class Allocation(live_migration.LiveMigration):
         tree = self._gpu_tree or self.vgpu.inventory_now(nodename)
         known = self.provider_tree
         if known is not None:
-            return {known.data(p.name).uuid: p for p in tree.providers
-                    if known.exists(p.name)}
-        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {},
-                                        nodename)
+            return {known.data(p.name).uuid: p for p in tree.providers if known.exists(p.name)}
+        uuids = providers.uuids_by_name(self.virtapi.reportclient, allocations or {}, nodename)
         return {uuids[p.name]: p for p in tree.providers if p.name in uuids}
 
     def _allocate_mdevs(self, allocations):
@@ -81,7 +79,8 @@ class Allocation(live_migration.LiveMigration):
         instance = self._operation.instance
         if instance is None:
             error = exception.AllocationOutsideOperation(
-                version=compat.nova_version(), supported=compat.supported_range())
+                version=compat.nova_version(), supported=compat.supported_range()
+            )
             LOG.error("%s", error)
             raise nova_exception.ComputeResourcesUnavailable(reason=str(error))
         providers = self._providers_by_uuid(allocations)
@@ -98,13 +97,17 @@ class Allocation(live_migration.LiveMigration):
         host's GPUs: the claim itself refuses those.
         """
         classes = self.vgpu.mdev_config.mdev_classes
-        if any(rp not in providers for rp, allocation in allocations.items()
-               if classes & set(allocation.get("resources", {}))):
+        if any(
+            rp not in providers
+            for rp, allocation in allocations.items()
+            if classes & set(allocation.get("resources", {}))
+        ):
             return instance.flavor.extra_specs
         specs, why = flavors.judge(instance, allocations, providers, classes)
         if why is not None:
             raise nova_exception.ComputeResourcesUnavailable(
-                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}"
+            )
         return specs
 
     def _claim(self, instance, allocations, providers=None, specs=None):
@@ -114,8 +117,9 @@ class Allocation(live_migration.LiveMigration):
         providers = providers or self._providers_by_uuid(allocations)
         specs = instance.flavor.extra_specs if specs is None else specs
         try:
-            mdevs = self.vgpu.allocate(instance.uuid, allocations or {}, providers,
-                                       flavors.required_type_traits(specs))
+            mdevs = self.vgpu.allocate(
+                instance.uuid, allocations or {}, providers, flavors.required_type_traits(specs)
+            )
         except exception.AllocationError as exc:
             raise nova_exception.ComputeResourcesUnavailable(reason=str(exc)) from exc
         self._report_mixed_size_boards(allocations or {}, providers)
@@ -127,14 +131,17 @@ class Allocation(live_migration.LiveMigration):
         claimed the guest, before the vGPUs had their place on the board:
         until its next periodic update, Placement would offer sizes that no
         longer fit.  A failure waits for that update."""
-        boards = {rp: providers[rp].name for rp in allocations
-                  if rp in providers and providers[rp].mixed}
+        boards = {
+            rp: providers[rp].name for rp in allocations if rp in providers and providers[rp].mixed
+        }
         if not boards:
             return
         reportclient = self.virtapi.reportclient
         try:
-            tree = self.vgpu.inventory_now(self._host.get_hostname(), lambda name: (
-                usage.allocations_on(reportclient, self.provider_tree, name)))
+            tree = self.vgpu.inventory_now(
+                self._host.get_hostname(),
+                lambda name: usage.allocations_on(reportclient, self.provider_tree, name),
+            )
             self._gpu_tree = tree
             context = nova_context.get_admin_context()
             for rp, name in sorted(boards.items()):
@@ -142,9 +149,12 @@ class Allocation(live_migration.LiveMigration):
                 if provider is not None:
                     _set_inventory(reportclient, context, rp, provider.inventory())
         except Exception:  # noqa: BLE001 - the periodic update sends it anyway
-            LOG.warning("The inventory of mixed-size boards %s reaches Placement at the "
-                        "next periodic update", ", ".join(sorted(boards.values())),
-                        exc_info=True)
+            LOG.warning(
+                "The inventory of mixed-size boards %s reaches Placement at the "
+                "next periodic update",
+                ", ".join(sorted(boards.values())),
+                exc_info=True,
+            )
 
     @contextlib.contextmanager
     def _operating_on(self, instance, keep_claims=False):
@@ -197,28 +207,43 @@ class Allocation(live_migration.LiveMigration):
             return None
         specs, classes = instance.flavor.extra_specs, self.vgpu.mdev_config.mdev_classes
         try:
-            allocations = self.virtapi.reportclient.get_allocs_for_consumer(
-                context, instance.uuid)["allocations"]
-        except (nova_exception.ConsumerAllocationRetrievalFailed,
-                ks_exceptions.ClientException) as exc:
+            allocations = self.virtapi.reportclient.get_allocs_for_consumer(context, instance.uuid)[
+                "allocations"
+            ]
+        except (
+            nova_exception.ConsumerAllocationRetrievalFailed,
+            ks_exceptions.ClientException,
+        ) as exc:
             if not held and flavors.vgpu_groups(specs, classes):
                 raise nova_exception.ComputeResourcesUnavailable(
                     reason=f"instance {instance.uuid} gets no vGPU here: Placement did not "
-                           f"say which it is allocated ({exc})") from exc
-            LOG.warning("Instance %s keeps the vGPUs it holds: Placement did not say "
-                        "which it is allocated: %s", instance.uuid, exc)
+                    f"say which it is allocated ({exc})"
+                ) from exc
+            LOG.warning(
+                "Instance %s keeps the vGPUs it holds: Placement did not say "
+                "which it is allocated: %s",
+                instance.uuid,
+                exc,
+            )
             return None
         providers = self._providers_by_uuid(allocations)
-        if any(rp not in providers for rp, allocation in allocations.items()
-               if classes & set(allocation.get("resources", {}))):
-            LOG.warning("Instance %s keeps the vGPUs it holds: its allocation is on "
-                        "providers that are not this host's GPUs", instance.uuid)
+        if any(
+            rp not in providers
+            for rp, allocation in allocations.items()
+            if classes & set(allocation.get("resources", {}))
+        ):
+            LOG.warning(
+                "Instance %s keeps the vGPUs it holds: its allocation is on "
+                "providers that are not this host's GPUs",
+                instance.uuid,
+            )
             return None
         specs, why = flavors.judge(instance, allocations, providers, classes)
         if why is not None:
             self.vgpu.release_unused(instance.uuid, domain)
             raise nova_exception.ComputeResourcesUnavailable(
-                reason=f"instance {instance.uuid} gets no vGPU here: {why}")
+                reason=f"instance {instance.uuid} gets no vGPU here: {why}"
+            )
         mdevs = self._claim(instance, allocations, providers, specs)
         self.vgpu.release_unused(instance.uuid, mdevs)
         return mdevs
@@ -241,8 +266,9 @@ class Allocation(live_migration.LiveMigration):
         nothing comes for them (:mod:`vgpu_driver.unused_claims`).
         """
         self._reclaim_for_reboot(context, instance)
-        return self._for_instance(instance, super()._hard_reboot, context, instance,
-                                  *args, keep_claims=True, **kwargs)
+        return self._for_instance(
+            instance, super()._hard_reboot, context, instance, *args, keep_claims=True, **kwargs
+        )
 
     def _reclaim_for_reboot(self, context, instance):
         held = set(self.vgpu.instance_claims(instance.uuid))
@@ -250,8 +276,11 @@ class Allocation(live_migration.LiveMigration):
             self._restore_claimed(instance)
         mdevs = self._claim_allocated(context, instance)
         if mdevs is not None and set(mdevs) - held:
-            LOG.info("Instance %s is given again the vGPUs of its allocation: %s",
-                     instance.uuid, ", ".join(mdevs))
+            LOG.info(
+                "Instance %s is given again the vGPUs of its allocation: %s",
+                instance.uuid,
+                ", ".join(mdevs),
+            )
 
     def resume(self, context, instance, *args, **kwargs):
         """A guest suspended across a host reboot finds its mdevs again: nova
@@ -262,5 +291,6 @@ class Allocation(live_migration.LiveMigration):
     def _restore_claimed(self, instance):
         for outcome in self.vgpu.restore_instance(instance.uuid):
             if outcome.result != "restored":
-                LOG.error("mdev %s of instance %s: %s", outcome.mdev_uuid,
-                          instance.uuid, outcome.reason)
+                LOG.error(
+                    "mdev %s of instance %s: %s", outcome.mdev_uuid, instance.uuid, outcome.reason
+                )

@@ -32,7 +32,7 @@ class Hook:
     """``owner.name`` exists, is callable (unless ``callable`` is False),
     and its parameters begin with ``params``."""
 
-    owner: str                 # "module:Class" or "module"
+    owner: str  # "module:Class" or "module"
     name: str
     params: tuple = ()
     callable: bool = True
@@ -54,24 +54,34 @@ HOOKS = (
     Hook(_DRIVER, "cleanup_host", ("self", "host")),
     Hook(_DRIVER, "_start_inactive_mediated_devices", ("self",)),
     Hook(_DRIVER, "_get_supported_vgpu_types", ("self",)),
-    Hook(_DRIVER, "_update_provider_tree_for_vgpu",
-         ("self", "provider_tree", "nodename", "allocations")),
+    Hook(
+        _DRIVER,
+        "_update_provider_tree_for_vgpu",
+        ("self", "provider_tree", "nodename", "allocations"),
+    ),
     Hook(_DRIVER, "_allocate_mdevs", ("self", "allocations")),
     Hook(_DRIVER, "_guest_add_mdevs", ("self", "guest", "chosen_mdevs")),
     Hook(_DRIVER, "_get_all_assigned_mediated_devices", ("self", "instance")),
     Hook(_DRIVER, "_get_mdev_types_from_uuids", ("self", "mdev_uuids")),
     Hook(_DRIVER, "spawn", _CTX),
     Hook(_DRIVER, "finish_migration", ("self", "context", "migration", "instance")),
-    Hook(_DRIVER, "confirm_migration",
-         ("self", "context", "migration", "instance", "network_info")),
+    Hook(
+        _DRIVER, "confirm_migration", ("self", "context", "migration", "instance", "network_info")
+    ),
     Hook(_DRIVER, "finish_revert_migration", _CTX),
     Hook(_DRIVER, "_hard_reboot", _CTX),
     Hook(_DRIVER, "resume", _CTX),
-    Hook(_DRIVER, "destroy", (*_CTX, "network_info", "block_device_info",
-                              "destroy_disks", "destroy_secrets")),
+    Hook(
+        _DRIVER,
+        "destroy",
+        (*_CTX, "network_info", "block_device_info", "destroy_disks", "destroy_secrets"),
+    ),
     Hook(_DRIVER, "_undefine_domain", ("self", "instance")),
-    Hook(_DRIVER, "check_source_migrate_data_at_dest",
-         ("self", "ctxt", "instance", "migrate_data", "migration", "limits", "allocs")),
+    Hook(
+        _DRIVER,
+        "check_source_migrate_data_at_dest",
+        ("self", "ctxt", "instance", "migrate_data", "migration", "limits", "allocs"),
+    ),
     Hook(_DRIVER, "check_can_live_migrate_source", (*_CTX, "dest_check_data")),
     Hook(_DRIVER, "post_live_migration_at_destination", _CTX),
     Hook(_DRIVER, "post_live_migration_at_source", (*_CTX, "network_info")),
@@ -89,32 +99,59 @@ HOOKS = (
     Hook("nova.virt.libvirt.host", "libvirt", callable=False),
     Hook("nova.virt.libvirt.config", "LibvirtConfigGuestHostdevPCI"),
     Hook("nova.objects.service", "SERVICE_VERSION", callable=False),
-    Hook("nova.scheduler.client.report:SchedulerReportClient", "get_allocs_for_consumer",
-         ("self", "context", "consumer")),
-    Hook("nova.scheduler.client.report:SchedulerReportClient", "get_provider_traits",
-         ("self", "context", "rp_uuid")),
+    Hook(
+        "nova.scheduler.client.report:SchedulerReportClient",
+        "get_allocs_for_consumer",
+        ("self", "context", "consumer"),
+    ),
+    Hook(
+        "nova.scheduler.client.report:SchedulerReportClient",
+        "get_provider_traits",
+        ("self", "context", "rp_uuid"),
+    ),
     Hook("nova.scheduler.client.report:SchedulerReportClient", "get", ("self", "url")),
-    Hook("nova.scheduler.client.report:SchedulerReportClient", "get_providers_in_tree",
-         ("self", "context", "uuid")),
-    Hook("nova.compute.utils", "add_instance_fault_from_exc",
-         ("context", "instance", "fault", "exc_info")),
-    Hook("nova.scheduler.client.report:SchedulerReportClient", "set_inventory_for_provider",
-         ("self", "context", "rp_uuid", "inv_data")),
-    Hook("nova.scheduler.client.report:SchedulerReportClient", "_refresh_and_get_inventory",
-         ("self", "context", "rp_uuid")),
+    Hook(
+        "nova.scheduler.client.report:SchedulerReportClient",
+        "get_providers_in_tree",
+        ("self", "context", "uuid"),
+    ),
+    Hook(
+        "nova.compute.utils",
+        "add_instance_fault_from_exc",
+        ("context", "instance", "fault", "exc_info"),
+    ),
+    Hook(
+        "nova.scheduler.client.report:SchedulerReportClient",
+        "set_inventory_for_provider",
+        ("self", "context", "rp_uuid", "inv_data"),
+    ),
+    Hook(
+        "nova.scheduler.client.report:SchedulerReportClient",
+        "_refresh_and_get_inventory",
+        ("self", "context", "rp_uuid"),
+    ),
     Hook("nova.context", "get_admin_context"),
     Hook("nova.conf.devices", "register_dynamic_opts", ("conf",)),
-    Hook("nova.compute.provider_tree:ProviderTree", "new_child",
-         ("self", "name", "parent")),
-    Hook("nova.compute.provider_tree:ProviderTree", "get_provider_uuids_in_tree",
-         ("self", "name_or_uuid")),
+    Hook("nova.compute.provider_tree:ProviderTree", "new_child", ("self", "name", "parent")),
+    Hook(
+        "nova.compute.provider_tree:ProviderTree",
+        "get_provider_uuids_in_tree",
+        ("self", "name_or_uuid"),
+    ),
 )
 
 # Instance attributes nova's LibvirtDriver sets in its __init__ (the mdev
 # maps: filled by the adapter for a mixed-size board, which nova refuses).
-DRIVER_ATTRIBUTES = ("_host", "virtapi", "provider_tree", "pgpu_type_mapping",
-                     "mdev_class_mapping", "mdev_classes", "mdev_type_max_mapping",
-                     "pgpu_type_default")
+DRIVER_ATTRIBUTES = (
+    "_host",
+    "virtapi",
+    "provider_tree",
+    "pgpu_type_mapping",
+    "mdev_class_mapping",
+    "mdev_classes",
+    "mdev_type_max_mapping",
+    "pgpu_type_default",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +168,20 @@ class Behaviour:
 BEHAVIOURS = (
     # A hard reboot destroys the domain through self.destroy, which keeps
     # the guest's claims only inside the adapter's _hard_reboot.
-    Behaviour(_DRIVER, "_hard_reboot", "self.destroy(",
-              "a hard reboot destroys the domain through destroy()"),
+    Behaviour(
+        _DRIVER,
+        "_hard_reboot",
+        "self.destroy(",
+        "a hard reboot destroys the domain through destroy()",
+    ),
     # compute_driver is imported as nova.virt.<compute_driver>
     # (vgpu_driver.nova_alias makes vgpu_driver.nova loadable so).
-    Behaviour("nova.virt.driver", "load_compute_driver", "'nova.virt.%s'",
-              "compute_driver is imported as nova.virt.<compute_driver>"),
+    Behaviour(
+        "nova.virt.driver",
+        "load_compute_driver",
+        "'nova.virt.%s'",
+        "compute_driver is imported as nova.virt.<compute_driver>",
+    ),
 )
 
 
@@ -186,10 +231,12 @@ def hook_problem(hook):
     try:
         params = list(inspect.signature(found).parameters.values())
     except (TypeError, ValueError):
-        return None        # a builtin: nothing to compare
+        return None  # a builtin: nothing to compare
     if not _takes(params, hook.params):
-        return (f"{hook.label} takes ({', '.join(p.name for p in params)}), where "
-                f"vgpu-driver passes ({', '.join(hook.params)}, ...)")
+        return (
+            f"{hook.label} takes ({', '.join(p.name for p in params)}), where "
+            f"vgpu-driver passes ({', '.join(hook.params)}, ...)"
+        )
     return None
 
 
@@ -199,8 +246,7 @@ def _takes(params, expected):
     for index, name in enumerate(expected):
         if index >= len(params):
             return False
-        if params[index].kind in (inspect.Parameter.VAR_POSITIONAL,
-                                  inspect.Parameter.VAR_KEYWORD):
+        if params[index].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             return True
         if params[index].name != name:
             return False
@@ -221,8 +267,10 @@ def behaviour_problem(behaviour):
         return None
     if behaviour.needle not in source:
         label = behaviour.owner.rpartition(":")[2] or behaviour.owner
-        return f"{label}.{behaviour.name} no longer does what vgpu-driver relies on: " \
-               f"{behaviour.meaning}"
+        return (
+            f"{label}.{behaviour.name} no longer does what vgpu-driver relies on: "
+            f"{behaviour.meaning}"
+        )
     return None
 
 
@@ -237,8 +285,9 @@ def check():
     is made); NovaIncompatible names all of it."""
     found = problems()
     if found:
-        raise exception.NovaIncompatible(version=nova_version(), problems="; ".join(found),
-                                         supported=supported_range())
+        raise exception.NovaIncompatible(
+            version=nova_version(), problems="; ".join(found), supported=supported_range()
+        )
 
 
 def check_driver(driver):
@@ -247,5 +296,7 @@ def check_driver(driver):
     missing = [name for name in DRIVER_ATTRIBUTES if not hasattr(driver, name)]
     if missing:
         raise exception.NovaIncompatible(
-            version=nova_version(), supported=supported_range(),
-            problems="; ".join(f"LibvirtDriver sets no {name} attribute" for name in missing))
+            version=nova_version(),
+            supported=supported_range(),
+            problems="; ".join(f"LibvirtDriver sets no {name} attribute" for name in missing),
+        )

@@ -99,8 +99,11 @@ class LibvirtVGPUDriver(allocation.Allocation):
             self.mdev_class_mapping[address] = framebuffer.RESOURCE_CLASS
         self.pgpu_type_default = config.default_type
         self.mdev_classes.update(config.mdev_classes)
-        return [t.type_id for t in config.types if t.device_addresses or t.device_ids
-                or t.type_id == config.default_type]
+        return [
+            t.type_id
+            for t in config.types
+            if t.device_addresses or t.device_ids or t.type_id == config.default_type
+        ]
 
     @property
     def vgpu(self):
@@ -129,15 +132,17 @@ class LibvirtVGPUDriver(allocation.Allocation):
         # libvirt's mdev definitions are settled by the host reconciler too,
         # at each periodic update's pass.
         self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
-        self.vgpu.worker.add_step("forgotten live migrations",
-                                  self.end_forgotten_migrations)
+        self.vgpu.worker.add_step("forgotten live migrations", self.end_forgotten_migrations)
         for outcome in self.vgpu.init_host():
             if outcome.result == "waiting":
-                LOG.warning("vGPU %s is not back yet: %s; the host reconciler re-creates "
-                            "it as soon as it appears", outcome.mdev_uuid, outcome.reason)
+                LOG.warning(
+                    "vGPU %s is not back yet: %s; the host reconciler re-creates "
+                    "it as soon as it appears",
+                    outcome.mdev_uuid,
+                    outcome.reason,
+                )
             elif outcome.result != "restored":
-                LOG.error("vGPU %s could not be restored: %s", outcome.mdev_uuid,
-                          outcome.reason)
+                LOG.error("vGPU %s could not be restored: %s", outcome.mdev_uuid, outcome.reason)
         startup.settle_interrupted_reboots(self, host)
 
     def cleanup_host(self, host):
@@ -157,8 +162,7 @@ class LibvirtVGPUDriver(allocation.Allocation):
         if not rest:
             return busy
         defined = self._domains.domain_uuids()
-        return busy | operations.kept_without_domain(rest - defined,
-                                                     self._host.get_hostname())
+        return busy | operations.kept_without_domain(rest - defined, self._host.get_hostname())
 
     def _settle_definitions(self, reasons):
         """mdevs removed through sysfs since: their definitions go too."""
@@ -175,16 +179,28 @@ class LibvirtVGPUDriver(allocation.Allocation):
 
     def _update_provider_tree_for_vgpu(self, provider_tree, nodename, allocations=None):
         reportclient = self.virtapi.reportclient
-        tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
-            usage.allocations_on(reportclient, provider_tree, name)))
+        tree = self._write_gpu_providers(
+            provider_tree,
+            nodename,
+            lambda name: usage.allocations_on(reportclient, provider_tree, name),
+        )
         # After the GPU providers are in the tree: a reshape moves allocations
         # to them, and sends them with their inventory in the same request.
-        reshape.take_over(provider_tree, nodename, self.vgpu, tree, allocations,
-                          lambda name: usage.allocations_on(reportclient, provider_tree, name))
+        reshape.take_over(
+            provider_tree,
+            nodename,
+            self.vgpu,
+            tree,
+            allocations,
+            lambda name: usage.allocations_on(reportclient, provider_tree, name),
+        )
         if allocations is not None:
             # Reserve only the claims the moved allocations do not cover.
-            tree = self._write_gpu_providers(provider_tree, nodename, lambda name: (
-                usage.allocations_in(allocations, provider_tree, name)))
+            tree = self._write_gpu_providers(
+                provider_tree,
+                nodename,
+                lambda name: usage.allocations_in(allocations, provider_tree, name),
+            )
         providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
 
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
@@ -227,12 +243,12 @@ class LibvirtVGPUDriver(allocation.Allocation):
     # -- spawn, resize, delete -------------------------------------------------------
 
     def spawn(self, context, instance, *args, **kwargs):
-        return self._define_or_release(instance, super().spawn, context, instance, *args,
-                                       **kwargs)
+        return self._define_or_release(instance, super().spawn, context, instance, *args, **kwargs)
 
     def finish_migration(self, context, migration, instance, *args, **kwargs):
-        return self._define_or_release(instance, super().finish_migration, context,
-                                       migration, instance, *args, **kwargs)
+        return self._define_or_release(
+            instance, super().finish_migration, context, migration, instance, *args, **kwargs
+        )
 
     def confirm_migration(self, context, migration, instance, network_info):
         super().confirm_migration(context, migration, instance, network_info)
@@ -243,8 +259,9 @@ class LibvirtVGPUDriver(allocation.Allocation):
         has just moved back to it (the source domain's, unless a failed step
         changed them), never with claims another step left."""
         self._claim_allocated(context, instance)
-        self._define_or_release(instance, super().finish_revert_migration, context,
-                                instance, *args, **kwargs)
+        self._define_or_release(
+            instance, super().finish_revert_migration, context, instance, *args, **kwargs
+        )
         self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
     def _define_or_release(self, instance, operation, *args, keep_claims=False, **kwargs):
@@ -262,18 +279,30 @@ class LibvirtVGPUDriver(allocation.Allocation):
         start, where nova resumes or ends the operation.
         """
         try:
-            return self._for_instance(instance, operation, *args, keep_claims=keep_claims,
-                                      **kwargs)
+            return self._for_instance(instance, operation, *args, keep_claims=keep_claims, **kwargs)
         except Exception:
             with excutils.save_and_reraise_exception():
                 self.vgpu.release_unused(instance.uuid, self._instance_mdevs(instance))
 
     # -- delete -------------------------------------------------------------------------
 
-    def destroy(self, context, instance, network_info, block_device_info=None,
-                destroy_disks=True, destroy_secrets=True):
-        super().destroy(context, instance, network_info, block_device_info=block_device_info,
-                        destroy_disks=destroy_disks, destroy_secrets=destroy_secrets)
+    def destroy(
+        self,
+        context,
+        instance,
+        network_info,
+        block_device_info=None,
+        destroy_disks=True,
+        destroy_secrets=True,
+    ):
+        super().destroy(
+            context,
+            instance,
+            network_info,
+            block_device_info=block_device_info,
+            destroy_disks=destroy_disks,
+            destroy_secrets=destroy_secrets,
+        )
         if not self._keeps_claims(instance.uuid):
             self.vgpu.release(instance.uuid)
 
@@ -296,11 +325,16 @@ class LibvirtVGPUDriver(allocation.Allocation):
             self._domains.domain_uuids(),
             # Whether a domain runs is nova's to say; the index knows who uses what.
             {g.uuid for g in self._host.list_guests(only_running=True)},
-            self._host.get_hostname(), CONF.vgpu.claim_grace)
+            self._host.get_hostname(),
+            CONF.vgpu.claim_grace,
+        )
         for instance in found:
-            LOG.warning("Instance %s holds vGPUs here that nothing will use (it left this "
-                        "host, or a step failed on it, and no move of it is under way): "
-                        "its domain here and its vGPUs are released", instance.uuid)
+            LOG.warning(
+                "Instance %s holds vGPUs here that nothing will use (it left this "
+                "host, or a step failed on it, and no move of it is under way): "
+                "its domain here and its vGPUs are released",
+                instance.uuid,
+            )
             self._undefine_domain(instance)
             self.vgpu.release(instance.uuid)
         return [instance.uuid for instance in found]

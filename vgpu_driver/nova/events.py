@@ -19,8 +19,9 @@ def domain_index_of(host, max_staleness=60.0):
     """An index over ``host``'s connection that ``host``'s events keep current."""
     # Looked up at each call: whoever replaces the Host's get_connection
     # (nova's functional fixtures do) is followed.
-    index = domain_index.DomainIndex(lambda: host.get_connection(), nova_host.libvirt,
-                                     max_staleness=max_staleness)
+    index = domain_index.DomainIndex(
+        lambda: host.get_connection(), nova_host.libvirt, max_staleness=max_staleness
+    )
     _note_domain_events(host, index, "_event_lifecycle_callback")
     _note_domain_events(host, index, "_event_device_removed_callback")
     _invalidate_on_reconnect(host, index)

@@ -57,8 +57,12 @@ def required_type_traits(extra_specs):
     found = set()
     for key, value in extra_specs.items():
         match = _GROUP_KEY.match(key)
-        if match and match[1] == "trait" and match[3].startswith(TYPE_TRAIT_PREFIXES) \
-                and value == "required":
+        if (
+            match
+            and match[1] == "trait"
+            and match[3].startswith(TYPE_TRAIT_PREFIXES)
+            and value == "required"
+        ):
             found.add(match[3])
     return frozenset(found)
 
@@ -71,8 +75,12 @@ def mismatch(extra_specs, allocations, providers, classes):
     ``GpuProvider``; ``classes`` are the mdev resource classes.
     """
     groups = vgpu_groups(extra_specs, classes)
-    held = [(providers.get(rp), rc, n) for rp, allocation in sorted(allocations.items())
-            for rc, n in allocation.get("resources", {}).items() if rc in classes and n]
+    held = [
+        (providers.get(rp), rc, n)
+        for rp, allocation in sorted(allocations.items())
+        for rc, n in allocation.get("resources", {}).items()
+        if rc in classes and n
+    ]
     for rc in sorted(classes):
         wanted = sum(units.get(rc, 0) for units, _req, _forb in groups)
         got = sum(n for _p, held_rc, n in held if held_rc == rc)
@@ -80,12 +88,16 @@ def mismatch(extra_specs, allocations, providers, classes):
             return f"the flavor asks for {wanted} {rc}, the allocation holds {got}"
     for provider, rc, _n in held:
         if provider is None:
-            continue        # not one of ours: the allocation itself is refused
+            continue  # not one of ours: the allocation itself is refused
         traits = set(provider.traits)
-        if not any(rc in units and required <= traits and not forbidden & traits
-                   for units, required, forbidden in groups):
-            return (f"the allocation holds {provider.type_name or provider.type_id} vGPUs "
-                    f"on {provider.name}, a type the flavor does not ask for")
+        if not any(
+            rc in units and required <= traits and not forbidden & traits
+            for units, required, forbidden in groups
+        ):
+            return (
+                f"the allocation holds {provider.type_name or provider.type_id} vGPUs "
+                f"on {provider.name}, a type the flavor does not ask for"
+            )
     return None
 
 

@@ -41,30 +41,37 @@ LOG = logging.getLogger(__name__)
 class LiveMigration(libvirt_driver.LibvirtDriver):
     """nova's live-migration steps, with the guest's vGPUs claimed and freed."""
 
-    def check_source_migrate_data_at_dest(self, ctxt, instance, migrate_data, migration,
-                                          limits, allocs):
+    def check_source_migrate_data_at_dest(
+        self, ctxt, instance, migrate_data, migration, limits, allocs
+    ):
         """Claim this host's mdevs for the incoming guest and map the source's.
 
         The claims are journalled ``migrating_in``, so a restart of this
         service during the migration keeps them.  (nova's implementation only
         does this mdev work, so it is not called when there is some.)
         """
-        source_types = (migrate_data.source_mdev_types
-                        if "source_mdev_types" in migrate_data else None)
+        source_types = (
+            migrate_data.source_mdev_types if "source_mdev_types" in migrate_data else None
+        )
         if not source_types:
             return super().check_source_migrate_data_at_dest(
-                ctxt, instance, migrate_data, migration, limits, allocs)
-        nova_pci = dict(migrate_data.pci_dev_map_src_dst
-                        if "pci_dev_map_src_dst" in migrate_data else {})
+                ctxt, instance, migrate_data, migration, limits, allocs
+            )
+        nova_pci = dict(
+            migrate_data.pci_dev_map_src_dst if "pci_dev_map_src_dst" in migrate_data else {}
+        )
         try:
             vgpu_migration.check_kernel(instance.uuid, "destination")
             vgpu_migration.check_several_vfio(
-                instance.uuid, "destination", [*source_types, *nova_pci], self._qemu_version())
+                instance.uuid, "destination", [*source_types, *nova_pci], self._qemu_version()
+            )
             if any(names.is_vf_vgpu_id(u) for u in source_types):
                 self.vgpu.migrations.check_vgpu_manager(
-                    instance.uuid, source_types, self._source_gpu_traits(ctxt, migration))
+                    instance.uuid, source_types, self._source_gpu_traits(ctxt, migration)
+                )
             mapping = self.vgpu.migrations.claim_incoming(
-                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid(allocs))
+                instance.uuid, dict(source_types), allocs or {}, self._providers_by_uuid(allocs)
+            )
         except exception.VgpuDriverError as exc:
             raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
         vfs = {s: d for s, d in mapping.items() if names.is_vf_vgpu_id(s)}
@@ -84,20 +91,27 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
         reportclient = self.virtapi.reportclient
         classes = self.vgpu.mdev_config.mdev_classes
         try:
-            allocations = reportclient.get_allocs_for_consumer(
-                context, migration.uuid)["allocations"]
-            return {trait for rp, allocation in sorted(allocations.items())
-                    if classes & set(allocation.get("resources", {}))
-                    for trait in reportclient.get_provider_traits(context, rp).traits}
-        except (nova_exception.ConsumerAllocationRetrievalFailed,
-                nova_exception.TraitRetrievalFailed, ks_exceptions.ClientException) as exc:
+            allocations = reportclient.get_allocs_for_consumer(context, migration.uuid)[
+                "allocations"
+            ]
+            return {
+                trait
+                for rp, allocation in sorted(allocations.items())
+                if classes & set(allocation.get("resources", {}))
+                for trait in reportclient.get_provider_traits(context, rp).traits
+            }
+        except (
+            nova_exception.ConsumerAllocationRetrievalFailed,
+            nova_exception.TraitRetrievalFailed,
+            ks_exceptions.ClientException,
+        ) as exc:
             raise nova_exception.MigrationPreCheckError(
                 reason=f"Placement did not say which NVIDIA vGPU manager the source runs "
-                       f"({exc}); vendor-VFIO vGPUs migrate only between hosts of one "
-                       "version") from exc
+                f"({exc}); vendor-VFIO vGPUs migrate only between hosts of one "
+                "version"
+            ) from exc
 
-    def check_can_live_migrate_source(self, context, instance, dest_check_data,
-                                      *args, **kwargs):
+    def check_can_live_migrate_source(self, context, instance, dest_check_data, *args, **kwargs):
         """A guest with vGPUs needs a kernel that migrates VFIO devices here
         too; QEMU refuses their post-copy, so that setting is warned about,
         and refused for a guest with vendor-VFIO VFs."""
@@ -105,16 +119,20 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
         if vgpus:
             try:
                 vgpu_migration.check_kernel(instance.uuid, "source")
-                vgpu_migration.check_several_vfio(instance.uuid, "source", vgpus,
-                                                  self._qemu_version())
+                vgpu_migration.check_several_vfio(
+                    instance.uuid, "source", vgpus, self._qemu_version()
+                )
                 vgpu_migration.check_post_copy(
-                    instance.uuid, [v for v in vgpus if names.is_vf_vgpu_id(v)],
-                    CONF.libvirt.live_migration_permit_post_copy)
+                    instance.uuid,
+                    [v for v in vgpus if names.is_vf_vgpu_id(v)],
+                    CONF.libvirt.live_migration_permit_post_copy,
+                )
             except exception.VgpuDriverError as exc:
                 raise nova_exception.MigrationPreCheckError(reason=str(exc)) from exc
             vgpu_migration.post_copy_warning(CONF.libvirt.live_migration_permit_post_copy)
-        return super().check_can_live_migrate_source(context, instance, dest_check_data,
-                                                     *args, **kwargs)
+        return super().check_can_live_migrate_source(
+            context, instance, dest_check_data, *args, **kwargs
+        )
 
     def post_live_migration_at_destination(self, context, instance, *args, **kwargs):
         super().post_live_migration_at_destination(context, instance, *args, **kwargs)
@@ -126,8 +144,7 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
 
     def rollback_live_migration_at_destination(self, context, instance, *args, **kwargs):
         with self._operating_on(instance, keep_claims=True):
-            super().rollback_live_migration_at_destination(context, instance, *args,
-                                                           **kwargs)
+            super().rollback_live_migration_at_destination(context, instance, *args, **kwargs)
         self._rollback_incoming(instance)
 
     def cleanup_lingering_instance_resources(self, instance):
@@ -149,9 +166,13 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
             return
         users = self.vgpu.domains.mdev_users()
         now = time.time()
-        candidates = {c.instance_uuid for c in self.vgpu.journal.claims()
-                      if c.state == vgpu_claims.MIGRATING_IN and c.mdev_uuid not in users
-                      and now - c.updated_at > CONF.vgpu.claim_grace}
+        candidates = {
+            c.instance_uuid
+            for c in self.vgpu.journal.claims()
+            if c.state == vgpu_claims.MIGRATING_IN
+            and c.mdev_uuid not in users
+            and now - c.updated_at > CONF.vgpu.claim_grace
+        }
         if not candidates:
             return
         context = nova_context.get_admin_context()
@@ -159,15 +180,19 @@ class LiveMigration(libvirt_driver.LibvirtDriver):
             if any(ref.uuid == instance for ref in users.values()):
                 continue
             if objects.MigrationList.get_in_progress_by_instance(
-                    context, instance, migration_type="live-migration"):
+                context, instance, migration_type="live-migration"
+            ):
                 continue
-            LOG.warning("Instance %s: nova has no live migration to this host in "
-                        "progress any more, and no domain here uses the vGPUs held "
-                        "for it; its rollback never reached this host, done now",
-                        instance)
+            LOG.warning(
+                "Instance %s: nova has no live migration to this host in "
+                "progress any more, and no domain here uses the vGPUs held "
+                "for it; its rollback never reached this host, done now",
+                instance,
+            )
             self.vgpu.migrations.rollback_incoming(instance)
 
     def _rollback_incoming(self, instance):
-        if any(c.state == vgpu_claims.MIGRATING_IN
-               for c in self.vgpu.journal.claims(instance.uuid)):
+        if any(
+            c.state == vgpu_claims.MIGRATING_IN for c in self.vgpu.journal.claims(instance.uuid)
+        ):
             self.vgpu.migrations.rollback_incoming(instance.uuid)

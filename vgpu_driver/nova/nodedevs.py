@@ -56,7 +56,7 @@ def mdev_uuid(device):
     found = root.findtext("capability[@type='mdev']/uuid")
     if found:
         return found.strip().lower()
-    return device.name()[len("mdev_"):][:36].replace("_", "-").lower()
+    return device.name()[len("mdev_") :][:36].replace("_", "-").lower()
 
 
 def defined_mdevs(connection):
@@ -117,8 +117,8 @@ class Definitions:
     def __init__(self, vgpu, clock=time.monotonic):
         self.vgpu = vgpu
         self.clock = clock
-        self._wanted = None         # what was wanted at the last settle
-        self._mdevs = frozenset()   # the mdevs sysfs had at the last update
+        self._wanted = None  # what was wanted at the last settle
+        self._mdevs = frozenset()  # the mdevs sysfs had at the last update
         self._at = None
         self._refused = False
 
@@ -151,9 +151,13 @@ class Definitions:
         full_refresh_interval``, as a missed udev event does; without udev
         running, every update settles.
         """
-        if (self._wanted is None or self._refused or not self.vgpu.changes.running
-                or self.clock() - self._at >= self.vgpu.conf.vgpu.full_refresh_interval
-                or self._wanted - keep):
+        if (
+            self._wanted is None
+            or self._refused
+            or not self.vgpu.changes.running
+            or self.clock() - self._at >= self.vgpu.conf.vgpu.full_refresh_interval
+            or self._wanted - keep
+        ):
             return True
         appeared = set(present) - self._mdevs - keep
         return any(_may_be_defined(connection, uuid, present[uuid]) for uuid in appeared)
@@ -174,12 +178,18 @@ def _undefine(device, uuid):
     try:
         device.undefine(0)
     except nova_host.libvirt.libvirtError as exc:
-        LOG.error("Could not undefine mdev %s, which no claim and no domain "
-                  "references (%s): its autostart may bring it back at a host boot",
-                  uuid, exc)
+        LOG.error(
+            "Could not undefine mdev %s, which no claim and no domain "
+            "references (%s): its autostart may bring it back at a host boot",
+            uuid,
+            exc,
+        )
         return False
-    LOG.info("Undefined libvirt's mdev %s: no claim and no domain references it, "
-             "so it is not started again", uuid)
+    LOG.info(
+        "Undefined libvirt's mdev %s: no claim and no domain references it, "
+        "so it is not started again",
+        uuid,
+    )
     return True
 
 
@@ -188,8 +198,9 @@ def _start(device, uuid):
     try:
         device.create(0)
     except nova_host.libvirt.libvirtError as exc:
-        LOG.warning("Defined mdev %s does not start yet (%s); its claim's restore "
-                    "retries it", uuid, exc)
+        LOG.warning(
+            "Defined mdev %s does not start yet (%s); its claim's restore retries it", uuid, exc
+        )
         return False
     LOG.info("Started defined mdev %s", uuid)
     return True

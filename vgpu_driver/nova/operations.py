@@ -20,8 +20,7 @@ from nova import objects
 from nova.compute import vm_states
 
 # Migration states after which nova does nothing more on either host.
-FINISHED = frozenset({"confirmed", "reverted", "error", "failed", "completed",
-                      "cancelled", "done"})
+FINISHED = frozenset({"confirmed", "reverted", "error", "failed", "completed", "cancelled", "done"})
 
 
 class OperationGuard:
@@ -58,12 +57,13 @@ class OperationGuard:
         if not rest:
             return found
         context = nova_context.get_admin_context(read_deleted="yes")
-        known = {i.uuid: i for i in objects.InstanceList.get_by_filters(
-            context, {"uuid": rest}, expected_attrs=[])}
+        known = {
+            i.uuid: i
+            for i in objects.InstanceList.get_by_filters(context, {"uuid": rest}, expected_attrs=[])
+        }
         for uuid in rest:
             instance = known.get(uuid)
-            if instance is not None and not instance.deleted \
-                    and instance.task_state is not None:
+            if instance is not None and not instance.deleted and instance.task_state is not None:
                 found.add(uuid)
             elif moving(context, uuid, self.nodename(), instance):
                 found.add(uuid)
@@ -77,12 +77,14 @@ def moving(context, instance_uuid, nodename, instance=None):
     confirmed or reverted).  A move whose finish was killed leaves its
     record unfinished for ever, while the instance, reset and rebooted,
     goes on with no task: nothing will ever come for that move."""
-    if instance is not None and (instance.deleted or (
-            instance.task_state is None and instance.vm_state != vm_states.RESIZED)):
+    if instance is not None and (
+        instance.deleted or (instance.task_state is None and instance.vm_state != vm_states.RESIZED)
+    ):
         return False
-    return any(m.status not in FINISHED and nodename in (m.source_node, m.dest_node)
-               for m in objects.MigrationList.get_by_filters(
-                   context, {"instance_uuid": instance_uuid}))
+    return any(
+        m.status not in FINISHED and nodename in (m.source_node, m.dest_node)
+        for m in objects.MigrationList.get_by_filters(context, {"instance_uuid": instance_uuid})
+    )
 
 
 def kept_without_domain(instance_uuids, nodename):
@@ -93,6 +95,10 @@ def kept_without_domain(instance_uuids, nodename):
     if not instance_uuids:
         return set()
     context = nova_context.get_admin_context()
-    return {i.uuid for i in objects.InstanceList.get_by_filters(
-                context, {"uuid": sorted(instance_uuids)}, expected_attrs=[])
-            if not i.deleted and i.node == nodename and i.vm_state != vm_states.ERROR}
+    return {
+        i.uuid
+        for i in objects.InstanceList.get_by_filters(
+            context, {"uuid": sorted(instance_uuids)}, expected_attrs=[]
+        )
+        if not i.deleted and i.node == nodename and i.vm_state != vm_states.ERROR
+    }

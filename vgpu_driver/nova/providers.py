@@ -41,8 +41,10 @@ def write(provider_tree, nodename, tree):
         if not provider_tree.exists(name):
             provider_tree.new_child(name, nodename)
         provider_tree.update_inventory(name, provider.inventory())
-        provider_tree.update_traits(name, placement.with_managed_traits(
-            provider_tree.data(name).traits, provider.traits) | owner)
+        provider_tree.update_traits(
+            name,
+            placement.with_managed_traits(provider_tree.data(name).traits, provider.traits) | owner,
+        )
 
 
 def prune(provider_tree, nodename, tree, journal, reportclient):
@@ -52,19 +54,22 @@ def prune(provider_tree, nodename, tree, journal, reportclient):
     it: a guest being deleted has released its claims before nova deletes
     its allocation.
     """
-    held = None   # read from the journal only once a provider is stale
+    held = None  # read from the journal only once a provider is stale
     root = provider_tree.data(nodename)
     for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
         data = provider_tree.data(uuid)
-        if not placement.is_vanished_gpu_provider(tree, data.name, data.parent_uuid,
-                                                  root.uuid, data.inventory, data.traits):
+        if not placement.is_vanished_gpu_provider(
+            tree, data.name, data.parent_uuid, root.uuid, data.inventory, data.traits
+        ):
             continue
         if held is None:
             held = {inventory.provider_name_for(nodename, c.gpu) for c in journal.claims()}
         if data.name in held or usage.has_usage(reportclient, data.uuid):
             provider_tree.update_inventory(data.name, placement.fully_reserved(data.inventory))
-            LOG.warning("GPU of provider %s is gone but guests still hold it; keeping "
-                        "it fully reserved", data.name)
+            LOG.warning(
+                "GPU of provider %s is gone but guests still hold it; keeping it fully reserved",
+                data.name,
+            )
             continue
         provider_tree.remove(data.name)
 
@@ -78,13 +83,14 @@ def uuids_by_name(reportclient, allocations, nodename):
     each provider's tree is asked for, in order, until one is."""
     for rp_uuid in sorted(allocations):
         try:
-            found = reportclient.get_providers_in_tree(nova_context.get_admin_context(),
-                                                       rp_uuid)
-        except (nova_exception.ResourceProviderRetrievalFailed,
-                ks_exceptions.ClientException) as exc:
+            found = reportclient.get_providers_in_tree(nova_context.get_admin_context(), rp_uuid)
+        except (
+            nova_exception.ResourceProviderRetrievalFailed,
+            ks_exceptions.ClientException,
+        ) as exc:
             raise nova_exception.ComputeResourcesUnavailable(
-                reason=f"Placement did not say which providers hold the allocation "
-                       f"({exc})") from exc
+                reason=f"Placement did not say which providers hold the allocation ({exc})"
+            ) from exc
         names = {p["name"]: p["uuid"] for p in found}
         if nodename in names:
             return names

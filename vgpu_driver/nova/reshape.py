@@ -42,15 +42,15 @@ def existing_children(provider_tree, nodename):
     for uuid in provider_tree.get_provider_uuids_in_tree(nodename):
         data = provider_tree.data(uuid)
         if data.parent_uuid == root.uuid:
-            found.append(takeover.ExistingProvider(data.name, data.uuid,
-                                                   frozenset(data.inventory)))
+            found.append(takeover.ExistingProvider(data.name, data.uuid, frozenset(data.inventory)))
     return found
 
 
 def plan(provider_tree, nodename, vgpu, gpu_tree):
     """Which existing providers our GPU providers replace on this host."""
-    return takeover.plan(nodename, gpu_tree, vgpu.manager.snapshot(),
-                         existing_children(provider_tree, nodename))
+    return takeover.plan(
+        nodename, gpu_tree, vgpu.manager.snapshot(), existing_children(provider_tree, nodename)
+    )
 
 
 def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations, allocations_on=None):
@@ -70,33 +70,46 @@ def take_over(provider_tree, nodename, vgpu, gpu_tree, allocations, allocations_
     elif vgpu not in _SIZES_CHECKED and allocations_on is not None:
         _SIZES_CHECKED.add(vgpu)
         if lacking_size_classes(gpu_tree, vgpu, allocations_on):
-            LOG.info("Requesting a reshape: allocations on mixed-size boards get their "
-                     "vGPUs in the class of their size")
+            LOG.info(
+                "Requesting a reshape: allocations on mixed-size boards get their "
+                "vGPUs in the class of their size"
+            )
             raise nova_exception.ReshapeNeeded()
     found = plan(provider_tree, nodename, vgpu, gpu_tree)
     if not found:
         return
     if allocations is None:
-        LOG.info("Requesting a reshape to take over providers %s: their inventory and "
-                 "allocations move to %s", ", ".join(m.source.name for m in found.moves),
-                 ", ".join(t.name for t in found.targets))
+        LOG.info(
+            "Requesting a reshape to take over providers %s: their inventory and "
+            "allocations move to %s",
+            ", ".join(m.source.name for m in found.moves),
+            ", ".join(t.name for t in found.targets),
+        )
         raise nova_exception.ReshapeNeeded()
     target_uuids = {t.name: provider_tree.data(t.name).uuid for t in found.targets}
     moved = takeover.move_allocations(allocations, found, target_uuids)
     _warn_mismatches(vgpu, moved)
     for move in found.moves:
         provider_tree.remove(move.source.uuid)
-    LOG.info("Reshaping: providers %s replaced by %s; allocations of %d consumer(s) "
-             "moved", ", ".join(m.source.name for m in found.moves),
-             ", ".join(t.name for t in found.targets), len(moved))
+    LOG.info(
+        "Reshaping: providers %s replaced by %s; allocations of %d consumer(s) moved",
+        ", ".join(m.source.name for m in found.moves),
+        ", ".join(t.name for t in found.targets),
+        len(moved),
+    )
 
 
 def _warn_mismatches(vgpu, moved):
     held = takeover.held_per_gpu(vgpu.journal.claims())
     for consumer, gpu, units, mdevs in takeover.mismatches(moved, held):
-        LOG.warning("Consumer %s had %d unit(s) allocated on GPU %s's old providers but "
-                    "holds %d mdev(s) of it here; the allocation is moved unchanged",
-                    consumer, units, gpu, mdevs)
+        LOG.warning(
+            "Consumer %s had %d unit(s) allocated on GPU %s's old providers but "
+            "holds %d mdev(s) of it here; the allocation is moved unchanged",
+            consumer,
+            units,
+            gpu,
+            mdevs,
+        )
 
 
 def _size_units(provider, resources, claims_of):
@@ -141,8 +154,11 @@ def add_size_classes(provider_tree, vgpu, gpu_tree, allocations):
     """Give each allocation on a mixed-size board its size class, in the
     reshape's ``allocations`` (edited in place)."""
     claims = _claims_by(vgpu)
-    mixed = {provider_tree.data(p.name).uuid: p for p in gpu_tree.providers
-             if p.mixed and provider_tree.exists(p.name)}
+    mixed = {
+        provider_tree.data(p.name).uuid: p
+        for p in gpu_tree.providers
+        if p.mixed and provider_tree.exists(p.name)
+    }
     added = 0
     for consumer, record in allocations.items():
         for rp_uuid, allocation in record.get("allocations", {}).items():
@@ -150,11 +166,12 @@ def add_size_classes(provider_tree, vgpu, gpu_tree, allocations):
             if provider is None:
                 continue
             resources = allocation.setdefault("resources", {})
-            found = _size_units(provider, resources,
-                                claims.get((consumer, provider.gpu), ()))
+            found = _size_units(provider, resources, claims.get((consumer, provider.gpu), ()))
             if found:
                 resources[found[0]] = found[1]
                 added += 1
     if added:
-        LOG.info("Reshaping: %d allocation(s) on mixed-size boards get their vGPUs in "
-                 "their size class", added)
+        LOG.info(
+            "Reshaping: %d allocation(s) on mixed-size boards get their vGPUs in their size class",
+            added,
+        )

@@ -25,11 +25,19 @@ from vgpu_driver.nova import flavors
 LOG = logging.getLogger(__name__)
 
 # nova reboots again a guest in these task states that does not run...
-_STARTED = frozenset({task_states.REBOOTING, task_states.REBOOTING_HARD,
-                      task_states.REBOOT_STARTED, task_states.REBOOT_STARTED_HARD})
+_STARTED = frozenset(
+    {
+        task_states.REBOOTING,
+        task_states.REBOOTING_HARD,
+        task_states.REBOOT_STARTED,
+        task_states.REBOOT_STARTED_HARD,
+    }
+)
 # ...and one in these whose vm state allows the reboot.
-_PENDING = {task_states.REBOOT_PENDING: vm_states.ALLOW_SOFT_REBOOT,
-            task_states.REBOOT_PENDING_HARD: vm_states.ALLOW_HARD_REBOOT}
+_PENDING = {
+    task_states.REBOOT_PENDING: vm_states.ALLOW_SOFT_REBOOT,
+    task_states.REBOOT_PENDING_HARD: vm_states.ALLOW_HARD_REBOOT,
+}
 
 
 def settle_interrupted_reboots(driver, host):
@@ -37,8 +45,7 @@ def settle_interrupted_reboots(driver, host):
     them to ERROR; the instance UUIDs set to ERROR."""
     context = nova_context.get_admin_context()
     failed = []
-    for instance in objects.InstanceList.get_by_host(context, host,
-                                                     expected_attrs=["flavor"]):
+    for instance in objects.InstanceList.get_by_host(context, host, expected_attrs=["flavor"]):
         if not _rebooted_at_start(driver, instance):
             continue
         try:
@@ -61,8 +68,10 @@ def _rebooted_at_start(driver, instance):
     elif task not in _STARTED or _running(driver, instance):
         return False
     classes = driver.vgpu.mdev_config.mdev_classes
-    return bool(flavors.vgpu_groups(instance.flavor.extra_specs, classes)
-                or driver.vgpu.instance_claims(instance.uuid))
+    return bool(
+        flavors.vgpu_groups(instance.flavor.extra_specs, classes)
+        or driver.vgpu.instance_claims(instance.uuid)
+    )
 
 
 def _running(driver, instance):
@@ -73,9 +82,13 @@ def _running(driver, instance):
 
 
 def _set_error(context, instance, exc):
-    LOG.error("Instance %s cannot be given its vGPUs as nova-compute starts: it is set "
-              "to ERROR and nova does not resume its reboot (a hard reboot tries "
-              "again): %s", instance.uuid, exc)
+    LOG.error(
+        "Instance %s cannot be given its vGPUs as nova-compute starts: it is set "
+        "to ERROR and nova does not resume its reboot (a hard reboot tries "
+        "again): %s",
+        instance.uuid,
+        exc,
+    )
     compute_utils.add_instance_fault_from_exc(context, instance, exc, sys.exc_info())
     instance.vm_state = vm_states.ERROR
     instance.task_state = None

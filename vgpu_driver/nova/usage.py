@@ -24,8 +24,10 @@ def allocations_on(reportclient, provider_tree, name):
         return {}
     if response.status_code != 200:
         return None
-    return {consumer: dict(data.get("resources", {}))
-            for consumer, data in response.json().get("allocations", {}).items()}
+    return {
+        consumer: dict(data.get("resources", {}))
+        for consumer, data in response.json().get("allocations", {}).items()
+    }
 
 
 def allocations_in(allocations, provider_tree, name):
@@ -34,6 +36,8 @@ def allocations_in(allocations, provider_tree, name):
     if not provider_tree.exists(name):
         return {}
     rp_uuid = provider_tree.data(name).uuid
-    return {consumer: dict(data["allocations"][rp_uuid].get("resources", {}))
-            for consumer, data in allocations.items()
-            if rp_uuid in data.get("allocations", {})}
+    return {
+        consumer: dict(data["allocations"][rp_uuid].get("resources", {}))
+        for consumer, data in allocations.items()
+        if rp_uuid in data.get("allocations", {})
+    }

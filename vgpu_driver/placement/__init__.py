@@ -43,8 +43,27 @@ from vgpu_driver.placement.ownership import why_unwanted
 from vgpu_driver.placement.ownership import with_managed_traits
 from vgpu_driver.placement.sync import ProviderSync
 
-__all__ = ["Clash", "Client", "Conflict", "FOREIGN_OWNER_TRAITS", "Known",
-           "MANAGED_TRAIT_PREFIXES", "MICROVERSION", "OWNER_TRAIT", "PlacementAuthRefused",
-           "PlacementAuthUnavailable", "PlacementError", "PlacementUnavailable", "ProviderSync",
-           "SyncReport", "exact_name_match", "fully_reserved", "is_managed_trait", "is_ours",
-           "is_vanished_gpu_provider", "query_url", "why_unwanted", "with_managed_traits"]
+__all__ = [
+    "Clash",
+    "Client",
+    "Conflict",
+    "FOREIGN_OWNER_TRAITS",
+    "Known",
+    "MANAGED_TRAIT_PREFIXES",
+    "MICROVERSION",
+    "OWNER_TRAIT",
+    "PlacementAuthRefused",
+    "PlacementAuthUnavailable",
+    "PlacementError",
+    "PlacementUnavailable",
+    "ProviderSync",
+    "SyncReport",
+    "exact_name_match",
+    "fully_reserved",
+    "is_managed_trait",
+    "is_ours",
+    "is_vanished_gpu_provider",
+    "query_url",
+    "why_unwanted",
+    "with_managed_traits",
+]

@@ -37,14 +37,21 @@ class Client:
     there with an unhelpful error.)
     """
 
-    def __init__(self, connection: Any, attempts: int = 4, backoff: float = 0.2,
-                 sleep: Callable[[float], object] = time.sleep) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        attempts: int = 4,
+        backoff: float = 0.2,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
         config = connection.config
         self.proxy = ks_adapter.Adapter(
-            session=connection.session, service_type="placement",
+            session=connection.session,
+            service_type="placement",
             interface=config.get_interface("placement"),
             region_name=config.get_region_name("placement"),
-            endpoint_override=config.get_endpoint("placement"))
+            endpoint_override=config.get_endpoint("placement"),
+        )
         self.attempts = attempts
         self.backoff = backoff
         self.sleep = sleep
@@ -59,11 +66,13 @@ class Client:
         try:
             self.proxy.get_token()
         except ks_exceptions.ConnectionError as exc:
-            raise PlacementAuthUnavailable(auth_url=auth_url,
-                                           reason=f"{type(exc).__name__}: {exc}") from exc
+            raise PlacementAuthUnavailable(
+                auth_url=auth_url, reason=f"{type(exc).__name__}: {exc}"
+            ) from exc
         except ks_exceptions.ClientException as exc:
-            raise PlacementAuthRefused(auth_url=auth_url,
-                                       reason=f"{type(exc).__name__}: {exc}") from exc
+            raise PlacementAuthRefused(
+                auth_url=auth_url, reason=f"{type(exc).__name__}: {exc}"
+            ) from exc
         self._authenticated = True
 
     def request(self, method: str, url: str, body: Any = None, report: object = None) -> Any:
@@ -73,11 +82,15 @@ class Client:
         reason = ""
         for attempt in range(1, self.attempts + 1):
             if report is not None:
-                setattr(report, "reads" if method == "GET" else "writes",
-                        getattr(report, "reads" if method == "GET" else "writes") + 1)
+                setattr(
+                    report,
+                    "reads" if method == "GET" else "writes",
+                    getattr(report, "reads" if method == "GET" else "writes") + 1,
+                )
             try:
-                response = self.proxy.request(url, method, json=body,
-                                              microversion=MICROVERSION, raise_exc=False)
+                response = self.proxy.request(
+                    url, method, json=body, microversion=MICROVERSION, raise_exc=False
+                )
             except ks_exceptions.ConnectionError as exc:  # refused, timed out, reset
                 reason = f"{type(exc).__name__}: {exc}"
             else:
@@ -85,16 +98,17 @@ class Client:
                     raise Conflict(method=method, url=url, detail=response.text[:300])
                 if response.status_code < 500:
                     if response.status_code >= 400:
-                        raise PlacementError(method=method, url=url,
-                                             status=response.status_code,
-                                             detail=response.text[:300])
+                        raise PlacementError(
+                            method=method,
+                            url=url,
+                            status=response.status_code,
+                            detail=response.text[:300],
+                        )
                     return response.json() if response.content else None
                 reason = f"HTTP {response.status_code}"
             if attempt < self.attempts:
                 self.sleep(self.backoff * 2 ** (attempt - 1))
-        raise PlacementUnavailable(method=method, url=url, attempts=self.attempts,
-                                   reason=reason)
-
+        raise PlacementUnavailable(method=method, url=url, attempts=self.attempts, reason=reason)
 
 
 def query_url(path: str, **params: Any) -> str:
@@ -103,12 +117,18 @@ def query_url(path: str, **params: Any) -> str:
     return f"{path}?{parse.urlencode(params)}"
 
 
-def exact_name_match(providers: Iterable[dict[str, Any]], name: str,
-                     ) -> dict[str, Any] | None:
+def exact_name_match(
+    providers: Iterable[dict[str, Any]],
+    name: str,
+) -> dict[str, Any] | None:
     """The one provider of ``providers`` named exactly ``name``, or None: an
     answer is never trusted to hold only what the query asked for."""
     matches = [p for p in providers if p.get("name") == name]
     if len(matches) > 1:
-        raise PlacementError(method="GET", url=query_url("/resource_providers", name=name),
-                             status=200, detail=f"{len(matches)} providers named {name!r}")
+        raise PlacementError(
+            method="GET",
+            url=query_url("/resource_providers", name=name),
+            status=200,
+            detail=f"{len(matches)} providers named {name!r}",
+        )
     return matches[0] if matches else None

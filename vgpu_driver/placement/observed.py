@@ -49,7 +49,7 @@ class ObservedTree:
 
     def __init__(self, client: placement_client.Client) -> None:
         self.client = client
-        self.known: dict[str, Known] = {}          # provider name -> Known
+        self.known: dict[str, Known] = {}  # provider name -> Known
         self.root_uuid: str | None = None
         # The provider named as the root, when it has a parent.
         self._foreign_root: dict[str, Any] | None = None
@@ -59,31 +59,33 @@ class ObservedTree:
     def _get(self, url: str, report: SyncReport) -> Any:
         return self.client.request("GET", url, report=report)
 
-    def _load(self, name: str, uuid: str, generation: int, parent_uuid: str | None,
-              report: SyncReport) -> None:
+    def _load(
+        self, name: str, uuid: str, generation: int, parent_uuid: str | None, report: SyncReport
+    ) -> None:
         base = f"/resource_providers/{uuid}"
         inventories = self._get(f"{base}/inventories", report)["inventories"]
         traits = self._get(f"{base}/traits", report)["traits"]
-        self.known[name] = Known(uuid, generation, inventories, frozenset(traits),
-                                 parent_uuid)
+        self.known[name] = Known(uuid, generation, inventories, frozenset(traits), parent_uuid)
 
-    def observe(self, tree: ProviderTree,
-                report: SyncReport | None = None) -> list[dict[str, Any]]:
+    def observe(self, tree: ProviderTree, report: SyncReport | None = None) -> list[dict[str, Any]]:
         """Bring ``known`` up to date with Placement (one read when nothing moved)."""
         return self._observe(tree, report if report is not None else SyncReport())
 
-    def allocations(self, name: str,
-                    report: SyncReport | None = None) -> dict[str, dict[str, int]]:
+    def allocations(self, name: str, report: SyncReport | None = None) -> dict[str, dict[str, int]]:
         """``{consumer: {resource class: units}}`` on one known provider."""
-        answer = self._get(f"/resource_providers/{self.known[name].uuid}/allocations",
-                           report if report is not None else SyncReport())
-        return {consumer: dict(data["resources"])
-                for consumer, data in answer["allocations"].items()}
+        answer = self._get(
+            f"/resource_providers/{self.known[name].uuid}/allocations",
+            report if report is not None else SyncReport(),
+        )
+        return {
+            consumer: dict(data["resources"]) for consumer, data in answer["allocations"].items()
+        }
 
     def _find_by_name(self, name: str, report: SyncReport) -> dict[str, Any] | None:
         """The provider named exactly ``name``, or None."""
-        found = self._get(placement_client.query_url("/resource_providers", name=name),
-                          report)["resource_providers"]
+        found = self._get(placement_client.query_url("/resource_providers", name=name), report)[
+            "resource_providers"
+        ]
         return placement_client.exact_name_match(found, name)
 
     def _observe(self, tree: ProviderTree, report: SyncReport) -> list[dict[str, Any]]:
@@ -102,14 +104,16 @@ class ObservedTree:
         for rp in listed:
             known = self.known.get(rp["name"])
             if known is None or known.generation != rp["generation"]:
-                self._load(rp["name"], rp["uuid"], rp["generation"],
-                           rp["parent_provider_uuid"], report)
+                self._load(
+                    rp["name"], rp["uuid"], rp["generation"], rp["parent_provider_uuid"], report
+                )
         return listed
 
     # -- ownership ------------------------------------------------------------------------
 
-    def clashes(self, tree: ProviderTree,
-                report: SyncReport | None = None) -> list[ownership.Clash]:
+    def clashes(
+        self, tree: ProviderTree, report: SyncReport | None = None
+    ) -> list[ownership.Clash]:
         """The providers a sync of ``tree`` would write that are not ours, as
         :class:`~vgpu_driver.placement.ownership.Clash` rows (reads only;
         after :meth:`observe`).
@@ -122,31 +126,57 @@ class ObservedTree:
         """
         report = report if report is not None else SyncReport()
         if self._foreign_root is not None:
-            return [self._clash(tree.root_name, "it would be this host's root provider but "
-                                "is another provider's child", self._foreign_root, None,
-                                report)]
+            return [
+                self._clash(
+                    tree.root_name,
+                    "it would be this host's root provider but is another provider's child",
+                    self._foreign_root,
+                    None,
+                    report,
+                )
+            ]
         found = []
         for provider in tree.providers:
             known = self.known.get(provider.name)
             if known is not None:
                 # Providers are known only under a root that was found.
                 if self.root_uuid is None or not ownership.is_ours(
-                        known.parent_uuid, self.root_uuid, known.inventories, known.traits,
-                        tree.mdev_classes):
+                    known.parent_uuid,
+                    self.root_uuid,
+                    known.inventories,
+                    known.traits,
+                    tree.mdev_classes,
+                ):
                     rp = self._get(f"/resource_providers/{known.uuid}", report)
-                    found.append(self._clash(provider.name, "it is not vgpu-driver's", rp,
-                                             known.traits, report))
+                    found.append(
+                        self._clash(
+                            provider.name, "it is not vgpu-driver's", rp, known.traits, report
+                        )
+                    )
                 continue
             rp = self._find_by_name(provider.name, report)
             if rp is not None:
-                found.append(self._clash(
-                    provider.name, "it is the root of another provider tree"
-                    if rp["parent_provider_uuid"] is None else "it is in another provider tree",
-                    rp, None, report))
+                found.append(
+                    self._clash(
+                        provider.name,
+                        "it is the root of another provider tree"
+                        if rp["parent_provider_uuid"] is None
+                        else "it is in another provider tree",
+                        rp,
+                        None,
+                        report,
+                    )
+                )
         return found
 
-    def _clash(self, name: str, reason: str, rp: Mapping[str, Any],
-               traits: Iterable[str] | None, report: SyncReport) -> ownership.Clash:
+    def _clash(
+        self,
+        name: str,
+        reason: str,
+        rp: Mapping[str, Any],
+        traits: Iterable[str] | None,
+        report: SyncReport,
+    ) -> ownership.Clash:
         if traits is None:
             traits = self._get(f"/resource_providers/{rp['uuid']}/traits", report)["traits"]
         if rp["parent_provider_uuid"] is None:

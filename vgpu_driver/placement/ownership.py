@@ -44,8 +44,13 @@ def is_managed_trait(trait: str) -> bool:
     return trait == OWNER_TRAIT or trait.startswith(MANAGED_TRAIT_PREFIXES)
 
 
-def is_ours(parent_uuid: str | None, root_uuid: str, inventories: Iterable[str],
-            traits: Collection[str], mdev_classes: Iterable[str]) -> bool:
+def is_ours(
+    parent_uuid: str | None,
+    root_uuid: str,
+    inventories: Iterable[str],
+    traits: Collection[str],
+    mdev_classes: Iterable[str],
+) -> bool:
     """Whether a provider of the host's tree named as one of its GPU
     providers is vgpu-driver's to write.
 
@@ -55,8 +60,9 @@ def is_ours(parent_uuid: str | None, root_uuid: str, inventories: Iterable[str],
     """
     if set(traits) & FOREIGN_OWNER_TRAITS:
         return False
-    return OWNER_TRAIT in traits or (parent_uuid == root_uuid
-                                     and set(inventories) <= set(mdev_classes))
+    return OWNER_TRAIT in traits or (
+        parent_uuid == root_uuid and set(inventories) <= set(mdev_classes)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +72,22 @@ class Clash:
 
     name: str
     reason: str
-    where: str        # "parent X, root Y", or "a root provider"
+    where: str  # "parent X, root Y", or "a root provider"
     traits: tuple[str, ...]
 
     def kwargs(self) -> dict[str, str]:
-        return {"name": self.name, "reason": self.reason, "where": self.where,
-                "traits": ", ".join(self.traits) or "none"}
+        return {
+            "name": self.name,
+            "reason": self.reason,
+            "where": self.where,
+            "traits": ", ".join(self.traits) or "none",
+        }
 
     def detail(self) -> str:
-        return (f"{self.reason} ({self.where}, traits {', '.join(self.traits) or 'none'}); "
-                "sync refuses to write it")
+        return (
+            f"{self.reason} ({self.where}, traits {', '.join(self.traits) or 'none'}); "
+            "sync refuses to write it"
+        )
 
 
 def with_managed_traits(traits: Iterable[str], managed: Iterable[str]) -> set[str]:
@@ -84,9 +96,14 @@ def with_managed_traits(traits: Iterable[str], managed: Iterable[str]) -> set[st
     return {t for t in traits if not is_managed_trait(t)} | set(managed)
 
 
-def is_vanished_gpu_provider(tree: ProviderTree, name: str, parent_uuid: str | None,
-                             root_uuid: str, inventories: Iterable[str],
-                             traits: Iterable[str]) -> bool:
+def is_vanished_gpu_provider(
+    tree: ProviderTree,
+    name: str,
+    parent_uuid: str | None,
+    root_uuid: str,
+    inventories: Iterable[str],
+    traits: Iterable[str],
+) -> bool:
     """Whether a provider stands for a GPU of ``tree``'s host that is gone: a
     child of the root, named ``<root>_...``, that ``tree`` no longer has.
 
@@ -95,11 +112,14 @@ def is_vanished_gpu_provider(tree: ProviderTree, name: str, parent_uuid: str | N
     has only mdev classes, or a type trait we set (a class no longer
     configured); never with another owner's trait.
     """
-    ours = (set(inventories) <= tree.mdev_classes
-            or any(is_managed_trait(t) for t in traits))
-    return (parent_uuid == root_uuid and name.startswith(f"{tree.root_name}_")
-            and tree.provider(name) is None and ours
-            and not set(traits) & FOREIGN_OWNER_TRAITS)
+    ours = set(inventories) <= tree.mdev_classes or any(is_managed_trait(t) for t in traits)
+    return (
+        parent_uuid == root_uuid
+        and name.startswith(f"{tree.root_name}_")
+        and tree.provider(name) is None
+        and ours
+        and not set(traits) & FOREIGN_OWNER_TRAITS
+    )
 
 
 def why_unwanted(tree: ProviderTree, name: str) -> str:
@@ -115,12 +135,16 @@ def why_unwanted(tree: ProviderTree, name: str) -> str:
 
 
 def _provider_suffix(address: str) -> str:
-    return names.parse_pci_address(address).provider_suffix if names.is_pci_address(
-        address) else address
+    return (
+        names.parse_pci_address(address).provider_suffix
+        if names.is_pci_address(address)
+        else address
+    )
 
 
-def fully_reserved(inventories: Mapping[str, Mapping[str, Any]],
-                   ) -> dict[str, dict[str, Any]]:
+def fully_reserved(
+    inventories: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
     """The same inventories with everything reserved: a vanished GPU's
     provider that guests still hold takes no new allocation."""
     return {rc: {**inv, "reserved": inv["total"]} for rc, inv in inventories.items()}

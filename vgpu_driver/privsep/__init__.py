@@ -39,10 +39,20 @@ if TYPE_CHECKING:
 
     from oslo_config import cfg
 
-__all__ = ["call", "create_mdev", "ensure_started", "gpu_admin", "refuse_writes",
-           "remove_mdev", "run_in_process", "run_in_process_when_root",
-           "set_heterogeneous_mode", "set_vgpu_type", "sysfs_writer",
-           "use_daemon"]
+__all__ = [
+    "call",
+    "create_mdev",
+    "ensure_started",
+    "gpu_admin",
+    "refuse_writes",
+    "remove_mdev",
+    "run_in_process",
+    "run_in_process_when_root",
+    "set_heterogeneous_mode",
+    "set_vgpu_type",
+    "sysfs_writer",
+    "use_daemon",
+]
 
 # oslo.privsep finds the contexts by these names in the daemons it starts
 # ('--privsep_context vgpu_driver.privsep.sysfs_writer', '... .gpu_admin').
@@ -50,8 +60,11 @@ sysfs_writer = context.sysfs_writer
 gpu_admin = context.gpu_admin
 
 _ENTRY_POINTS: dict[str, Callable[..., Any]] = {
-    "create_mdev": create_mdev, "remove_mdev": remove_mdev, "set_vgpu_type": set_vgpu_type,
-    "set_heterogeneous_mode": set_heterogeneous_mode}
+    "create_mdev": create_mdev,
+    "remove_mdev": remove_mdev,
+    "set_vgpu_type": set_vgpu_type,
+    "set_heterogeneous_mode": set_heterogeneous_mode,
+}
 _CONTEXT_OF = {"set_heterogeneous_mode": gpu_admin}
 
 

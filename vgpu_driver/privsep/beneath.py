@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 SYSFS_MAGIC = 0x62656572
-_SYS_OPENAT2 = 437          # the same number on every architecture
+_SYS_OPENAT2 = 437  # the same number on every architecture
 _RESOLVE_NO_XDEV = 0x01
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
@@ -46,16 +46,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 # syscall(2) typed for openat2 alone (a CDLL of our own: nobody else's
 # prototype changes), and one ``struct open_how`` per set of flags, built
 # once: the entry points open a handful of paths per write.
 _syscall = _libc.syscall
-_syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
-                     ctypes.c_size_t)
+_syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
 _syscall.restype = ctypes.c_long
 _HOW_SIZE = ctypes.sizeof(_OpenHow)
 _hows: dict[int, _OpenHow] = {}
@@ -69,8 +67,9 @@ def _how(flags: int) -> _OpenHow:
 
 
 def _openat2(dir_fd: int, relpath: str, flags: int) -> int:
-    fd: int = _syscall(_SYS_OPENAT2, dir_fd, os.fsencode(relpath),
-                       ctypes.addressof(_how(flags)), _HOW_SIZE)
+    fd: int = _syscall(
+        _SYS_OPENAT2, dir_fd, os.fsencode(relpath), ctypes.addressof(_how(flags)), _HOW_SIZE
+    )
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), relpath)
@@ -126,8 +125,10 @@ class SysfsRoot:
             self._dev = os.fstat(self.fd).st_dev
             if not allow_fake and _fs_type(self.fd) != SYSFS_MAGIC:
                 raise exception.PrivilegedWriteRefused(
-                    path, "the sysfs root is not a sysfs mount ([vgpu] sysfs_root); "
-                          "test_only_fake_sysfs_root is for test hosts only")
+                    path,
+                    "the sysfs root is not a sysfs mount ([vgpu] sysfs_root); "
+                    "test_only_fake_sysfs_root is for test hosts only",
+                )
         except BaseException:
             os.close(self.fd)
             raise
@@ -140,8 +141,12 @@ class SysfsRoot:
     def __enter__(self) -> SysfsRoot:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None,
-                 exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     # -- opening ------------------------------------------------------------------
@@ -240,7 +245,8 @@ class SysfsRoot:
         resolved = posixpath.normpath(posixpath.join(directory, target))
         if posixpath.isabs(target) or not resolved.startswith(_DEVICES + "/"):
             raise exception.PrivilegedWriteRefused(
-                posixpath.join(directory, base), f"a link leading outside {self.path}/{_DEVICES}")
+                posixpath.join(directory, base), f"a link leading outside {self.path}/{_DEVICES}"
+            )
         return resolved
 
     def follow(self, link_relpath: str, name: str) -> str:
@@ -259,7 +265,8 @@ class SysfsRoot:
             if exc.errno != errno.EINVAL:
                 raise
             raise exception.PrivilegedWriteRefused(
-                link_relpath, "not a link, where sysfs has one") from None
+                link_relpath, "not a link, where sysfs has one"
+            ) from None
         finally:
             os.close(dir_fd)
         return self._under_devices(directory, base, target)
@@ -271,7 +278,7 @@ class SysfsRoot:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise exception.PrivilegedWriteRefused(relpath, "not a regular attribute file")
-            os.set_blocking(fd, True)    # the kernel may block a remove; so may we
+            os.set_blocking(fd, True)  # the kernel may block a remove; so may we
             os.write(fd, value.encode("ascii"))
         finally:
             os.close(fd)

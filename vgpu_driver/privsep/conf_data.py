@@ -46,15 +46,15 @@ def _text(path: str) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
-        raise exception.ConfigDataRefused(path=path, line=0,
-                                          reason=_reason(exc)) from None
+        raise exception.ConfigDataRefused(path=path, line=0, reason=_reason(exc)) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise exception.ConfigDataRefused(path=path, line=0, reason="not a regular file")
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise exception.ConfigDataRefused(path=path, line=0,
-                                          reason=f"larger than {MAX_BYTES} bytes")
+        raise exception.ConfigDataRefused(
+            path=path, line=0, reason=f"larger than {MAX_BYTES} bytes"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -74,7 +74,7 @@ def _assignment(line: str) -> tuple[str, str] | None:
     cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
     if cut <= 0 or not line[:cut].strip():
         return None
-    return line[:cut].strip(), _value(line[cut + 1:])
+    return line[:cut].strip(), _value(line[cut + 1 :])
 
 
 class _Reader:
@@ -90,7 +90,8 @@ class _Reader:
 
     def refuse(self, reason: str, number: int | None = None) -> NoReturn:
         raise exception.ConfigDataRefused(
-            path=self.path, line=self.number if number is None else number, reason=reason)
+            path=self.path, line=self.number if number is None else number, reason=reason
+        )
 
     def line(self, line: str) -> None:
         if not line or line[0] in "#;":
@@ -119,7 +120,7 @@ class _Reader:
             self.refuse("an option outside any section")
         name, value = parsed
         if not self.keep(self.section, name):
-            self.key = True     # read, not kept
+            self.key = True  # read, not kept
             return
         entries = self.found.setdefault(self.section, {})
         if name in entries:
@@ -130,8 +131,9 @@ class _Reader:
         for section, entries in self.found.items():
             for name, value in entries.items():
                 if "$" in value:
-                    self.refuse(f"[{section}] {name} holds a '$' (no substitution is made "
-                                "here)", number=0)
+                    self.refuse(
+                        f"[{section}] {name} holds a '$' (no substitution is made here)", number=0
+                    )
 
 
 def read(path: str, keep: Keep = _any_key) -> Sections:
@@ -152,8 +154,7 @@ def conf_files(files: Iterable[str], dirs: Iterable[str]) -> list[str]:
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(".conf"))
         except OSError as exc:
-            raise exception.ConfigDataRefused(path=directory, line=0,
-                                              reason=_reason(exc)) from None
+            raise exception.ConfigDataRefused(path=directory, line=0, reason=_reason(exc)) from None
         ordered.extend(os.path.join(directory, n) for n in names)
     return ordered
 

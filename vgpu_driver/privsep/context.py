@@ -35,9 +35,16 @@ class Context(priv_context.PrivContext):
     def helper_command(self, sockpath: str) -> list[str]:
         if self.conf.helper_command or self.pypath is None:
             return super().helper_command(sockpath)
-        return ["sudo", os.path.join(sysconfig.get_path("scripts"), HELPER),
-                "--config-file", helper_conf.HELPER_CONF, "--privsep_context", self.pypath,
-                "--privsep_sock_path", sockpath]
+        return [
+            "sudo",
+            os.path.join(sysconfig.get_path("scripts"), HELPER),
+            "--config-file",
+            helper_conf.HELPER_CONF,
+            "--privsep_context",
+            self.pypath,
+            "--privsep_sock_path",
+            sockpath,
+        ]
 
 
 sysfs_writer = Context(
@@ -80,10 +87,14 @@ def configuration() -> cfg.ConfigOpts:
     conf: cfg.ConfigOpts | None = state.get("conf")
     if conf is None:
         raise exception.PrivilegedWriteRefused(
-            "sysfs", f"this privileged side has no configuration of its own (only {HELPER} "
-                     "or vgpu-manage run as root give it one)")
-    for group, option, module in (("vgpu", "sysfs_root", vgpu_conf),
-                                  ("devices", "enabled_mdev_types", devices_conf)):
+            "sysfs",
+            f"this privileged side has no configuration of its own (only {HELPER} "
+            "or vgpu-manage run as root give it one)",
+        )
+    for group, option, module in (
+        ("vgpu", "sysfs_root", vgpu_conf),
+        ("devices", "enabled_mdev_types", devices_conf),
+    ):
         try:
             conf[group][option]
         except (cfg.NoSuchOptError, cfg.NoSuchGroupError, KeyError):

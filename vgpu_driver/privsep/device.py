@@ -37,14 +37,13 @@ if TYPE_CHECKING:
 
     from vgpu_driver.privsep.beneath import SysfsRoot
 
-MODE_MDEV = "mdev"              # the values of vgpu_driver.discovery
+MODE_MDEV = "mdev"  # the values of vgpu_driver.discovery
 MODE_VENDOR_VFIO = "vendor-vfio"
 MODE_VIRTUAL = "virtual"
 MODE_VFS_PENDING = "vfs-pending"
 NVIDIA_VENDOR = "0x10de"
 _DISPLAY_CLASS_PREFIX = "0x03"
 _CURRENT_RE = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)  # as PciReads reads it
-
 
 
 class Gpu(NamedTuple):
@@ -76,15 +75,18 @@ def _registered(root: SysfsRoot) -> frozenset[str]:
 def _is_vendor_vf(root: SysfsRoot, device: str) -> bool:
     """A VF with NVIDIA's vendor files, as :meth:`PciReads.vendor_vf` reads it."""
     vfio = posixpath.join(device, "nvidia")
-    return (bool(_CURRENT_RE.fullmatch(root.read(posixpath.join(vfio, "current_vgpu_type"))))
-            and root.exists(posixpath.join(vfio, "creatable_vgpu_types")))
+    return bool(
+        _CURRENT_RE.fullmatch(root.read(posixpath.join(vfio, "current_vgpu_type")))
+    ) and root.exists(posixpath.join(vfio, "creatable_vgpu_types"))
 
 
 def _vfs(root: SysfsRoot, pf_device: str) -> list[tuple[str, str]]:
     """``[(VF address, VF device)]`` of a PF, by its ``virtfn<N>`` links."""
-    return sorted((posixpath.basename(vf), vf)
-                  for entry, vf in root.links(pf_device, "virtfn").items()
-                  if entry[6:].isdigit())
+    return sorted(
+        (posixpath.basename(vf), vf)
+        for entry, vf in root.links(pf_device, "virtfn").items()
+        if entry[6:].isdigit()
+    )
 
 
 def _future_vfs(root: SysfsRoot, address: str, device: str) -> tuple[str, ...]:
@@ -98,9 +100,11 @@ def _future_vfs(root: SysfsRoot, address: str, device: str) -> tuple[str, ...]:
 
 
 def _is_sriov_gpu(root: SysfsRoot, device: str) -> bool:
-    return (_number(root, posixpath.join(device, "sriov_totalvfs")) > 0
-            and root.read(posixpath.join(device, "vendor")) == NVIDIA_VENDOR
-            and root.read(posixpath.join(device, "class")).startswith(_DISPLAY_CLASS_PREFIX))
+    return (
+        _number(root, posixpath.join(device, "sriov_totalvfs")) > 0
+        and root.read(posixpath.join(device, "vendor")) == NVIDIA_VENDOR
+        and root.read(posixpath.join(device, "class")).startswith(_DISPLAY_CLASS_PREFIX)
+    )
 
 
 def physical_gpu(root: SysfsRoot, pf_address: str, pf_device: str) -> Gpu | None:
@@ -114,15 +118,14 @@ def physical_gpu(root: SysfsRoot, pf_address: str, pf_device: str) -> Gpu | None
         parents.append(pf_address)
         mode = MODE_MDEV
     for vf, vf_device in vfs:
-        if vf in registered:        # an mdev parent: NVIDIA's VF files are not there
+        if vf in registered:  # an mdev parent: NVIDIA's VF files are not there
             parents.append(vf)
             mode = mode or MODE_MDEV
         elif _is_vendor_vf(root, vf_device):
             parents.append(vf)
             mode = MODE_VENDOR_VFIO
     if mode is not None:
-        return Gpu(pf_address, mode,
-                   (pf_address, *sorted(p for p in parents if p != pf_address)))
+        return Gpu(pf_address, mode, (pf_address, *sorted(p for p in parents if p != pf_address)))
     if not _is_sriov_gpu(root, pf_device):
         return None
     addresses: tuple[str, ...] = (pf_address,)
@@ -135,8 +138,9 @@ def _routing_id(address: names.PciAddress) -> int:
     return address.bus << 8 | address.slot << 3 | address.function
 
 
-def _vfs_among(root: SysfsRoot, pf_address: str, pf_device: str,
-               among: Collection[str]) -> list[tuple[str, str]]:
+def _vfs_among(
+    root: SysfsRoot, pf_address: str, pf_device: str, among: Collection[str]
+) -> list[tuple[str, str]]:
     """``[(VF address, VF device)]`` of the PF's VFs whose address is in
     ``among``: the kernel's routing-ID rule says which VF each could be,
     and that ``virtfn<N>`` link must lead to it.  Without the offset and
@@ -184,16 +188,18 @@ def _gpu_among(root: SysfsRoot, parent: str, device: str, among: Collection[str]
     and those of its parents ``among`` holds; its mode is not read."""
     pf_address, pf_device = _pf_of(root, parent, device)
     parents = {parent}
-    for vf, vf_device in _vfs_among(root, pf_address, pf_device,
-                                    [a for a in among if a not in (pf_address, parent)]):
+    for vf, vf_device in _vfs_among(
+        root, pf_address, pf_device, [a for a in among if a not in (pf_address, parent)]
+    ):
         if _is_parent(root, vf) or _is_vendor_vf(root, vf_device):
             parents.add(vf)
     parents.discard(pf_address)
     return Gpu(pf_address, None, (pf_address, *sorted(parents)))
 
 
-def gpu_of_parent(root: SysfsRoot, parent: str, device: str,
-                  among: Collection[str] | None = None) -> Gpu | None:
+def gpu_of_parent(
+    root: SysfsRoot, parent: str, device: str, among: Collection[str] | None = None
+) -> Gpu | None:
     """The GPU of a parent (a registered mdev parent, or a vendor-VFIO VF)
     at ``device``, or None when ``parent`` is neither.
 
@@ -205,8 +211,11 @@ def gpu_of_parent(root: SysfsRoot, parent: str, device: str,
         if not _is_parent(root, parent):
             return None
         key = posixpath.relpath(device, posixpath.join("devices", "virtual"))
-        return Gpu(key.replace("/", "_"), MODE_VIRTUAL,
-                   tuple(dict.fromkeys((key.replace("/", "_"), parent))))
+        return Gpu(
+            key.replace("/", "_"),
+            MODE_VIRTUAL,
+            tuple(dict.fromkeys((key.replace("/", "_"), parent))),
+        )
     if not (_is_parent(root, parent) or _is_vendor_vf(root, device)):
         return None
     if among is not None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 _DISPLAY_CLASS_PREFIX = "0x03"
-_MAX_TYPE_NUMBER = 2 ** 32 - 1
+_MAX_TYPE_NUMBER = 2**32 - 1
 _LINK_REFUSALS = (errno.ELOOP, errno.EXDEV, errno.ENOTDIR)
 
 
@@ -53,8 +53,10 @@ def _root() -> tuple[str, bool]:
     configuration (as the policy is read once)."""
     if "root" not in context.state:
         conf = context.configuration()
-        context.state["root"] = (os.path.realpath(conf.vgpu.sysfs_root),
-                                 conf.vgpu.test_only_fake_sysfs_root)
+        context.state["root"] = (
+            os.path.realpath(conf.vgpu.sysfs_root),
+            conf.vgpu.test_only_fake_sysfs_root,
+        )
     found: tuple[str, bool] = context.state["root"]
     return found
 
@@ -70,8 +72,9 @@ def _sysfs() -> Iterator[beneath.SysfsRoot]:
         if exc.errno not in _LINK_REFUSALS:
             raise
         raise exception.PrivilegedWriteRefused(
-            exc.filename or path, f"a link, another mount or a non-directory on the way "
-                                  f"({os.strerror(exc.errno)})") from None
+            exc.filename or path,
+            f"a link, another mount or a non-directory on the way ({os.strerror(exc.errno)})",
+        ) from None
 
 
 def _is_display_controller(root: beneath.SysfsRoot, device: str) -> bool:
@@ -138,7 +141,8 @@ def remove_mdev(uuid: str) -> None:
         parent = posixpath.basename(device)
         if name != uuid or not _registered_as(root, parent, device):
             raise exception.PrivilegedWriteRefused(
-                uuid, "a link to something that is not an mdev of a registered parent")
+                uuid, "a link to something that is not an mdev of a registered parent"
+            )
         if names.is_pci_address(parent):
             _require_display_controller(root, device, parent)
         else:
@@ -146,8 +150,9 @@ def remove_mdev(uuid: str) -> None:
         root.write(posixpath.join(mdev, "remove"), "1")
 
 
-def _sriov_function(root: beneath.SysfsRoot, address: str, marker: str,
-                    role: str) -> tuple[str, str]:
+def _sriov_function(
+    root: beneath.SysfsRoot, address: str, marker: str, role: str
+) -> tuple[str, str]:
     """An SR-IOV function of a GPU, whose ``role`` its ``marker`` proves."""
     address, device = _pci_function(root, address)
     if not root.exists(posixpath.join(device, marker)):
@@ -159,7 +164,8 @@ def _require_nvidia(root: beneath.SysfsRoot, device: str, address: str) -> None:
     vendor = root.read(posixpath.join(device, "vendor"))
     if vendor != policy.NVIDIA_VENDOR:
         raise exception.PrivilegedWriteRefused(
-            address, f"not an NVIDIA function (vendor {vendor or 'unknown'})")
+            address, f"not an NVIDIA function (vendor {vendor or 'unknown'})"
+        )
 
 
 @context.sysfs_writer.entrypoint
@@ -168,7 +174,7 @@ def set_vgpu_type(vf_address: str, number: int) -> None:
     with _sysfs() as root:
         address, device = _sriov_function(root, vf_address, "physfn", "virtual")
         _require_nvidia(root, device, address)
-        if number:     # 0 clears the type: it frees the VF, as a removal does
+        if number:  # 0 clears the type: it frees the VF, as a removal does
             _policy().check_vgpu_type(root, address, device, names.vendor_type_id(number))
         root.write(posixpath.join(device, "nvidia", "current_vgpu_type"), str(number))
 
@@ -179,7 +185,8 @@ def set_heterogeneous_mode(pf_address: str, enabled: bool) -> None:
     (through NVML, not a file); the board is checked through sysfs first."""
     if not isinstance(enabled, bool):
         raise exception.PrivilegedWriteRefused(
-            f"the vGPU mode of {pf_address!r}", f"{enabled!r} is neither True nor False")
+            f"the vGPU mode of {pf_address!r}", f"{enabled!r} is neither True nor False"
+        )
     with _sysfs() as root:
         address, device = _sriov_function(root, pf_address, "sriov_totalvfs", "physical")
         _require_nvidia(root, device, address)

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
 LOG = logging.getLogger(__name__)
-CONTEXTS = {"vgpu_driver.privsep.sysfs_writer": context.sysfs_writer,
-            "vgpu_driver.privsep.gpu_admin": context.gpu_admin}
+CONTEXTS = {
+    "vgpu_driver.privsep.sysfs_writer": context.sysfs_writer,
+    "vgpu_driver.privsep.gpu_admin": context.gpu_admin,
+}
 _PR_CAPBSET_DROP = 24
 
 
@@ -55,8 +57,11 @@ def exported(privileged: context.Context) -> dict[str, Callable[..., Any]]:
 
     # An entry point is partial(context._wrap, function): the client sends
     # the function's module and name.
-    return {f"{f.args[0].__module__}.{f.args[0].__name__}": f
-            for f in vars(entrypoints).values() if privileged.is_entrypoint(f)}
+    return {
+        f"{f.args[0].__module__}.{f.args[0].__name__}": f
+        for f in vars(entrypoints).values()
+        if privileged.is_entrypoint(f)
+    }
 
 
 def keep_bounding_set(caps: Collection[int]) -> None:
@@ -74,8 +79,12 @@ def keep_bounding_set(caps: Collection[int]) -> None:
 class Daemon(daemon.Daemon):
     """oslo.privsep's daemon, serving only ``calls``."""
 
-    def __init__(self, channel: comm.ServerChannel, privileged: context.Context,
-                 calls: dict[str, Callable[..., Any]]) -> None:
+    def __init__(
+        self,
+        channel: comm.ServerChannel,
+        privileged: context.Context,
+        calls: dict[str, Callable[..., Any]],
+    ) -> None:
         super().__init__(channel, privileged)
         self.calls = calls
 
@@ -84,12 +93,17 @@ class Daemon(daemon.Daemon):
         super()._drop_privs()
 
     def _process_cmd(self, msgid: str, cmd: comm.Message, *args: Any) -> tuple[Any, ...]:
-        if cmd == comm.Message.CALL and not (args and isinstance(args[0], str)
-                                             and args[0] in self.calls):
+        if cmd == comm.Message.CALL and not (
+            args and isinstance(args[0], str) and args[0] in self.calls
+        ):
             # The text of oslo.privsep's own refusal, for any name.
             name = args[0] if args else None
-            return (comm.Message.ERR.value, "builtins.NameError",
-                    (f"Invalid privsep function: {name!r} not exported",), "")
+            return (
+                comm.Message.ERR.value,
+                "builtins.NameError",
+                (f"Invalid privsep function: {name!r} not exported",),
+                "",
+            )
         return super()._process_cmd(msgid, cmd, *args)
 
 
@@ -101,13 +115,19 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _start(args: argparse.Namespace) -> tuple[context.Context, dict[str, Callable[..., Any]],
-                                            comm.ServerChannel]:
+def _start(
+    args: argparse.Namespace,
+) -> tuple[context.Context, dict[str, Callable[..., Any]], comm.ServerChannel]:
     """Everything that can fail before the caller is answered."""
     privileged = CONTEXTS[args.privsep_context]
     # The contexts' own options (capabilities, user...) keep their defaults.
-    cfg.CONF(args=[], project="vgpu-driver-privsep", default_config_files=[],
-             default_config_dirs=[], use_env=False)
+    cfg.CONF(
+        args=[],
+        project="vgpu-driver-privsep",
+        default_config_files=[],
+        default_config_dirs=[],
+        use_env=False,
+    )
     context.fix_configuration(helper_conf.load(args.config_file))
     calls = exported(privileged)
     sock = socket.socket(socket.AF_UNIX)
@@ -131,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon.replace_logging(daemon.PrivsepLogHandler(channel))
     try:
         Daemon(channel, privileged, calls).run()
-    except Exception as exc:   # noqa: BLE001 - the daemon's last word, as oslo.privsep's
+    except Exception as exc:  # noqa: BLE001 - the daemon's last word, as oslo.privsep's
         LOG.exception(exc)
         sys.exit(str(exc))
     sys.exit(0)
-

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 HELPER_CONF = "/etc/vgpu-driver/privsep.conf"
 
-_OWN = {"nova": ("config_files", "config_dirs"),
-        "vgpu": ("test_only_fake_sysfs_root", "test_only_fake_nvml_host")}
+_OWN = {
+    "nova": ("config_files", "config_dirs"),
+    "vgpu": ("test_only_fake_sysfs_root", "test_only_fake_nvml_host"),
+}
 
 
 def _names(opts: Iterable[cfg.Opt]) -> set[str]:
@@ -74,14 +76,19 @@ def _own(path: str) -> tuple[list[str], list[str], dict[str, str]]:
         for key in entries:
             if key not in _OWN.get(section, ()):
                 raise exception.ConfigDataRefused(
-                    path=path, line=0, reason=f"[{section}] {key} is not an option of the "
-                                              "privileged helper")
+                    path=path,
+                    line=0,
+                    reason=f"[{section}] {key} is not an option of the privileged helper",
+                )
     nova = own.get("nova", {})
-    files, dirs = ([p.strip() for p in nova.get(key, "").split(",") if p.strip()]
-                   for key in ("config_files", "config_dirs"))
+    files, dirs = (
+        [p.strip() for p in nova.get(key, "").split(",") if p.strip()]
+        for key in ("config_files", "config_dirs")
+    )
     if not files:
-        raise exception.ConfigDataRefused(path=path, line=0,
-                                          reason="[nova] config_files names no file")
+        raise exception.ConfigDataRefused(
+            path=path, line=0, reason="[nova] config_files names no file"
+        )
     return files, dirs, own.get("vgpu", {})
 
 
@@ -99,8 +106,13 @@ def load(path: str) -> cfg.ConfigOpts:
     fd = os.memfd_create("vgpu-driver-privsep.conf", os.MFD_CLOEXEC)
     try:
         os.write(fd, conf_data.as_ini(sections).encode("utf-8"))
-        conf(args=["--config-file", f"/proc/self/fd/{fd}"], project="vgpu-driver",
-             default_config_files=[], default_config_dirs=[], use_env=False)
+        conf(
+            args=["--config-file", f"/proc/self/fd/{fd}"],
+            project="vgpu-driver",
+            default_config_files=[],
+            default_config_dirs=[],
+            use_env=False,
+        )
     finally:
         os.close(fd)
     return conf

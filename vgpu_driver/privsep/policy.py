@@ -42,8 +42,10 @@ NVIDIA_VENDOR = device.NVIDIA_VENDOR
 def _can_mix(gpu: device.Gpu, type_ids: Sequence[str]) -> bool:
     """As the inventory: NVIDIA's types, on a board whose VFs serve
     vendor-VFIO vGPUs (or are not there yet to tell)."""
-    return (all(map(names.is_vendor_type_id, type_ids))
-            and gpu.mode in (device.MODE_VENDOR_VFIO, device.MODE_VFS_PENDING))
+    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in (
+        device.MODE_VENDOR_VFIO,
+        device.MODE_VFS_PENDING,
+    )
 
 
 def configured_types(gpu: device.Gpu, config: mdev_types.MdevConfig) -> tuple[str, ...]:
@@ -85,8 +87,10 @@ class WritePolicy:
     def _require_config(self) -> mdev_types.MdevConfig:
         if self.config is None:
             raise exception.PrivilegedWriteRefused(
-                "sysfs", "the configuration has errors, so it enables nothing: "
-                         + "; ".join(self.config_errors))
+                "sysfs",
+                "the configuration has errors, so it enables nothing: "
+                + "; ".join(self.config_errors),
+            )
         return self.config
 
     def _served(self, root: SysfsRoot, gpu: device.Gpu | None) -> tuple[str, ...]:
@@ -95,8 +99,9 @@ class WritePolicy:
             return ()
         return configured_types(gpu, _resolved(self._require_config(), root.path))
 
-    def _served_parent(self, root: SysfsRoot, parent: str,
-                       parent_device: str) -> tuple[device.Gpu | None, tuple[str, ...]]:
+    def _served_parent(
+        self, root: SysfsRoot, parent: str, parent_device: str
+    ) -> tuple[device.Gpu | None, tuple[str, ...]]:
         """The GPU of ``parent`` and the types the configuration gives it:
         the GPU read for the addresses the configuration names, then
         whole only when it is given more than one type (its mode decides)."""
@@ -111,12 +116,12 @@ class WritePolicy:
                 return None, ()
         return gpu, configured_types(gpu, config)
 
-    def check_create(self, root: SysfsRoot, parent: str, parent_device: str,
-                     type_id: str) -> None:
+    def check_create(self, root: SysfsRoot, parent: str, parent_device: str, type_id: str) -> None:
         target = f"{type_id} on {parent}"
         if self.config is not None and type_id not in self.config.enabled:
             raise exception.PrivilegedWriteRefused(
-                target, f"type {type_id} is not enabled ([devices] enabled_mdev_types)")
+                target, f"type {type_id} is not enabled ([devices] enabled_mdev_types)"
+            )
         self._require_config()
         gpu, served = self._served_parent(root, parent, parent_device)
         self._require_type(target, gpu, served, type_id, f"parent {parent}")
@@ -129,18 +134,23 @@ class WritePolicy:
         target = f"the vGPU mode of {pf_address}"
         if gpu is None or not self._served(root, gpu):
             raise exception.PrivilegedWriteRefused(
-                target, f"GPU {pf_address} is given no vGPU type by the configuration")
+                target, f"GPU {pf_address} is given no vGPU type by the configuration"
+            )
         if gpu.mode != device.MODE_VENDOR_VFIO:
             raise exception.PrivilegedWriteRefused(
-                target, f"GPU {pf_address} serves no vendor-VFIO vGPUs (its VFs are off, or "
-                        "it serves mdevs), and only those mix sizes")
+                target,
+                f"GPU {pf_address} serves no vendor-VFIO vGPUs (its VFs are off, or "
+                "it serves mdevs), and only those mix sizes",
+            )
 
-    def check_vgpu_type(self, root: SysfsRoot, vf_address: str, vf_device: str,
-                        type_id: str) -> None:
+    def check_vgpu_type(
+        self, root: SysfsRoot, vf_address: str, vf_device: str, type_id: str
+    ) -> None:
         self._require_config()
         gpu, served = self._served_parent(root, vf_address, vf_device)
-        self._require_type(f"vGPU type {type_id} on {vf_address}", gpu,
-                           served, type_id, f"VF {vf_address}")
+        self._require_type(
+            f"vGPU type {type_id} on {vf_address}", gpu, served, type_id, f"VF {vf_address}"
+        )
 
     def check_free_parent(self, root: SysfsRoot, parent: str, parent_device: str) -> None:
         """A removal on a parent that is not a PCI display controller: only
@@ -151,17 +161,21 @@ class WritePolicy:
             raise exception.PrivilegedWriteRefused(
                 f"an mdev of {parent}",
                 f"parent {parent} is neither a display controller nor a device the "
-                "configuration gives an mdev type")
+                "configuration gives an mdev type",
+            )
 
     @staticmethod
-    def _require_type(target: str, gpu: device.Gpu | None, configured: Sequence[str],
-                      type_id: str, where: str) -> None:
+    def _require_type(
+        target: str, gpu: device.Gpu | None, configured: Sequence[str], type_id: str, where: str
+    ) -> None:
         if gpu is None:
             raise exception.PrivilegedWriteRefused(target, f"{where} is on no GPU of this host")
         if not configured:
             raise exception.PrivilegedWriteRefused(
-                target, f"GPU {gpu.address} is given no mdev type by the configuration")
+                target, f"GPU {gpu.address} is given no mdev type by the configuration"
+            )
         if type_id not in configured:
             raise exception.PrivilegedWriteRefused(
-                target, f"GPU {gpu.address} is configured for {', '.join(configured)}, "
-                        f"not {type_id}")
+                target,
+                f"GPU {gpu.address} is configured for {', '.join(configured)}, not {type_id}",
+            )

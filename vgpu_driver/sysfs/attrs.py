@@ -48,6 +48,7 @@ def link_name(path: str) -> str | None:
     except OSError:
         return None
 
+
 def parse_count(text: str) -> int:
     """A kernel-printed count: decimal digits only."""
     if not text.isdigit():

@@ -127,8 +127,10 @@ class PciDeviceInfo:
         if not (self.sriov_totalvfs and self.sriov_offset and self.sriov_stride):
             return ()
         pf = names.parse_pci_address(str(self.address))
-        return tuple(str(pf.offset(self.sriov_offset + i * self.sriov_stride))
-                     for i in range(self.sriov_totalvfs))
+        return tuple(
+            str(pf.offset(self.sriov_offset + i * self.sriov_stride))
+            for i in range(self.sriov_totalvfs)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,8 +204,9 @@ class SysfsReader(abc.ABC):
         file); raises NvmlUnavailable or MixedSizeModeRefused."""
 
     @abc.abstractmethod
-    def vgpu_placements(self, pf_address: str | PciAddress,
-                        type_numbers: Iterable[int]) -> dict[int, Placements]:
+    def vgpu_placements(
+        self, pf_address: str | PciAddress, type_numbers: Iterable[int]
+    ) -> dict[int, Placements]:
         """``{type number: vgpu_driver.nvml.Placements}`` of a board in
         mixed-size mode, read together (NVML's, not files); raises as
         :meth:`mixed_sizes`."""
@@ -214,7 +217,6 @@ class SysfsReader(abc.ABC):
         board, idle or running, for the operator's map: each VF's
         ``nvidia/placement_id``, NVML's where the driver has no such file;
         raises as :meth:`mixed_sizes` when NVML must be asked and cannot."""
-
 
 
 class SysfsHost(SysfsReader):
@@ -233,8 +235,9 @@ class SysfsHost(SysfsReader):
         """
 
     @abc.abstractmethod
-    def set_vendor_vgpu_type(self, address: str | PciAddress, type_number: int,
-                             timeout: float | None = None) -> None:
+    def set_vendor_vgpu_type(
+        self, address: str | PciAddress, type_number: int, timeout: float | None = None
+    ) -> None:
         """Write a vGPU type number (0 clears) to a VF's ``current_vgpu_type``.
 
         Raises MdevWriteError; clearing a VF a guest still holds may be

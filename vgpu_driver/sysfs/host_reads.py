@@ -36,11 +36,11 @@ class PciFunction:
     vendor: str | None = None
     device: str | None = None
     pci_class: str | None = None
-    driver: str | None = None           # None: no driver bound
-    iommu_group: str | None = None      # None: in no group (IOMMU off)
-    physfn: str | None = None           # set for an SR-IOV virtual function
-    sriov_totalvfs: int | None = None   # set for an SR-IOV physical function
-    vendor_vfio: bool = False           # has NVIDIA's ``nvidia/`` directory
+    driver: str | None = None  # None: no driver bound
+    iommu_group: str | None = None  # None: in no group (IOMMU off)
+    physfn: str | None = None  # set for an SR-IOV virtual function
+    sriov_totalvfs: int | None = None  # set for an SR-IOV physical function
+    vendor_vfio: bool = False  # has NVIDIA's ``nvidia/`` directory
 
     @property
     def device_id(self) -> str | None:
@@ -52,7 +52,8 @@ class PciFunction:
     @property
     def is_nvidia_display(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and bool(
-            self.pci_class and self.pci_class.startswith(DISPLAY_CLASS_PREFIX))
+            self.pci_class and self.pci_class.startswith(DISPLAY_CLASS_PREFIX)
+        )
 
 
 def pci_function(paths: SysfsPaths, address: object) -> PciFunction | None:
@@ -71,7 +72,8 @@ def pci_function(paths: SysfsPaths, address: object) -> PciFunction | None:
         iommu_group=attrs.link_name(os.path.join(dev, "iommu_group")),
         physfn=attrs.link_name(os.path.join(dev, "physfn")),
         sriov_totalvfs=totalvfs,
-        vendor_vfio=os.path.isdir(paths.vendor_vfio_dir(address)))
+        vendor_vfio=os.path.isdir(paths.vendor_vfio_dir(address)),
+    )
 
 
 def nvidia_gpus(paths: SysfsPaths) -> list[PciFunction]:
@@ -91,7 +93,7 @@ def nvidia_vfs(paths: SysfsPaths, gpu: PciFunction) -> list[PciFunction]:
     dev = paths.pci_device(gpu.address)
     found = []
     for entry in attrs.sorted_entries(dev):
-        if entry.startswith("virtfn") and entry[len("virtfn"):].isdigit():
+        if entry.startswith("virtfn") and entry[len("virtfn") :].isdigit():
             vf = attrs.link_name(os.path.join(dev, entry))
             function = vf and names.is_pci_address(vf) and pci_function(paths, vf)
             if function:

@@ -48,13 +48,16 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsReader):
     nvml_bindings: Any = None
 
     def mixed_sizes(self, pf_address: str | PciAddress) -> bool:
-        return nvml.heterogeneous_mode(str(names.parse_pci_address(str(pf_address))),
-                                       self.nvml_bindings)
+        return nvml.heterogeneous_mode(
+            str(names.parse_pci_address(str(pf_address))), self.nvml_bindings
+        )
 
-    def vgpu_placements(self, pf_address: str | PciAddress,
-                        type_numbers: Iterable[int]) -> dict[int, nvml.Placements]:
-        return nvml.placements(str(names.parse_pci_address(str(pf_address))),
-                               type_numbers, self.nvml_bindings)
+    def vgpu_placements(
+        self, pf_address: str | PciAddress, type_numbers: Iterable[int]
+    ) -> dict[int, nvml.Placements]:
+        return nvml.placements(
+            str(names.parse_pci_address(str(pf_address))), type_numbers, self.nvml_bindings
+        )
 
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """Each typed VF's ``nvidia/placement_id``, idle or running; NVML's
@@ -73,6 +76,9 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsReader):
                 found.append((vf.current_type, placement))
         if unread:
             taken = {placement for _number, placement in found}
-            found += [located for located in nvml.located_vgpus(str(pf), self.nvml_bindings)
-                      if located[1] not in taken]
+            found += [
+                located
+                for located in nvml.located_vgpus(str(pf), self.nvml_bindings)
+                if located[1] not in taken
+            ]
         return tuple(sorted(found, key=lambda located: located[1]))

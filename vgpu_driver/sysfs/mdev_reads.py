@@ -78,8 +78,9 @@ class MdevReads:
                 LOG.warning("Skipping parent: %s", exc)
         return found
 
-    def read_parent(self, name: str,
-                    wanted: Container[str] | None = None) -> base.ParentInfo | None:
+    def read_parent(
+        self, name: str, wanted: Container[str] | None = None
+    ) -> base.ParentInfo | None:
         """One parent's :class:`ParentInfo` (its types read now: with
         ``wanted``, only those type ids), or None when its link points to
         no device."""
@@ -96,11 +97,20 @@ class MdevReads:
             pf = attrs.link_name(f"{device_path}/physfn")
             if pf is not None:
                 physfn = pci_address(pf, f"{name}/physfn")
-        return base.ParentInfo(name=name, device_path=device_path, types=types,
-                               address=address, physfn=physfn, unread=unread)
+        return base.ParentInfo(
+            name=name,
+            device_path=device_path,
+            types=types,
+            address=address,
+            physfn=physfn,
+            unread=unread,
+        )
 
-    def _read_types(self, device_path: str, wanted: Container[str] | None = None,
-                    ) -> tuple[tuple[base.MdevTypeInfo, ...] | None, tuple[str, ...]]:
+    def _read_types(
+        self,
+        device_path: str,
+        wanted: Container[str] | None = None,
+    ) -> tuple[tuple[base.MdevTypeInfo, ...] | None, tuple[str, ...]]:
         """``(types read, ids of types listed but not wanted)``, or
         ``(None, ())`` when ``device_path`` is no directory.
 
@@ -127,25 +137,30 @@ class MdevReads:
                 LOG.warning("Skipping type: %s", exc)
         if wanted is None:
             return tuple(self._types_in(types_dir, type_ids)), ()
-        return (tuple(self._types_in(types_dir, [t for t in type_ids if t in wanted])),
-                tuple(t for t in type_ids if t not in wanted))
+        return (
+            tuple(self._types_in(types_dir, [t for t in type_ids if t in wanted])),
+            tuple(t for t in type_ids if t not in wanted),
+        )
 
-    def _types_in(self, types_dir: str,
-                  type_ids: Iterable[str]) -> Iterator[base.MdevTypeInfo]:
+    def _types_in(self, types_dir: str, type_ids: Iterable[str]) -> Iterator[base.MdevTypeInfo]:
         for type_id in type_ids:
             # Plain concatenation: this loop runs for every type of every parent.
             prefix = f"{types_dir}/{type_id}/"
             unreadable: list[str] = []
-            available = attrs.read_parsed(prefix + "available_instances", attrs.parse_count,
-                                          unreadable)
+            available = attrs.read_parsed(
+                prefix + "available_instances", attrs.parse_count, unreadable
+            )
             yield base.MdevTypeInfo(
                 type_id=type_id,
                 available_instances=available or 0,
-                device_api=attrs.read_parsed(prefix + "device_api", attrs.parse_printable,
-                                             unreadable) or "",
+                device_api=attrs.read_parsed(
+                    prefix + "device_api", attrs.parse_printable, unreadable
+                )
+                or "",
                 name=attrs.read_parsed(prefix + "name", attrs.parse_printable, unreadable),
                 description=attrs.read_parsed(prefix + "description", str, unreadable),
-                unreadable=tuple(unreadable))
+                unreadable=tuple(unreadable),
+            )
 
     def list_mdevs(self) -> list[base.MdevInfo]:
         mdevs = (self.read_mdev(uuid) for uuid in self.mdev_uuids())
@@ -201,9 +216,10 @@ class MdevReads:
 
     def available_instances(self, parent: str, type_id: str) -> int:
         """One type's ``available_instances`` on one parent (0 if absent)."""
-        path = os.path.join(self.paths.parent_type(names.check_parent_name(parent),
-                                                   names.check_type_id(type_id)),
-                            "available_instances")
+        path = os.path.join(
+            self.paths.parent_type(names.check_parent_name(parent), names.check_type_id(type_id)),
+            "available_instances",
+        )
         return attrs.int_or_none(attrs.read_attr(path)) or 0
 
     def mdev_created_at(self, uuid: str) -> float | None:

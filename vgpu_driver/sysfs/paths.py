@@ -31,7 +31,8 @@ def check_root(root: str) -> str:
     missing = [d for d in _SYSFS_LANDMARKS if not os.path.isdir(os.path.join(root, d))]
     if missing:
         raise exception.InvalidSysfsRoot(
-            root=root, reason=f"has no {' and no '.join(f'{d}/' for d in missing)}")
+            root=root, reason=f"has no {' and no '.join(f'{d}/' for d in missing)}"
+        )
     return root
 
 

@@ -54,8 +54,11 @@ def _current_type(text: str | None, path: str) -> int | None:
         return None
     if _CURRENT_RE.fullmatch(text):
         return int(text)
-    LOG.warning("Unreadable sysfs value: %s: %r is not a vGPU type number; the VF "
-                "is left out", path, text[:40])
+    LOG.warning(
+        "Unreadable sysfs value: %s: %r is not a vGPU type number; the VF is left out",
+        path,
+        text[:40],
+    )
     return None
 
 
@@ -87,8 +90,7 @@ class PciReads:
             # A VF's link names its address: its last component is enough.
             target = attrs.link_name(f"{dev}/{entry}") if match else None
             if match and target:
-                virtfns.append((int(match[1]), pci_address(
-                    target, f"{address}/{entry}")))
+                virtfns.append((int(match[1]), pci_address(target, f"{address}/{entry}")))
         totalvfs = _read_int(dev, "sriov_totalvfs")
         numvfs = _read_int(dev, "sriov_numvfs")
         # Where the VFs will be matters only while they are off
@@ -104,14 +106,14 @@ class PciReads:
             virtfns=tuple(vf for _, vf in sorted(virtfns)),
             pci_class=attrs.read_attr(f"{dev}/class"),
             sriov_offset=_read_int(dev, "sriov_offset") if future else None,
-            sriov_stride=_read_int(dev, "sriov_stride") if future else None)
+            sriov_stride=_read_int(dev, "sriov_stride") if future else None,
+        )
 
     def vgpu_manager_version(self) -> str | None:
         """``module/nvidia/version``: the vGPU manager is NVIDIA's kernel
         module (the one driving the physical functions); a value that is no
         version is logged and read as unknown."""
-        return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version,
-                                 [])
+        return attrs.read_parsed(self.paths.module_version(NVIDIA_MODULE), _module_version, [])
 
     def list_sriov_pfs(self, vfs: Container[str] = frozenset()) -> list[base.PciDeviceInfo]:
         found = []
@@ -122,8 +124,10 @@ class PciReads:
             # (drivers/pci/iov.c shows them only where dev_is_pf()).
             if entry in vfs:
                 continue
-            if names.is_pci_address(entry) and attrs.read_attr(
-                    f"{pci_base}/{entry}/sriov_totalvfs") is not None:
+            if (
+                names.is_pci_address(entry)
+                and attrs.read_attr(f"{pci_base}/{entry}/sriov_totalvfs") is not None
+            ):
                 info = self.pci_device(entry)
                 if info is not None:
                     found.append(info)
@@ -171,27 +175,33 @@ class PciReads:
             address=address,
             physfn=names.parse_pci_address(pf) if pf else None,
             creatable=parse_creatable_vgpu_types(creatable),
-            current_type=current)
+            current_type=current,
+        )
 
     def vendor_placement_id(self, address: str | PciAddress) -> int | None:
         """The placement ID in a VF's ``nvidia/placement_id``: an int,
         ``INVALID_PLACEMENT_ID`` where the vGPU has none (``Not Applicable``
         or garbage, logged), None where the driver has no such file."""
-        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
-                            "placement_id")
+        path = os.path.join(
+            self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))), "placement_id"
+        )
         text = attrs.read_attr(path)
         if text is None:
             return None
         if _CURRENT_RE.fullmatch(text):
             return int(text)
         if text.lower() != "not applicable":
-            LOG.warning("Unreadable sysfs value: %s: %r is not a placement ID; the vGPU "
-                        "is left unplaced", path, text[:40])
+            LOG.warning(
+                "Unreadable sysfs value: %s: %r is not a placement ID; the vGPU is left unplaced",
+                path,
+                text[:40],
+            )
         return INVALID_PLACEMENT_ID
 
     def vendor_vgpu_set_at(self, address: str | PciAddress) -> float | None:
-        path = os.path.join(self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))),
-                            "current_vgpu_type")
+        path = os.path.join(
+            self.paths.vendor_vfio_dir(names.parse_pci_address(str(address))), "current_vgpu_type"
+        )
         try:
             return os.lstat(path).st_ctime
         except FileNotFoundError:

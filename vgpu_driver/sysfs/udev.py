@@ -66,8 +66,9 @@ class _Waiter:
         return changed
 
 
-def parse_event(root: str, subsystem: str, devpath: str,
-                properties: Mapping[str, str]) -> tuple[str, str | None] | None:
+def parse_event(
+    root: str, subsystem: str, devpath: str, properties: Mapping[str, str]
+) -> tuple[str, str | None] | None:
     """``(parent, gpu)`` an event touches; None for devices that are no
     mdev parent candidate (a PCI bridge is still a PCI device: kept).
 
@@ -182,14 +183,16 @@ class UdevMonitor:
                 continue
             if device is None:
                 return
-            touched = parse_event(self.root, device.subsystem or "", device.device_path,
-                                  dict(device.properties))
+            touched = parse_event(
+                self.root, device.subsystem or "", device.device_path, dict(device.properties)
+            )
             LOG.debug("udev %s %s -> %s", device.action, device.device_path, touched)
             if touched is not None:
                 self._record(*touched)
 
-    def _record(self, parent: str | None = None, gpu: str | None = None,
-                lost: bool = False) -> None:
+    def _record(
+        self, parent: str | None = None, gpu: str | None = None, lost: bool = False
+    ) -> None:
         with self._cond:
             if parent:
                 self._parents.add(parent)
@@ -219,8 +222,9 @@ class UdevMonitor:
             if self._lost or not self.running:
                 found = changes.EVERYTHING
             else:
-                found = changes.Changes(parents=frozenset(self._parents),
-                                        gpus=frozenset(self._gpus))
+                found = changes.Changes(
+                    parents=frozenset(self._parents), gpus=frozenset(self._gpus)
+                )
             self._parents, self._gpus = set(), set()
             self._lost = not self.running
             return found
@@ -229,8 +233,7 @@ class UdevMonitor:
         """``(generation, changed)``: blocks until the generation passes
         ``seen`` or ``timeout`` seconds went by."""
         with self._cond:
-            changed = self._cond.wait_for(lambda: self.generation != seen,
-                                          max(timeout, 0))
+            changed = self._cond.wait_for(lambda: self.generation != seen, max(timeout, 0))
             return self.generation, changed
 
     def waiter(self) -> _Waiter:
@@ -245,7 +248,7 @@ class UdevMonitor:
         number since).  A reader that has not ended keeps its end open.  The
         lock is taken for good: stopping happens once."""
         if not self._stopping.acquire(blocking=False):
-            return          # stopped, or being stopped, by someone else
+            return  # stopped, or being stopped, by someone else
         if self._thread.is_alive():
             os.write(self._wake_w, b"x")
             self._thread.join(5)
@@ -263,8 +266,10 @@ def unusable_because(host: object, mode: str) -> str | None:
     if not isinstance(host, linux.LinuxSysfs):
         return f"{host!r} reads no sysfs tree"
     if mode == "auto":
-        if type(host) is not linux.LinuxSysfs \
-                or os.path.realpath(host.paths.root) != sysfs_paths.DEFAULT_ROOT:
+        if (
+            type(host) is not linux.LinuxSysfs
+            or os.path.realpath(host.paths.root) != sysfs_paths.DEFAULT_ROOT
+        ):
             return f"sysfs root {host.paths.root} is not the kernel's"
         if not os.path.exists(UDEV_CONTROL):
             return f"no udev daemon here ({UDEV_CONTROL} is absent)"

@@ -65,8 +65,14 @@ class WritableSysfs(linux.LinuxSysfs, base.SysfsHost):
         the path under its own root from these names)."""
         return self.writer(entry_point, *args)
 
-    def _write(self, action: str, target: str, entry_point: str, *args: object,
-               timeout: float | None = None) -> None:
+    def _write(
+        self,
+        action: str,
+        target: str,
+        entry_point: str,
+        *args: object,
+        timeout: float | None = None,
+    ) -> None:
         """One write; kernel errnos become typed errors naming the target.
 
         With ``timeout``, the write runs in a worker thread: the kernel can
@@ -93,14 +99,21 @@ class WritableSysfs(linux.LinuxSysfs, base.SysfsHost):
     def set_mixed_sizes(self, pf_address: str | PciAddress, enabled: bool) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, not {enabled!r}")
-        self._privileged("set_heterogeneous_mode",
-                         str(names.parse_pci_address(str(pf_address))), enabled)
+        self._privileged(
+            "set_heterogeneous_mode", str(names.parse_pci_address(str(pf_address))), enabled
+        )
 
-    def set_vendor_vgpu_type(self, address: str | PciAddress, type_number: int,
-                             timeout: float | None = None) -> None:
+    def set_vendor_vgpu_type(
+        self, address: str | PciAddress, type_number: int, timeout: float | None = None
+    ) -> None:
         address = names.parse_pci_address(str(address))
-        if isinstance(type_number, bool) or not isinstance(type_number, int) \
-                or type_number < 0:
+        if isinstance(type_number, bool) or not isinstance(type_number, int) or type_number < 0:
             raise exception.InvalidSysfsName("vGPU type number", type_number)
-        self._write("current_vgpu_type", f"VF {address}", "set_vgpu_type", str(address),
-                    type_number, timeout=timeout)
+        self._write(
+            "current_vgpu_type",
+            f"VF {address}",
+            "set_vgpu_type",
+            str(address),
+            type_number,
+            timeout=timeout,
+        )

@@ -27,14 +27,22 @@ USER = "demo-user"
 
 
 def _inventory(total, reserved=0, allocation_ratio=1.0):
-    return {"total": total, "reserved": reserved, "min_unit": 1, "max_unit": total,
-            "step_size": 1, "allocation_ratio": allocation_ratio}
+    return {
+        "total": total,
+        "reserved": reserved,
+        "min_unit": 1,
+        "max_unit": total,
+        "step_size": 1,
+        "allocation_ratio": allocation_ratio,
+    }
 
 
 # What nova reports on the compute node itself; instances allocate from it too.
-NODE_INVENTORY = {"VCPU": _inventory(64, allocation_ratio=4.0),
-                  "MEMORY_MB": _inventory(524288, reserved=512),
-                  "DISK_GB": _inventory(1800)}
+NODE_INVENTORY = {
+    "VCPU": _inventory(64, allocation_ratio=4.0),
+    "MEMORY_MB": _inventory(524288, reserved=512),
+    "DISK_GB": _inventory(1800),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +58,10 @@ class Flavor:
 
     def candidates_query(self):
         """The query nova's scheduler sends for this flavor (one request group)."""
-        resources = (f"DISK_GB:{self.disk_gb},MEMORY_MB:{self.memory_mb},"
-                     f"VCPU:{self.vcpus},VGPU:{self.vgpus}")
-        return urllib.parse.urlencode({"resources": resources, "required": self.trait},
-                                      safe=":,")
+        resources = (
+            f"DISK_GB:{self.disk_gb},MEMORY_MB:{self.memory_mb},VCPU:{self.vcpus},VGPU:{self.vgpus}"
+        )
+        return urllib.parse.urlencode({"resources": resources, "required": self.trait}, safe=":,")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Booted:
     flavor: Flavor
     query: str
     candidates: int
-    allocations: dict      # Placement's, as read back: {rp uuid: {"resources": ...}}
+    allocations: dict  # Placement's, as read back: {rp uuid: {"resources": ...}}
     mdevs: tuple
 
 
@@ -101,11 +109,14 @@ class MiniCompute:
     def create_compute_node(self):
         """The root provider, named after the node, with its own inventory."""
         # Placement answers the POST with the new provider (microversion >= 1.20).
-        rp = self.client.request("POST", "/resource_providers",
-                                 {"uuid": self.node_uuid, "name": self.nodename})
-        self.client.request("PUT", f"/resource_providers/{self.node_uuid}/inventories",
-                            {"resource_provider_generation": rp["generation"],
-                             "inventories": NODE_INVENTORY})
+        rp = self.client.request(
+            "POST", "/resource_providers", {"uuid": self.node_uuid, "name": self.nodename}
+        )
+        self.client.request(
+            "PUT",
+            f"/resource_providers/{self.node_uuid}/inventories",
+            {"resource_provider_generation": rp["generation"], "inventories": NODE_INVENTORY},
+        )
 
     def update_provider_tree(self):
         """The GPU providers, reported under the node; returns the SyncReport."""
@@ -121,11 +132,18 @@ class MiniCompute:
         if not requests:
             raise NoValidHost(instance=name, query=query)
         names = self.provider_names()
-        chosen = min(requests, key=lambda r: sorted(names.get(rp, rp)
-                                                    for rp in r["allocations"]))
-        self.client.request("PUT", f"/allocations/{instance}", {
-            "allocations": chosen["allocations"], "project_id": PROJECT,
-            "user_id": USER, "consumer_generation": None, "consumer_type": "INSTANCE"})
+        chosen = min(requests, key=lambda r: sorted(names.get(rp, rp) for rp in r["allocations"]))
+        self.client.request(
+            "PUT",
+            f"/allocations/{instance}",
+            {
+                "allocations": chosen["allocations"],
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": None,
+                "consumer_type": "INSTANCE",
+            },
+        )
         allocations = self.client.request("GET", f"/allocations/{instance}")["allocations"]
         mdevs = self.vgpu.allocate(instance, allocations, self.sync.provider_uuids(self.tree))
         xml = self.vgpu.add_hostdevs(domain_xml(name, instance, flavor), mdevs)
@@ -133,8 +151,7 @@ class MiniCompute:
         self._domains.append(dom)
         dom.create()
         self.vgpu.instance_defined(instance)
-        return Booted(name, instance, flavor, query, len(requests), allocations,
-                      tuple(mdevs))
+        return Booted(name, instance, flavor, query, len(requests), allocations, tuple(mdevs))
 
     def provider_names(self):
         """``{rp uuid: name}`` of the node and its GPU providers."""
@@ -145,14 +162,21 @@ class MiniCompute:
     def usage(self):
         """``[(GpuProvider, used, total, reserved)]`` as Placement counts them."""
         rows = []
-        for uuid_, provider in sorted(self.sync.provider_uuids(self.tree).items(),
-                                      key=lambda item: item[1].name):
+        for uuid_, provider in sorted(
+            self.sync.provider_uuids(self.tree).items(), key=lambda item: item[1].name
+        ):
             base = f"/resource_providers/{uuid_}"
             used = self.client.request("GET", f"{base}/usages")["usages"]
             inventory = self.client.request("GET", f"{base}/inventories")["inventories"]
             record = inventory.get(provider.resource_class, {"total": 0, "reserved": 0})
-            rows.append((provider, used.get(provider.resource_class, 0), record["total"],
-                         record["reserved"]))
+            rows.append(
+                (
+                    provider,
+                    used.get(provider.resource_class, 0),
+                    record["total"],
+                    record["reserved"],
+                )
+            )
         return rows
 
     def domain_xmls(self):

@@ -37,16 +37,19 @@ def run(out, conf_path, *command):
     if output.strip():
         out.say(output)
     elif command[0] == "audit" and code == base.EXIT_OK:
-        out.detail("no drift: Placement's allocations and inventory match the "
-                   "host's mdevs, claims and guests")
+        out.detail(
+            "no drift: Placement's allocations and inventory match the "
+            "host's mdevs, claims and guests"
+        )
     if code != base.EXIT_OK:
         said = app.stderr.getvalue().strip().splitlines()
         errors = [line for line in said if line.startswith("error: ")]
         if errors:
             why = errors[-1].removeprefix("error: ")
         elif command[0] == "audit":
-            why = "drift, listed above"   # its warnings, if any, are not why
+            why = "drift, listed above"  # its warnings, if any, are not why
         else:
             why = said[-1] if said else "no message"
-        raise progress.DemoFailed(step=f"vgpu-manage {' '.join(command[:2])}",
-                                  reason=f"exit code {code}: {why}")
+        raise progress.DemoFailed(
+            step=f"vgpu-manage {' '.join(command[:2])}", reason=f"exit code {code}: {why}"
+        )

@@ -20,12 +20,18 @@ from vgpu_driver import exception
 from vgpu_driver.exception import DemoFailed
 
 # Loggers whose INFO lines (migrations, each HTTP request) would bury the story.
-CHATTY_LOGGERS = ("alembic", "placement", "oslo_db", "keystoneauth", "openstack",
-                  "stevedore", "vgpu_driver")
+CHATTY_LOGGERS = (
+    "alembic",
+    "placement",
+    "oslo_db",
+    "keystoneauth",
+    "openstack",
+    "stevedore",
+    "vgpu_driver",
+)
 
 # A missing module, and the extra that brings it.
-EXTRAS = {"placement": "embedded-placement", "openstack": "placement",
-          "libvirt": "libvirt"}
+EXTRAS = {"placement": "embedded-placement", "openstack": "placement", "libvirt": "libvirt"}
 
 
 def reason(exc):
@@ -33,8 +39,7 @@ def reason(exc):
     if isinstance(exc, ImportError) and exc.name:
         extra = EXTRAS.get(exc.name.split(".")[0])
         if extra:
-            return (f"Python module {exc.name!r} is missing "
-                    f"(pip install 'vgpu-driver[{extra}]')")
+            return f"Python module {exc.name!r} is missing (pip install 'vgpu-driver[{extra}]')"
     text = str(exc) or type(exc).__name__
     if not isinstance(exc, exception.VgpuDriverError):
         text = f"{type(exc).__name__}: {text}"
@@ -47,7 +52,9 @@ def table(columns, rows):
     out = io.StringIO()
     options = argparse.Namespace(
         max_width=int(os.environ.get("CLIFF_MAX_TERM_WIDTH", 0)),
-        fit_width=bool(int(os.environ.get("CLIFF_FIT_WIDTH", 0))), print_empty=False)
+        fit_width=bool(int(os.environ.get("CLIFF_FIT_WIDTH", 0))),
+        print_empty=False,
+    )
     cliff_table.TableFormatter().emit_list(columns, rows, out, options)
     return out.getvalue()
 

@@ -29,8 +29,13 @@ def load(name):
 
 def combine(name, *profiles, description=None):
     """One host made of several profiles' GPUs (their addresses must differ)."""
-    combined = {"name": name, "description": description or name,
-                "type_sets": {}, "gpus": [], "mdevs": []}
+    combined = {
+        "name": name,
+        "description": description or name,
+        "type_sets": {},
+        "gpus": [],
+        "mdevs": [],
+    }
     for profile in profiles:
         combined["type_sets"].update(profile.get("type_sets", {}))
         combined["gpus"].extend(profile["gpus"])
@@ -38,8 +43,10 @@ def combine(name, *profiles, description=None):
     # One kernel loads one NVIDIA module.
     managers = {p["nvidia_vgpu_manager"] for p in profiles if p.get("nvidia_vgpu_manager")}
     if len(managers) > 1:
-        raise ValueError(f"profiles of {name} load NVIDIA vGPU managers "
-                         f"{', '.join(sorted(managers))}; one host runs one")
+        raise ValueError(
+            f"profiles of {name} load NVIDIA vGPU managers "
+            f"{', '.join(sorted(managers))}; one host runs one"
+        )
     if managers:
         combined["nvidia_vgpu_manager"] = managers.pop()
     return combined
