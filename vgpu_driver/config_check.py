@@ -5,7 +5,8 @@ configuration is read against itself and against the host: groups that
 configure nothing, types or addresses the host does not have, nothing
 enabled, vendor-VFIO boards whose room NVML cannot tell, and a metrics file node_exporter
 would never read.  Each problem names the option and value, and suggests
-the near miss when there is one.
+the near miss when there is one.  What concerns boards serving several
+types is :mod:`vgpu_driver.config_check_boards`'s.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from vgpu_driver import config_check_boards as boards_mod
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import metrics_textfile
-from vgpu_driver import vgpu_scheduler
 from vgpu_driver.conf import devices
 from vgpu_driver.conf import fleet
 
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
     from vgpu_driver.inventory.vf_room import BoardRoom
-    from vgpu_driver.nvml import Placements
     from vgpu_driver.sysfs.host_reads import PciFunction
 
 Problems = list[exception.ConfigProblem]
@@ -186,43 +186,6 @@ def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     return problems
 
 
-def _shared_boards(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, tuple[str, ...]]:
-    """``{GPU address: (type id, ...)}`` of the vendor-VFIO boards the
-    inventory serves with several types, however the configuration names
-    them (by the PF, by any of its VFs, or by model); a board whose VFs are
-    not there yet cannot tell, and is left to the checks of one type."""
-    return {
-        gpu: types
-        for gpu, types in inventory.configured_types(snapshot, config).items()
-        if len(types) > 1
-        and (found := snapshot.gpu(gpu)) is not None
-        and found.mode == discovery.MODE_VENDOR_VFIO
-    }
-
-
-def types_on_one_board(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
-    """A board whose PF and VFs (or VFs) are listed under different types,
-    that cannot mix sizes: it serves one type, so it gets none."""
-    problems = []
-    shared = _shared_boards(config, snapshot)
-    for gpu in snapshot.gpus:
-        if gpu.address in shared:
-            continue  # a mixed-size board: its addresses name it, whichever
-        listed = {a: config.listed_types(a) for a in gpu.addresses if config.listed_types(a)}
-        if len(set(listed.values())) > 1:
-            where = ", ".join(f"{a} under {' and '.join(t)}" for a, t in sorted(listed.items()))
-            problems.append(
-                exception.ConfigProblem(
-                    "device_addresses",
-                    ", ".join(sorted(listed)),
-                    f"addresses of one board (GPU {gpu.address}) are listed under different "
-                    f"types ({where}); a board serves one type, so it gets none: list it "
-                    "under one type",
-                )
-            )
-    return problems
-
-
 def _device_there(function: PciFunction | None) -> str:
     """What the PCI device at an address no parent has is, when there is one."""
     if function is None:
@@ -280,68 +243,12 @@ def absent_addresses(
     return problems
 
 
-def boards_that_cannot_mix(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
-    """A board listed under several types that is not one serving
-    vendor-VFIO vGPUs: it serves one type, so it gets none."""
-    problems = []
-    resolved = config.for_host(snapshot)
-    for gpu in snapshot.gpus:
-        types = resolved.types_for(gpu.addresses)
-        _served, why = inventory.configured_type(gpu, resolved)
-        if len(types) < 2 or why is None:
-            continue
-        listed = sorted(a for a in gpu.addresses if config.listed_types(a))
-        problems.append(
-            exception.ConfigProblem(
-                f"[{devices.group_name(types[-1])}] device_addresses",
-                ", ".join(listed),
-                f"GPU {gpu.address} gets no provider: {why}",
-            )
-        )
-    return problems
-
-
-def mixed_size_modes(
-    config: MdevConfig,
-    boards: Mapping[str, BoardReading] | None,
-    shared: Mapping[str, tuple[str, ...]] | None = None,
-) -> Problems:
-    """Boards configured for several sizes whose mode NVML cannot read, or
-    that are in equal-size mode: they get no provider until switched;
-    ``shared``: :func:`_shared_boards`, to name their types."""
-    problems = []
-    for address, reading in sorted((boards or {}).items()):
-        types = (
-            ", ".join((shared or {}).get(address) or config.mixed_by_address.get(address, ()))
-            or address
-        )
-        if reading.error:
-            problems.append(
-                exception.ConfigProblem(
-                    "device_addresses",
-                    address,
-                    f"configured for mixed sizes ({types}), but "
-                    f"NVML cannot say whether the board mixes sizes: {reading.error}",
-                )
-            )
-        elif not reading.mixed:
-            problems.append(
-                exception.ConfigProblem(
-                    "device_addresses",
-                    address,
-                    f"configured for mixed sizes ({types}) but in "
-                    f"equal-size mode, so it gets no provider: run vgpu-manage sriov sizes "
-                    f"{address} mixed",
-                )
-            )
-    return problems
-
-
 def unmeasured_vendor_vfio(rooms: Mapping[str, BoardRoom] | None) -> Problems:
     """Vendor-VFIO boards serving one type whose maximum NVML cannot tell
     (``rooms``: :func:`vgpu_driver.inventory.read_rooms`): each VF lists the
     type while one more fits, so the inventory offers one at a time
-    (:mod:`vgpu_driver.inventory.vf_room`) and a flavor of several vGPUs finds no room."""
+    (:mod:`vgpu_driver.inventory.vf_room`) and a flavor of several vGPUs
+    finds no room."""
     return [
         exception.ConfigProblem(
             "device_addresses",
@@ -353,68 +260,6 @@ def unmeasured_vendor_vfio(rooms: Mapping[str, BoardRoom] | None) -> Problems:
         )
         for address, room in sorted((rooms or {}).items())
         if room.error
-    ]
-
-
-def fixed_share_on_mixed_boards(
-    config: MdevConfig, snapshot: HostSnapshot, schedulers: Mapping[str, str | None] | None
-) -> Problems:
-    """A board configured for mixed sizes whose vGPU manager runs the
-    fixed-share scheduler, which NVIDIA does not support in mixed-size mode
-    (user guide, 2.11); ``schedulers``: ``{GPU address: policy}``
-    (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
-    problems = []
-    for address, types in sorted(_shared_boards(config, snapshot).items()):
-        if (schedulers or {}).get(address) == vgpu_scheduler.FIXED_SHARE:
-            problems.append(
-                exception.ConfigProblem(
-                    "device_addresses",
-                    address,
-                    f"configured for mixed sizes ({', '.join(types)}) "
-                    "but NVIDIA's vGPU manager runs the fixed-share scheduler on it "
-                    f"({vgpu_scheduler.KEY}), which NVIDIA does not support in mixed-size mode: "
-                    "use the equal-share or best-effort scheduler",
-                    "warning",
-                )
-            )
-    return problems
-
-
-def _coexist(one: Placements, other: Placements) -> bool:
-    """Whether some placement of ``one`` and some of ``other`` (NVML's
-    Placements) take no slot in common."""
-    return any(
-        a + one.size <= b or b + other.size <= a for a in one.supported for b in other.supported
-    )
-
-
-def types_that_cannot_coexist(
-    config: MdevConfig, snapshot: HostSnapshot, boards: Mapping[str, BoardReading] | None
-) -> Problems:
-    """Configured types no board can hold together: on every board
-    configured for both, each placement of one overlaps each of the other,
-    so a vGPU of one makes the board refuse the other."""
-    pairs: dict[tuple[str, str], list[bool]] = {}
-    for address, types in _shared_boards(config, snapshot).items():
-        reading = (boards or {}).get(address)
-        if reading is None or reading.error or not reading.mixed:
-            continue
-        for i, one in enumerate(types):
-            for other in types[i + 1 :]:
-                first, second = reading.placements.get(one), reading.placements.get(other)
-                if first and second and first.supported and second.supported:
-                    pairs.setdefault((one, other), []).append(_coexist(first, second))
-    return [
-        exception.ConfigProblem(
-            "[devices] enabled_mdev_types",
-            f"{one}, {other}",
-            f"{one} and {other} cannot share a board: on every board configured for both, each "
-            f"placement of one overlaps each placement of the other, so a vGPU of either "
-            "makes the board refuse the other",
-            "warning",
-        )
-        for (one, other), fits in sorted(pairs.items())
-        if not any(fits)
     ]
 
 
@@ -441,12 +286,12 @@ def check(
         + stray_groups(conf, config, snapshot)
         + absent_types(config, snapshot, boards)
         + absent_addresses(config, snapshot, functions, boards)
-        + types_on_one_board(resolved, snapshot)
-        + boards_that_cannot_mix(config, snapshot)
+        + boards_mod.types_on_one_board(resolved, snapshot)
+        + boards_mod.boards_that_cannot_mix(config, snapshot)
         + vfs_pending(config, snapshot)
-        + mixed_size_modes(config, boards, _shared_boards(resolved, snapshot))
+        + boards_mod.mixed_size_modes(config, boards, boards_mod.shared_boards(resolved, snapshot))
         + unmeasured_vendor_vfio(rooms)
-        + fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
-        + types_that_cannot_coexist(resolved, snapshot, boards)
+        + boards_mod.fixed_share_on_mixed_boards(resolved, snapshot, schedulers)
+        + boards_mod.types_that_cannot_coexist(resolved, snapshot, boards)
         + metrics_textfile.problems(conf.vgpu.metrics_textfile)
     )

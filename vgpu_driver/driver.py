@@ -178,8 +178,8 @@ class VGPUDriver:
         except Exception:
             LOG.exception(
                 "Cannot compute the metrics for %s; the inventory update goes on without them",
-                self.metrics_file.path,
-            )  # type: ignore[union-attr]  # only called with one
+                self.metrics_file.path,  # type: ignore[union-attr]  # only called with one
+            )
             return
         self.metrics_file.write(reading)  # type: ignore[union-attr]  # only called with one
 

@@ -62,7 +62,8 @@ def gpu_families(reading: Reading) -> tuple[core.Metric, ...]:
     capacity = _gauge(
         "gpu_vgpus_capacity",
         "vGPUs of the type the GPU offers (on a "
-        "mixed-size board: how many it holds of that type alone).",
+        "mixed-size board: its size class's total, the most vGPUs of "
+        "its size the board holds).",
         ["gpu", "type"],
     )
     used = _gauge(

@@ -122,10 +122,13 @@ def size_lists(placements: Mapping[str, Placements]) -> dict[int, SizeList]:
 
 @dataclasses.dataclass(frozen=True)
 class SizeInventory:
-    """One size class's inventory, in vGPUs."""
+    """One size class's inventory, in vGPUs; ``available``: what Placement
+    may still grant of it (:func:`available`), for the operator's views
+    (not part of the inventory, nor of equality)."""
 
     total: int
     reserved: int
+    available: int = dataclasses.field(default=0, compare=False)
 
     def as_placement(self) -> dict[str, Any]:
         return {
@@ -175,9 +178,12 @@ def inventories(
         for problem in listed.problems:
             LOG.warning("A mixed-size board's placement lists disagree: %s", problem)
         counted = max(held.get(size, 0) - uncounted.get(size, 0), 0)
-        capacity = counted + available(disjoint(listed.creatable, size), free_vfs)
+        grantable = available(disjoint(listed.creatable, size), free_vfs)
+        capacity = counted + grantable
         total = max(disjoint(listed.supported, size), capacity, 1)
-        found[class_name(size)] = SizeInventory(total=total, reserved=total - capacity)
+        found[class_name(size)] = SizeInventory(
+            total=total, reserved=total - capacity, available=grantable
+        )
     return found
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from vgpu_driver import claims
 from vgpu_driver import reconciler_state
+from vgpu_driver import size_classes
 from vgpu_driver import sriov
 
 if TYPE_CHECKING:
@@ -195,17 +196,15 @@ def _vgpus_by_gpu(
 
 
 def type_counts(
-    provider: GpuProvider | None, configured: Iterable[str], held: Iterable[str], used: int
+    provider: GpuProvider | None, configured: Iterable[str], held: Iterable[str]
 ) -> tuple[TypeCount, ...]:
     """The :class:`TypeCount` of each type of one GPU.
 
-    ``held`` is the type of each vGPU guests or claims hold on it, ``used``
-    what they count for in the provider's unit.  A vGPU counts under its own
-    type, so a GPU draining from one type to another counts the old type's
+    ``held`` is the type of each vGPU guests or claims hold on it.  A vGPU
+    counts under its own type, so a GPU draining from one type to another counts the old type's
     vGPUs as used of the old type (which it no longer offers).  On a
-    mixed-size board a type's capacity is what the board holds of it alone;
-    what Placement can still hand out of it (vGPUs of up to ``max_unit``
-    from what is neither reserved nor used) is free, the rest reserved.
+    mixed-size board a type's counts are its size class's
+    (:func:`_mixed_size_room`), the rest reserved.
     """
     counted = collections.Counter(held)
     if provider is None:
@@ -220,10 +219,7 @@ def type_counts(
         if provider is None:
             capacity = reserved = 0
         elif provider.mixed:
-            size = provider.units_of(type_id)
-            capacity = provider.total // size
-            room = provider.total - provider.reserved - used
-            free = room // size if size <= provider.max_unit and room > 0 else 0
+            capacity, free = _mixed_size_room(provider, type_id)
             reserved = max(capacity - mine - free, 0)
         else:
             capacity, reserved = provider.total, provider.reserved
@@ -232,6 +228,22 @@ def type_counts(
         if type_id not in found:
             found[type_id] = TypeCount(type_id, 0, mine, 0)
     return tuple(found.values())
+
+
+def _mixed_size_room(provider: GpuProvider, type_id: str) -> tuple[int, int]:
+    """``(capacity, free)`` of a type on a mixed-size board, from the
+    inventory of its size class (:mod:`vgpu_driver.size_classes`): the most
+    vGPUs of its size the board holds, and what Placement grants of them
+    now (disjoint creatable placements, at most one per free VF), so that
+    the views say what the scheduler does, not what the free MiB would
+    hold if they did not fragment."""
+    mib = provider.units_of(type_id)
+    found = dict(provider.size_inventories).get(
+        size_classes.class_name(mib // size_classes.SLOT_MIB)
+    )
+    if found is None:
+        return provider.total // mib, 0
+    return found.total, found.available
 
 
 def _sriov_state(function: sriov.PhysicalFunction | None) -> SriovState | None:
@@ -328,7 +340,6 @@ def assemble(
                     provider,
                     configured.get(gpu.address, ()),
                     [type_of[i] for i in held if type_of.get(i)],
-                    used,
                 ),
                 reserved_for=provider.reserved_for if provider else (),
             )

@@ -386,7 +386,8 @@ CASES = [
     case(
         "metrics-output-a-directory",
         ["metrics", "--output", "{w}/empty-dir"],
-        "Cannot write the metrics to {w}/empty-dir: Is a directory",
+        "--output '{w}/empty-dir': node_exporter's textfile collector reads only files "
+        "named *.prom",
     ),
     case("metrics-nodename-empty", ["--nodename", "", "metrics"], "Refusing nodename ''"),
     case(

@@ -18,9 +18,9 @@ def provider(address):
 
 def test_sync_and_audit_follow_the_resolution(
     make_host,
-    service,
-    api,
-    tmp_path,  # noqa: F811
+    service,  # noqa: F811
+    api,  # noqa: F811
+    tmp_path,
     monkeypatch,
 ):
     host = make_host("a100-sriov", "t4x8")

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.mdevctl
 # Profiles with mdev parents as written (l40s-vfio has vendor-VFIO VFs, and
 # a100-sriov-off no VF until enabled: both are compared below).
 # Profiles with mdev parents as built (the L40S's VFs have vendor VFIO files,
-# the A100 is rebooted, the H100 runs NVIDIA's data-center driver).
-NO_MDEV_PARENT = ("l40s-vfio", "a100-sriov-off", "h100-datacenter")
+# the A100s are rebooted, one of them under vendor VFIO too, the H100 runs
+# NVIDIA's data-center driver).
+NO_MDEV_PARENT = ("l40s-vfio", "a100-sriov-off", "a100-vfio", "h100-datacenter")
 MDEV_PROFILES = [name for name in profiles.names() if name not in NO_MDEV_PARENT]
 
 # Hosts with mdevs, chosen so that creating them changes available_instances

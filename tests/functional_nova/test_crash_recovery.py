@@ -12,6 +12,7 @@ import fixtures
 from nova import context
 from nova import objects
 from nova.compute import task_states
+from nova.compute import vm_states
 
 from tests.functional_nova import crash_points
 from tests.functional_nova import host_audit
@@ -347,7 +348,8 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
             instance.save()
             self.after_unused_grace()
             self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
-        # A move to this node that has not finished (its record alone).
+        # A resize to this node waiting to be confirmed or reverted: its
+        # record unfinished, the instance RESIZED with no task.
         migration = objects.Migration(
             self.ctxt,
             instance_uuid=self.server["id"],
@@ -356,16 +358,21 @@ class ClaimBesideTheDomainTests(UnusedClaimTestsMixin, CrashTestBase):
             source_node="host0",
             dest_node="host1",
             migration_type="resize",
-            status="pre-migrating",
+            status="finished",
             old_instance_type_id=1,
             new_instance_type_id=1,
         )
         if "dest_compute_id" in objects.Migration.fields:  # nova 28 on
             migration.dest_compute_id = objects.ComputeNode.get_by_nodename(self.ctxt, "host1").id
         migration.create()
+        instance.vm_state = vm_states.RESIZED
+        instance.save()
         self.after_unused_grace()
         self.assertIn((vf, claims.ATTACHED), self.claims("host1", self.server))
-        migration.status = "error"
-        migration.save()
+        # The same record left unfinished while the guest goes on with no
+        # task (a finish killed mid-way, the server reset): nothing will
+        # come for that move.
+        instance.vm_state = vm_states.ACTIVE
+        instance.save()
         self.after_unused_grace()
         self.assert_holds_only_its_own(vf)

@@ -6,8 +6,11 @@ size, and each flavor asks for its type's MiB, one unit of its size class
 per vGPU, and requires its type's trait
 (:func:`vgpu_driver.cmd.flavor_commands.flavor_spec`).  Placement, not the
 board, turns away what no longer fits, and grants what does, for flavors
-of several vGPUs too.
+of several vGPUs too; and on a 96 GB Blackwell board, whose placements do
+not nest, a 24 GB vGPU is turned away from a free 32 GB region.
 """
+
+import os
 
 from nova import context
 from nova import objects
@@ -18,8 +21,9 @@ from tests.functional_nova import test_vendor_vfio_live_migration
 from tests.functional_nova import test_vgpu
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
-from vgpu_driver import nvml
 from vgpu_driver import size_classes
+from vgpu_driver.fake import board_tables
+from vgpu_driver.fake import fakekernel
 
 L40S = "0000:c1:00.0"
 PROVIDER = "host1_pci_0000_c1_00_0"
@@ -100,9 +104,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         # 4 GB at slot 0, 12 GB at 12, 8 GB at 24: no empty half is left for
         # 24 GB, and slots 4-7 fit no configured size.
         kernel = self.kernels["host1"]
-        self.assertEqual(
-            ((1155, 0), (1157, 12), (1156, 24)), nvml.located_vgpus(L40S, kernel.nvml_bindings)
-        )
+        self.assertEqual(((1155, 0), (1157, 12), (1156, 24)), kernel.vgpu_locations(L40S))
         self.assertEqual((48 * GB, 4 * GB, 12 * GB, 24 * GB), self.board())
         refused = self.boot(24, expected_state="ERROR")
         self.assertIn("No valid host", refused["fault"]["message"])
@@ -155,8 +157,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         )
         kernel = self.kernels["host1"]
         self.assertEqual(
-            ((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)),
-            tuple(sorted(nvml.located_vgpus(L40S, kernel.nvml_bindings), key=lambda v: v[1])),
+            ((1157, 0), (1157, 12), (1157, 24), (1155, 36), (1155, 44)), kernel.vgpu_locations(L40S)
         )
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
@@ -275,8 +276,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual([], self.guest_vfs(refused))
         kernel = self.kernels["host1"]
         self.assertEqual(
-            ((1156, 0), (1157, 12), (1156, 24), (1157, 36)),
-            nvml.located_vgpus(L40S, kernel.nvml_bindings),
+            ((1156, 0), (1157, 12), (1156, 24), (1157, 36)), kernel.vgpu_locations(L40S)
         )
         self.assertEqual(40 * GB, self.board()[3])
         self._run_periodics()
@@ -308,6 +308,110 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
             self._reboot_server(server, hard=True)
             self.assertEqual(vfs, self.guest_domain_vfs(server))
         self.assertEqual(16 * GB, self.board()[3])
+        self.assertEqual([], host_audit.audit_of(self, "host1"))
+
+
+BLACKWELL = board_tables.board("rtx-pro-6000-blackwell-se")
+# The 96 GB board's 24 and 32 GB types (type numbers illustrative).
+BLACKWELL_SIZES = {"nvidia-2007": 24, "nvidia-2008": 32}
+
+
+def blackwell_host():
+    """A host whose one GPU is the 96 GB Blackwell board under vendor VFIO,
+    every type of its family offered."""
+    return {
+        "name": "blackwell-vfio",
+        "nvidia_vgpu_manager": "580.65.05",
+        "gpus": [
+            {
+                "address": L40S,
+                "model": "nvidia-vfio",
+                "vendor": "0x10de",
+                "device": "0x2bb5",
+                "product_name": BLACKWELL.product,
+                "framebuffer_mb": BLACKWELL.framebuffer_gb * GB,
+                "architecture": BLACKWELL.architecture,
+                "heterogeneous_sizes": True,
+                "sriov": {"totalvfs": 16, "numvfs": 16, "offset": 4, "stride": 1},
+                "types": [
+                    {
+                        "id": f"nvidia-{2000 + n}",
+                        "name": t.name,
+                        "device_api": "vfio-pci",
+                        "framebuffer_mb": t.framebuffer_gb * GB,
+                        "max": t.max_instances,
+                    }
+                    for n, t in enumerate(BLACKWELL.types)
+                ],
+            }
+        ],
+    }
+
+
+class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
+    """A 96 GB Blackwell board serving 24 and 32 GB vGPUs: its placements
+    are evenly spaced (24 GB at 0, 24, 48, 72; 32 GB at 0, 32, 64), so they
+    do not nest, and a free 32 GB region at 32 holds no 24 GB vGPU."""
+
+    ENABLED_TYPES = ",".join(BLACKWELL_SIZES)
+
+    def setUp(self):
+        super().setUp()
+        for type_id in BLACKWELL_SIZES:
+            self.flags(device_addresses=[L40S], group=f"mdev_{type_id}")
+        root = os.path.join(self.tmp, "host1", "sys")
+        self.kernels["host1"] = fakekernel.FakeKernel.build(root, blackwell_host())
+        self.kernels["host1"].set_mixed_sizes(L40S, True)
+        self.start_vgpu_compute("host1")
+
+    def flavor(self, type_id, count=1):
+        gb = BLACKWELL_SIZES[type_id]
+        return self._create_flavor(
+            memory_mb=512,
+            vcpu=1,
+            disk=1,
+            ephemeral=0,
+            name=f"vgpu-{count}x{gb}g",
+            extra_spec=size_classes.flavor_spec(
+                inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
+            ),
+        )
+
+    def located(self):
+        """``((type number, placement ID), ...)`` of the board's vGPUs, as
+        each VF's ``nvidia/placement_id`` says."""
+        return tuple(sorted(self.kernels["host1"].vgpu_locations(L40S), key=lambda v: v[1]))
+
+    def test_a_free_32_gb_region_takes_no_24_gb_vgpu(self):
+        thirty_two = self.flavor("nvidia-2008")
+        servers = [
+            self._create_server(flavor_id=thirty_two, networks="none", host="host1")
+            for _ in range(3)
+        ]
+        self.assertEqual(((2008, 0), (2008, 32), (2008, 64)), self.located())
+        self._delete_server(servers[1])
+        self._run_periodics()
+        # 32 GB free at 32-63, the largest size configured fits there, but
+        # no 24 GB placement (24 and 48 straddle the guests at 0 and 64).
+        found = self._get_provider_inventory(self._get_provider_uuid_by_name(PROVIDER))
+        twenty_four = found[size_classes.class_name(24)]
+        self.assertEqual(
+            (0, 32 * GB),
+            (
+                twenty_four["total"] - twenty_four["reserved"],
+                found[RC]["total"] - found[RC]["reserved"] - 64 * GB,
+            ),
+        )
+        refused = self._create_server(
+            flavor_id=self.flavor("nvidia-2007"),
+            networks="none",
+            host="host1",
+            expected_state="ERROR",
+        )
+        self.assertIn("No valid host", refused["fault"]["message"])
+        self.assertEqual(((2008, 0), (2008, 64)), self.located())
+        self._create_server(flavor_id=thirty_two, networks="none", host="host1")
+        self.assertEqual(((2008, 0), (2008, 32), (2008, 64)), self.located())
         self.assertEqual([], host_audit.audit_of(self, "host1"))
 
 

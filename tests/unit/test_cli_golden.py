@@ -7,6 +7,7 @@ how long a read took,
 are replaced with fixed words before comparing.
 """
 
+import json
 import re
 
 import pytest
@@ -164,6 +165,28 @@ def test_idle_vgpus_are_all_placed_in_the_map(request, tmp_path, cli, command):
         f"cli/l40s_idle.{command}",
         normalised(f"exit {code}\n--- stdout\n{out}--- stderr\n{err}", host, tmp_path),
     )
+
+
+@pytest.mark.parametrize("host_name", ["l40s_idle", "l40s_mixed"])
+def test_each_types_free_vgpus_are_what_fits_now(request, cli, host_name):
+    """The vgpus column says what the size classes grant ("fit now" in the
+    reason), not what the free MiB would hold unfragmented: on the idle
+    board 4 x 4 GB fit (IDs 8, 32, 36, 44), not 5."""
+    host, conf, uri = request.getfixturevalue(host_name)
+    code, out, _err = cli(
+        "--sysfs-root", host.paths.root, "status", "-f", "json", conf=conf, uri=uri
+    )
+    assert code == 0
+    (row,) = [r for r in json.loads(out) if r["provider"]]
+    sizes = {"nvidia-1155": 4096, "nvidia-1156": 8192, "nvidia-1157": 12288, "nvidia-1159": 24576}
+    fits = {
+        int(mib): int(count)
+        for count, mib in re.findall(r"(\d+) x (\d+) MiB", row["reason"].split(";")[0])
+    }
+    free = {t["type"]: t["free"] for t in row["vgpus"]}
+    assert free == {t: fits.get(mib, 0) for t, mib in sizes.items()}
+    if host_name == "l40s_idle":
+        assert free["nvidia-1155"] == 4
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

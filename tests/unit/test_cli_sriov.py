@@ -149,8 +149,8 @@ def test_disable_with_an_mdev_is_refused_then_done(make_host, run, sriov_manage)
 
 def test_disable_waits_for_an_allocation_and_sees_its_claim(
     make_host,
-    run,
-    tmp_path,  # noqa: F811
+    run,  # noqa: F811
+    tmp_path,
     sriov_manage,
 ):
     """The claim check and the write happen under the journal's allocation
@@ -358,7 +358,7 @@ def test_enable_switches_a_board_configured_for_mixed_sizes(
         "nvidia-1155 (4096 MiB), nvidia-1157 (12288 MiB)",
         "CUSTOM_VGPU_FRAMEBUFFER_MIB",
         49152,
-        12288,
+        49152,
     )
     code, out, _ = run(*root, "config", "check", conf=conf)
     assert code == 0 and out.startswith("ok: ")
@@ -441,7 +441,7 @@ def test_an_a100_is_enabled_switched_to_mixed_sizes_and_serves_them(make_host, r
     assert (row["type"], row["total"], row["max_unit"]) == (
         "nvidia-471 (10240 MiB), nvidia-472 (20480 MiB)",
         40960,
-        20480,
+        40960,
     )
     code, out, _ = run(*root, "config", "check", conf=conf)
     assert code == 0 and out.startswith("ok: "), out
@@ -563,7 +563,7 @@ def test_config_check_agrees_with_inventory_however_the_board_is_named(make_host
     root = ("--sysfs-root", host.paths.root)
     code, out, _ = run(*root, "inventory", "-f", "json", conf=conf)
     [row] = json.loads(out)
-    assert (row["gpu"], row["total"], row["max_unit"]) == (L40S, 49152, 12288)
+    assert (row["gpu"], row["total"], row["max_unit"]) == (L40S, 49152, 49152)
     code, out, _ = run(*root, "config", "check", "--strict", conf=conf)
     assert (code, out.splitlines()[-1]) == (
         0,
@@ -579,8 +579,11 @@ def test_config_check_agrees_with_inventory_however_the_board_is_named(make_host
     ],
 )
 def test_config_check_warns_of_the_fixed_share_scheduler_on_a_mixed_board(
-    make_host, run, parameter, value
-):  # noqa: F811
+    make_host,
+    run,  # noqa: F811
+    parameter,
+    value,
+):
     host = make_host("l40s-vfio")
     host.set_mixed_sizes(L40S, True)
     root = ("--sysfs-root", host.paths.root)

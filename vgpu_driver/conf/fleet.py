@@ -154,10 +154,10 @@ def _assignment(
     device_id = gpu_device_id(gpu)
     # No device id (None) finds no board.
     shared: tuple[str, ...] = (
-        shared_by_device_id(config.types).get(device_id, ())
+        shared_by_device_id(config.types).get(device_id, ())  # type: ignore[arg-type]
         if type_config.gpu_count is None
         else ()
-    )  # type: ignore[arg-type]
+    )
     if type_config.type_id not in shared:
         shared = ()
     return Assignment(

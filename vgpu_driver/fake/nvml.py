@@ -151,11 +151,11 @@ class Bindings:
         self._kernel().set_heterogeneous_mode(handle, heterogeneous_mode == NVML_FEATURE_ENABLED)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetVgpuTypeSupportedPlacements(
+    def nvmlDeviceGetVgpuTypeSupportedPlacements(  # noqa: N802
         self,
         handle,
-        vgpuTypeId,
-        mode=0,  # noqa: N802,N803
+        vgpuTypeId,  # noqa: N803
+        mode=0,
         version=1,
     ):
         """The IDs a type may take in mixed-size mode (``mode``
