@@ -43,8 +43,13 @@ class Lifecycle:
 
     def refresh(self):
         self.manager.snapshot(refresh=True)
+        snapshot = discovery.discover(self.host)
         self.tree = inventory.compute(
-            discovery.discover(self.host), self.config, "cn1", self.reconciler.in_use()
+            snapshot,
+            self.config,
+            "cn1",
+            self.reconciler.in_use(),
+            rooms=inventory.read_rooms(self.host, snapshot, self.config),
         )
         self.providers = {f"rp-{p.gpu}": p for p in self.tree.providers}
 
