@@ -46,11 +46,14 @@ size whose lists differ count only the IDs they all list
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
+
+from oslo_log import log as logging
+
+from vgpu_driver.framebuffer import SLOT_MIB
 
 if TYPE_CHECKING:
     from vgpu_driver.nvml import Placements
@@ -58,7 +61,8 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 PREFIX = "CUSTOM_VGPU_SIZE_"
-SLOT_MIB = 1024
+# Disagreements already logged: every periodic update meets them again.
+_TOLD: set[str] = set()
 
 
 def class_name(size: int) -> str:
@@ -175,7 +179,8 @@ def inventories(
     """
     found = {}
     for size, listed in size_lists(placements).items():
-        for problem in listed.problems:
+        for problem in set(listed.problems) - _TOLD:
+            _TOLD.add(problem)
             LOG.warning("A mixed-size board's placement lists disagree: %s", problem)
         counted = max(held.get(size, 0) - uncounted.get(size, 0), 0)
         grantable = available(disjoint(listed.creatable, size), free_vfs)

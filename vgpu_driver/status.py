@@ -23,6 +23,7 @@ from vgpu_driver import claims
 from vgpu_driver import reconciler_state
 from vgpu_driver import size_classes
 from vgpu_driver import sriov
+from vgpu_driver.framebuffer import SLOT_MIB
 
 if TYPE_CHECKING:
     from vgpu_driver.discovery import HostSnapshot
@@ -238,9 +239,7 @@ def _mixed_size_room(provider: GpuProvider, type_id: str) -> tuple[int, int]:
     the views say what the scheduler does, not what the free MiB would
     hold if they did not fragment."""
     mib = provider.units_of(type_id)
-    found = dict(provider.size_inventories).get(
-        size_classes.class_name(mib // size_classes.SLOT_MIB)
-    )
+    found = dict(provider.size_inventories).get(size_classes.class_name(mib // SLOT_MIB))
     if found is None:
         return provider.total // mib, 0
     return found.total, found.available
