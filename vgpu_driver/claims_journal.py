@@ -104,15 +104,16 @@ class Journal:
             why = journal_files.why_not_writable(self._place, {})
             if why:
                 raise self._not_writable(why)
-        created = create and journal_files.create(self._place)
+        made = journal_files.create(self._place) if create else None
+        created = made is not None
         try:
             self._open(create, created)
         except BaseException:
             # The empty file made here would be refused by every later start
             # (an empty file is never taken for an empty journal).
-            if created:
+            if made is not None:
                 self.close()
-                journal_files.remove_if_empty(self._place)
+                journal_files.remove_if_empty(self._place, made)
             raise
 
     def _open(self, create: bool, created: bool) -> None:

@@ -135,30 +135,37 @@ def inspect_all(place: Place) -> dict[str, os.stat_result | None]:
     return {suffix: inspect(place, place.path + suffix) for suffix in ("", *SIDE_FILES)}
 
 
-def create(place: Place) -> bool:
+def create(place: Place) -> os.stat_result | None:
     """Create the journal's (empty) file for sqlite, following no link and
-    given to the directory's owner; False if something is already there."""
+    given to the directory's owner; the file made, or None if something is
+    already there."""
     try:
         fd = os.open(
             place.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, MODE
         )
     except FileExistsError:
-        return False
+        return None
     try:
         give(fd, place.directory)
+        return os.fstat(fd)
     finally:
         os.close(fd)
-    return True
 
 
-def remove_if_empty(place: Place) -> None:
-    """Remove the journal's file if it is still an empty regular file: the
-    one :func:`create` made, when opening it then failed."""
+def remove_if_empty(place: Place, made: os.stat_result) -> None:
+    """Remove the journal's file if it is still the empty regular file
+    :func:`create` made (``made``), when opening it then failed.  Whoever
+    owns the state directory may have put something else there meanwhile:
+    that is left alone (unlinking a name follows no link either way)."""
     try:
         found = os.lstat(place.path)
     except FileNotFoundError:
         return
-    if stat.S_ISREG(found.st_mode) and found.st_size == 0:
+    if (
+        stat.S_ISREG(found.st_mode)
+        and found.st_size == 0
+        and (found.st_dev, found.st_ino) == (made.st_dev, made.st_ino)
+    ):
         os.unlink(place.path)
 
 

@@ -9,6 +9,7 @@ import pytest
 from vgpu_driver import claims
 from vgpu_driver import claims_journal
 from vgpu_driver import exception
+from vgpu_driver import journal_files
 
 MDEV = "11111111-2222-4333-8444-555555555555"
 
@@ -179,3 +180,17 @@ def test_a_journal_this_start_created_but_could_not_open_is_not_left_empty(tmp_p
     in_the_way.rmdir()
     journal = claims_journal.Journal(str(tmp_path), create=True)
     assert journal.claims() == [] and journal.schema_version == claims.SCHEMA_VERSION
+
+
+def test_a_failed_first_start_leaves_alone_what_replaced_the_file_it_made(tmp_path):
+    """The state directory's owner may replace the empty file a start made
+    before that start gives up on it: only the very file it made is
+    removed, never what took its name."""
+    path = tmp_path / claims_journal.Journal.FILENAME
+    place = journal_files.Place.of(str(tmp_path), str(path))
+    made = journal_files.create(place)
+    assert made is not None
+    path.rename(tmp_path / "kept-aside")  # kept: its inode is not reused
+    path.write_bytes(b"")  # another empty file under the same name
+    journal_files.remove_if_empty(place, made)
+    assert path.exists()
