@@ -65,33 +65,7 @@ def profile_of(board):
     """A fake host whose one GPU is ``board`` (:mod:`vgpu_driver.fake.board_tables`)
     under vendor VFIO, every type of its family offered, with fewer VFs
     than small placements so that VFs run out first on some walks."""
-    return {
-        "name": board.key,
-        "nvidia_vgpu_manager": "550.127.06",
-        "gpus": [
-            {
-                "address": PF,
-                "model": "nvidia-vfio",
-                "vendor": "0x10de",
-                "device": "0x2000",
-                "product_name": board.product,
-                "framebuffer_mb": board.framebuffer_gb * 1024,
-                "architecture": board.architecture,
-                "heterogeneous_sizes": True,
-                "sriov": {"totalvfs": VFS, "numvfs": VFS, "offset": 4, "stride": 1},
-                "types": [
-                    {
-                        "id": f"nvidia-{9000 + n}",
-                        "name": t.name,
-                        "device_api": "vfio-pci",
-                        "framebuffer_mb": t.framebuffer_gb * 1024,
-                        "max": t.max_instances,
-                    }
-                    for n, t in enumerate(board.types)
-                ],
-            }
-        ],
-    }
+    return board_tables.host_profile(board, PF, numvfs=VFS, first_type=9000)
 
 
 def boards():

@@ -33,6 +33,21 @@ OTHERS_TRAIT = "CUSTOM_SET_BY_ANOTHER_TOOL"
 SIZES = {"nvidia-1155": 4, "nvidia-1156": 8, "nvidia-1157": 12, "nvidia-1159": 24}
 
 
+def vgpu_flavor(test, type_id, gb, count):
+    """A flavor of ``count`` vGPUs of ``type_id`` (``gb`` GB each) with the
+    extra specs ``vgpu-manage flavor-spec`` prints."""
+    return test._create_flavor(
+        memory_mb=512,
+        vcpu=1,
+        disk=1,
+        ephemeral=0,
+        name=f"vgpu-{count}x{gb}g",
+        extra_spec=size_classes.flavor_spec(
+            inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
+        ),
+    )
+
+
 class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
     ENABLED_TYPES = ",".join(SIZES)
 
@@ -47,17 +62,7 @@ class MixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.flavors = {gb: self.flavor(type_id, 1) for type_id, gb in SIZES.items()}
 
     def flavor(self, type_id, count):
-        gb = SIZES[type_id]
-        return self._create_flavor(
-            memory_mb=512,
-            vcpu=1,
-            disk=1,
-            ephemeral=0,
-            name=f"vgpu-{count}x{gb}g",
-            extra_spec=size_classes.flavor_spec(
-                inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
-            ),
-        )
+        return vgpu_flavor(self, type_id, SIZES[type_id], count)
 
     def boot(self, gb, **kwargs):
         return self._create_server(
@@ -319,33 +324,7 @@ BLACKWELL_SIZES = {"nvidia-2007": 24, "nvidia-2008": 32}
 def blackwell_host():
     """A host whose one GPU is the 96 GB Blackwell board under vendor VFIO,
     every type of its family offered."""
-    return {
-        "name": "blackwell-vfio",
-        "nvidia_vgpu_manager": "580.65.05",
-        "gpus": [
-            {
-                "address": L40S,
-                "model": "nvidia-vfio",
-                "vendor": "0x10de",
-                "device": "0x2bb5",
-                "product_name": BLACKWELL.product,
-                "framebuffer_mb": BLACKWELL.framebuffer_gb * GB,
-                "architecture": BLACKWELL.architecture,
-                "heterogeneous_sizes": True,
-                "sriov": {"totalvfs": 16, "numvfs": 16, "offset": 4, "stride": 1},
-                "types": [
-                    {
-                        "id": f"nvidia-{2000 + n}",
-                        "name": t.name,
-                        "device_api": "vfio-pci",
-                        "framebuffer_mb": t.framebuffer_gb * GB,
-                        "max": t.max_instances,
-                    }
-                    for n, t in enumerate(BLACKWELL.types)
-                ],
-            }
-        ],
-    }
+    return board_tables.host_profile(BLACKWELL, L40S, version="580.65.05", device="0x2bb5")
 
 
 class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
@@ -365,17 +344,7 @@ class BlackwellMixedSizeTests(test_vgpu.VGPUDriverTestBase):
         self.start_vgpu_compute("host1")
 
     def flavor(self, type_id, count=1):
-        gb = BLACKWELL_SIZES[type_id]
-        return self._create_flavor(
-            memory_mb=512,
-            vcpu=1,
-            disk=1,
-            ephemeral=0,
-            name=f"vgpu-{count}x{gb}g",
-            extra_spec=size_classes.flavor_spec(
-                inventory.type_traits(type_id, None)[0], gb, gb * GB, count, RC
-            ),
-        )
+        return vgpu_flavor(self, type_id, BLACKWELL_SIZES[type_id], count)
 
     def located(self):
         """``((type number, placement ID), ...)`` of the board's vGPUs, as

@@ -145,33 +145,7 @@ MIXED_SIZE_MAXIMA = {
 
 def profile_of(board, version="550.127.06", model="nvidia-vfio"):
     """A fake host with one board of ``board``'s family under vendor VFIO."""
-    return {
-        "name": board.key,
-        "nvidia_vgpu_manager": version,
-        "gpus": [
-            {
-                "address": PF,
-                "model": model,
-                "vendor": "0x10de",
-                "device": "0x2000",
-                "product_name": board.product,
-                "framebuffer_mb": board.framebuffer_gb * 1024,
-                "architecture": board.architecture,
-                "heterogeneous_sizes": True,
-                "sriov": {"totalvfs": 16, "numvfs": 16, "offset": 4, "stride": 1},
-                "types": [
-                    {
-                        "id": f"nvidia-{2000 + n}",
-                        "name": t.name,
-                        "device_api": "vfio-pci",
-                        "framebuffer_mb": t.framebuffer_gb * 1024,
-                        "max": t.max_instances,
-                    }
-                    for n, t in enumerate(board.types)
-                ],
-            }
-        ],
-    }
+    return board_tables.host_profile(board, PF, version=version, model=model)
 
 
 def nvml_rows(host, board, mode=fake_nvml.NVML_VGPU_PGPU_HETEROGENEOUS_MODE):

@@ -253,3 +253,45 @@ def creatable(board_, used, mixed=True):
         free = tuple(p for p in entry.placements if taken.isdisjoint(range(p, p + entry.size)))
         found.append(entry._replace(placements=free))
     return found
+
+
+def host_profile(
+    board_,
+    address,
+    numvfs=16,
+    first_type=2000,
+    version="550.127.06",
+    model="nvidia-vfio",
+    device="0x2000",
+):
+    """A fake host profile (:mod:`vgpu_driver.fake.profiles`'s format) whose
+    one GPU at ``address`` is a board of ``board_``'s family under vendor
+    VFIO with ``numvfs`` VFs on, every type of the family offered as
+    ``nvidia-<first_type + n>`` (type numbers illustrative)."""
+    return {
+        "name": board_.key,
+        "nvidia_vgpu_manager": version,
+        "gpus": [
+            {
+                "address": address,
+                "model": model,
+                "vendor": "0x10de",
+                "device": device,
+                "product_name": board_.product,
+                "framebuffer_mb": board_.framebuffer_gb * 1024,
+                "architecture": board_.architecture,
+                "heterogeneous_sizes": True,
+                "sriov": {"totalvfs": numvfs, "numvfs": numvfs, "offset": 4, "stride": 1},
+                "types": [
+                    {
+                        "id": f"nvidia-{first_type + n}",
+                        "name": t.name,
+                        "device_api": "vfio-pci",
+                        "framebuffer_mb": t.framebuffer_gb * 1024,
+                        "max": t.max_instances,
+                    }
+                    for n, t in enumerate(board_.types)
+                ],
+            }
+        ],
+    }
