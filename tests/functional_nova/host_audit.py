@@ -29,7 +29,8 @@ def audit_of(test, host):
         inventory.claim_units(boards),
     )
     in_use = {c.mdev_uuid for c in claim_list} | set(users)
-    tree = inventory.compute(snapshot, config, host, in_use, unallocated, boards)
+    rooms = inventory.read_rooms(test.kernels[host], snapshot, config)
+    tree = inventory.compute(snapshot, config, host, in_use, unallocated, boards, rooms)
     return audit.audit(
         sync,
         tree,
