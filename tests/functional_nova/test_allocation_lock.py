@@ -15,7 +15,6 @@ import uuid
 
 import fixtures
 import libvirt
-import testtools
 from nova import utils as nova_utils
 from nova.virt.libvirt import host as nova_host
 from oslo_config import cfg
@@ -25,6 +24,7 @@ try:
 except ImportError:
     thread_pool_factory = None
 
+from tests.functional_nova import deadline
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver as core
 from vgpu_driver.fake import fakekernel
@@ -110,7 +110,7 @@ def domain_xml(name, dom_uuid, mdev):
     )
 
 
-class TestAllocationLock(testtools.TestCase):
+class TestAllocationLock(deadline.TestCase):
     def setUp(self):
         super().setUp()
         state = self.useFixture(fixtures.TempDir()).path

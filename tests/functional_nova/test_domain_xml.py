@@ -12,12 +12,12 @@ import textwrap
 import types
 
 import fixtures
-import testtools
 from lxml import etree
 from nova.virt.libvirt import config as vconfig
 from oslo_config import cfg
 
 from tests import golden
+from tests.functional_nova import deadline
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver as core
 from vgpu_driver.cmd.demo import compute
@@ -46,7 +46,7 @@ def hostdevs(xml):
     )
 
 
-class DomainXmlTest(testtools.TestCase):
+class DomainXmlTest(deadline.TestCase):
     def vgpu(self, profile, types_, extra, mdevs):
         tmp = self.useFixture(fixtures.TempDir()).path
         host = fakekernel.FakeKernel.build(

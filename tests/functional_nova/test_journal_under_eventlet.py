@@ -16,8 +16,8 @@ import textwrap
 import time
 
 import fixtures
-import testtools
 
+from tests.functional_nova import deadline
 from vgpu_driver import claims_journal
 
 HOLD = 1.5
@@ -49,7 +49,7 @@ WAITER = textwrap.dedent("""
 """)
 
 
-class JournalUnderEventletTests(testtools.TestCase):
+class JournalUnderEventletTests(deadline.TestCase):
     def test_a_writer_of_another_process_is_waited_for_without_freezing(self):
         state = self.useFixture(fixtures.TempDir()).path
         claims_journal.Journal(state)

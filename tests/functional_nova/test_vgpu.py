@@ -22,6 +22,7 @@ from nova.tests.functional.libvirt import base
 from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
+from tests.functional_nova import deadline
 from tests.functional_nova import libvirt_nodedevs
 from vgpu_driver import claims_journal
 from vgpu_driver import discovery
@@ -58,6 +59,7 @@ class VGPUDriverTestBase(base.ServersTestBase):
 
     def setUp(self):
         super().setUp()
+        self.useFixture(deadline.Deadline())
         nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
         # Each host's sysfs root is a fake kernel, which answers the writes
