@@ -15,7 +15,8 @@ import types
 
 import pytest
 
-from vgpu_driver import host_check
+from vgpu_driver import host_check_config
+from vgpu_driver import host_check_gpus
 from vgpu_driver import host_files
 from vgpu_driver import host_probe
 from vgpu_driver import service_check
@@ -304,12 +305,12 @@ def test_the_pure_check_of_sriov_manage_reads_the_file(make_host, tmp_path):
     script = tmp_path / "sriov-manage"
     script.write_text("#!/bin/sh\n")
     facts = _facts(host_reads.nvidia_gpus(host.paths), host_probe._executable(str(script)))
-    assert host_check.check_sriov_manage(facts)[0].message == (
+    assert host_check_gpus.check_sriov_manage(facts)[0].message == (
         f"{script} is not executable; SR-IOV board(s) 0000:41:00.0 need it to enable their VFs"
     )
     os.chmod(script, 0o755)
     facts = _facts(host_reads.nvidia_gpus(host.paths), host_probe._executable(str(script)))
-    assert host_check.check_sriov_manage(facts)[0].level == "ok"
+    assert host_check_gpus.check_sriov_manage(facts)[0].level == "ok"
 
 
 def _facts(gpus, sriov_manage):
@@ -562,7 +563,7 @@ def test_the_troubleshooting_page_explains_every_line():
         .split()
     )
     missing = []
-    for module in (host_check, service_check):
+    for module in (host_check_gpus, host_check_config, service_check):
         for node in ast.walk(ast.parse(pathlib.Path(module.__file__).read_text())):
             if (
                 isinstance(node, ast.Call)
