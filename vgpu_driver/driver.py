@@ -26,7 +26,7 @@ from vgpu_driver import migration
 from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver import removals
-from vgpu_driver import status
+from vgpu_driver import status_assembly
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.sysfs import udev
 
@@ -162,7 +162,7 @@ class VGPUDriver:
         try:
             now = time.time()
             state = self.worker.state()
-            view = status.of_host(nodename, snapshot, tree, claim_list, users, state, now)
+            view = status_assembly.of_host(nodename, snapshot, tree, claim_list, users, state, now)
             reading = metrics.build_reading(
                 view,
                 snapshot,

@@ -88,7 +88,7 @@ def build_reading(
     now: float,
 ) -> Reading:
     """The :class:`Reading` of sources already read: ``view`` is their
-    :func:`vgpu_driver.status.of_host`, ``config`` the MdevConfig the
+    :func:`vgpu_driver.status_assembly.of_host`, ``config`` the MdevConfig the
     ``tree`` was computed with, ``users`` ``{vgpu id: DomainRef}`` (None:
     libvirt could not say), ``vgpu_conf`` the ``[vgpu]`` options."""
     vgpu_gpus = {}

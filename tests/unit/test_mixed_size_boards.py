@@ -15,6 +15,7 @@ from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
 from vgpu_driver import status
+from vgpu_driver import status_assembly
 from vgpu_driver.conf import mdev_types
 
 L40S = "0000:c1:00.0"
@@ -368,7 +369,7 @@ class TestStatus:
         allocate(vgpu, "vm-12", TWELVE, 12 * GB)
         tree = vgpu.provider_tree("cn1")
         snapshot = vgpu.manager.snapshot(refresh=True)
-        view = status.assemble("cn1", snapshot, tree, vgpu.journal.claims(), {})
+        view = status_assembly.assemble("cn1", snapshot, tree, vgpu.journal.claims(), {})
         board = {g.gpu: g for g in view.gpus}[L40S]
         assert (board.unit, board.used, board.total, board.type_name) == (
             "MiB",

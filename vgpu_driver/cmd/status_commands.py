@@ -20,6 +20,7 @@ from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import reconciler_state
 from vgpu_driver import status
+from vgpu_driver import status_assembly
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_view
@@ -201,13 +202,13 @@ def read_sources(app):
         snapshot,
         config,
         app.options.nodename,
-        status.in_use(claim_list, users),
+        status_assembly.in_use(claim_list, users),
         boards=boards,
         rooms=inventory.read_rooms(host, snapshot, config),
     )
     worker = reconciler_state.read(app.conf.vgpu.state_dir) if journal else None
     now = time.time()
-    view = status.of_host(
+    view = status_assembly.of_host(
         app.options.nodename,
         snapshot,
         tree,
