@@ -1,10 +1,14 @@
 """The fake vendor driver's placements against NVIDIA's published tables.
 
-Each table below is one of the *Virtual GPU Software User Guide*'s (release
-17, appendix A.3 "vGPU Placements for GPUs in Mixed-Size Mode", one section
-per board framebuffer; the number of IDs of a row is the type's maximum in
-mixed-size mode, as the guide's per-board type tables give it), written out
-row by row: {vGPU framebuffer in GB: placement IDs}.  The 96 GB Blackwell
+Each table below is one of NVIDIA's "vGPU Placements for GPUs in Mixed-Size
+Mode" (one section per board framebuffer; the number of IDs of a row is the
+type's maximum in mixed-size mode, as the guide's per-board type tables give
+it), written out row by row: {vGPU framebuffer in GB: placement IDs}.  The
+48 and 24 GB tables are the *Virtual GPU Software User Guide*'s (release 17,
+appendix A.3); the 94, 80 and 40 GB ones the *NVIDIA AI Enterprise User
+Guide*'s (v5.0, on vGPU software 17, appendix B, whose B.7 gives the same
+24 GB table; https://docs.nvidia.com/ai-enterprise/5.0/user-guide/index.html).
+Where the fake departs from them the table says so.  The 96 GB Blackwell
 board has no table in release 17: its row is the open kernel modules'
 (``_kvgpumgrSetHeterogeneousResources_GB100``), spelled out.  Each table is
 asked of a fake host built from the board, through NVML as the driver asks.
@@ -75,7 +79,7 @@ TABLE_24 = {
     2: (0, 4, 6, 10, 12, 16, 18, 22),
     1: (0, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 23),
 }
-# 40 GB (A100 PCIe 40GB).
+# AI Enterprise 5.0 B.5, 40 GB (A100 PCIe 40GB, type table A.4).
 TABLE_40 = {
     40: (0,),
     20: (0, 20),
@@ -84,7 +88,8 @@ TABLE_40 = {
     5: (0, 5, 10, 15, 20, 25, 30, 35),
     4: (0, 6, 10, 16, 20, 26, 30, 36),
 }
-# 80 GB (A100 80GB, H100 PCIe).
+# AI Enterprise 5.0 B.2, 80 GB (H100 PCIe 80GB, type table A.14; A100 PCIe
+# 80GB, A.6, which lists no 5 GB type: the fake offers one all the same).
 TABLE_80 = {
     80: (0,),
     40: (0, 40),
@@ -95,7 +100,9 @@ TABLE_80 = {
     5: tuple(range(0, 80, 5)),
     4: (0, 6, 10, 16, 20, 26, 30, 36, 40, 46, 50, 56, 60, 66, 70, 76),
 }
-# 94 GB (H100 NVL).
+# AI Enterprise 5.0 B.1, 94 GB (H100 NVL, type table A.12), but for the 31 GB
+# row: A.12 lists no 31 GB type and B.1 no 31 GB row; this one is the open
+# kernel modules' rule applied to the fake's 31 GB type (maximum 3).
 TABLE_94 = {
     94: (0,),
     47: (0, 47),
@@ -131,8 +138,10 @@ PUBLISHED = {
     "h100-nvl": TABLE_94,
     "rtx-pro-6000-blackwell-se": TABLE_96,
 }
-# Mixed-size maxima the guide's type tables give where they differ from
-# the equal-size ones: {board: {GB: maximum}}.
+# Mixed-size maxima the guides' type tables give where they differ from
+# the equal-size ones: {board: {GB: maximum}} (AI Enterprise 5.0 A.4 for the
+# A100 40GB, A.6 for the A100 80GB; the A40's 4, 8 and 16 GB and the A10's
+# 4 and 8 GB maxima match its A.8 and A.11 too, the A10's 1 and 2 GB its B.7).
 MIXED_SIZE_MAXIMA = {
     "a40": {1: 30, 2: 16, 4: 8, 8: 4, 16: 2},
     "l40s": {1: 16, 2: 16, 4: 8, 8: 4, 16: 2},
