@@ -7,8 +7,7 @@ it), written out row by row: {vGPU framebuffer in GB: placement IDs}.  The
 48 and 24 GB tables are the *Virtual GPU Software User Guide*'s (release 17,
 appendix A.3); the 94, 80 and 40 GB ones the *NVIDIA AI Enterprise User
 Guide*'s (v5.0, on vGPU software 17, appendix B, whose B.7 gives the same
-24 GB table; https://docs.nvidia.com/ai-enterprise/5.0/user-guide/index.html).
-Where the fake departs from them the table says so.  The 96 GB Blackwell
+24 GB table), and so are the boards' type lists (its appendix A).  The 96 GB Blackwell
 board has no table in release 17: its row is the open kernel modules'
 (``_kvgpumgrSetHeterogeneousResources_GB100``), spelled out.  Each table is
 asked of a fake host built from the board, through NVML as the driver asks.
@@ -89,7 +88,7 @@ TABLE_40 = {
     4: (0, 6, 10, 16, 20, 26, 30, 36),
 }
 # AI Enterprise 5.0 B.2, 80 GB (H100 PCIe 80GB, type table A.14; A100 PCIe
-# 80GB, A.6, which lists no 5 GB type: the fake offers one all the same).
+# 80GB, A.6, which has no 5 GB type).
 TABLE_80 = {
     80: (0,),
     40: (0, 40),
@@ -100,13 +99,10 @@ TABLE_80 = {
     5: tuple(range(0, 80, 5)),
     4: (0, 6, 10, 16, 20, 26, 30, 36, 40, 46, 50, 56, 60, 66, 70, 76),
 }
-# AI Enterprise 5.0 B.1, 94 GB (H100 NVL, type table A.12), but for the 31 GB
-# row: A.12 lists no 31 GB type and B.1 no 31 GB row; this one is the open
-# kernel modules' rule applied to the fake's 31 GB type (maximum 3).
+# AI Enterprise 5.0 B.1, 94 GB (H100 NVL, type table A.12).
 TABLE_94 = {
     94: (0,),
     47: (0, 47),
-    31: (0, 63),
     23: (0, 24, 47, 71),
     15: (0, 32, 47, 79),
     11: (0, 12, 23, 36, 47, 59, 70, 83),
@@ -133,7 +129,7 @@ PUBLISHED = {
     "a10": TABLE_24,
     "l4": TABLE_24,
     "a100-40gb": TABLE_40,
-    "a100-80gb": TABLE_80,
+    "a100-80gb": {gb: ids for gb, ids in TABLE_80.items() if gb != 5},
     "h100-80gb": TABLE_80,
     "h100-nvl": TABLE_94,
     "rtx-pro-6000-blackwell-se": TABLE_96,
