@@ -27,8 +27,8 @@ from vgpu_driver.conf import fleet
 if TYPE_CHECKING:
     from oslo_config import cfg
 
-    from vgpu_driver.conf.mdev_types import MdevConfig
-    from vgpu_driver.conf.mdev_types import TypeConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
+    from vgpu_driver.conf.mdev_settings import TypeConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading

@@ -16,7 +16,7 @@ from vgpu_driver import vgpu_scheduler
 from vgpu_driver.conf import devices
 
 if TYPE_CHECKING:
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.framebuffer import BoardReading
     from vgpu_driver.nvml import Placements

@@ -26,7 +26,7 @@ from vgpu_driver import nvml
 from vgpu_driver import service_check
 
 if TYPE_CHECKING:
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.exception import ConfigProblem
     from vgpu_driver.sysfs.host_reads import PciFunction

@@ -21,7 +21,7 @@ from keystoneauth1 import exceptions as ks_exceptions
 from vgpu_driver import exception
 
 if TYPE_CHECKING:
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
 
 OK = "ok"
 MISSING = "missing"

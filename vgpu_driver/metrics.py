@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from vgpu_driver.claims import Claim
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.domains import DomainRef
     from vgpu_driver.inventory import GpuProvider

@@ -32,8 +32,8 @@ from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import migration
 from vgpu_driver import reconcile
-from vgpu_driver.conf.mdev_types import MdevConfig
-from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.conf.mdev_settings import MdevConfig
+from vgpu_driver.conf.mdev_settings import TypeConfig
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 

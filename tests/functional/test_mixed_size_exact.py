@@ -43,8 +43,8 @@ from vgpu_driver import inventory
 from vgpu_driver import nvml
 from vgpu_driver import placement
 from vgpu_driver import size_classes
-from vgpu_driver.conf.mdev_types import MdevConfig
-from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.conf.mdev_settings import MdevConfig
+from vgpu_driver.conf.mdev_settings import TypeConfig
 from vgpu_driver.fake import board_tables
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import nvml as fake_nvml

@@ -24,8 +24,8 @@ from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver import sysfs
-from vgpu_driver.conf.mdev_types import MdevConfig
-from vgpu_driver.conf.mdev_types import TypeConfig
+from vgpu_driver.conf.mdev_settings import MdevConfig
+from vgpu_driver.conf.mdev_settings import TypeConfig
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 from vgpu_driver.placement_service import EmbeddedPlacement

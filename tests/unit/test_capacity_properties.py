@@ -20,7 +20,7 @@ from tests import properties
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 
@@ -77,8 +77,8 @@ def creatable_now(host, gpu_parents, type_id):
 
 
 def check_inventory(host, type_by_gpu):
-    config = mdev_types.MdevConfig(
-        types=tuple(mdev_types.TypeConfig(t) for t in sorted(set(type_by_gpu.values()))),
+    config = mdev_settings.MdevConfig(
+        types=tuple(mdev_settings.TypeConfig(t) for t in sorted(set(type_by_gpu.values()))),
         by_address=MappingProxyType(dict(type_by_gpu)),
     )
     snapshot = discovery.discover(host)

@@ -16,7 +16,7 @@ from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
@@ -42,8 +42,8 @@ class FaultyKernel(fakekernel.FakeKernel):
 @pytest.fixture
 def life(tmp_path):
     host = FaultyKernel.build(str(tmp_path / "sys"), profiles.load("t4x8"))
-    config = mdev_types.MdevConfig(
-        types=(mdev_types.TypeConfig("nvidia-222"),),
+    config = mdev_settings.MdevConfig(
+        types=(mdev_settings.TypeConfig("nvidia-222"),),
         default_type="nvidia-222",
         by_address=MappingProxyType({}),
     )

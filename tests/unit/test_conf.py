@@ -4,6 +4,7 @@ import pytest
 
 from tests import confs
 from vgpu_driver import exception
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.conf import mdev_types
 
 
@@ -34,7 +35,7 @@ def test_single_type_without_addresses_is_the_default(make_conf):
         """)
     )
     assert config.default_type == "nvidia-468"
-    assert config.type_config("nvidia-468") == mdev_types.TypeConfig(
+    assert config.type_config("nvidia-468") == mdev_settings.TypeConfig(
         "nvidia-468", (), "CUSTOM_A100_4C", 10
     )
 

@@ -23,7 +23,7 @@ from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
@@ -57,8 +57,8 @@ class Host:
         self.retype(T4_TYPES[0])
 
     def retype(self, t4_type):
-        self.config = mdev_types.MdevConfig(
-            types=(mdev_types.TypeConfig("nvidia-468"), mdev_types.TypeConfig(t4_type)),
+        self.config = mdev_settings.MdevConfig(
+            types=(mdev_settings.TypeConfig("nvidia-468"), mdev_settings.TypeConfig(t4_type)),
             by_address=MappingProxyType({A100: "nvidia-468", T4: t4_type}),
         )
         self.manager = mdevs.MdevManager(

@@ -13,7 +13,7 @@ from vgpu_driver import exception
 from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import reconcile
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.fake import domains
 
 A100 = "0000:41:00.0"
@@ -78,9 +78,9 @@ def lifecycle(make_host, tmp_path):
     def make(*profiles, types=("nvidia-468", "nvidia-222"), mdevs=(), by_address=None, **kwargs):
         host = make_host(*profiles, mdevs=mdevs)
         by_address = by_address if by_address is not None else {A100: types[0]}
-        cfg = mdev_types.MdevConfig(
+        cfg = mdev_settings.MdevConfig(
             types=tuple(
-                mdev_types.TypeConfig(t) for t in dict.fromkeys([*types, *by_address.values()])
+                mdev_settings.TypeConfig(t) for t in dict.fromkeys([*types, *by_address.values()])
             ),
             default_type=types[-1],
             by_address=MappingProxyType(by_address),

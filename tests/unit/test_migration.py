@@ -20,7 +20,7 @@ from vgpu_driver import mdevs
 from vgpu_driver import migration
 from vgpu_driver import names
 from vgpu_driver import reconcile
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 
 A100 = "0000:41:00.0"
 
@@ -30,8 +30,8 @@ class Compute:
 
     def __init__(self, root, kernel, types, name):
         self.root, self.kernel, self.name = root, kernel, name
-        self.config = mdev_types.MdevConfig(
-            types=tuple(mdev_types.TypeConfig(t) for t in types),
+        self.config = mdev_settings.MdevConfig(
+            types=tuple(mdev_settings.TypeConfig(t) for t in types),
             default_type=types[0],
             by_address=MappingProxyType({}),
         )
@@ -399,7 +399,7 @@ def test_a_vgpu_of_a_mixed_size_board_moves_to_its_type_on_another(make_host, tm
         kernel = make_host("l40s-vfio")
         kernel.set_heterogeneous_mode(L40S, True)
         compute = Compute(tmp_path, kernel, [L40S_8Q, "nvidia-1157"], name)
-        compute.config = mdev_types.MdevConfig(
+        compute.config = mdev_settings.MdevConfig(
             types=compute.config.types,
             mixed_by_address=MappingProxyType({L40S: (L40S_8Q, "nvidia-1157")}),
         )

@@ -24,7 +24,7 @@ from vgpu_driver import guest
 from vgpu_driver import names
 from vgpu_driver import reconcile
 from vgpu_driver import takeover
-from vgpu_driver.conf import mdev_types
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.fake import domains
 
 L40S = "0000:c1:00.0"
@@ -53,8 +53,8 @@ def vf_life(make_host, tmp_path):
         host = make_host("l40s-vfio")
         for vf, number in typed_vfs:
             host.set_vendor_vgpu_type(vf, number)
-        config = mdev_types.MdevConfig(
-            types=(mdev_types.TypeConfig(type_id, max_instances=max_instances),),
+        config = mdev_settings.MdevConfig(
+            types=(mdev_settings.TypeConfig(type_id, max_instances=max_instances),),
             default_type=type_id,
             by_address=MappingProxyType({}),
         )

@@ -33,8 +33,8 @@ from vgpu_driver import exception
 from vgpu_driver import names
 
 if TYPE_CHECKING:
-    from vgpu_driver.conf.mdev_types import MdevConfig
-    from vgpu_driver.conf.mdev_types import TypeConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
+    from vgpu_driver.conf.mdev_settings import TypeConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
 

@@ -59,7 +59,7 @@ from vgpu_driver.inventory.unallocated import unallocated_claims
 if TYPE_CHECKING:
     from types import MappingProxyType
 
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading

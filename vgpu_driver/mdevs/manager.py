@@ -28,7 +28,7 @@ from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 
 if TYPE_CHECKING:
-    from vgpu_driver.conf.mdev_types import MdevConfig
+    from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.domains import DomainReferences

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from vgpu_driver import exception
 from vgpu_driver import names
+from vgpu_driver.conf import mdev_settings
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.privsep import device
 
@@ -48,7 +49,7 @@ def _can_mix(gpu: device.Gpu, type_ids: Sequence[str]) -> bool:
     )
 
 
-def configured_types(gpu: device.Gpu, config: mdev_types.MdevConfig) -> tuple[str, ...]:
+def configured_types(gpu: device.Gpu, config: mdev_settings.MdevConfig) -> tuple[str, ...]:
     """The types ``config`` gives ``gpu`` (the inventory's rule), or ().
     ``gpu``'s mode is needed only where it is given more than one type."""
     assigned = config.types_for(gpu.addresses)
@@ -59,12 +60,12 @@ def configured_types(gpu: device.Gpu, config: mdev_types.MdevConfig) -> tuple[st
     return (config.default_type,) if config.default_type else ()
 
 
-def named_addresses(config: mdev_types.MdevConfig) -> frozenset[str]:
+def named_addresses(config: mdev_settings.MdevConfig) -> frozenset[str]:
     """Every address ``config`` looks a GPU up by."""
     return frozenset((*config.by_address, *config.mixed_by_address, *config.by_model))
 
 
-def _resolved(config: mdev_types.MdevConfig, root_path: str) -> mdev_types.MdevConfig:
+def _resolved(config: mdev_settings.MdevConfig, root_path: str) -> mdev_settings.MdevConfig:
     """``config`` with ``device_ids`` resolved against the whole host."""
     if not any(t.device_ids for t in config.types):
         return config
@@ -84,7 +85,7 @@ class WritePolicy:
         self.config_errors = errors
         self._named = named_addresses(config)
 
-    def _require_config(self) -> mdev_types.MdevConfig:
+    def _require_config(self) -> mdev_settings.MdevConfig:
         if self.config is None:
             raise exception.PrivilegedWriteRefused(
                 "sysfs",
