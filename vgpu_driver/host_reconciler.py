@@ -12,13 +12,8 @@ driver adds, such as settling libvirt's mdev definitions) happens here, in
   start-up, a periodic update, a tick, a udev event while vGPUs wait for
   their parents, a removal that returned, a release.  Reasons that arrive
   while a pass runs are coalesced into the next one.
-* Each pass reads the journal again and each step acts under its rules:
-  claims no domain uses are released only past their grace and when the
-  compute driver's *keeper* does not keep them (an operation under way);
-  a vGPU is created only for a claim unchanged since it was read, on its
-  own parent or one no other claim points at, and removed again if its
-  claim went while it was written; a claim is dropped only if unchanged
-  since it was judged stale; removals are state (:mod:`vgpu_driver.removals`).
+* Each pass reads the journal again and each step acts under its rules
+  (:mod:`vgpu_driver.reconciler_steps`: what a pass does, in order).
 * A step's exception is logged with its context, recorded as the last
   error, and the pass goes on with the next step; the worker never dies.
 * What it did is written after every pass to ``reconciler.json`` in the
@@ -41,8 +36,7 @@ from typing import Any
 from oslo_log import log as logging
 
 from vgpu_driver import reconciler_state
-from vgpu_driver import takeover
-from vgpu_driver import unused_claims
+from vgpu_driver import reconciler_steps
 
 if TYPE_CHECKING:
     from oslo_config import cfg
@@ -55,9 +49,6 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 
-# A step of a pass: ``step(reasons)``; the restore step returns its outcomes.
-Step = Callable[[tuple[str, ...]], Any]
-
 START_UP = "start-up"
 PERIODIC = "periodic"
 TICK = "tick"
@@ -67,8 +58,6 @@ REMOVAL_DONE = "removal-done"
 # While vGPUs wait for parents and udev cannot say when they come, how
 # often to look again (the vendor enables VFs seconds after boot).
 _WAITING_POLL = 1.0
-# How long a pass waits for the removals it starts (the rest stays in flight).
-_REMOVAL_WAIT = 1.0
 
 
 class HostReconciler:
@@ -97,7 +86,7 @@ class HostReconciler:
         self.state_path = (
             os.path.join(state_dir, reconciler_state.STATE_FILE) if state_dir else None
         )
-        self._extra_steps: list[tuple[str, Step]] = []
+        self._extra_steps: list[tuple[str, reconciler_steps.Step]] = []
         #: ``keeper(instance uuids)`` -> those whose claims no pass drops
         #: though no domain uses them: an operation is under way on them,
         #: or they keep their vGPUs without a domain (set by the compute
@@ -112,7 +101,8 @@ class HostReconciler:
         self._threads: list[threading.Thread] = []
         #: ``{vgpu: first seen missing}`` of vGPUs waiting for their parent.
         self.waiting: dict[str, float] = {}
-        self._reported_late: set[str] = set()
+        #: Of those, the vGPUs already logged as late (``[vgpu] restore_wait``).
+        self.reported_late: set[str] = set()
         self.last: reconciler_state.PassReport | None = None
         self.last_error: tuple[float, str, str] | None = None  # (time, step, message)
         self.passes = 0
@@ -122,77 +112,15 @@ class HostReconciler:
 
     # -- what a pass does -----------------------------------------------------------------
 
-    def add_step(self, name: str, step: Step) -> None:
+    def add_step(self, name: str, step: reconciler_steps.Step) -> None:
         """Run ``step(reasons)`` at the end of every pass (the compute
         driver's own background work)."""
         self._extra_steps.append((name, step))
 
-    def _steps(self, reasons: Collection[str]) -> list[tuple[str, Step]]:
-        steps: list[tuple[str, Step]] = [
-            ("host", self._read_host),
-            ("removals", self._finish_removals),
-            ("stale claims", self._clean_claims),
-            ("unused claims", self._release_unused),
-        ]
-        if START_UP in reasons:
-            steps.append(("takeover", lambda _: takeover.adopt(self.manager)))
-        steps += [("restore", self._restore), ("stale types", self._stale_types)]
-        return steps + self._extra_steps
-
-    def _finish_removals(self, reasons: Collection[str]) -> None:
-        self.rules.finish_releases(wait=_REMOVAL_WAIT)
-
-    def _clean_claims(self, reasons: Collection[str]) -> None:
-        # An attached claim without a domain is stale only at start-up: a
-        # resize or a hard reboot undefines the domain for a while.  Not
-        # even then while an operation is under way on its instance (one
-        # the service was killed in, which the compute resumes), or when
-        # the guest keeps its vGPUs without a domain.
-        self.rules.clean_stale_claims(
-            grace=self.conf.vgpu.claim_grace,
-            attached_too=START_UP in reasons,
-            migration_timeout=self.conf.vgpu.migration_claim_timeout,
-            busy=self.keeper,
-        )
-
-    def _release_unused(self, reasons: Collection[str]) -> None:
-        # Later, claims no domain uses go after their own grace, unless the
-        # compute driver keeps them (:mod:`vgpu_driver.unused_claims`).
-        if START_UP not in reasons:
-            unused_claims.release(
-                self.manager, self.keeper, self.conf.vgpu.unused_claim_grace, self.clock()
-            )
-
-    def _read_host(self, reasons: Collection[str]) -> None:
-        """One read of the host for the whole pass (creations and removals
-        change no structure the later steps need)."""
-        self.manager.use_snapshot(
-            self.discovery.snapshot() if self.discovery else self.manager.snapshot(refresh=True)
-        )
-
-    def _restore(self, reasons: Collection[str]) -> tuple[Outcome, ...]:
-        # At start-up nothing is being allocated yet: every claim is the
-        # host's to restore; later, claims not yet attached are their
-        # allocation's (nova's thread creates them).
-        outcomes = self.rules.restore(refresh=False, attached_only=START_UP not in reasons)
-        now = self.clock()
-        waiting = {o.mdev_uuid for o in outcomes if o.result == "waiting"}
-        self.waiting = {v: self.waiting.get(v, now) for v in waiting}
-        for vgpu, since in self.waiting.items():
-            if now - since >= self.conf.vgpu.restore_wait and vgpu not in self._reported_late:
-                self._reported_late.add(vgpu)
-                LOG.error(
-                    "vGPU %s is still not back %.0fs after it was found missing "
-                    "([vgpu] restore_wait): its parent has not appeared; it is "
-                    "retried at each pass",
-                    vgpu,
-                    now - since,
-                )
-        self._reported_late &= set(self.waiting)
-        return tuple(outcomes)
-
-    def _stale_types(self, reasons: Collection[str]) -> None:
-        self.rules.reclaim_stale_types(referenced=self.rules.in_use())
+    def _steps(self, reasons: Collection[str]) -> list[tuple[str, reconciler_steps.Step]]:
+        """The steps of a pass for ``reasons``: the host's own, then the
+        compute driver's."""
+        return reconciler_steps.host_steps(self, START_UP in reasons) + self._extra_steps
 
     # -- one pass -------------------------------------------------------------------------
 
