@@ -320,7 +320,9 @@ def test_sriov_enable_wakes_at_the_vfs_events(make_host):
         started = time.monotonic()
         woke = wake(10.0)
         elapsed = time.monotonic() - started
-        assert woke and elapsed < 1.0 < sriov.EVENT_RECHECK
+        # Woken before its next re-read would have come; the margin (1.7 s)
+        # is for a busy machine.
+        assert woke and elapsed < sriov.EVENT_RECHECK
         [ready] = sriov.wait_ready(host, [A100], 5.0, wake)
         assert (ready.numvfs, ready.state) == (16, sriov.STATE_ENABLED)
     finally:
