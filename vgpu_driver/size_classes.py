@@ -74,6 +74,11 @@ def is_size_class(resource_class: str) -> bool:
     return resource_class.startswith(PREFIX) and resource_class.endswith("_MIB")
 
 
+def mib_of(resource_class: str) -> int:
+    """The MiB a size class names (``CUSTOM_VGPU_SIZE_4096_MIB`` -> 4096)."""
+    return int(resource_class[len(PREFIX) : -len("_MIB")])
+
+
 def disjoint(starts: Iterable[int], size: int) -> int:
     """The largest number of pairwise disjoint placements of ``size`` slots
     at ``starts``: equal intervals, taken greedily by lowest start."""

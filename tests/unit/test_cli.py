@@ -126,6 +126,7 @@ def test_inventory_json_of_nova_guide_host(make_host, run):
             "CUSTOM_VGPU_GRID_M60_1B",
         ],
         "reason": None,
+        "size_classes": [],
     }
 
 

@@ -32,6 +32,28 @@ class PciRangesColumn(ListColumn):
         return [str(a) for a in self._value or ()]
 
 
+class SizeClassesColumn(columns.FormattableColumn):
+    """A mixed-size board's size classes, ``((class, inventory record), ...)``:
+    one line each in tables, the records' counts in JSON/YAML."""
+
+    def human_readable(self):
+        return "\n".join(
+            f"{rc} {r['total']} (reserved {r['reserved']}, max {r['max_unit']})"
+            for rc, r in self._value or ()
+        )
+
+    def machine_readable(self):
+        return [
+            {
+                "resource_class": rc,
+                "total": r["total"],
+                "reserved": r["reserved"],
+                "max_unit": r["max_unit"],
+            }
+            for rc, r in self._value or ()
+        ]
+
+
 class OptionalColumn(columns.FormattableColumn):
     """A value that may be absent: blank in tables, null in JSON/YAML."""
 

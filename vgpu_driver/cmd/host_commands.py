@@ -4,6 +4,7 @@ from vgpu_driver import discovery
 from vgpu_driver import host_probe
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
+from vgpu_driver import size_classes
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_view
@@ -77,8 +78,23 @@ def _types_text(provider):
     return ", ".join(f"{type_id} ({mib} MiB)" for type_id, mib in provider.sizes)
 
 
+def _size_classes(provider):
+    """The size classes of the inventory Placement gets for ``provider``,
+    smallest first: none but on a mixed-size board."""
+    found = [
+        (rc, record)
+        for rc, record in provider.inventory().items()
+        if rc != provider.resource_class and size_classes.is_size_class(rc)
+    ]
+    return tuple(sorted(found, key=lambda item: size_classes.mib_of(item[0])))
+
+
 class ShowInventory(base.Lister):
-    """Show the provider each physical GPU gets, as it would be reported."""
+    """Show the provider each physical GPU gets, as it would be reported.
+
+    A mixed-size board's provider has, beside its framebuffer class, one
+    class per placement size (``size_classes``), as Placement lists them.
+    """
 
     def take_action(self, parsed_args):
         tree, snapshot = host_view.desired_tree(self.app)
@@ -96,6 +112,7 @@ class ShowInventory(base.Lister):
             "max_unit",
             "traits",
             "reason",
+            "size_classes",
         )
         rows = [
             (
@@ -109,6 +126,7 @@ class ShowInventory(base.Lister):
                 p.max_unit,
                 columns.ListColumn(p.traits),
                 p.reason,
+                columns.SizeClassesColumn(_size_classes(p)),
             )
             for p in tree.providers
         ]
@@ -124,6 +142,7 @@ class ShowInventory(base.Lister):
                 0,
                 columns.ListColumn(()),
                 f"no provider: {why}",
+                columns.SizeClassesColumn(()),
             )
             for gpu, why in tree.unserved
         ]
