@@ -42,7 +42,7 @@ class ClaimInFlight:
 
 @dataclasses.dataclass(frozen=True)
 class SriovState:
-    state: str  # off, enabled, partial (see vgpu_driver.sriov)
+    state: str  # off, enabled, partial (see vgpu_driver.sriov_functions)
     numvfs: int
     totalvfs: int
 

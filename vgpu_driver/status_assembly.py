@@ -18,7 +18,7 @@ from typing import Any
 
 from vgpu_driver import claims
 from vgpu_driver import reconciler_state
-from vgpu_driver import sriov
+from vgpu_driver import sriov_functions
 from vgpu_driver.status import MIB
 from vgpu_driver.status import ClaimInFlight
 from vgpu_driver.status import GpuStatus
@@ -57,7 +57,7 @@ def _vgpus_by_gpu(
     return found
 
 
-def _sriov_state(function: sriov.PhysicalFunction | None) -> SriovState | None:
+def _sriov_state(function: sriov_functions.PhysicalFunction | None) -> SriovState | None:
     if function is None:
         return None
     return SriovState(function.state, function.numvfs, function.totalvfs)
@@ -69,7 +69,7 @@ def assemble(
     tree: ProviderTree,
     claim_list: Collection[claims.Claim],
     users: Mapping[str, DomainRef] | None,
-    functions: Iterable[sriov.PhysicalFunction] = (),
+    functions: Iterable[sriov_functions.PhysicalFunction] = (),
     stuck: Mapping[str, float] | None = None,
     reconciler: str | None = None,
     maps: Mapping[str, BoardMap] | None = None,
@@ -80,7 +80,7 @@ def assemble(
     ``tree`` is the :class:`~vgpu_driver.inventory.ProviderTree` computed
     from ``snapshot``; ``users`` is ``{vgpu id: DomainRef}`` or None when
     libvirt could not be reached (then ``used`` counts claims only);
-    ``functions`` are :func:`vgpu_driver.sriov.functions_in` of the snapshot;
+    ``functions`` are :func:`vgpu_driver.sriov_functions.functions_in` of the snapshot;
     ``stuck`` is ``{vgpu id: seconds}`` of removals the kernel blocks,
     ``reconciler`` a line about the host reconciler
     (:mod:`vgpu_driver.host_reconciler`), and ``maps`` is the
@@ -179,7 +179,7 @@ def of_host(
         tree,
         claim_list,
         users,
-        sriov.functions_in(snapshot),
+        sriov_functions.functions_in(snapshot),
         stuck=reconciler_state.removals_in_flight(reconciler, now),
         reconciler=reconciler_state.describe(reconciler, now),
         maps=maps,

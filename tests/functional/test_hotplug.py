@@ -20,7 +20,8 @@ from vgpu_driver import discovery_cache
 from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import names
-from vgpu_driver import sriov
+from vgpu_driver import sriov_functions
+from vgpu_driver import sriov_wait
 from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import changes
@@ -315,18 +316,18 @@ def test_sriov_enable_wakes_at_the_vfs_events(make_host):
     host.enable_uevents()
     changes = udev.start(linux.LinuxSysfs(host.paths.root), "udev")
     try:
-        wake = sriov.waker(changes)
+        wake = sriov_wait.waker(changes)
         threading.Timer(0.3, host.set_vfs, (A100, 16)).start()
         started = time.monotonic()
         woke = wake(10.0)
         elapsed = time.monotonic() - started
         # Woken before its next re-read would have come; the margin (1.7 s)
         # is for a busy machine.
-        assert woke and elapsed < sriov.EVENT_RECHECK
-        [ready] = sriov.wait_ready(host, [A100], 5.0, wake)
-        assert (ready.numvfs, ready.state) == (16, sriov.STATE_ENABLED)
+        assert woke and elapsed < sriov_wait.EVENT_RECHECK
+        [ready] = sriov_wait.wait_ready(host, [A100], 5.0, wake)
+        assert (ready.numvfs, ready.state) == (16, sriov_functions.STATE_ENABLED)
     finally:
         changes.stop()
-    polling = sriov.waker(udev.start(linux.LinuxSysfs(host.paths.root), "off"))
+    polling = sriov_wait.waker(udev.start(linux.LinuxSysfs(host.paths.root), "off"))
     started = time.monotonic()
     assert polling(10.0) is None and time.monotonic() - started < 1.0

@@ -29,8 +29,9 @@ from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import hosts
 from vgpu_driver import privsep
-from vgpu_driver import sriov
+from vgpu_driver import sriov_apply
 from vgpu_driver import sriov_manage as sriov_manage_mod
+from vgpu_driver import sriov_plan
 from vgpu_driver.conf import privsep as privsep_conf
 from vgpu_driver.fake import domains
 from vgpu_driver.fake import fakekernel
@@ -217,11 +218,11 @@ def test_a_rebooted_a100_is_enabled_by_sriov_manage_not_by_the_daemon(tmp_path, 
         assert host.pci_device(A100).sriov_numvfs == 0 and host.list_parents() == []
         sriov_manage(served.mount)
         script = sriov_manage_mod.SriovManage(conftest.FAKE_SRIOV_MANAGE)
-        [pf] = sriov.enable(host, sriov.plan_enable(host, [A100]), 15, script)
+        [pf] = sriov_apply.enable(host, sriov_plan.plan_enable(host, [A100]), 15, script)
         assert (pf.state, pf.numvfs) == ("enabled", 16)
         assert len(host.list_parents()) == 16
         # Enabling again runs nothing.
-        assert [s.action for s in sriov.plan_enable(host, [A100])] == ["none"]
+        assert [s.action for s in sriov_plan.plan_enable(host, [A100])] == ["none"]
 
 
 def plant_refusals(tree, tmp_path):

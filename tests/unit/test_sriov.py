@@ -15,8 +15,12 @@ from vgpu_driver import claims_journal
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
-from vgpu_driver import sriov
+from vgpu_driver import sriov_apply
+from vgpu_driver import sriov_functions
 from vgpu_driver import sriov_manage as sriov_manage_mod
+from vgpu_driver import sriov_notices
+from vgpu_driver import sriov_plan
+from vgpu_driver import sriov_wait
 from vgpu_driver.conf import mdev_types
 
 A100 = "0000:41:00.0"
@@ -30,7 +34,7 @@ L40S = "0000:c1:00.0"
 
 def test_off_board_is_listed_as_off_and_offers_nothing(make_host):
     host = make_host("a100-sriov-off")
-    [pf] = sriov.list_functions(host)
+    [pf] = sriov_functions.list_functions(host)
     assert (pf.address, pf.vendor, pf.device, pf.pci_class) == (
         A100,
         "0x10de",
@@ -43,7 +47,7 @@ def test_off_board_is_listed_as_off_and_offers_nothing(make_host):
 
 def test_enabled_boards_list_their_vfs_and_types(make_host):
     host = make_host("a100-sriov", "l40s-vfio", "t4x8")
-    functions = {pf.address: pf for pf in sriov.list_functions(host)}
+    functions = {pf.address: pf for pf in sriov_functions.list_functions(host)}
     assert set(functions) == {A100, L40S}  # time-sliced T4s have no VFs
     a100, l40s = functions[A100], functions[L40S]
     assert (a100.state, a100.numvfs, len(a100.vfs)) == ("enabled", 16, 16)
@@ -63,28 +67,28 @@ def script(sriov_manage):
 def test_enable_runs_sriov_manage_and_waits_for_every_vf(make_host, script):
     host = make_host("a100-sriov-off")
     script.point_at(host)
-    steps = sriov.plan_enable(host, [A100])
+    steps = sriov_plan.plan_enable(host, [A100])
     assert [(s.action, s.detail) for s in steps] == [("enable", "sriov_numvfs 0 -> 16")]
     said = []
-    [pf] = sriov.enable(host, steps, 5, script, progress=said.append)
+    [pf] = sriov_apply.enable(host, steps, 5, script, progress=said.append)
     assert (pf.state, pf.numvfs, pf.ready_vfs) == ("enabled", 16, 16)
     assert said[0] == ENABLED
     assert said[1].startswith(f"{A100}: 16 VFs ready, offering 6 mdev type(s)")
     # Idempotent: an enabled board is left alone (a second write would be EBUSY).
-    again = sriov.plan_enable(host, [A100, A100, "0000:41:00.0 "])
+    again = sriov_plan.plan_enable(host, [A100, A100, "0000:41:00.0 "])
     assert [(s.action, s.detail) for s in again] == [
         ("none", "already enabled (16 of 16 VFs), left alone")
     ]
-    assert sriov.enable(host, again, 0, script)[0].numvfs == 16
+    assert sriov_apply.enable(host, again, 0, script)[0].numvfs == 16
 
 
 def test_vfs_enabled_between_plan_and_write_are_left_alone(make_host, script):
     host = make_host("a100-sriov-off")
     script.point_at(host)
-    steps = sriov.plan_enable(host, [A100])
+    steps = sriov_plan.plan_enable(host, [A100])
     host.set_vfs(A100, 4)  # another tool got there first
     said = []
-    [pf] = sriov.enable(host, steps, 5, script, progress=said.append)
+    [pf] = sriov_apply.enable(host, steps, 5, script, progress=said.append)
     assert pf.numvfs == 4  # no second write (the kernel would answer EBUSY)
     assert said[0] == f"{A100}: enabled meanwhile by someone else (4 VFs), left alone"
 
@@ -99,7 +103,7 @@ def test_the_wait_takes_any_wake_and_ends_when_the_vfs_appear(make_host):
         if len(woken) == 2:  # the vendor driver registers the VFs meanwhile
             host.set_vfs(A100, 16)
 
-    [pf] = sriov.wait_ready(host, [A100], timeout=30, wake=wake)
+    [pf] = sriov_wait.wait_ready(host, [A100], timeout=30, wake=wake)
     assert pf.state == "enabled" and len(woken) == 2
     assert all(0 < s <= 30 for s in woken)
 
@@ -114,19 +118,19 @@ def test_the_wait_is_bounded_and_says_what_is_missing(make_host):
     with pytest.raises(
         exception.SriovNotReady, match=rf"{A100}: after 5s, 0 of 0 VFs offer mdev types.*--wait"
     ):
-        sriov.wait_ready(host, [A100], timeout=5, wake=wake, clock=lambda: now[0])
+        sriov_wait.wait_ready(host, [A100], timeout=5, wake=wake, clock=lambda: now[0])
     assert now[0] == 105.0
 
 
 def test_vfs_the_vendor_driver_has_not_registered_are_partial(make_host):
     host = make_host("a100-sriov")
     host.unregister_parent("0000:41:02.3")
-    [pf] = sriov.list_functions(host)
+    [pf] = sriov_functions.list_functions(host)
     assert (pf.state, pf.ready_vfs, pf.numvfs) == ("partial", 15, 16)
-    assert pf.vfs[-1] == sriov.VirtualFunction("0000:41:02.3", (), False)
+    assert pf.vfs[-1] == sriov_functions.VirtualFunction("0000:41:02.3", (), False)
     now = [0.0]
     with pytest.raises(exception.SriovNotReady, match="after 2s, 15 of 16 VFs"):
-        sriov.wait_ready(
+        sriov_wait.wait_ready(
             host,
             [A100],
             timeout=2,
@@ -153,9 +157,9 @@ def test_anything_but_an_nvidia_sriov_gpu_is_refused_before_any_write(make_host,
     with pytest.raises(
         exception.SriovRefused, match=rf"enable SR-IOV VFs of '[^']*': (it is )?{why}"
     ):
-        sriov.plan_enable(host, [A100, address])
+        sriov_plan.plan_enable(host, [A100, address])
     with pytest.raises(exception.SriovRefused, match=why):
-        sriov.plan_disable(host, address)
+        sriov_plan.plan_disable(host, address)
     assert pci_devices.tree_state(host.paths.root) == before
 
 
@@ -163,7 +167,7 @@ def test_an_nvidia_function_of_another_class_is_refused(make_host):
     host = make_host("a100-sriov-off")
     pci_devices.plant_nic(host.paths.root, "0000:06:00.0", vendor="0x10de")
     with pytest.raises(exception.SriovRefused, match="class 0x020000 is not a display"):
-        sriov.plan_enable(host, ["0000:06:00.0"])
+        sriov_plan.plan_enable(host, ["0000:06:00.0"])
 
 
 def test_disable_refuses_while_a_vf_holds_an_mdev(make_host, script):
@@ -174,20 +178,20 @@ def test_disable_refuses_while_a_vf_holds_an_mdev(make_host, script):
     with pytest.raises(
         exception.SriovRefused, match=rf"1 VF\(s\) hold vGPUs: {A100_VF} \({mdev}\)"
     ):
-        sriov.plan_disable(host, A100)
+        sriov_plan.plan_disable(host, A100)
     host.remove_mdev(mdev)
-    step = sriov.plan_disable(host, A100)
+    step = sriov_plan.plan_disable(host, A100)
     assert (step.action, step.detail) == ("disable", "sriov_numvfs 16 -> 0")
-    sriov.disable(host, step, script)
-    assert sriov.list_functions(host)[0].state == "off"
-    assert sriov.plan_disable(host, A100).action == "none"
+    sriov_apply.disable(host, step, script)
+    assert sriov_functions.list_functions(host)[0].state == "off"
+    assert sriov_plan.plan_disable(host, A100).action == "none"
 
 
 def test_disable_refuses_a_vendor_vgpu_type(make_host):
     host = make_host("l40s-vfio")
     host.set_vendor_vgpu_type("0000:c1:00.5", 1156)
     with pytest.raises(exception.SriovRefused, match=r"0000:c1:00.5 \(nvidia-1156\)"):
-        sriov.plan_disable(host, L40S)
+        sriov_plan.plan_disable(host, L40S)
 
 
 def test_disable_refuses_a_claim_in_the_journal(make_host, tmp_path):
@@ -198,8 +202,8 @@ def test_disable_refuses_a_claim_in_the_journal(make_host, tmp_path):
     with pytest.raises(
         exception.SriovRefused, match="the claims journal holds 1 claim.*instance inst-1"
     ):
-        sriov.plan_disable(host, A100, journal.claims)
-    assert sriov.list_functions(host)[0].numvfs == 16
+        sriov_plan.plan_disable(host, A100, journal.claims)
+    assert sriov_functions.list_functions(host)[0].numvfs == 16
 
 
 def test_off_gpu_is_unserved_with_the_fix_and_logged_once(make_host, make_conf, caplog):
@@ -213,7 +217,7 @@ def test_off_gpu_is_unserved_with_the_fix_and_logged_once(make_host, make_conf, 
     tree = inventory.compute(discovery.discover(host), config, "cn1")
     assert tree.providers == () and tree.vfs_pending == {A100}
     assert tree.unserved == ((A100, f"SR-IOV is off: run vgpu-manage sriov enable {A100}"),)
-    notices, log = sriov.PendingNotices(), logging.getLogger("test-sriov")
+    notices, log = sriov_notices.PendingNotices(), logging.getLogger("test-sriov")
     with caplog.at_level(logging.WARNING, "test-sriov"):
         for _periodic_update in range(3):
             notices.report(tree, log)
@@ -292,7 +296,9 @@ def test_a_script_that_cannot_run_changes_nothing(make_host, tmp_path, case, why
         (tmp_path / "sriov-manage").chmod(0o644)
     before = pci_devices.tree_state(host.paths.root)
     with pytest.raises(exception.SriovManageFailed) as raised:
-        sriov.enable(host, sriov.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path))
+        sriov_apply.enable(
+            host, sriov_plan.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path)
+        )
     assert str(raised.value) == f"NVIDIA's sriov-manage ({path} -e {A100}) {why}"
     assert pci_devices.tree_state(host.paths.root) == before
 
@@ -309,7 +315,9 @@ def test_a_script_another_user_can_replace_is_not_run(make_host, tmp_path, writa
     os.chmod(changed, 0o777 if writable == "script" else 0o775)
     before = pci_devices.tree_state(host.paths.root)
     with pytest.raises(exception.SriovManageFailed) as raised:
-        sriov.enable(host, sriov.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path))
+        sriov_apply.enable(
+            host, sriov_plan.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path)
+        )
     assert (
         f"({path} -e {A100}) was not run: root would run what another user can "
         f"replace: {changed} (owner root, mode 0{'777' if writable == 'script' else '775'})"
@@ -326,7 +334,9 @@ def test_a_failing_script_is_named_with_what_it_printed_on_one_line(make_host, t
         tmp_path, 'echo "Enabling VFs on $2"; echo "Cannot obtain unbindLock for $2" >&2; exit 1'
     )
     with pytest.raises(exception.SriovManageFailed) as raised:
-        sriov.enable(host, sriov.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path))
+        sriov_apply.enable(
+            host, sriov_plan.plan_enable(host, [A100]), 1, sriov_manage_mod.SriovManage(path)
+        )
     assert str(raised.value) == (
         f"NVIDIA's sriov-manage ({path} -e {A100}) failed (exit code 1); it printed: "
         f"Enabling VFs on {A100} / Cannot obtain unbindLock for {A100}"
@@ -344,7 +354,9 @@ def test_a_script_that_exits_0_without_vfs_is_not_taken_at_its_word(make_host, t
         match=rf"\({path} -e {A100}\) exited 0 but GPU {A100} still has no "
         "VF; it printed: nothing",
     ):
-        sriov.enable(host, sriov.plan_enable(host, [A100]), 30, sriov_manage_mod.SriovManage(path))
+        sriov_apply.enable(
+            host, sriov_plan.plan_enable(host, [A100]), 30, sriov_manage_mod.SriovManage(path)
+        )
 
 
 def test_the_old_direct_write_is_refused_by_the_kernel(make_host):

@@ -13,8 +13,11 @@ import contextlib
 from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import inventory
-from vgpu_driver import sriov
+from vgpu_driver import sriov_apply
+from vgpu_driver import sriov_functions
 from vgpu_driver import sriov_manage
+from vgpu_driver import sriov_plan
+from vgpu_driver import sriov_wait
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_view
@@ -78,7 +81,7 @@ class Status(base.Lister):
                 pf.state,
                 vgpu_sizes(host, snapshot, pf.address, warn),
             )
-            for pf in sriov.functions_in(snapshot)
+            for pf in sriov_functions.functions_in(snapshot)
         ]
         return cols, [columns.optional(r) for r in rows]
 
@@ -147,7 +150,7 @@ class Enable(base.Command):
                 reason="give ADDRESS..., --all or --configured (one of them)",
             )
         if parsed_args.all:
-            return [pf.address for pf in sriov.list_functions(host)]
+            return [pf.address for pf in sriov_functions.list_functions(host)]
         if parsed_args.configured:
             return _configured(self.app, host)
         return parsed_args.addresses
@@ -159,7 +162,7 @@ class Enable(base.Command):
         if not addresses:
             out.write("no SR-IOV GPU to enable\n")
             return base.EXIT_OK
-        steps = sriov.plan_enable(host, addresses)
+        steps = sriov_plan.plan_enable(host, addresses)
         script = _script(self.app)
         if parsed_args.dry_run:
             for step in steps:
@@ -179,8 +182,13 @@ class Enable(base.Command):
 
         changes = udev.start(host, self.app.conf.vgpu.hotplug_events)
         try:
-            sriov.enable(
-                host, steps, parsed_args.wait, script, wake=sriov.waker(changes), progress=progress
+            sriov_apply.enable(
+                host,
+                steps,
+                parsed_args.wait,
+                script,
+                wake=sriov_wait.waker(changes),
+                progress=progress,
             )
         finally:
             changes.stop()
@@ -231,11 +239,11 @@ class Disable(base.Command):
         host = self.app.open_host()
         # What VFs hold is checked first: its refusal is the more useful one,
         # and a host without vGPUs may have no journal.
-        sriov.plan_disable(host, parsed_args.address)
+        sriov_plan.plan_disable(host, parsed_args.address)
         journal = self.app.journal(discovery.discover(host))
         script = _script(self.app)
         if parsed_args.dry_run:
-            step = sriov.plan_disable(
+            step = sriov_plan.plan_disable(
                 host, parsed_args.address, journal.claims if journal else None
             )
             if step.action == "disable":
@@ -246,13 +254,13 @@ class Disable(base.Command):
             else:
                 self.app.stdout.write(f"{step.address}: would leave: {step.detail}\n")
             return base.EXIT_OK
-        if sriov.plan_disable(host, parsed_args.address).action == "disable":
+        if sriov_plan.plan_disable(host, parsed_args.address).action == "disable":
             script.check("-d", parsed_args.address)
         # Checked again and written under the journal's allocation lock, so
         # no vGPU is claimed on these VFs between the check and the write.
         with journal.transaction() if journal else contextlib.nullcontext() as txn:
-            step = sriov.plan_disable(host, parsed_args.address, txn.claims if txn else None)
-            sriov.disable(host, step, script)
+            step = sriov_plan.plan_disable(host, parsed_args.address, txn.claims if txn else None)
+            sriov_apply.disable(host, step, script)
         self.app.stdout.write(
             f"{step.address}: "
             f"{'disabled VFs' if step.action == 'disable' else 'left'}: "
@@ -289,7 +297,7 @@ class Sizes(base.Command):
 
     def take_action(self, parsed_args):
         host = self.app.open_host()
-        pf = sriov.function(host, parsed_args.address, "switch the vGPU sizes of")
+        pf = sriov_functions.function(host, parsed_args.address, "switch the vGPU sizes of")
         snapshot = discovery.discover(host)
         gpu = snapshot.gpu(pf.address)
         if gpu is None or gpu.mode != discovery.MODE_VENDOR_VFIO:

@@ -22,7 +22,7 @@ from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import host_reconciler
-from vgpu_driver import sriov
+from vgpu_driver import sriov_notices
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import abandoned
@@ -72,7 +72,7 @@ class LibvirtVGPUDriver(allocation.Allocation):
         self.operations = operations.OperationGuard(lambda: self._host.get_hostname())
         # A configured GPU whose SR-IOV VFs are off is logged once, not at
         # every periodic update.
-        self._vfs_notices = sriov.PendingNotices()
+        self._vfs_notices = sriov_notices.PendingNotices()
 
     def _get_supported_vgpu_types(self):
         """nova's reading of ``[devices]`` and ``[mdev_*]``, but for a board
