@@ -93,8 +93,10 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # reboot or another delete, which define the domain again).  A migration
 # whose finish a kill interrupted stays unfinished for good, its allocation
 # on the source with it, once the source's old domain and vGPU have gone
-# (the server deleted, or defined there again by a later move).  nova never
-# frees those by itself; they are reported, not counted.
+# (the server deleted, defined there again by a later move, or its claims
+# let go by the host reconciler after ``[vgpu] claim_grace``); until then
+# that allocation pays for them, another leak on the same GPU or not.  nova
+# never frees those by itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 # A request nova's own code failed, told by its traceback in nova's log;
 # reported with the leaks, not counted.  Those known:
@@ -463,6 +465,7 @@ class SoakTestBase(
         self._explained = set()  # findings nova's leaks explained
         self._migrations_of_deleted = {}  # migration uuid -> its server, deleted since
         self._abandoned = {}  # migration uuid -> (server, source): left by a kill
+        self._old_claims = {}  # such a migration -> the server's claims on its source then
         self._names = (f"soak-{n}" for n in range(1, 10**9))
         self._worker_errors = weakref.WeakKeyDictionary()  # host reconciler -> failed steps seen
         self._began = time.monotonic()
@@ -1017,13 +1020,21 @@ class SoakTestBase(
         the hard reboot recovers the guest there, and the source keeps the
         guest's old domain, its claim and vGPU, and the migration's
         allocation of them, until the server is deleted or defined there
-        again by a later move (the allocation then nova's alone, see
-        :data:`NOVA_LEAK`).  A revert's
+        again by a later move, or the host reconciler lets them go once
+        ``[vgpu] claim_grace`` has passed (the allocation then nova's alone,
+        see :data:`NOVA_LEAK`; until then it pays for those claims, which
+        :meth:`_pays_for_old_claims` tells).  A revert's
         finish killed on the source leaves it ``reverting``, the
         destination emptied and the allocation the instance's again."""
         for migration in self._migrations(server_id):
             if migration["status"] not in MIGRATION_DONE:
-                self._abandoned[migration["uuid"]] = (server_id, migration["source_compute"])
+                source = migration["source_compute"]
+                self._abandoned[migration["uuid"]] = (server_id, source)
+                self._old_claims[migration["uuid"]] = frozenset(
+                    (c.mdev_uuid, c.created_at)
+                    for c in (self._journal(source).claims() if source in self.computes else ())
+                    if c.instance_uuid == server_id and c.state in audit.HELD_STATES
+                )
 
     def _inner(self, op, index):
         outcome = self._execute(op.inner, index, in_fault=True)
@@ -1095,7 +1106,7 @@ class SoakTestBase(
             (self._created - set(servers))
             | self._domainless
             | set(self._domainless_moves)
-            | set(self._abandoned)
+            | {uuid for uuid in self._abandoned if not self._pays_for_old_claims(uuid)}
             | {
                 m["uuid"]
                 for m in migrations
@@ -1105,6 +1116,25 @@ class SoakTestBase(
                 uuid
                 for uuid, server in self._migrations_of_deleted.items()
                 if server not in servers
+            }
+        )
+
+    def _pays_for_old_claims(self, migration_uuid):
+        """Whether a migration a kill left unfinished still pays for the
+        claims its server held on the source when the kill came: those
+        vGPUs are counted as held there, so its allocation is no leak yet.
+        A claim is the same one while its vGPU and creation time are (a
+        later move back claims anew)."""
+        server_id, source = self._abandoned[migration_uuid]
+        old = self._old_claims.get(migration_uuid, frozenset())
+        if not old or source not in self.computes:
+            return False
+        return bool(
+            old
+            & {
+                (c.mdev_uuid, c.created_at)
+                for c in self._journal(source).claims()
+                if c.instance_uuid == server_id and c.state in audit.HELD_STATES
             }
         )
 

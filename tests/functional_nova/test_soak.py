@@ -343,3 +343,44 @@ class ReplayedCasesTest(soak.SoakTestBase):
         print(result.report(), file=sys.stderr)
         self.assertEqual({}, result.violations, result.report())
         self.assertEqual(["done"] * 4, [line.split(" -> ")[1] for line in result.log], result.log)
+
+    def test_a_killed_finish_s_source_unit_is_not_nova_s_while_its_claim_stays(self):
+        """A revert that Placement's 503s interrupt leaves its migration in
+        error with a unit on the source's A100 that nobody holds (nova's);
+        a cold migration of another guest there, killed in its finish on
+        the destination, leaves the source the guest's old domain and claim
+        until ``[vgpu] claim_grace`` has passed, which the killed
+        migration's unit pays for.  Counting that unit as nova's too made
+        usage less leaks short of the vGPUs held (the 10,000-operation run
+        of seed 20261127, op 310): only the errored migration's is nova's,
+        and once everything is deleted both are."""
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="a100x1", host="src"),
+                soak.Op("resize", server="soak-1", flavor="t4x1"),
+                soak.Op("fault_placement_5xx", inner=soak.Op("revert_resize", server="soak-1")),
+                soak.Op("boot", flavor="a100x1", host="src"),
+                soak.Op(
+                    "fault_killed_in_define",
+                    server="soak-2",
+                    inner=soak.Op("cold_migrate", server="soak-2"),
+                ),
+                soak.Op("boot", flavor="a100x1", host="src"),
+            ]
+        )
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(
+            ["done", "done", "refused: HTTP 500", "done", "done", "done", "done"],
+            [line.split(" -> ")[1] for line in result.log],
+            result.log,
+        )
+        self.assertEqual(
+            {"fault_killed_in_define": 1, "fault_placement_5xx": 1}, dict(result.faults)
+        )
+        # What stays once everything is deleted is nova's: both migrations'
+        # units on the source's A100.
+        self.assertIn(
+            ("nova-leak:left-allocation", "src src_pci_0000_41_00_0"),
+            {(v.category, v.subject) for v in result.nova_leaks.values()},
+        )
