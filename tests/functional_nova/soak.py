@@ -50,6 +50,7 @@ from vgpu_driver import claims as claims_mod
 from vgpu_driver import discovery
 from vgpu_driver import guest as guest_xml
 from vgpu_driver import inventory
+from vgpu_driver import names
 from vgpu_driver import restore
 from vgpu_driver.fake import fakekernel
 
@@ -95,8 +96,10 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # on the source with it, once the source's old domain and vGPU have gone
 # (the server deleted, defined there again by a later move, or its claims
 # let go by the host reconciler after ``[vgpu] claim_grace``); until then
-# that allocation pays for them, another leak on the same GPU or not.  nova
-# never frees those by itself; they are reported, not counted.
+# that allocation pays for them, another leak on the same GPU or not, but
+# for those a move back reuses for the server's new domain there (its units
+# beyond the old claims left are then nova's).  nova never frees those by
+# itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
 # A request nova's own code failed, told by its traceback in nova's log;
 # reported with the leaks, not counted.  Those known:
@@ -1089,7 +1092,7 @@ class SoakTestBase(
         for finding in findings:
             if finding in self._explained:
                 finding = Finding(NOVA_LEAK + finding.category, finding.subject, finding.detail)
-            elif finding in open_ and leaked:
+            elif finding in open_ and (leaked or self._abandoned):
                 explained = self._as_nova_leak(finding, leaked)
                 if explained is not finding:
                     self._explained.add(finding)
@@ -1120,23 +1123,38 @@ class SoakTestBase(
         )
 
     def _pays_for_old_claims(self, migration_uuid):
-        """Whether a migration a kill left unfinished still pays for the
-        claims its server held on the source when the kill came: those
-        vGPUs are counted as held there, so its allocation is no leak yet.
-        A claim is the same one while its vGPU and creation time are (a
-        later move back claims anew)."""
+        """Whether a migration a kill left unfinished still pays for any of
+        the claims its server held on the source when the kill came."""
+        return bool(self._old_claims_paid(migration_uuid))
+
+    def _old_claims_paid(self, migration_uuid):
+        """The claims a migration a kill left unfinished still pays for: of
+        those its server held on the source when the kill came, the ones
+        held there still (their vGPUs counted as held, so its allocation is
+        no leak yet), less those the server's domain there uses once the
+        server is back there.  A claim is the same one while its vGPU and
+        creation time are.  A later move back to the source reuses the
+        server's claims there (the driver's allocation returns an
+        instance's own claims again) and defines its domain anew: the
+        claims that domain uses the server's allocation pays for, not the
+        migration's."""
         server_id, source = self._abandoned[migration_uuid]
         old = self._old_claims.get(migration_uuid, frozenset())
         if not old or source not in self.computes:
-            return False
-        return bool(
-            old
-            & {
-                (c.mdev_uuid, c.created_at)
-                for c in self._journal(source).claims()
-                if c.instance_uuid == server_id and c.state in audit.HELD_STATES
-            }
+            return []
+        here = any(
+            s["id"] == server_id and s["OS-EXT-SRV-ATTR:host"] == source
+            for s in self._view.values()
         )
+        in_domain = set(self._domains(source).get(server_id, ())) if here else set()
+        return [
+            c
+            for c in self._journal(source).claims()
+            if c.instance_uuid == server_id
+            and c.state in audit.HELD_STATES
+            and (c.mdev_uuid, c.created_at) in old
+            and c.mdev_uuid not in in_domain
+        ]
 
     def _note_domainless(self, servers, defined=None):
         """Servers nova left in ERROR with no domain, until one is defined
@@ -1192,9 +1210,24 @@ class SoakTestBase(
         ).body["allocations"]
         return sum(
             a["resources"].get("VGPU", 0)
-            for consumer, a in allocations.items()
             if consumer in leaked
+            else self._unpaid_units(consumer, provider_name, a["resources"].get("VGPU", 0))
+            for consumer, a in allocations.items()
         )
+
+    def _unpaid_units(self, consumer, provider_name, units):
+        """Of a migration's units on a GPU, those no old claim of its server
+        accounts for once a kill left it unfinished: nova's (see
+        :meth:`_old_claims_paid`).  0 for any other consumer."""
+        if consumer not in self._abandoned:
+            return 0
+        source = self._abandoned[consumer][1]
+        paid = [
+            c
+            for c in self._old_claims_paid(consumer)
+            if f"{source}_{names.parse_pci_address(c.gpu).provider_suffix}" == provider_name
+        ]
+        return max(0, units - len(paid))
 
     # -- what each side says -----------------------------------------------------------------
 

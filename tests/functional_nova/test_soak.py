@@ -384,3 +384,34 @@ class ReplayedCasesTest(soak.SoakTestBase):
             ("nova-leak:left-allocation", "src src_pci_0000_41_00_0"),
             {(v.category, v.subject) for v in result.nova_leaks.values()},
         )
+
+    def test_a_killed_finish_s_old_claim_a_move_back_reuses_is_the_server_s(self):
+        """A resize from two vGPUs to one, killed in its finish on the
+        destination, leaves the source the guest's old domain and both its
+        claims, which the migration's two units pay for.  A live migration
+        back to the source defines the guest there again, reusing one of
+        those claims (the instance's own, created when the old domain was):
+        the server's allocation pays for that one now, and the migration
+        only for the other, still claimed; its second unit is nova's.
+        Counting the reused claim as the migration's made Placement's usage
+        one more than the vGPUs held (100 operations of seed 31337, op 86:
+        usage 5 on the destination's T4, held 4)."""
+        result = self.run_script(
+            [
+                soak.Op("boot", flavor="t4x2", host="dest"),
+                soak.Op(
+                    "fault_killed_in_define",
+                    server="soak-1",
+                    inner=soak.Op("resize", server="soak-1", flavor="t4x1"),
+                ),
+                soak.Op("live_migrate", server="soak-1"),
+            ]
+        )
+        print(result.report(), file=sys.stderr)
+        self.assertEqual({}, result.violations, result.report())
+        self.assertEqual(["done"] * 3, [line.split(" -> ")[1] for line in result.log], result.log)
+        self.assertEqual({"fault_killed_in_define": 1}, dict(result.faults))
+        self.assertIn(
+            ("nova-leak:usage-mismatch", "dest_pci_0000_18_00_0"),
+            {(v.category, v.subject) for v in result.nova_leaks.values()},
+        )
