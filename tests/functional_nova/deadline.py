@@ -2,11 +2,13 @@
 it until CI's own limit.
 
 ``OS_TEST_TIMEOUT`` (tox.ini) is the limit oslotest's base class already
-applies to nova's test classes, by a gentle alarm in the main thread.  An
-alarm lands only when that thread runs Python again; one blocked in a C call
-(libvirt, a lock, a socket) never sees it.  So a watchdog thread also
-prints every thread's stack a little later and ends the process: stestr
-then reports the test that never returned and fails the run.
+applies to nova's test classes, by a gentle alarm in the main thread, from
+its own set-up to its own clean-up.  An alarm lands only when that thread
+runs Python again; one blocked in a C call (libvirt, a lock, a socket)
+never sees it.  So a watchdog thread also prints every thread's stack a
+little later and ends the process: stestr then reports the test that never
+returned and fails the run.  It is armed before anything else of the test
+is set up, so that nova's fixtures' own clean-ups are watched too.
 """
 
 import faulthandler
@@ -20,20 +22,24 @@ import testtools
 GRACE = 30
 
 
-class Deadline(fixtures.Fixture):
-    def _setUp(self):
-        seconds = int(os.environ.get("OS_TEST_TIMEOUT") or 0)
-        if seconds <= 0:
-            return
-        self.useFixture(fixtures.Timeout(seconds, gentle=True))
-        faulthandler.dump_traceback_later(seconds + GRACE, exit=True, file=sys.__stderr__)
-        self.addCleanup(faulthandler.cancel_dump_traceback_later)
+def seconds():
+    return int(os.environ.get("OS_TEST_TIMEOUT") or 0)
+
+
+def arm_watchdog(test):
+    """Call first in ``setUp``, before ``super().setUp()``: its clean-up is
+    then the test's last."""
+    if seconds() > 0:
+        faulthandler.dump_traceback_later(seconds() + GRACE, exit=True, file=sys.__stderr__)
+        test.addCleanup(faulthandler.cancel_dump_traceback_later)
 
 
 class TestCase(testtools.TestCase):
-    """testtools' test case under the lane's deadline (nova's own base
-    classes take :class:`Deadline` in ``VGPUDriverTestBase``)."""
+    """testtools' test case under the lane's deadline: the watchdog, and the
+    gentle alarm oslotest's base class would give."""
 
     def setUp(self):
+        arm_watchdog(self)
         super().setUp()
-        self.useFixture(Deadline())
+        if seconds() > 0:
+            self.useFixture(fixtures.Timeout(seconds(), gentle=True))

@@ -8,6 +8,7 @@ the source lets its mdevs go.  Fake libvirt plays the migration itself
 """
 
 import os
+import threading
 
 import fixtures
 from nova.tests.fixtures import libvirt as fakelibvirt
@@ -95,6 +96,23 @@ class LiveMigrationTestBase(base.LibvirtMigrationMixin, test_vgpu.VGPUDriverTest
         self.server = self._create_server(flavor_id=self.flavor, networks="none", host="src")
         (mdev,) = self.domain_mdevs("src")
         return mdev
+
+    def live_migrate_asking_nothing_meanwhile(self, server, migration_status):
+        """nova's ``_live_migrate``, but no API request from this thread
+        while ``_migrate_stub`` runs (the stub calls ``stub_done.set()``).
+
+        A stub that runs nova's periodic tasks holds a read lock of nova's
+        cell database fixture and waits for workers whose read locks queue
+        behind the write lock a request switching cells waits for: on
+        eventlet the lane hung there, every greenthread waiting.
+        """
+        self.stub_done = threading.Event()
+        self.api.post_server_action(
+            server["id"], {"os-migrateLive": {"host": None, "block_migration": "auto"}}
+        )
+        self.assertTrue(self.stub_done.wait(120), "the migration never reached its stub")
+        self._wait_for_migration_status(server, [migration_status])
+        return self._wait_for_state_change(server, "ACTIVE")
 
 
 class LiveMigrationTests(LiveMigrationTestBase):
@@ -227,10 +245,11 @@ class FailedLiveMigrationTests(LiveMigrationTestBase):
         conn = self.src.driver._host.get_connection()
         conn.lookupByUUIDString(self.server["id"]).fail_job()
         self.migrate_stub_ran = True
+        self.stub_done.set()
 
     def test_rollback_frees_the_destination(self):
         source_mdev = self.boot()
-        self._live_migrate(self.server, "failed")
+        self.live_migrate_asking_nothing_meanwhile(self.server, "failed")
         ((claimed, state),) = self.during[0]
         self.assertEqual("migrating_in", state)
         self.assertEqual((1, 1), self.during[1])
@@ -259,10 +278,11 @@ class ForgottenRollbackTests(LiveMigrationTestBase):
         conn = self.src.driver._host.get_connection()
         conn.lookupByUUIDString(self.server["id"]).fail_job()
         self.migrate_stub_ran = True
+        self.stub_done.set()
 
     def test_a_lost_rollback_is_done_by_the_destination(self):
         self.boot()
-        self._live_migrate(self.server, "failed")
+        self.live_migrate_asking_nothing_meanwhile(self.server, "failed")
         ((claimed, state),) = self.during
         self.assertEqual("migrating_in", state)
         self.assertEqual([(claimed, "migrating_in")], self.claims("dest"))

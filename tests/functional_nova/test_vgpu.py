@@ -58,8 +58,8 @@ class VGPUDriverTestBase(base.ServersTestBase):
     ENABLED_TYPES = "nvidia-468"
 
     def setUp(self):
+        deadline.arm_watchdog(self)  # oslotest's base class gives the gentle alarm
         super().setUp()
-        self.useFixture(deadline.Deadline())
         nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
         # Each host's sysfs root is a fake kernel, which answers the writes
