@@ -14,6 +14,7 @@ is set up, so that nova's fixtures' own clean-ups are watched too.
 import faulthandler
 import os
 import sys
+import time
 
 import fixtures
 import testtools
@@ -26,12 +27,31 @@ def seconds():
     return int(os.environ.get("OS_TEST_TIMEOUT") or 0)
 
 
+_expired = False
+
+
 def arm_watchdog(test):
     """Call first in ``setUp``, before ``super().setUp()``: its clean-up is
-    then the test's last."""
-    if seconds() > 0:
-        faulthandler.dump_traceback_later(seconds() + GRACE, exit=True, file=sys.__stderr__)
-        test.addCleanup(faulthandler.cancel_dump_traceback_later)
+    then the test's last.
+
+    A test that ran past the limit leaves its watchdog armed, and no later
+    test of the process arms another: what a hung test leaves behind (a
+    greenthread holding a lock) hung the next test too, so the process ends
+    within ``GRACE`` seconds instead of losing the limit again per test.
+    """
+    if seconds() <= 0 or _expired:
+        return
+    started = time.monotonic()
+    faulthandler.dump_traceback_later(seconds() + GRACE, exit=True, file=sys.__stderr__)
+
+    def disarm():
+        global _expired
+        if time.monotonic() - started >= seconds():
+            _expired = True
+        else:
+            faulthandler.cancel_dump_traceback_later()
+
+    test.addCleanup(disarm)
 
 
 class TestCase(testtools.TestCase):
