@@ -48,6 +48,7 @@ def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path
     assert numbers["static"]["rejected"] == numbers["model_rejected"] > 0
     assert numbers["mixed"]["rejected"] > 0
     assert "mixed / static rejections" in done.stdout
+    assert numbers["choose"] == "fit"  # the mixed side orders boards as the filter does
 
 
 def test_a_nonsensical_fleet_is_refused_before_anything_runs(tmp_path):
