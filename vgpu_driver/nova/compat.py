@@ -131,6 +131,13 @@ HOOKS = (
         ("self", "context", "rp_uuid"),
     ),
     Hook("nova.context", "get_admin_context"),
+    # The scheduler filter (vgpu_driver.nova.scheduler).
+    Hook("nova.scheduler.client.report", "report_client_singleton"),
+    Hook(
+        "nova.scheduler.filters:BaseHostFilter",
+        "host_passes",
+        ("self", "host_state", "filter_properties"),
+    ),
     Hook("nova.conf.devices", "register_dynamic_opts", ("conf",)),
     Hook("nova.compute.provider_tree:ProviderTree", "new_child", ("self", "name", "parent")),
     Hook(

@@ -1,0 +1,138 @@
+"""A nova scheduler filter that puts first, on each host, the board a
+vGPU request fragments least (:mod:`vgpu_driver.board_choice`).
+
+nova's scheduler claims the first of the chosen host's allocation
+candidates, in Placement's order, which among one host's boards is
+arbitrary.  :class:`VGPUBoardFilter` passes every host and reorders its
+candidates by the boards they take.
+
+The boards' room is read from Placement (each board's inventories and
+usages) when the scheduler takes a host's first candidate, not when the
+filter runs: the filter runs on every host that got this far, the
+scheduler claims on one (and names two or three alternates), so the reads
+are paid for the hosts used only.  So the filter must come **last** in
+``[filter_scheduler] enabled_filters``: a filter after it that keeps only
+some candidates (``PciPassthroughFilter``, ``NUMATopologyFilter``) hands the
+scheduler a fresh list in Placement's order.  A read that fails leaves
+Placement's order and is logged; scheduling never fails for it.
+"""
+
+from __future__ import annotations
+
+from keystoneauth1 import exceptions as ks_exceptions
+from nova.scheduler import filters
+from nova.scheduler.client import report
+from oslo_log import log as logging
+
+from vgpu_driver import board_choice
+from vgpu_driver.nova import compat
+
+LOG = logging.getLogger(__name__)
+
+# The inventories' and usages' shape has not changed since 1.0.
+PLACEMENT_VERSION = "1.19"
+
+
+def boards_of(candidate, host_uuid):
+    """The providers of ``candidate`` other than the compute node that it
+    asks vGPUs (or their size or framebuffer classes) of, sorted."""
+    return tuple(
+        sorted(
+            rp_uuid
+            for rp_uuid, allocation in candidate["allocations"].items()
+            if rp_uuid != host_uuid
+            and any(board_choice.is_vgpu_class(rc) for rc in allocation["resources"])
+        )
+    )
+
+
+class PlacementRooms:
+    """Each board's :class:`~vgpu_driver.board_choice.BoardRoom`, read from
+    Placement through nova's own client (its auth, its retries)."""
+
+    def __init__(self, client=None):
+        self._client = client
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = report.report_client_singleton()
+        return self._client
+
+    def _get(self, url):
+        response = self.client.get(url, version=PLACEMENT_VERSION)
+        if not response:
+            raise LookupError(f"GET {url}: {response.status_code} {response.text[:200]}")
+        return response.json()
+
+    def read(self, boards):
+        """``{board: BoardRoom}``, or None if any read failed."""
+        rooms = {}
+        try:
+            for rp_uuid in boards:
+                base = f"/resource_providers/{rp_uuid}"
+                rooms[rp_uuid] = board_choice.room_of(
+                    self._get(f"{base}/inventories")["inventories"],
+                    self._get(f"{base}/usages")["usages"],
+                )
+        except (LookupError, ks_exceptions.ClientException) as exc:
+            LOG.warning("Boards keep Placement's order: %s", exc)
+            return None
+        return rooms
+
+
+class BoardOrderedCandidates(list):
+    """A host's allocation candidates, ordered by their boards the first
+    time one is taken by index (the scheduler's ``[0]``), not before."""
+
+    def __init__(self, candidates, host_uuid, rooms):
+        list.__init__(self, candidates)
+        self._host_uuid = host_uuid
+        self._rooms = rooms
+        self._ordered = False
+
+    def __getitem__(self, index):
+        if not self._ordered:
+            self._ordered = True
+            self._order()
+        return list.__getitem__(self, index)
+
+    def _order(self):
+        boards_by_candidate = [boards_of(c, self._host_uuid) for c in self]
+        rooms = self._rooms.read(sorted({b for found in boards_by_candidate for b in found}))
+        if rooms is None:
+            return
+        shares = board_choice.demand(rooms.values())
+        keyed = [
+            (tuple(board_choice.rank(rooms[b], shares) for b in found), index, candidate)
+            for index, (found, candidate) in enumerate(zip(boards_by_candidate, self, strict=True))
+        ]
+        keyed.sort(key=lambda item: item[:2])
+        self[:] = [candidate for _key, _index, candidate in keyed]
+        LOG.debug(
+            "Host %s: candidates' boards in order %s",
+            self._host_uuid,
+            [boards_of(c, self._host_uuid) for c in self],
+        )
+
+
+class VGPUBoardFilter(filters.BaseHostFilter):
+    """Passes every host; puts first the candidate whose vGPUs take the
+    board they fragment least.  List it last in ``enabled_filters``."""
+
+    # A rebuild keeps the instance's allocation: there is nothing to order.
+    RUN_ON_REBUILD = False
+
+    def __init__(self, rooms=None):
+        super().__init__()
+        compat.check()  # the scheduler stops at start on a nova we do not support
+        self._rooms = rooms or PlacementRooms()
+
+    def host_passes(self, host_state, spec_obj):
+        candidates = list(host_state.allocation_candidates or ())
+        boards = {b for c in candidates for b in boards_of(c, host_state.uuid)}
+        if len(boards) > 1:
+            host_state.allocation_candidates = BoardOrderedCandidates(
+                candidates, host_state.uuid, self._rooms
+            )
+        return True
