@@ -310,10 +310,10 @@ class Side(abc.ABC):
         boards = sorted(by_board)
         if self.policy == "fit":
             summaries = found["provider_summaries"]
-            rooms = {
-                pf: board_choice.room_of_summary(summaries[self._uuid_of(pf)]) for pf in boards
+            counts = {
+                pf: board_choice.counts_of_summary(summaries[self._uuid_of(pf)]) for pf in boards
             }
-            boards = board_choice.order(rooms, boards)
+            boards = board_choice.order(counts, boards)
         return boards[0], by_board[boards[0]]
 
     def _uuid_of(self, pf):

@@ -57,7 +57,7 @@ def is_vgpu_class(resource_class: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class BoardRoom:
+class BoardCounts:
     """What Placement says of one board: ``{class: units}`` still free
     (capacity less use) and in use, for the classes that count vGPUs."""
 
@@ -81,8 +81,10 @@ class BoardRoom:
         }
 
 
-def room_of(inventories: Mapping[str, Mapping[str, Any]], usages: Mapping[str, int]) -> BoardRoom:
-    """A board's :class:`BoardRoom` from Placement's inventories
+def counts_of(
+    inventories: Mapping[str, Mapping[str, Any]], usages: Mapping[str, int]
+) -> BoardCounts:
+    """A board's :class:`BoardCounts` from Placement's inventories
     (``{class: {total, reserved, allocation_ratio, ...}}``) and usages."""
     free, used = {}, {}
     for rc, record in inventories.items():
@@ -93,11 +95,11 @@ def room_of(inventories: Mapping[str, Mapping[str, Any]], usages: Mapping[str, i
         )
         used[rc] = int(usages.get(rc, 0))
         free[rc] = max(capacity - used[rc], 0)
-    return BoardRoom(free=free, used=used)
+    return BoardCounts(free=free, used=used)
 
 
-def room_of_summary(summary: Mapping[str, Any]) -> BoardRoom:
-    """A board's :class:`BoardRoom` from an allocation-candidates provider
+def counts_of_summary(summary: Mapping[str, Any]) -> BoardCounts:
+    """A board's :class:`BoardCounts` from an allocation-candidates provider
     summary (``{"resources": {class: {"capacity", "used"}}}``)."""
     free, used = {}, {}
     for rc, record in summary.get("resources", {}).items():
@@ -105,36 +107,36 @@ def room_of_summary(summary: Mapping[str, Any]) -> BoardRoom:
             continue
         used[rc] = int(record["used"])
         free[rc] = max(int(record["capacity"]) - used[rc], 0)
-    return BoardRoom(free=free, used=used)
+    return BoardCounts(free=free, used=used)
 
 
-def demand(rooms: Iterable[BoardRoom]) -> dict[int, float]:
-    """``{MiB: share}`` of each size among the vGPUs in use on ``rooms``,
+def demand(boards: Iterable[BoardCounts]) -> dict[int, float]:
+    """``{MiB: share}`` of each size among the vGPUs in use on ``boards``,
     counting one more of every size offered (so none weighs nothing)."""
-    counts: dict[int, int] = {}
-    for room in rooms:
-        for size in room.sizes:
-            counts.setdefault(size, 1)
-        for size, count in room.used_sizes().items():
-            counts[size] = counts.get(size, 1) + count
-    total = sum(counts.values())
-    return {size: count / total for size, count in counts.items()} if total else {}
+    seen: dict[int, int] = {}
+    for board in boards:
+        for size in board.sizes:
+            seen.setdefault(size, 1)
+        for size, count in board.used_sizes().items():
+            seen[size] = seen.get(size, 1) + count
+    total = sum(seen.values())
+    return {size: count / total for size, count in seen.items()} if total else {}
 
 
-def rank(room: BoardRoom, shares: Mapping[int, float]) -> tuple[float, float]:
+def rank(board: BoardCounts, shares: Mapping[int, float]) -> tuple[float, float]:
     """The sort key of a board (lower first): its free vGPUs of its largest
     size, then its free MiB useful to the sizes asked, weighted by
     ``shares``.  A board with no size class: its free vGPUs, twice."""
-    sizes = room.sizes
+    sizes = board.sizes
     if not sizes:
-        free = float(sum(room.free.values()))
+        free = float(sum(board.free.values()))
         return free, free
     largest = max(size for size in sizes)
     useful = sum(shares.get(size, 0.0) * size * count for size, count in sizes.items())
     return float(sizes[largest]), useful
 
 
-def order(rooms: Mapping[K, BoardRoom], boards: Sequence[K]) -> list[K]:
-    """``boards`` (keys of ``rooms``), best first; ties keep their order."""
-    shares = demand(rooms.values())
-    return sorted(boards, key=lambda board: rank(rooms[board], shares))
+def order(counts: Mapping[K, BoardCounts], boards: Sequence[K]) -> list[K]:
+    """``boards`` (keys of ``counts``), best first; ties keep their order."""
+    shares = demand(counts.values())
+    return sorted(boards, key=lambda board: rank(counts[board], shares))

@@ -161,7 +161,7 @@ class BoardChoiceTests(test_vgpu.VGPUDriverTestBase):
         host = self.compute_rp_uuids["host1"]
         reads = []
 
-        class Counted(scheduler.PlacementRooms):
+        class Counted(scheduler.PlacementCounts):
             def read(self, boards):
                 reads.append(tuple(boards))
                 return super().read(boards)
@@ -180,14 +180,14 @@ class BoardChoiceTests(test_vgpu.VGPUDriverTestBase):
     def test_a_failed_read_keeps_placements_order(self):
         host = self.compute_rp_uuids["host1"]
         gone = "00000000-0000-0000-0000-00000000dead"
-        self.assertIsNone(scheduler.PlacementRooms().read([self.provider(BOARDS[0]), gone]))
+        self.assertIsNone(scheduler.PlacementCounts().read([self.provider(BOARDS[0]), gone]))
         candidates = self.candidates()
         # A candidate naming a board Placement no longer knows.
         stale = copy.deepcopy(candidates[-1])
         (board,) = scheduler.boards_of(stale, host)
         stale["allocations"][gone] = stale["allocations"].pop(board)
         ordered = scheduler.BoardOrderedCandidates(
-            [*candidates, stale], host, scheduler.PlacementRooms()
+            [*candidates, stale], host, scheduler.PlacementCounts()
         )
         self.assertEqual([*candidates, stale], [ordered[i] for i in range(3)])
         self.assertIn("Boards keep Placement's order", self.stdlog.logger.output)

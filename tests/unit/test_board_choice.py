@@ -16,7 +16,7 @@ def size_rc(gb):
 def l40s(free, used=None):
     """A 48 GB board's room: ``free``/``used`` as ``{GB: vGPUs}``."""
     used = used or {}
-    return board_choice.BoardRoom(
+    return board_choice.BoardCounts(
         free={size_rc(gb): n for gb, n in free.items()},
         used={size_rc(gb): used.get(gb, 0) for gb in free},
     )
@@ -51,9 +51,9 @@ def test_ties_keep_the_order_given():
 
 def test_equal_size_boards_fullest_first():
     rooms = {
-        "half": board_choice.BoardRoom(free={"VGPU": 8}, used={"VGPU": 8}),
-        "empty": board_choice.BoardRoom(free={"VGPU": 16}, used={"VGPU": 0}),
-        "nearly": board_choice.BoardRoom(free={"VGPU": 1}, used={"VGPU": 15}),
+        "half": board_choice.BoardCounts(free={"VGPU": 8}, used={"VGPU": 8}),
+        "empty": board_choice.BoardCounts(free={"VGPU": 16}, used={"VGPU": 0}),
+        "nearly": board_choice.BoardCounts(free={"VGPU": 1}, used={"VGPU": 15}),
     }
     assert board_choice.order(rooms, ["empty", "half", "nearly"]) == ["nearly", "half", "empty"]
 
@@ -76,7 +76,7 @@ def test_the_demand_weighs_which_free_room_matters():
     assert set(board_choice.order(rooms, ["fours", "twelves"])) == set(rooms)
 
 
-def test_room_of_placement_records_leaves_out_the_framebuffer_and_other_classes():
+def test_counts_of_placement_records_leaves_out_the_framebuffer_and_other_classes():
     inventories = {
         framebuffer.RESOURCE_CLASS: {"total": 48 * GB, "reserved": 0},
         size_rc(24): {"total": 2, "reserved": 1, "allocation_ratio": 1.0},
@@ -84,20 +84,20 @@ def test_room_of_placement_records_leaves_out_the_framebuffer_and_other_classes(
         "VCPU": {"total": 16, "reserved": 0, "allocation_ratio": 4.0},
     }
     usages = {framebuffer.RESOURCE_CLASS: 4 * GB, size_rc(4): 1}
-    room = board_choice.room_of(inventories, usages)
-    assert room == board_choice.BoardRoom(
+    room = board_choice.counts_of(inventories, usages)
+    assert room == board_choice.BoardCounts(
         free={size_rc(24): 1, size_rc(4): 7}, used={size_rc(24): 0, size_rc(4): 1}
     )
     assert room.sizes == {24 * GB: 1, 4 * GB: 7}
 
 
-def test_room_of_a_provider_summary():
+def test_counts_of_a_provider_summary():
     summary = {
         "resources": {
             "VGPU": {"capacity": 4, "used": 5},  # over-used after a shrink: no room
             framebuffer.RESOURCE_CLASS: {"capacity": 48 * GB, "used": 0},
         }
     }
-    assert board_choice.room_of_summary(summary) == board_choice.BoardRoom(
+    assert board_choice.counts_of_summary(summary) == board_choice.BoardCounts(
         free={"VGPU": 0}, used={"VGPU": 5}
     )

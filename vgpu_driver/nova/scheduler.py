@@ -6,7 +6,7 @@ candidates, in Placement's order, which among one host's boards is
 arbitrary.  :class:`VGPUBoardFilter` passes every host and reorders its
 candidates by the boards they take.
 
-The boards' room is read from Placement (each board's inventories and
+The boards' counts are read from Placement (each board's inventories and
 usages) when the scheduler takes a host's first candidate, not when the
 filter runs: the filter runs on every host that got this far, the
 scheduler claims on one (and names two or three alternates), so the reads
@@ -46,8 +46,8 @@ def boards_of(candidate, host_uuid):
     )
 
 
-class PlacementRooms:
-    """Each board's :class:`~vgpu_driver.board_choice.BoardRoom`, read from
+class PlacementCounts:
+    """Each board's :class:`~vgpu_driver.board_choice.BoardCounts`, read from
     Placement through nova's own client (its auth, its retries)."""
 
     def __init__(self, client=None):
@@ -66,29 +66,29 @@ class PlacementRooms:
         return response.json()
 
     def read(self, boards):
-        """``{board: BoardRoom}``, or None if any read failed."""
-        rooms = {}
+        """``{board: BoardCounts}``, or None if any read failed."""
+        counts = {}
         try:
             for rp_uuid in boards:
                 base = f"/resource_providers/{rp_uuid}"
-                rooms[rp_uuid] = board_choice.room_of(
+                counts[rp_uuid] = board_choice.counts_of(
                     self._get(f"{base}/inventories")["inventories"],
                     self._get(f"{base}/usages")["usages"],
                 )
         except (LookupError, ks_exceptions.ClientException) as exc:
             LOG.warning("Boards keep Placement's order: %s", exc)
             return None
-        return rooms
+        return counts
 
 
 class BoardOrderedCandidates(list):
     """A host's allocation candidates, ordered by their boards the first
     time one is taken by index (the scheduler's ``[0]``), not before."""
 
-    def __init__(self, candidates, host_uuid, rooms):
+    def __init__(self, candidates, host_uuid, counts):
         list.__init__(self, candidates)
         self._host_uuid = host_uuid
-        self._rooms = rooms
+        self._counts = counts
         self._ordered = False
 
     def __getitem__(self, index):
@@ -99,12 +99,12 @@ class BoardOrderedCandidates(list):
 
     def _order(self):
         boards_by_candidate = [boards_of(c, self._host_uuid) for c in self]
-        rooms = self._rooms.read(sorted({b for found in boards_by_candidate for b in found}))
-        if rooms is None:
+        counts = self._counts.read(sorted({b for found in boards_by_candidate for b in found}))
+        if counts is None:
             return
-        shares = board_choice.demand(rooms.values())
+        shares = board_choice.demand(counts.values())
         keyed = [
-            (tuple(board_choice.rank(rooms[b], shares) for b in found), index, candidate)
+            (tuple(board_choice.rank(counts[b], shares) for b in found), index, candidate)
             for index, (found, candidate) in enumerate(zip(boards_by_candidate, self, strict=True))
         ]
         keyed.sort(key=lambda item: item[:2])
@@ -123,16 +123,16 @@ class VGPUBoardFilter(filters.BaseHostFilter):
     # A rebuild keeps the instance's allocation: there is nothing to order.
     RUN_ON_REBUILD = False
 
-    def __init__(self, rooms=None):
+    def __init__(self, counts=None):
         super().__init__()
         compat.check()  # the scheduler stops at start on a nova we do not support
-        self._rooms = rooms or PlacementRooms()
+        self._counts = counts or PlacementCounts()
 
     def host_passes(self, host_state, spec_obj):
         candidates = list(host_state.allocation_candidates or ())
         boards = {b for c in candidates for b in boards_of(c, host_state.uuid)}
         if len(boards) > 1:
             host_state.allocation_candidates = BoardOrderedCandidates(
-                candidates, host_state.uuid, self._rooms
+                candidates, host_state.uuid, self._counts
             )
         return True
