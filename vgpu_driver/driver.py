@@ -17,8 +17,8 @@ from vgpu_driver import discovery_cache
 from vgpu_driver import exception
 from vgpu_driver import guest
 from vgpu_driver import host_reconciler
+from vgpu_driver import host_tree
 from vgpu_driver import hosts
-from vgpu_driver import inventory
 from vgpu_driver import mdevs
 from vgpu_driver import metrics
 from vgpu_driver import metrics_textfile
@@ -135,22 +135,14 @@ class VGPUDriver:
         users = self.manager.domains.mdev_users()
         claim_list = self.journal.claims()
         in_use = self.reconciler.referenced(snapshot, claim_list, users)
-        boards = inventory.read_boards(self.manager.host, snapshot, self.mdev_config)
-        unallocated = (
-            inventory.claims_placement_lacks(
-                claim_list, nodename, allocations_on, inventory.claim_units(boards)
-            )
-            if allocations_on is not None
-            else None
-        )
-        tree = inventory.compute(
+        tree = host_tree.desired(
+            self.manager.host,
             snapshot,
             self.mdev_config,
             nodename,
             in_use,
-            unallocated,
-            boards,
-            inventory.read_rooms(self.manager.host, snapshot, self.mdev_config),
+            claim_list,
+            allocations_on,
         )
         return tree, snapshot, claim_list, users
 

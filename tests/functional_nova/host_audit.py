@@ -7,30 +7,32 @@ hosts"; it reads the test's own Placement and never writes to it.
 from vgpu_driver import audit
 from vgpu_driver import compute_api
 from vgpu_driver import discovery
+from vgpu_driver import host_tree
 from vgpu_driver import inventory
 from vgpu_driver import placement
 from vgpu_driver.placement import client as placement_client
 
 
 def audit_of(test, host):
-    """What ``vgpu-manage audit`` compares, on the host of ``test``'s compute."""
+    """What ``vgpu-manage audit`` compares, on the host of ``test``'s compute:
+    a fresh read of its sysfs, its journal's claims and its guests' vGPUs,
+    and the tree :func:`vgpu_driver.host_tree.desired` makes of them."""
     driver = test.computes[host].driver
     sync = placement.ProviderSync(PlacementReader(test.placement))
     snapshot = discovery.discover(test.kernels[host])
     claim_list = driver.vgpu.journal.claims()
     users = driver.vgpu.domains.mdev_users()
     sync.observe(inventory.ProviderTree(root_name=host, providers=()))
-    config = driver.vgpu.mdev_config
-    boards = inventory.read_boards(test.kernels[host], snapshot, config)
-    unallocated = inventory.claims_placement_lacks(
-        claim_list,
-        host,
-        lambda name: sync.allocations(name) if name in sync.known else {},
-        inventory.claim_units(boards),
-    )
     in_use = {c.mdev_uuid for c in claim_list} | set(users)
-    rooms = inventory.read_rooms(test.kernels[host], snapshot, config)
-    tree = inventory.compute(snapshot, config, host, in_use, unallocated, boards, rooms)
+    tree = host_tree.desired(
+        test.kernels[host],
+        snapshot,
+        driver.vgpu.mdev_config,
+        host,
+        in_use,
+        claim_list,
+        lambda name: sync.allocations(name) if name in sync.known else {},
+    )
     return audit.audit(
         sync,
         tree,

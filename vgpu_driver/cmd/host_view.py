@@ -8,6 +8,7 @@ command's app (its configuration, host, journal and libvirt).
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_tree
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver.conf import mdev_types
@@ -45,32 +46,27 @@ def desired_tree(app, sync=None):
     config = load_mdev_config(app)
     host = app.open_host()
     snapshot = discovery.discover(host)
-    boards = inventory.read_boards(host, snapshot, config)
-    unallocated = _claims_placement_lacks(app, snapshot, sync, boards) if sync else None
-    return (
-        inventory.compute(
-            snapshot,
-            config,
-            app.options.nodename,
-            in_use(app, snapshot, view=sync is None),
-            unallocated,
-            boards,
-            inventory.read_rooms(host, snapshot, config),
-        ),
+    claim_list, allocations_on = _claims_and_allocations(app, snapshot, sync)
+    tree = host_tree.desired(
+        host,
         snapshot,
+        config,
+        app.options.nodename,
+        in_use(app, snapshot, view=sync is None),
+        claim_list,
+        allocations_on,
     )
+    return tree, snapshot
 
 
-def _claims_placement_lacks(app, snapshot, sync, boards):
+def _claims_and_allocations(app, snapshot, sync):
+    """``(claims, allocations_on)`` for :func:`vgpu_driver.host_tree.desired`: none
+    without ``sync``; else the journal's claims and what Placement holds."""
+    if sync is None:
+        return (), None
     journal = app.journal(snapshot)
     claim_list = journal.claims() if journal else []
     if not claim_list:
-        return {}
-    nodename = app.options.nodename
-    sync.observe(inventory.ProviderTree(root_name=nodename, providers=()))
-    return inventory.claims_placement_lacks(
-        claim_list,
-        nodename,
-        lambda name: sync.allocations(name) if name in sync.known else {},
-        inventory.claim_units(boards),
-    )
+        return (), lambda _name: {}
+    sync.observe(inventory.ProviderTree(root_name=app.options.nodename, providers=()))
+    return claim_list, lambda name: sync.allocations(name) if name in sync.known else {}
