@@ -108,9 +108,10 @@ def first_reads(tree):
 
 def expected_writes(tree):
     """What a first sync of one host must write: its root, 3 per GPU, each
-    custom trait once."""
+    custom trait and each custom resource class once."""
     traits = {t for p in tree.providers for t in p.traits}
-    return 1 + 3 * len(tree.providers) + len(traits)
+    classes = {rc for p in tree.providers for rc in p.inventory() if rc.startswith("CUSTOM_")}
+    return 1 + 3 * len(tree.providers) + len(traits) + len(classes)
 
 
 # -- (a) one large host on sqlite -------------------------------------------------------------
