@@ -75,7 +75,9 @@ HOSTS, ROUNDS, BOARDS, CLAIMED = 1000, 10, 4, 3
 SIZE_GB = 4
 COMPUTE = {"VCPU": 64, "MEMORY_MB": 262144, "DISK_GB": 2048}
 # vGPUs held on each host, by pattern (even hosts, odd hosts): {board: [GB, ...]}.
-PATTERNS = ({1: [12], 2: [4, 4, 4]}, {3: [8], 0: [4]})
+# Each pattern has one board the rule puts first (2, then 3), so that the
+# check tells the rule's choice from any other.
+PATTERNS = ({1: [12], 2: [4, 4, 4]}, {3: [8, 4], 0: [4]})
 PROJECT = USER = "0" * 32
 
 
@@ -171,9 +173,7 @@ def expected_firsts(syncs, fleet):
         for board, pf in enumerate(pfs):
             provider = tree.by_gpu(pf)
             used = held_resources(pattern.get(board, ()))
-            rooms[sync.known[provider.name].uuid] = board_choice.room_of(
-                provider.inventory(), used
-            )
+            rooms[sync.known[provider.name].uuid] = board_choice.room_of(provider.inventory(), used)
         shares = board_choice.demand(rooms.values())
         best = min(board_choice.rank(room, shares) for room in rooms.values())
         wanted[sync.root_uuid] = {
@@ -393,9 +393,7 @@ def measure(args, scheduler, wanted):
         ours, ours_ms = _timed(scheduler.our_filter, passed)
         claimed = ours[:CLAIMED]
         firsts, reads_ms = _timed(scheduler.first_candidates, claimed)
-        problems += check_round(
-            f"round {index}", scheduler, passed, ours, claimed, firsts, wanted
-        )
+        problems += check_round(f"round {index}", scheduler, passed, ours, claimed, firsts, wanted)
         if index:
             for key, ms in zip(
                 samples, (candidates_ms, filters_ms, ours_ms, reads_ms), strict=True
