@@ -30,12 +30,12 @@ flavor.  Each round, timed apart:
 * **ours: filter**: ``VGPUBoardFilter`` through ``HostFilterHandler`` on
   the same hosts;
 * **ours: reads**: ``allocation_candidates[0]`` of 3 wrapped hosts (the one
-  claimed and 2 alternates), the boards read through ``PlacementRooms`` with
+  claimed and 2 alternates), the boards read through ``PlacementCounts`` with
   nova's own ``SchedulerReportClient``, its ``[placement]`` options set to
   the embedded Placement (``auth_type = admin_token``).
 
 Every host must pass both, and the first candidate of each wrapped host must
-be on a board ``board_choice.order`` puts first, from the rooms set up here
+be on a board ``board_choice.order`` puts first, from the counts set up here
 (the tree's inventories less the allocations made); otherwise it exits 1.
 Run ``python benchmarks/bench_board_filter.py [--hosts N] [--rounds N]
 [--json FILE] [--tmpdir DIR]``; it needs root and PostgreSQL's server.
@@ -169,15 +169,19 @@ def expected_firsts(syncs, fleet):
     allocations :func:`furnish` made (ties: any of them)."""
     wanted = {}
     for sync, (tree, pfs, pattern) in zip(syncs, fleet, strict=True):
-        rooms = {}
+        counts = {}
         for board, pf in enumerate(pfs):
             provider = tree.by_gpu(pf)
             used = held_resources(pattern.get(board, ()))
-            rooms[sync.known[provider.name].uuid] = board_choice.room_of(provider.inventory(), used)
-        shares = board_choice.demand(rooms.values())
-        best = min(board_choice.rank(room, shares) for room in rooms.values())
+            counts[sync.known[provider.name].uuid] = board_choice.counts_of(
+                provider.inventory(), used
+            )
+        shares = board_choice.demand(counts.values())
+        best = min(board_choice.rank(board_counts, shares) for board_counts in counts.values())
         wanted[sync.root_uuid] = {
-            rp for rp, room in rooms.items() if board_choice.rank(room, shares) == best
+            rp
+            for rp, board_counts in counts.items()
+            if board_choice.rank(board_counts, shares) == best
         }
     return wanted
 
