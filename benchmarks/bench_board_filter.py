@@ -5,8 +5,9 @@ builds a ``HostState`` per host named, runs its filters over them and claims
 the first candidate of the host its weighers put first (with two alternates
 by default).  ``vgpu_driver.nova.scheduler.VGPUBoardFilter`` adds two costs:
 its ``host_passes`` on every host (it wraps a host's candidates when they
-name more than one board), and the boards' reads from Placement (2 GETs per
-board) when the scheduler takes ``[0]`` of a wrapped host.
+name more than one board), and the boards' read from Placement (one
+allocation-candidates request in the host's tree) when the scheduler takes
+``[0]`` of a wrapped host.
 
 The fleet: ``--hosts`` hosts of 4 L40S boards in mixed-size mode (one fake
 host, built and read once per usage pattern, its tree computed under each

@@ -11,6 +11,7 @@ import copy
 import urllib.parse
 
 from nova import conf
+from nova.scheduler.client import report
 
 from tests.functional_nova import host_audit
 from tests.functional_nova import test_mixed_size
@@ -162,9 +163,9 @@ class BoardChoiceTests(test_vgpu.VGPUDriverTestBase):
         reads = []
 
         class Counted(scheduler.PlacementCounts):
-            def read(self, boards):
+            def read(self, boards, *args):
                 reads.append(tuple(boards))
-                return super().read(boards)
+                return super().read(boards, *args)
 
         candidates = self.candidates()
         self.assertEqual(2, len(candidates))
@@ -176,6 +177,29 @@ class BoardChoiceTests(test_vgpu.VGPUDriverTestBase):
         self.assertEqual([tuple(sorted(self.provider(b) for b in BOARDS))], reads)
         self.assertIs(first, ordered[0])
         self.assertEqual(1, len(reads))
+
+    def test_one_request_reads_what_each_boards_records_say(self):
+        """The host's provider summaries give each board's counts as its
+        own inventories and usages do, with vGPUs held on one board."""
+        self.boot(12)
+        self.boot(4)
+        host = self.compute_rp_uuids["host1"]
+        boards = sorted(self.provider(b) for b in BOARDS)
+        urls = []
+
+        class Counted:
+            def get(self, url, **kwargs):
+                urls.append(url)
+                return report.report_client_singleton().get(url, **kwargs)
+
+        counts = scheduler.PlacementCounts(Counted())
+        by_summary = counts.read(boards, host, self.candidates()[0])
+        self.assertEqual(1, len(urls))
+        self.assertTrue(urls[0].startswith("/allocation_candidates?"))
+        self.assertEqual(counts.read(boards), by_summary)
+        self.assertEqual(1 + 2 * len(boards), len(urls))
+        # Both vGPUs on one board (the filter put the 4 GB beside the 12 GB).
+        self.assertEqual([0, 2], sorted(sum(c.used.values()) for c in by_summary.values()))
 
     def test_a_failed_read_keeps_placements_order(self):
         host = self.compute_rp_uuids["host1"]

@@ -6,9 +6,10 @@ candidates, in Placement's order, which among one host's boards is
 arbitrary.  :class:`VGPUBoardFilter` passes every host and reorders its
 candidates by the boards they take.
 
-The boards' counts are read from Placement (each board's inventories and
-usages) when the scheduler takes a host's first candidate, not when the
-filter runs: the filter runs on every host that got this far, the
+The boards' counts are read from Placement (one request per host: its
+allocation candidates' provider summaries, in its tree only) when the
+scheduler takes a host's first candidate, not when the filter runs: the
+filter runs on every host that got this far, the
 scheduler claims on one (and names two or three alternates), so the reads
 are paid for the hosts used only.  So the filter must come **last** in
 ``[filter_scheduler] enabled_filters``: a filter after it that keeps only
@@ -18,6 +19,8 @@ Placement's order and is logged; scheduling never fails for it.
 """
 
 from __future__ import annotations
+
+import urllib.parse
 
 from keystoneauth1 import exceptions as ks_exceptions
 from nova.scheduler import filters
@@ -29,8 +32,9 @@ from vgpu_driver.nova import compat
 
 LOG = logging.getLogger(__name__)
 
-# The inventories' and usages' shape has not changed since 1.0.
-PLACEMENT_VERSION = "1.19"
+# in_tree (1.31), and every class of every provider of a tree in the
+# allocation candidates' provider summaries (1.27).
+PLACEMENT_VERSION = "1.39"
 
 
 def boards_of(candidate, host_uuid):
@@ -65,20 +69,48 @@ class PlacementCounts:
             raise LookupError(f"GET {url}: {response.status_code} {response.text[:200]}")
         return response.json()
 
-    def read(self, boards):
-        """``{board: BoardCounts}``, or None if any read failed."""
+    def read(self, boards, host_uuid=None, candidate=None):
+        """``{board: BoardCounts}``, or None if any read failed.
+
+        With the host and one of its candidates, one request reads them
+        all: the host's allocation candidates for what that candidate asks
+        of its first board, whose provider summaries give every provider of
+        the host's tree; a board missing from them (it filled up meanwhile)
+        is read on its own, its inventories and usages."""
         counts = {}
         try:
+            if candidate is not None:
+                counts = self._summaries(host_uuid, candidate, boards)
             for rp_uuid in boards:
-                base = f"/resource_providers/{rp_uuid}"
-                counts[rp_uuid] = board_choice.counts_of(
-                    self._get(f"{base}/inventories")["inventories"],
-                    self._get(f"{base}/usages")["usages"],
-                )
+                if rp_uuid not in counts:
+                    counts[rp_uuid] = self._one(rp_uuid)
         except (LookupError, ks_exceptions.ClientException) as exc:
             LOG.warning("Boards keep Placement's order: %s", exc)
             return None
         return counts
+
+    def _summaries(self, host_uuid, candidate, boards):
+        asked = candidate["allocations"][boards_of(candidate, host_uuid)[0]]["resources"]
+        query = urllib.parse.urlencode(
+            {
+                "resources": ",".join(f"{rc}:{n}" for rc, n in sorted(asked.items())),
+                "in_tree": host_uuid,
+                "limit": 1,
+            }
+        )
+        summaries = self._get(f"/allocation_candidates?{query}")["provider_summaries"]
+        return {
+            rp_uuid: board_choice.counts_of_summary(summaries[rp_uuid])
+            for rp_uuid in boards
+            if rp_uuid in summaries
+        }
+
+    def _one(self, rp_uuid):
+        base = f"/resource_providers/{rp_uuid}"
+        return board_choice.counts_of(
+            self._get(f"{base}/inventories")["inventories"],
+            self._get(f"{base}/usages")["usages"],
+        )
 
 
 class BoardOrderedCandidates(list):
@@ -99,7 +131,11 @@ class BoardOrderedCandidates(list):
 
     def _order(self):
         boards_by_candidate = [boards_of(c, self._host_uuid) for c in self]
-        counts = self._counts.read(sorted({b for found in boards_by_candidate for b in found}))
+        counts = self._counts.read(
+            sorted({b for found in boards_by_candidate for b in found}),
+            self._host_uuid,
+            list.__getitem__(self, 0),
+        )
         if counts is None:
             return
         shares = board_choice.demand(counts.values())
