@@ -9,9 +9,9 @@ candidates by the boards they take.
 The boards' counts are read from Placement (one request per host: its
 allocation candidates' provider summaries, in its tree only) when the
 scheduler takes a host's first candidate, not when the filter runs: the
-filter runs on every host that got this far, the
-scheduler claims on one (and names two or three alternates), so the reads
-are paid for the hosts used only.  So the filter must come **last** in
+filter runs on every host that got this far, the scheduler claims on one
+(and names two or three alternates), so the reads are paid for the hosts
+used only.  So the filter must come **last** in
 ``[filter_scheduler] enabled_filters``: a filter after it that keeps only
 some candidates (``PciPassthroughFilter``, ``NUMATopologyFilter``) hands the
 scheduler a fresh list in Placement's order.  A read that fails leaves
