@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 FEATURE_DISABLED = 0
 FEATURE_ENABLED = 1
 HETEROGENEOUS_MODE = 0  # NVML_VGPU_PGPU_HETEROGENEOUS_MODE: a list's mode
+ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
@@ -162,6 +163,30 @@ def max_instances(
     with _gpu(pf_address, "read the vGPU maxima of", bindings) as (library, handle):
         for number in type_numbers:
             found[number] = int(library.nvmlVgpuTypeGetMaxInstances(handle, number))
+    return found
+
+
+def equal_size_types(
+    pf_address: str | PciAddress, type_numbers: Iterable[int], bindings: Any = None
+) -> dict[int, tuple[int, int]]:
+    """``{type number: (framebuffer MiB, most vGPUs of it the GPU holds)}``
+    of the types the GPU supports, in one NVML session: what a board in
+    equal-size mode serving several types offers of each while it holds
+    no vGPU (``nvmlVgpuTypeGetFramebufferSize``, in bytes, and
+    ``nvmlVgpuTypeGetMaxInstances``).  A type the GPU does not support
+    ("INVALID_ARGUMENT if vgpuTypeId is invalid, or is not supported on
+    target device", nvml.h) is left out."""
+    found: dict[int, tuple[int, int]] = {}
+    with _gpu(pf_address, "read the vGPU sizes of", bindings) as (library, handle):
+        for number in type_numbers:
+            try:
+                most = int(library.nvmlVgpuTypeGetMaxInstances(handle, number))
+            except library.NVMLError as exc:
+                if getattr(exc, "value", None) != ERROR_INVALID_ARGUMENT:
+                    raise
+                continue
+            size = int(library.nvmlVgpuTypeGetFramebufferSize(number))
+            found[number] = (size // (1024 * 1024), most)
     return found
 
 

@@ -179,6 +179,11 @@ class Bindings:
         returns the count itself)."""
         return self._kernel().max_instances(handle, vgpuTypeId)
 
+    def nvmlVgpuTypeGetFramebufferSize(self, vgpuTypeId):  # noqa: N802,N803 - pynvml's names
+        """The type's framebuffer in bytes; it takes no GPU: a type's ID
+        names one product's type (pynvml returns the size itself)."""
+        return self._kernel().framebuffer_size(vgpuTypeId)
+
     def nvmlDeviceGetActiveVgpus(self, handle):  # noqa: N802 - pynvml's name
         """The GPU's active vGPU instances (their guests running): here,
         each one's VF address."""

@@ -113,6 +113,19 @@ class NvmlState:
             return len(vendor.placement_table(gpu, spec, mixed=True)[1])
         return int(spec.get("max") or 1)
 
+    def framebuffer_size(self, type_number):
+        """The framebuffer of a vGPU type, in bytes (NVML's
+        ``nvmlVgpuTypeGetFramebufferSize``: "the framebuffer size in bytes",
+        nvml.h; it takes the type alone, whose ID names one product's
+        type): the profile's ``framebuffer_mb``; INVALID_ARGUMENT for a type
+        no GPU of the host has."""
+        type_id = names.vendor_type_id(type_number)
+        for gpu in self._gpus.values():
+            spec = vendor.type_spec(gpu, type_id) if gpu["model"] != nvml.DATACENTER_MODEL else None
+            if spec is not None and spec.get("framebuffer_mb"):
+                return int(spec["framebuffer_mb"]) * 1024 * 1024
+        raise nvml.NVMLError(nvml.NVML_ERROR_INVALID_ARGUMENT)
+
     def placements(self, pf_address, type_number, homogeneous=False):
         """``(placement size, supported IDs, creatable IDs)`` of a vGPU type
         on the GPU (NVML's supported and creatable placement lists): the

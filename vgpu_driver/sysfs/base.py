@@ -220,6 +220,14 @@ class SysfsReader(abc.ABC):
         raises as :meth:`mixed_sizes`."""
 
     @abc.abstractmethod
+    def vgpu_equal_sizes(
+        self, pf_address: str | PciAddress, type_numbers: Iterable[int]
+    ) -> dict[int, tuple[int, int]]:
+        """``{type number: (framebuffer MiB, most vGPUs of it)}`` of the
+        types the board supports (NVML's, not files: a VF lists a type,
+        not its size); raises as :meth:`mixed_sizes`."""
+
+    @abc.abstractmethod
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """``((type number, placement ID), ...)`` of the vGPUs placed on a
         board, idle or running, for the operator's map: each VF's

@@ -66,6 +66,13 @@ class LinuxSysfs(mdev_reads.MdevReads, pci_reads.PciReads, base.SysfsReader):
             str(names.parse_pci_address(str(pf_address))), type_numbers, self.nvml_bindings
         )
 
+    def vgpu_equal_sizes(
+        self, pf_address: str | PciAddress, type_numbers: Iterable[int]
+    ) -> dict[int, tuple[int, int]]:
+        return nvml.equal_size_types(
+            str(names.parse_pci_address(str(pf_address))), type_numbers, self.nvml_bindings
+        )
+
     def vgpu_locations(self, pf_address: str | PciAddress) -> tuple[tuple[int, int], ...]:
         """Each typed VF's ``nvidia/placement_id``, idle or running; NVML's
         active vGPUs only where a VF has no such file (NVML lists only the
