@@ -59,11 +59,13 @@ def _offered(
 
 
 def _placeable(gpu: PhysicalGPU, boards: Mapping[str, BoardReading] | None) -> set[str]:
-    """The types NVML places on ``gpu`` in mixed-size mode, whether or not
-    any VF lists them now."""
+    """The types NVML places on ``gpu`` in mixed-size mode, or takes on a
+    type pool, whether or not any VF lists them now."""
     reading = (boards or {}).get(gpu.address)
-    if reading is None or reading.error or not reading.mixed:
+    if reading is None or reading.error:
         return set()
+    if not reading.mixed:
+        return set(reading.maxima)
     return {type_id for type_id, found in reading.placements.items() if found.supported}
 
 

@@ -88,7 +88,8 @@ def mixed_size_modes(
     shared: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Problems:
     """Boards configured for several sizes whose mode NVML cannot read, or
-    that are in equal-size mode: they get no provider until switched;
+    that are in equal-size mode (type pools: in mixed-size mode): they get
+    no provider until switched;
     ``shared``: :func:`_shared_boards`, to name their types."""
     problems = []
     for address, reading in sorted((boards or {}).items()):
@@ -96,7 +97,9 @@ def mixed_size_modes(
             ", ".join((shared or {}).get(address) or config.mixed_by_address.get(address, ()))
             or address
         )
-        if reading.error:
+        if config.pools:
+            problems += _pool_mode(address, types, reading)
+        elif reading.error:
             problems.append(
                 exception.ConfigProblem(
                     "device_addresses",
@@ -118,6 +121,25 @@ def mixed_size_modes(
     return problems
 
 
+def _pool_mode(address: str, types: str, reading: BoardReading) -> Problems:
+    """A type pool whose sizes NVML cannot read, or that is in mixed-size
+    mode: it gets no provider until switched back."""
+    if reading.error:
+        why = f"NVML cannot say its types' sizes: {reading.error}"
+    elif reading.mixed:
+        why = (
+            "in mixed-size mode, so it gets no provider: run vgpu-manage sriov sizes "
+            f"{address} equal"
+        )
+    else:
+        return []
+    return [
+        exception.ConfigProblem(
+            "device_addresses", address, f"configured as a type pool ({types}), but {why}"
+        )
+    ]
+
+
 def fixed_share_on_mixed_boards(
     config: MdevConfig, snapshot: HostSnapshot, schedulers: Mapping[str, str | None] | None
 ) -> Problems:
@@ -125,7 +147,9 @@ def fixed_share_on_mixed_boards(
     fixed-share scheduler, which NVIDIA does not support in mixed-size mode
     (user guide, 2.11); ``schedulers``: ``{GPU address: policy}``
     (:func:`vgpu_driver.vgpu_scheduler.policy`)."""
-    problems = []
+    problems: Problems = []
+    if config.pools:
+        return problems  # equal-size mode takes every scheduler
     for address, types in sorted(shared_boards(config, snapshot).items()):
         if (schedulers or {}).get(address) == vgpu_scheduler.FIXED_SHARE:
             problems.append(

@@ -118,6 +118,11 @@ class BoardReading:
         default_factory=lambda: types.MappingProxyType({})
     )
     error: str | None = None
+    # A pool board (equal-size mode): ``{type id: most vGPUs of it}``, its
+    # types' ``placements`` then giving only their size.
+    maxima: types.MappingProxyType[str, int] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
 
 
 def read_board(host: SysfsHost, gpu: PhysicalGPU, type_ids: Iterable[str]) -> BoardReading:
@@ -237,13 +242,14 @@ def map_board(
 def map_boards(
     host: SysfsHost, snapshot: HostSnapshot, tree: ProviderTree, boards: Mapping[str, BoardReading]
 ) -> types.MappingProxyType[str, BoardMap]:
-    """``{board address: BoardMap}`` of the boards that have a mixed-size
-    provider in ``tree`` (:class:`vgpu_driver.inventory.ProviderTree`),
+    """``{board address: BoardMap}`` of the boards in mixed-size mode that
+    have a mixed-size provider in ``tree`` (:class:`vgpu_driver.inventory.ProviderTree`),
     ``boards`` being what :func:`read_boards` said of them."""
     maps: dict[str, BoardMap] = {}
     for gpu in snapshot.gpus:
         provider = tree.by_gpu(gpu.address)
-        if provider is not None and provider.mixed:
+        reading = boards.get(gpu.address)
+        if provider is not None and provider.mixed and reading is not None and reading.mixed:
             type_ids = tuple(type_id for type_id, _mib in provider.sizes)
-            maps[gpu.address] = map_board(host, gpu, type_ids, boards[gpu.address])
+            maps[gpu.address] = map_board(host, gpu, type_ids, reading)
     return types.MappingProxyType(maps)

@@ -149,12 +149,16 @@ class Restoring:
         return True
 
     def _mixed_size_mode_first(self, gpu, claim):
-        """A claimed vGPU of a type sharing mixed-size boards comes back on a
-        board in mixed-size mode: NVIDIA's driver forgets the mode when the
+        """A claimed vGPU of a type sharing mixed-size boards (not type
+        pools, which stay in equal-size mode) comes back on a board in
+        mixed-size mode: NVIDIA's driver forgets the mode when the
         VFs go, and switches it only while the board holds no vGPU, so it
         is set before the board's first type is written again."""
-        if claim.type_id not in self.manager.config.mixed_types or self.host.mixed_sizes(
-            gpu.address
+        config = self.manager.config
+        if (
+            claim.type_id not in config.mixed_types
+            or config.pools
+            or self.host.mixed_sizes(gpu.address)
         ):
             return
         self.host.set_mixed_sizes(gpu.address, True)

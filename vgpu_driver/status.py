@@ -129,8 +129,9 @@ class HostStatus:
         mixed = [g for g in served if g.mixed]
         if mixed:
             framebuffer = bar(sum(g.used for g in mixed), sum(g.total for g in mixed))
+            pools = all((g.type_name or "").startswith("type pool") for g in mixed)
             line += (
-                f"; mixed-size framebuffer {framebuffer} {MIB} used, "
+                f"; {'type-pool' if pools else 'mixed-size'} framebuffer {framebuffer} {MIB} used, "
                 f"{sum(g.reserved for g in mixed)} {MIB} reserved"
             )
         sriov = [g.sriov for g in self.gpus if g.sriov]

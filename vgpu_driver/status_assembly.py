@@ -128,7 +128,9 @@ def assemble(
                     else ",".join(configured.get(gpu.address, ())) or None
                 ),
                 type_name=(
-                    f"mixed sizes, in {MIB}"
+                    f"type pool, in {MIB}"
+                    if provider and provider.pool
+                    else f"mixed sizes, in {MIB}"
                     if provider and provider.mixed
                     else provider.type_name
                     if provider

@@ -198,10 +198,12 @@ class Enable(base.Command):
     def _mixed_sizes(self, host, addresses, dry_run=False):
         """Once the VFs are there: the boards the configuration lists under
         several types go to mixed-size mode, which NVIDIA's driver forgets
-        at every enablement (and cannot take before the VFs come)."""
-        served = inventory.configured_types(
-            discovery.discover(host), host_view.load_mdev_config(self.app)
-        )
+        at every enablement (and cannot take before the VFs come).  Type
+        pools stay in equal-size mode."""
+        config = host_view.load_mdev_config(self.app)
+        if config.pools:
+            return
+        served = inventory.configured_types(discovery.discover(host), config)
         for address in addresses:
             types = served.get(address, ())
             if len(types) < 2:

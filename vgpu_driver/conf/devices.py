@@ -13,6 +13,9 @@ def devices_group() -> cfg.OptGroup:
 
 
 MDEV_CLASS_PATTERN = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
+# [devices] shared_board_mode: how a board listed under several types serves them.
+SHARED_BOARD_MIXED = "mixed"
+SHARED_BOARD_POOL = "pool"
 
 devices_opts = [
     cfg.ListOpt(
@@ -30,6 +33,23 @@ model) names the GPUs that serve it.  At most one type may omit both: it
 serves every GPU not taken by another type.  Run ``vgpu-manage types`` to
 see what the host offers and ``vgpu-manage config check`` to validate the
 result.
+""",
+    ),
+    cfg.StrOpt(
+        "shared_board_mode",
+        default=SHARED_BOARD_MIXED,
+        choices=[
+            (SHARED_BOARD_MIXED, "vGPUs of several sizes at once, in NVIDIA's mixed-size mode"),
+            (SHARED_BOARD_POOL, "one size at a time, taken from the board's first vGPU"),
+        ],
+        help="""
+How a board listed under several NVIDIA types (vendor-specific VFIO) serves
+them.  ``mixed``: the board is switched to NVIDIA's mixed-size mode and
+hosts vGPUs of several sizes at once.  ``pool``: the board stays in
+equal-size mode; while it holds no vGPU it offers every size of its types,
+its first vGPU fixes the size (and NVIDIA's maximum for it), and once its
+last vGPU goes it offers every size again.  ``pool`` serves boards that
+cannot mix sizes, or guests that need the equal-size scheduler.
 """,
     ),
 ]

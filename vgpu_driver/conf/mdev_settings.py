@@ -48,6 +48,10 @@ class MdevConfig:
     mixed_by_address: MappingProxyType[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
     )
+    # [devices] shared_board_mode is "pool": the boards of mixed_by_address
+    # (and those NVIDIA types share by device id) stay in equal-size mode,
+    # each taking the size of its first vGPU (vgpu_driver.inventory.pool).
+    pools: bool = False
     # After for_host(): {GPU address: fleet.Assignment} of GPUs matched by
     # device_ids (type_id None: matched, but every matching type is full).
     by_model: MappingProxyType[str, fleet.Assignment] = dataclasses.field(

@@ -120,7 +120,9 @@ def load(conf: cfg.ConfigOpts) -> tuple[MdevConfig, list[exception.ConfigProblem
             listing[address] = (*listed, type_id)
     mixed = {a: types for a, types in listing.items() if len(types) > 1}
     problems += _mixed_size_problems(
-        type_configs, [*mixed.values(), *fleet.shared_by_device_id(type_configs).values()]
+        type_configs,
+        [*mixed.values(), *fleet.shared_by_device_id(type_configs).values()],
+        "pool" if conf.devices.shared_board_mode == devices.SHARED_BOARD_POOL else "mixed-size",
     )
     problems += fleet.problems(
         type_configs, lambda type_id, name: type_group.option(devices.group_name(type_id), name)
@@ -130,16 +132,18 @@ def load(conf: cfg.ConfigOpts) -> tuple[MdevConfig, list[exception.ConfigProblem
         default_type,
         MappingProxyType({a: types[0] for a, types in listing.items() if len(types) == 1}),
         mixed_by_address=MappingProxyType(mixed),
+        pools=conf.devices.shared_board_mode == devices.SHARED_BOARD_POOL,
     )
     return config, problems
 
 
 def _mixed_size_problems(
-    type_configs: Iterable[TypeConfig], sharing: Iterable[Iterable[str]]
+    type_configs: Iterable[TypeConfig], sharing: Iterable[Iterable[str]], kind: str
 ) -> list[exception.ConfigProblem]:
-    """Options a type sharing a mixed-size board (``sharing``: the tuples
-    of types that share one) cannot honour: the board is one framebuffer
-    inventory, neither a class of the type's own nor a count of its vGPUs."""
+    """Options a type sharing a board (``sharing``: the tuples of types
+    that share one; ``kind``: a mixed-size or a pool board) cannot honour:
+    the board is one framebuffer inventory, neither a class of the type's
+    own nor a count of its vGPUs."""
     shared = {t for types in sharing for t in types}
     problems: list[exception.ConfigProblem] = []
     for type_config in type_configs:
@@ -151,7 +155,7 @@ def _mixed_size_problems(
                 exception.ConfigProblem(
                     type_group.option(group, "mdev_class"),
                     type_config.mdev_class,
-                    f"{type_config.type_id} shares a mixed-size board, whose vGPUs are "
+                    f"{type_config.type_id} shares a {kind} board, whose vGPUs are "
                     f"allocated in {framebuffer.RESOURCE_CLASS}; remove mdev_class",
                 )
             )
@@ -160,7 +164,7 @@ def _mixed_size_problems(
                 exception.ConfigProblem(
                     type_group.option(group, "max_instances"),
                     type_config.max_instances,
-                    f"{type_config.type_id} shares a mixed-size board, whose framebuffer "
+                    f"{type_config.type_id} shares a {kind} board, whose framebuffer "
                     f"is the limit; remove max_instances",
                 )
             )

@@ -8,7 +8,9 @@ board has left and by the host-wide ``max_instances``
 (:mod:`~vgpu_driver.inventory.capacity`, :mod:`~vgpu_driver.inventory.vf_room`);
 a board serving several vendor-VFIO types in mixed-size mode counts its
 framebuffer and its placement sizes instead
-(:mod:`~vgpu_driver.inventory.mixed`).  A GPU that cannot serve its type
+(:mod:`~vgpu_driver.inventory.mixed`), as does a type pool, a board in
+equal-size mode that takes the size of its first vGPU
+(:mod:`~vgpu_driver.inventory.pool`).  A GPU that cannot serve its type
 right now keeps its provider with everything reserved, and says why.
 Claimed vGPUs that no Placement allocation of their instance covers are
 reserved (:mod:`~vgpu_driver.inventory.unallocated`), so Placement never
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -30,6 +33,7 @@ from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver.inventory import capacity
 from vgpu_driver.inventory import mixed
+from vgpu_driver.inventory import pool
 from vgpu_driver.inventory import vf_room
 from vgpu_driver.inventory.capacity import per_gpu_limit
 from vgpu_driver.inventory.mixed import mixed_size_provider
@@ -57,8 +61,6 @@ from vgpu_driver.inventory.unallocated import claims_placement_lacks
 from vgpu_driver.inventory.unallocated import unallocated_claims
 
 if TYPE_CHECKING:
-    from types import MappingProxyType
-
     from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.discovery import PhysicalGPU
@@ -164,8 +166,18 @@ def read_boards(
     host: SysfsHost, snapshot: HostSnapshot, config: MdevConfig
 ) -> MappingProxyType[str, BoardReading]:
     """What NVML says of the host's boards ``config`` gives several types
-    (:func:`vgpu_driver.framebuffer.read_boards`), for :func:`compute`."""
-    return framebuffer.read_boards(host, snapshot, configured_types(snapshot, config))
+    (:func:`vgpu_driver.framebuffer.read_boards`, or for type pools
+    :func:`vgpu_driver.inventory.pool.read_board`), for :func:`compute`."""
+    served = configured_types(snapshot, config)
+    if not config.pools:
+        return framebuffer.read_boards(host, snapshot, served)
+    return MappingProxyType(
+        {
+            gpu.address: pool.read_board(host, gpu, served[gpu.address])
+            for gpu in snapshot.gpus
+            if len(served.get(gpu.address, ())) > 1 and gpu.parents
+        }
+    )
 
 
 def read_rooms(
@@ -217,7 +229,7 @@ def compute(
             pending.add(gpu.address)
             continue
         if len(types) > 1:
-            provider, why_not = mixed.mixed_size_provider(
+            provider, why_not = (pool.pool_provider if config.pools else mixed.mixed_size_provider)(
                 snapshot,
                 gpu,
                 types,

@@ -31,7 +31,7 @@ DRAINING = "draining"  # guests' vGPUs of another type are in the way
 MAX_INSTANCES = "max_instances"  # the type's host-wide max_instances is used elsewhere
 UNREADABLE = "unreadable"  # a sysfs value the vendor driver wrote is garbage
 CLAIMS = "claims"  # claimed vGPUs no Placement allocation covers
-FRAGMENTED = "fragmented"  # mixed-size framebuffer no configured type can take now
+FRAGMENTED = "fragmented"  # a shared board's framebuffer no configured type can take now
 RESERVED_FOR = (NO_CAPACITY, BLOCKED, DRAINING, MAX_INSTANCES, UNREADABLE, CLAIMS, FRAGMENTED)
 
 
@@ -62,6 +62,8 @@ class GpuProvider:
     # A mixed-size board: ``((size class, SizeInventory), ...)``, the vGPUs
     # of each placement size it can take (:mod:`vgpu_driver.size_classes`).
     size_inventories: tuple[tuple[str, size_classes.SizeInventory], ...] = ()
+    # Served as a type pool: one size at a time (vgpu_driver.inventory.pool).
+    pool: bool = False
 
     @property
     def mixed(self) -> bool:

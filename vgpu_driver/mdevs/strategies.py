@@ -57,7 +57,7 @@ class _Strategy:
             self.limit(gpu, type_id),
             self.kind,
             self.new_vgpu_id,
-            mixes_types=type_id in self.config.mixed_types,
+            mixes_types=type_id in self.config.mixed_types and not self.config.pools,
         )
 
     if TYPE_CHECKING:
@@ -184,6 +184,8 @@ class VendorVfioStrategy(_Strategy):
         bounds it.
         """
         limit = super().limit(gpu, type_id)
+        if type_id in self.config.mixed_types and self.config.pools:
+            return self._pool_limit(gpu, type_id)
         if type_id in self.config.mixed_types:
             return self._mixed_size_limit(gpu, type_id)
         type_config = self.config.type_config(type_id)
@@ -191,6 +193,18 @@ class VendorVfioStrategy(_Strategy):
             cap = type_config.max_instances
             limit = cap if limit is None else min(limit, cap)
         return limit
+
+    def _pool_limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
+        """On a pool board (equal-size mode): NVIDIA's maximum of the type
+        per board, as NVML says now; None when NVML cannot say (each VF's
+        list still refuses what cannot go, another size among them)."""
+        number = _type_number(type_id)
+        if number is None:
+            return 0
+        try:
+            return self.host.vgpu_max_instances(gpu.address, [number]).get(number, 0)
+        except (exception.NvmlUnavailable, exception.MixedSizeModeRefused):
+            return None
 
     def _mixed_size_limit(self, gpu: PhysicalGPU, type_id: str) -> int | None:
         """On a mixed-size board: its vGPUs of the type, and as many more as

@@ -1,0 +1,235 @@
+"""The provider of a pool board: several NVIDIA types, one size at a time.
+
+With ``[devices] shared_board_mode = pool`` a vendor-VFIO board listed
+under several types stays in NVIDIA's equal-size mode, where "the content
+of the creatable_vgpu_types for all virtual functions on the physical GPU
+is set to only the vGPU types with the same amount of frame buffer" as the
+board's first vGPU (*Virtual GPU Software User Guide* 17.0, 2.10.8.2), up
+to the type's per-board maximum (``nvmlVgpuTypeGetMaxInstances``); once the
+last vGPU goes (its VF's type cleared on release) every size is creatable
+again.  So while the board is empty it offers every size of its types, and
+then only its vGPUs' size.
+
+It is served in the encoding of a mixed-size board (one inventory of
+framebuffer MiB, one per vGPU size, :mod:`vgpu_driver.size_classes`), so
+one flavor serves both kinds of board.  One request at a time, Placement
+grants exactly what the board takes: the size class of ``s`` grants ``N``
+iff the board is empty or holds size ``s``, and ``N`` more fit under the
+maximum and in the free VFs; the framebuffer class keeps free just the
+room of the size the board can still take.  Two requests of two sizes
+granted on one empty board between two updates: the board refuses the
+second (its VFs no longer list that size) and nova reschedules it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import types
+from collections.abc import Collection
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from vgpu_driver import exception
+from vgpu_driver import framebuffer
+from vgpu_driver import names
+from vgpu_driver import nvml
+from vgpu_driver import size_classes
+from vgpu_driver.inventory import providers
+
+if TYPE_CHECKING:
+    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.sysfs.base import SysfsReader
+
+SLOT_MIB = framebuffer.SLOT_MIB
+
+
+def read_board(host: SysfsReader, gpu: PhysicalGPU, type_ids: Collection[str]) -> BoardReading:
+    """What NVML says of a pool board, in one pass: its mode, and for the
+    types of ``type_ids`` and those its VFs hold, each one's size (as a
+    :class:`~vgpu_driver.nvml.Placements` without IDs) and maximum."""
+    held = {p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
+    wanted = sorted({*type_ids, *held}, key=names.vendor_type_number)
+    try:
+        if _mixed_sizes(host, gpu.address):
+            return framebuffer.BoardReading(mixed=True)
+        found = host.vgpu_equal_sizes(gpu.address, [names.vendor_type_number(t) for t in wanted])
+    except (exception.NvmlUnavailable, exception.MixedSizeModeRefused) as exc:
+        return framebuffer.BoardReading(error=str(exc))
+    sizes: dict[str, nvml.Placements] = {}
+    maxima: dict[str, int] = {}
+    for number, (mib, most) in found.items():
+        if mib > 0 and not mib % SLOT_MIB:
+            sizes[names.vendor_type_id(number)] = nvml.Placements(mib // SLOT_MIB, (), ())
+            maxima[names.vendor_type_id(number)] = most
+    return framebuffer.BoardReading(
+        placements=types.MappingProxyType(sizes), maxima=types.MappingProxyType(maxima)
+    )
+
+
+def _mixed_sizes(host: SysfsReader, address: str) -> bool:
+    """Whether the board is in mixed-size mode; a board NVML says cannot
+    mix sizes is in equal-size mode."""
+    try:
+        return host.mixed_sizes(address)
+    except exception.MixedSizeModeRefused:
+        return False
+
+
+def pool_provider(
+    snapshot: HostSnapshot,
+    gpu: PhysicalGPU,
+    type_ids: Sequence[str],
+    reading: BoardReading | None,
+    nodename: str,
+    in_use: Collection[str] | None = None,
+    unallocated: int | Mapping[str, int] | None = None,
+) -> tuple[providers.GpuProvider | None, str | None]:
+    """``(GpuProvider, None)`` of a pool board serving ``type_ids``, or
+    ``(None, why it cannot)``.
+
+    VFs that guests or claims hold (``in_use``) count as used; a typed VF
+    nobody holds still fixes the board's size and takes one of its vGPUs;
+    claims Placement does not count (``unallocated``: ``{class: units}``)
+    are reserved.
+    """
+    why_not = _why_not_pool(gpu, type_ids, reading)
+    if why_not or reading is None:
+        return None, why_not
+    size_of = {t: reading.placements[t].size for t in type_ids}
+    typed = {p.name: p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
+    taken = collections.Counter(reading.placements[t].size for t in typed.values())
+    if len(taken) > 1:
+        return None, (
+            "its VFs hold vGPUs of several sizes, which equal-size mode does not "
+            "allow: is the board in mixed-size mode?"
+        )
+    held = collections.Counter(
+        reading.placements[t].size for vf, t in typed.items() if in_use is None or vf in in_use
+    )
+    free_vfs = sum(
+        1
+        for p in gpu.parents
+        if not p.current_vgpu_type and (in_use is None or p.name not in in_use)
+    )
+    most = most_by_size(size_of, reading.maxima, len(gpu.parents))
+    room = {
+        size: max(min(count - taken[size], free_vfs), 0) if not taken or size in taken else 0
+        for size, count in most.items()
+    }
+    if not isinstance(unallocated, Mapping):
+        unallocated = {framebuffer.RESOURCE_CLASS: unallocated or 0}
+    by_size = _size_inventories(most, held, room, unallocated)
+    board = max(count * size for size, count in most.items())
+    held_slots = sum(size * count for size, count in held.items())
+    # Free: just the room of the size the board can take the most of.
+    spare = max(board - held_slots - max(count * size for size, count in room.items()), 0)
+    claims_mib = min(unallocated.get(framebuffer.RESOURCE_CLASS, 0), held_slots * SLOT_MIB)
+    reserved_for = (((providers.FRAGMENTED, spare * SLOT_MIB),) if spare else ()) + (
+        ((providers.CLAIMS, claims_mib),) if claims_mib else ()
+    )
+    return providers.GpuProvider(
+        name=providers.provider_name(nodename, gpu),
+        parent_provider=nodename,
+        gpu=gpu.address,
+        type_id=",".join(type_ids),
+        type_name=None,
+        resource_class=framebuffer.RESOURCE_CLASS,
+        total=board * SLOT_MIB,
+        reserved=spare * SLOT_MIB + claims_mib,
+        min_unit=min(most) * SLOT_MIB,
+        max_unit=board * SLOT_MIB,
+        step_size=math.gcd(*most) * SLOT_MIB,
+        traits=_traits(snapshot, gpu, type_ids),
+        reason=_pool_reason(type_ids, next(iter(taken), None), room),
+        reserved_for=reserved_for,
+        sizes=tuple((t, size_of[t] * SLOT_MIB) for t in type_ids),
+        size_inventories=tuple(sorted(by_size.items())),
+        pool=True,
+    ), None
+
+
+def most_by_size(size_of: Mapping[str, int], maxima: Mapping[str, int], vfs: int) -> dict[int, int]:
+    """``{size: most vGPUs of it the board holds}``: the largest maximum
+    among the types of that size, and one VF each."""
+    most: dict[int, int] = {}
+    for type_id, size in size_of.items():
+        most[size] = max(most.get(size, 0), min(maxima[type_id], vfs))
+    return most
+
+
+def _size_inventories(
+    most: Mapping[int, int],
+    held: Mapping[int, int],
+    room: Mapping[int, int],
+    unallocated: Mapping[str, int],
+) -> dict[str, size_classes.SizeInventory]:
+    """``{size class: SizeInventory}``: of each size, what Placement counts
+    (held, less the claims it does not count) plus what may still be
+    granted (``room``); the rest of its maximum reserved."""
+    found = {}
+    for size, count in most.items():
+        name = size_classes.class_name(size)
+        counted = max(held.get(size, 0) - unallocated.get(name, 0), 0)
+        total = max(count, counted + room[size], 1)
+        found[name] = size_classes.SizeInventory(
+            total=total, reserved=total - counted - room[size], available=room[size]
+        )
+    return found
+
+
+def _traits(snapshot: HostSnapshot, gpu: PhysicalGPU, type_ids: Sequence[str]) -> tuple[str, ...]:
+    version = providers.gpu_manager_version(snapshot, gpu)
+    found = {t for type_id in type_ids for t in providers.provider_traits(type_id, None, version)}
+    return tuple(sorted(found))
+
+
+def _pool_reason(type_ids: Sequence[str], taken: int | None, room: Mapping[int, int]) -> str:
+    """What a pool board can still take, for the operator's views."""
+    listed = ", ".join(type_ids)
+    if taken is None:
+        fits = ", ".join(
+            f"{count} x {size * SLOT_MIB} MiB" for size, count in sorted(room.items()) if count
+        )
+        return f"type pool ({listed}), empty: fit {fits or 'nothing (no free VF)'}"
+    if not room[taken]:
+        return f"type pool ({listed}) of {taken * SLOT_MIB} MiB vGPUs: full"
+    return f"type pool ({listed}) of {taken * SLOT_MIB} MiB vGPUs: fit {room[taken]} more"
+
+
+def _why_not_pool(
+    gpu: PhysicalGPU, type_ids: Sequence[str], reading: BoardReading | None
+) -> str | None:
+    """Why a board configured as a pool of ``type_ids`` gets no provider
+    from what NVML said (``reading``), or None."""
+    listed = ", ".join(type_ids)
+    if reading is None or reading.error:
+        why = reading.error if reading else "NVML was not asked"
+        return f"configured as a type pool ({listed}), but NVML cannot say: {why}"
+    if reading.mixed:
+        return (
+            f"configured as a type pool ({listed}) but in mixed-size mode: run "
+            f"vgpu-manage sriov sizes {gpu.address} equal"
+        )
+    unknown = [t for t in type_ids if t not in reading.placements]
+    if unknown:
+        return (
+            f"cannot serve {', '.join(unknown)} in a type pool: not a vGPU type of "
+            "this board (see vgpu-manage types)"
+        )
+    held = sorted(
+        {
+            p.current_vgpu_type
+            for p in gpu.parents
+            if p.current_vgpu_type and p.current_vgpu_type not in reading.placements
+        }
+    )
+    if held:
+        return (
+            f"its VFs hold {', '.join(held)}, whose size NVML does not tell; it "
+            "gets a provider once they are gone"
+        )
+    return None
