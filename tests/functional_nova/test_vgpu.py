@@ -299,6 +299,31 @@ class MultipleTypesTests(VGPUDriverTestBase):
         self.assertEqual(("0000:86:00.0", "nvidia-36"), (mdev.parent, mdev.type_id))
 
 
+class SharedBoardModeTests(VGPUDriverTestBase):
+    """``[devices] shared_board_mode`` is ours, in nova's own ``[devices]``
+    group: nova-compute reads it beside nova's ``enabled_mdev_types``."""
+
+    ENABLED_TYPES = "nvidia-1155,nvidia-1156"
+
+    def test_a_board_of_two_types_is_served_as_a_type_pool(self):
+        self.flags(shared_board_mode="pool", group="devices")
+        for type_id in self.ENABLED_TYPES.split(","):
+            self.flags(device_addresses=["0000:c1:00.0"], group=f"mdev_{type_id}")
+        self.start_vgpu_compute("host1", "l40s-vfio")
+        self.assertTrue(self.computes["host1"].driver.vgpu.mdev_config.pools)
+        rp = self._get_provider_uuid_by_name("host1_pci_0000_c1_00_0")
+        found = self._get_provider_inventory(rp)
+        # Every size of the empty board offered, up to NVIDIA's maximum.
+        self.assertEqual(
+            {
+                "CUSTOM_VGPU_FRAMEBUFFER_MIB": 49152,
+                "CUSTOM_VGPU_SIZE_4096_MIB": 12,
+                "CUSTOM_VGPU_SIZE_8192_MIB": 6,
+            },
+            {rc: record["total"] - record["reserved"] for rc, record in found.items()},
+        )
+
+
 class CustomClassTests(VGPUDriverTestBase):
     ENABLED_TYPES = "mtty-2"
 

@@ -143,6 +143,13 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(devices_opts, group="devices")
 
 
+def register_beside_nova(conf: cfg.ConfigOpts) -> None:
+    """On nova's CONF, whose ``[devices]`` declares ``enabled_mdev_types``
+    itself: the options of that group nova lacks (registering nova's own
+    again, with other help, is a duplicate oslo.config refuses)."""
+    conf.register_opts([o for o in devices_opts if o.dest not in conf.devices], group="devices")
+
+
 def template_group() -> tuple[cfg.OptGroup, list[cfg.Opt]]:
     """A documented stand-in for the dynamic groups, for the sample config."""
     group = cfg.OptGroup(

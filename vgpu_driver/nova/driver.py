@@ -23,6 +23,7 @@ from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import host_reconciler
 from vgpu_driver import sriov_notices
+from vgpu_driver.conf import devices as devices_conf
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import abandoned
@@ -42,6 +43,7 @@ LOG = logging.getLogger(__name__)
 
 # As nova's own options: registered on import, so nova.conf can set them.
 vgpu_conf.register_opts(CONF)
+devices_conf.register_beside_nova(CONF)
 
 
 class LibvirtVGPUDriver(allocation.Allocation):
