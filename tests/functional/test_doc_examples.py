@@ -7,9 +7,9 @@ in the comment just above it, ``.. example: <setup>``:
     the commands the demo runs itself (``vgpu-manage --config-file
     /dev/null demo``): the page shows a part of its transcript, and the
     test runs the demo and finds that part in it;
-``a100-vfs-off``, ``a100-guest-and-claim``, ``l40s-mixed``
+``a100-vfs-off``, ``a100-guest-and-claim``, ``l40s-mixed``, ``l40s-pool``
     a fake host (the fake kernel's ``a100-sriov`` profile, or for
-    ``l40s-mixed`` its ``l40s-vfio`` one) in a working directory, with
+    ``l40s-mixed`` and ``l40s-pool`` its ``l40s-vfio`` one) in a working directory, with
     ``nova.conf``, ``sys`` and ``state`` there; the commands run there as an
     operator would type them.  One that names no
     ``--config-file`` runs as on a host, the directory's files standing for
@@ -223,8 +223,38 @@ def setup_l40s_mixed(workdir):
     )
 
 
+POOL_GUESTS = (("0000:c1:00.4", 1156), ("0000:c1:00.5", 1156))
+
+
+def setup_l40s_pool(workdir):
+    """An L40S in equal-size mode, a type pool of 4, 8, 12 and 24 GB, with
+    two 8 GB guests as type-pools.rst describes."""
+    kernel = fakekernel.FakeKernel.build(str(workdir / "sys"), profiles.load("l40s-vfio"))
+    for vf, number in POOL_GUESTS:
+        kernel.set_vendor_vgpu_type(vf, number)
+    groups = "".join(
+        f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n" for n in (1155, 1156, 1157, 1159)
+    )
+    (workdir / "nova.conf").write_text(
+        "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
+        f"shared_board_mode = pool\n{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
+        f"test_only_fake_nvml_host = {workdir / 'sys'}\n"
+    )
+    claims_journal.Journal(str(workdir / "state")).close()
+    libvirt_domains.node_file(
+        workdir / "node.xml",
+        [
+            libvirt_domains.domain_xml(
+                f"instance-0000000{number}", vfs=[vf], domain_uuid=str(uuid.uuid4())
+            )
+            for number, (vf, _type) in enumerate(POOL_GUESTS, 1)
+        ],
+    )
+
+
 SETUPS = {
     "a100-vfs-off": setup_a100_vfs_off,
+    "l40s-pool": setup_l40s_pool,
     "a100-guest-and-claim": setup_a100_guest_and_claim,
     "l40s-mixed": setup_l40s_mixed,
 }
