@@ -15,9 +15,13 @@ are compared with the board itself: the request's VFs typed one after
 another, then cleared.  Each walk is short (a few steps, two walks per
 board by default: ``VGPU_PROPERTY_EXAMPLES`` draws more).
 
+Every board family as a type pool (equal-size mode, one size at a time)
+meets the same property, one walk per board.
+
 The mutations check the test can fail: the framebuffer class alone with
 the old ``max_unit`` (the largest size creatable now), and a size class
-that counts one free VF as enough, each give a counterexample.
+that counts one free VF as enough, and a pool board that offers every
+size while it holds one, each give a counterexample.
 """
 
 import collections
@@ -51,6 +55,7 @@ from vgpu_driver.fake import nvml as fake_nvml
 from vgpu_driver.fake import profiles
 from vgpu_driver.fake import vendor
 from vgpu_driver.fake.domains import InProcessDomains
+from vgpu_driver.inventory import pool
 from vgpu_driver.mdevs import planner
 from vgpu_driver.mdevs import strategies
 from vgpu_driver.placement_service import EmbeddedPlacement
@@ -86,14 +91,16 @@ BOARDS = boards()
 class Walk:
     """One board, its real Placement provider, its vGPUs by consumer."""
 
-    def __init__(self, root, profile, client, nodename, old_flavors=False):
+    def __init__(self, root, profile, client, nodename, old_flavors=False, pools=False):
         self.kernel = fakekernel.FakeKernel.build(root, profile)
         fake_nvml.use_host(root)
-        nvml.set_heterogeneous_mode(PF, True)
+        if not pools:  # a type pool stays in equal-size mode
+            nvml.set_heterogeneous_mode(PF, True)
         self.types = tuple(t["id"] for t in profile["gpus"][0]["types"])
         self.config = MdevConfig(
             types=tuple(TypeConfig(t, device_addresses=(PF,)) for t in self.types),
             mixed_by_address=MappingProxyType({PF: self.types}),
+            pools=pools,
         )
         self.client, self.nodename, self.old_flavors = client, nodename, old_flavors
         self.sync = placement.ProviderSync(client)
@@ -257,6 +264,44 @@ def test_placement_grants_iff_the_board_accepts(
         assert walk.counterexample() is None, (label, walk.held)
         walk.step(rng)
     assert walk.counterexample() is None, (label, walk.held)
+
+
+POOL_BOARDS = [(key, profile_of(board)) for key, board in sorted(board_tables.BOARDS.items())]
+
+
+@pytest.mark.parametrize("label, profile", POOL_BOARDS, ids=[b[0] for b in POOL_BOARDS])
+@settings(
+    max_examples=properties.examples(1),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(4, 8))
+def test_a_type_pool_grants_iff_the_board_accepts(
+    tmp_path_factory, service, label, profile, seed, steps
+):
+    """Every board family as a type pool (equal-size mode, every type of the
+    family configured): the same property, one size at a time, with VFs
+    fewer than the small types' maxima."""
+    walk = new_walk(tmp_path_factory, service, profile, pools=True)
+    rng = random.Random(seed)
+    for _step in range(steps):
+        assert walk.counterexample() is None, (label, walk.held)
+        walk.step(rng)
+    assert walk.counterexample() is None, (label, walk.held)
+
+
+def test_a_pool_offering_every_size_while_it_holds_one_fails_it(
+    tmp_path_factory, service, monkeypatch
+):
+    """A pool board that kept offering the other sizes once typed: the
+    board refuses them (equal-size mode), Placement would grant them."""
+    original = pool.room_by_size
+    monkeypatch.setattr(
+        pool, "room_by_size", lambda most, taken, free_vfs: original(most, {}, free_vfs)
+    )
+    walk = new_walk(tmp_path_factory, service, profiles.load("l40s-vfio"), pools=True)
+    assert walk.create("nvidia-1156", 1)
+    assert walk.counterexample() == ("nvidia-1155", 1, True, False)
 
 
 def seeded_counterexample(tmp_path_factory, service, **kwargs):

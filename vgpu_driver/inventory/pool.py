@@ -116,10 +116,7 @@ def pool_provider(
         if not p.current_vgpu_type and (in_use is None or p.name not in in_use)
     )
     most = most_by_size(size_of, reading.maxima, len(gpu.parents))
-    room = {
-        size: max(min(count - taken[size], free_vfs), 0) if not taken or size in taken else 0
-        for size, count in most.items()
-    }
+    room = room_by_size(most, taken, free_vfs)
     if not isinstance(unallocated, Mapping):
         unallocated = {framebuffer.RESOURCE_CLASS: unallocated or 0}
     by_size = _size_inventories(most, held, room, unallocated)
@@ -159,6 +156,18 @@ def most_by_size(size_of: Mapping[str, int], maxima: Mapping[str, int], vfs: int
     for type_id, size in size_of.items():
         most[size] = max(most.get(size, 0), min(maxima[type_id], vfs))
     return most
+
+
+def room_by_size(
+    most: Mapping[int, int], taken: Mapping[int, int], free_vfs: int
+) -> dict[int, int]:
+    """``{size: vGPUs of it that may still be created}``: none of a size
+    other than the one the board holds (``taken``: ``{size: typed VFs}``),
+    else its maximum less those, one free VF each."""
+    return {
+        size: max(min(count - taken.get(size, 0), free_vfs), 0) if not taken or size in taken else 0
+        for size, count in most.items()
+    }
 
 
 def _size_inventories(
