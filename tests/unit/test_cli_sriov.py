@@ -621,3 +621,31 @@ def test_config_check_warns_of_types_no_board_can_hold_together(make_host, run):
             for n in (1155, 1157)
         ],
     )
+
+
+POOL_CONF = "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156\n{mode}" + "".join(
+    f"[mdev_{t}]\ndevice_addresses = {L40S}\n" for t in ("nvidia-1155", "nvidia-1156")
+)
+
+
+@pytest.mark.parametrize(
+    "mode, said",
+    [
+        ("", f"{L40S}: would switch to mixed sizes (configured for nvidia-1155, nvidia-1156)\n"),
+        ("shared_board_mode = pool\n", ""),
+    ],
+)
+def test_enable_switches_boards_of_several_types_unless_they_are_pools(make_host, run, mode, said):  # noqa: F811
+    host = make_host("l40s-vfio")
+    code, out, err = run(
+        "--sysfs-root",
+        host.paths.root,
+        "sriov",
+        "enable",
+        L40S,
+        "--dry-run",
+        conf=POOL_CONF.format(mode=mode),
+    )
+    assert code == 0, err
+    assert out == f"{L40S}: would leave: already enabled (16 of 16 VFs), left alone\n{said}"
+    assert not host.heterogeneous_mode(L40S)

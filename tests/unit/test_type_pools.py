@@ -204,3 +204,16 @@ class TestChecksAndViews:
         (board,) = view.gpus
         assert (board.unit, board.used, board.type_name) == ("MiB", 8 * GB, "type pool, in MiB")
         assert "type-pool framebuffer" in view.summary()
+
+
+class TestReboot:
+    def test_a_pool_comes_back_in_equal_size_mode(self, pool_board):
+        host, vgpu = pool_board
+        vfs = allocate(vgpu, "vm-8", EIGHT, 2 * 8 * GB)
+        host.reboot()
+        host.set_vfs(L40S, 16)  # sriov enable
+        outcomes = vgpu.reconciler.restore()
+        assert {(o.mdev_uuid, o.result) for o in outcomes} == {(vf, "restored") for vf in vfs}
+        assert not host.heterogeneous_mode(L40S)
+        assert typed(host) == dict.fromkeys(vfs, EIGHT)
+        assert size_capacity(board_provider(vgpu)) == {4: 0, 8: 6, 12: 0, 24: 0}
