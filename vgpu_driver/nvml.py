@@ -80,10 +80,28 @@ def _library(bindings: Any) -> Any:
         ) from exc
 
 
+# What NVML's refusals mean where a vGPU type's size or maximum is read,
+# in either mode: under NVIDIA's data-center driver (no vGPU manager),
+# nvmlVgpuTypeGetMaxInstances answers NOT_SUPPORTED and
+# nvmlVgpuTypeGetFramebufferSize INVALID_ARGUMENT for every type (read on an
+# H200 with driver 580.159.04).
+_TYPE_REFUSALS: dict[int | None, str] = {
+    **_REFUSALS,
+    ERROR_NOT_SUPPORTED: "NVML reports no vGPU on it (NVIDIA's vGPU manager is not "
+    "loaded: its data-center driver answers so)",
+}
+
+
 @contextlib.contextmanager
-def _gpu(pf_address: str | PciAddress, action: str, bindings: Any) -> Iterator[tuple[Any, Any]]:
+def _gpu(
+    pf_address: str | PciAddress,
+    action: str,
+    bindings: Any,
+    refused: type[exception.MixedSizeModeRefused] = exception.MixedSizeModeRefused,
+) -> Iterator[tuple[Any, Any]]:
     """``(library, handle)`` of the GPU at ``pf_address`` in an NVML session;
-    NVML's refusals become :class:`MixedSizeModeRefused`."""
+    NVML's refusals become ``refused`` (:class:`MixedSizeModeRefused`, or
+    for a read of types :class:`VgpuTypesUnreadable`)."""
     address = str(names.parse_pci_address(pf_address))
     library = _library(bindings)
     try:
@@ -93,8 +111,9 @@ def _gpu(pf_address: str | PciAddress, action: str, bindings: Any) -> Iterator[t
     try:
         yield library, library.nvmlDeviceGetHandleByPciBusId(address)
     except library.NVMLError as exc:
-        reason = _REFUSALS.get(getattr(exc, "value", None), f"NVML said: {exc}")
-        raise exception.MixedSizeModeRefused(action=action, gpu=address, reason=reason) from exc
+        refusals = _TYPE_REFUSALS if refused is exception.VgpuTypesUnreadable else _REFUSALS
+        reason = refusals.get(getattr(exc, "value", None), f"NVML said: {exc}")
+        raise refused(action=action, gpu=address, reason=reason) from exc
     finally:
         with contextlib.suppress(library.NVMLError):
             library.nvmlShutdown()
@@ -160,7 +179,10 @@ def max_instances(
     the per-board maximum of NVIDIA's guide, which a vendor-VFIO VF's
     ``creatable_vgpu_types`` does not tell."""
     found: dict[int, int] = {}
-    with _gpu(pf_address, "read the vGPU maxima of", bindings) as (library, handle):
+    with _gpu(pf_address, "read the vGPU maxima of", bindings, exception.VgpuTypesUnreadable) as (
+        library,
+        handle,
+    ):
         for number in type_numbers:
             found[number] = int(library.nvmlVgpuTypeGetMaxInstances(handle, number))
     return found
@@ -177,7 +199,9 @@ def equal_size_types(
     ("INVALID_ARGUMENT if vgpuTypeId is invalid, or is not supported on
     target device", nvml.h) is left out."""
     found: dict[int, tuple[int, int]] = {}
-    with _gpu(pf_address, "read the vGPU sizes of", bindings) as (library, handle):
+    with _gpu(
+        pf_address, "read the vGPU sizes and maxima of", bindings, exception.VgpuTypesUnreadable
+    ) as (library, handle):
         for number in type_numbers:
             try:
                 most = int(library.nvmlVgpuTypeGetMaxInstances(handle, number))

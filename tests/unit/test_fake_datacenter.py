@@ -6,6 +6,7 @@ import os
 import pytest
 
 from vgpu_driver import discovery
+from vgpu_driver import exception
 from vgpu_driver import nvml
 from vgpu_driver.fake import nvml as fake_nvml
 from vgpu_driver.sysfs import host_reads
@@ -82,3 +83,24 @@ def test_each_function_has_its_iommu_group_and_vfs_take_theirs_away(make_host):
     host.reboot()  # the VFs go, and their groups with them
     assert host_reads.nvidia_vfs(host.paths, gpu) == []
     assert host_reads.iommu_groups(host.paths) == (gpu.iommu_group,)
+
+
+def test_a_vgpu_types_read_says_no_vgpu_manager(make_host):
+    """As read on an H200 under the data-center driver 580.159.04: the
+    maximum NOT_SUPPORTED, the size INVALID_ARGUMENT, for every type."""
+    host = make_host("h100-datacenter")
+    bindings = fake_nvml.Bindings(host.paths.root)
+    handle = bindings.nvmlDeviceGetHandleByPciBusId(H100)
+    for call, args, code in (
+        (bindings.nvmlVgpuTypeGetMaxInstances, (handle, 1155), fake_nvml.NVML_ERROR_NOT_SUPPORTED),
+        (bindings.nvmlVgpuTypeGetFramebufferSize, (1155,), fake_nvml.NVML_ERROR_INVALID_ARGUMENT),
+    ):
+        with pytest.raises(fake_nvml.NVMLError) as caught:
+            call(*args)
+        assert caught.value.value == code, call.__name__
+    with pytest.raises(exception.VgpuTypesUnreadable) as refused:
+        nvml.equal_size_types(H100, [1155], bindings)
+    assert str(refused.value) == (
+        f"Cannot read the vGPU sizes and maxima of GPU {H100}: NVML reports no vGPU on it "
+        "(NVIDIA's vGPU manager is not loaded: its data-center driver answers so)."
+    )

@@ -27,6 +27,7 @@ Tree::
     ├── NoValidHost                   the demo's scheduler found no candidate
     ├── NvmlUnavailable               nvidia-ml-py or NVIDIA's library is missing
     ├── MixedSizeModeRefused          NVML refused to switch a GPU's vGPU mode
+    │   └── VgpuTypesUnreadable       NVML will not tell a GPU's vGPU sizes or maxima
     ├── PrivilegedHelperUnavailable   the privsep daemon cannot start
     ├── ConfigDataRefused             the helper cannot read a configuration file
     ├── PrivilegedWriteRefused        the privileged side will not make this write
@@ -119,6 +120,7 @@ from vgpu_driver.exception.host import NvmlUnavailable
 from vgpu_driver.exception.host import SriovManageFailed
 from vgpu_driver.exception.host import SriovNotReady
 from vgpu_driver.exception.host import SriovRefused
+from vgpu_driver.exception.host import VgpuTypesUnreadable
 from vgpu_driver.exception.journal import JournalError
 from vgpu_driver.exception.journal import JournalMissing
 from vgpu_driver.exception.journal import JournalNotReadable
@@ -212,6 +214,7 @@ __all__ = [
     "SriovNotReady",
     "SriovRefused",
     "UnknownProfile",
+    "VgpuTypesUnreadable",
     "UnknownProvider",
     "UnknownVgpu",
     "UnsupportedDeviceApi",

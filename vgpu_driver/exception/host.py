@@ -11,6 +11,13 @@ class MixedSizeModeRefused(base.VgpuDriverError):
     msg_fmt = "Cannot %(action)s mixed-size mode on GPU %(gpu)s: %(reason)s."
 
 
+class VgpuTypesUnreadable(MixedSizeModeRefused):
+    """NVML would not say what a GPU's vGPU types take, in either mode;
+    caught with the mode's refusals, which its callers read beside."""
+
+    msg_fmt = "Cannot %(action)s GPU %(gpu)s: %(reason)s."
+
+
 class SriovRefused(base.VgpuDriverError):
     """Checked before any write: nothing was changed."""
 

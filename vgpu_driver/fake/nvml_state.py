@@ -118,7 +118,8 @@ class NvmlState:
         ``nvmlVgpuTypeGetFramebufferSize``: "the framebuffer size in bytes",
         nvml.h; it takes the type alone, whose ID names one product's
         type): the profile's ``framebuffer_mb``; INVALID_ARGUMENT for a type
-        no GPU of the host has."""
+        no GPU of the host has (as for every type on a real H200 under the
+        data-center driver 580.159.04, which has none)."""
         type_id = names.vendor_type_id(type_number)
         for gpu in self._gpus.values():
             spec = vendor.type_spec(gpu, type_id) if gpu["model"] != nvml.DATACENTER_MODEL else None
