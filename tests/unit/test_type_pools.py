@@ -7,6 +7,8 @@ size while empty, its first vGPU's size only while it holds one (up to
 NVIDIA's maximum), and every size again once the last one goes.
 """
 
+import dataclasses
+
 import pytest
 
 from tests.unit.test_mixed_size_boards import EIGHT
@@ -28,6 +30,8 @@ from vgpu_driver import status_assembly
 from vgpu_driver import vgpu_scheduler
 from vgpu_driver.inventory import pool
 from vgpu_driver.mdevs import strategies
+from vgpu_driver.privsep import device
+from vgpu_driver.privsep import policy
 
 POOL_LINES = ["[devices]", "shared_board_mode = pool"]
 # The L40S's equal-size maxima (NVIDIA's per-board table, the fake's profile).
@@ -217,3 +221,67 @@ class TestReboot:
         assert not host.heterogeneous_mode(L40S)
         assert typed(host) == dict.fromkeys(vfs, EIGHT)
         assert size_capacity(board_provider(vgpu)) == {4: 0, 8: 6, 12: 0, 24: 0}
+
+
+T4 = "0000:18:00.0"
+# GRID T4 types of 2 GB (8 per GPU), 4 GB (4) and another 4 GB type (4).
+T4_TWO, T4_FOUR, T4_FOUR_OTHER = "nvidia-226", "nvidia-227", "nvidia-231"
+
+
+@pytest.fixture
+def t4_pool(make_host, make_driver):
+    """``(host, driver)``: eight T4 (time-sliced, mdevs), the first pooled."""
+    host = make_host("t4x8")
+    types = (T4_TWO, T4_FOUR, T4_FOUR_OTHER)
+    lines = [*POOL_LINES]
+    for type_id in types:
+        lines += [f"[mdev_{type_id}]", f"device_addresses = {T4}"]
+    return host, make_driver(host, extra=lines, types=",".join(types))
+
+
+def allocate_on(vgpu, gpu, instance, type_id, mib):
+    provider = vgpu.provider_tree("cn1").by_gpu(gpu)
+    return vgpu.allocate(
+        instance,
+        {"rp": {"resources": {RC: mib}}},
+        {"rp": provider},
+        type_traits={inventory.type_traits(type_id, None)[0]},
+    )
+
+
+class TestTimeSlicedPool:
+    def test_an_empty_t4_offers_every_size_and_every_trait(self, t4_pool):
+        _host, vgpu = t4_pool
+        provider = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert provider.pool and size_capacity(provider) == {2: 8, 4: 4}
+        assert {t for t in provider.traits if t.startswith("CUSTOM_MDEV_")} == {
+            inventory.type_traits(t, None)[0] for t in (T4_TWO, T4_FOUR, T4_FOUR_OTHER)
+        }
+
+    def test_its_first_mdev_fixes_the_type_not_just_the_size(self, t4_pool):
+        host, vgpu = t4_pool
+        (uuid,) = allocate_on(vgpu, T4, "vm-4", T4_FOUR, 4 * GB)
+        assert {m.uuid: m.type_id for m in host.list_mdevs()} == {uuid: T4_FOUR}
+        provider = vgpu.provider_tree("cn1").by_gpu(T4)
+        assert size_capacity(provider) == {2: 0, 4: 4}
+        # A flavor of the other 4 GB type no longer matches: the GPU would
+        # refuse it, one type at a time.
+        assert {t for t in provider.traits if t.startswith("CUSTOM_MDEV_")} == {
+            inventory.type_traits(T4_FOUR, None)[0]
+        }
+        with pytest.raises(exception.WrongTypePresent):
+            allocate_on(vgpu, T4, "vm-4b", T4_FOUR_OTHER, 4 * GB)
+        vgpu.release("vm-4")
+        assert host.list_mdevs() == []
+        assert size_capacity(vgpu.provider_tree("cn1").by_gpu(T4)) == {2: 8, 4: 4}
+        allocate_on(vgpu, T4, "vm-2", T4_TWO, 2 * 2 * GB)
+        assert size_capacity(vgpu.provider_tree("cn1").by_gpu(T4)) == {2: 8, 4: 0}
+
+    @pytest.mark.parametrize("pools", [False, True])
+    def test_the_privileged_side_gives_a_t4_its_types_only_in_a_pool(self, t4_pool, pools):
+        _host, vgpu = t4_pool
+        config = dataclasses.replace(vgpu.mdev_config, pools=pools)
+        gpu = device.Gpu(T4, device.MODE_MDEV, (T4,))
+        expected = tuple(sorted((T4_TWO, T4_FOUR, T4_FOUR_OTHER))) if pools else ()
+        assert policy.configured_types(gpu, config) == expected
+        assert inventory.configured_type(vgpu.manager.snapshot().gpu(T4), config)[0] == expected

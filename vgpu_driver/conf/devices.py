@@ -43,13 +43,14 @@ result.
             (SHARED_BOARD_POOL, "one size at a time, taken from the board's first vGPU"),
         ],
         help="""
-How a board listed under several NVIDIA types (vendor-specific VFIO) serves
-them.  ``mixed``: the board is switched to NVIDIA's mixed-size mode and
-hosts vGPUs of several sizes at once.  ``pool``: the board stays in
+How a GPU listed under several NVIDIA types serves them.  ``mixed``: a
+board serving vendor-specific VFIO vGPUs is switched to NVIDIA's mixed-size
+mode and hosts vGPUs of several sizes at once.  ``pool``: the GPU stays in
 equal-size mode; while it holds no vGPU it offers every size of its types,
-its first vGPU fixes the size (and NVIDIA's maximum for it), and once its
-last vGPU goes it offers every size again.  ``pool`` serves boards that
-cannot mix sizes, or guests that need the equal-size scheduler.
+its first vGPU fixes the size (on a time-sliced GPU such as the T4, the
+type) up to NVIDIA's maximum for it, and once its last vGPU goes it offers
+every size again.  ``pool`` also serves GPUs whose vGPUs are mdevs, and
+boards that cannot mix sizes.
 """,
     ),
 ]

@@ -124,11 +124,12 @@ def configured_type(gpu: PhysicalGPU, config: MdevConfig) -> tuple[tuple[str, ..
     its types select GPUs by ``device_ids``.
     """
     assigned = config.types_for(gpu.addresses)
-    if len(assigned) > 1 and not _can_mix(gpu, assigned):
+    if len(assigned) > 1 and not _can_mix(gpu, assigned, config.pools):
         return (), (
             f"its addresses are listed under several types ({', '.join(assigned)}); "
             "a GPU serves one type, unless it is a board serving vendor-VFIO "
-            "vGPUs, which mixes sizes: fix device_addresses"
+            "vGPUs, which mixes sizes, or an NVIDIA GPU in a type pool "
+            "([devices] shared_board_mode = pool): fix device_addresses"
         )
     if assigned:
         return tuple(assigned), None
@@ -142,13 +143,14 @@ def configured_type(gpu: PhysicalGPU, config: MdevConfig) -> tuple[tuple[str, ..
     )
 
 
-def _can_mix(gpu: PhysicalGPU, type_ids: Collection[str]) -> bool:
+def _can_mix(gpu: PhysicalGPU, type_ids: Collection[str], pools: bool = False) -> bool:
     """Whether ``gpu`` may serve several types: NVIDIA's, on a board whose
-    VFs serve vendor-VFIO vGPUs (or are not there yet to tell)."""
-    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in (
-        discovery.MODE_VENDOR_VFIO,
-        discovery.MODE_VFS_PENDING,
-    )
+    VFs serve vendor-VFIO vGPUs (or are not there yet to tell); in a type
+    pool, on a GPU whose vGPUs are mdevs too."""
+    modes = {discovery.MODE_VENDOR_VFIO, discovery.MODE_VFS_PENDING}
+    if pools:
+        modes.add(discovery.MODE_MDEV)
+    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in modes
 
 
 def vfs_pending_reason(gpu: PhysicalGPU) -> str:

@@ -8,7 +8,14 @@ board's first vGPU (*Virtual GPU Software User Guide* 17.0, 2.10.8.2), up
 to the type's per-board maximum (``nvmlVgpuTypeGetMaxInstances``); once the
 last vGPU goes (its VF's type cleared on release) every size is creatable
 again.  So while the board is empty it offers every size of its types, and
-then only its vGPUs' size.
+then only its vGPUs' size.  A GPU whose vGPUs are mdevs pools too: an
+SR-IOV board over mdev keeps the same rule (after one vGPU on a sibling
+VF, "only types of the same framebuffer size stay available", as NVIDIA's
+A2 shows in Harvester's fixtures); a time-sliced GPU such as the T4, its
+own mdev parent, hosts one *type* at a time, so once typed it offers its
+type alone and carries only that type's trait, Placement then refusing a
+type of the same size the GPU would refuse.  There the sizes and maxima
+are the types' ``framebuffer=`` and ``max_instance=``.
 
 It is served in the encoding of a mixed-size board (one inventory of
 framebuffer MiB, one per vGPU size, :mod:`vgpu_driver.size_classes`), so
@@ -31,12 +38,14 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
 from vgpu_driver import names
 from vgpu_driver import nvml
 from vgpu_driver import size_classes
 from vgpu_driver.inventory import providers
+from vgpu_driver.inventory import vf_room
 
 if TYPE_CHECKING:
     from vgpu_driver.discovery import HostSnapshot
@@ -48,23 +57,43 @@ SLOT_MIB = framebuffer.SLOT_MIB
 
 
 def read_board(host: SysfsReader, gpu: PhysicalGPU, type_ids: Collection[str]) -> BoardReading:
-    """What NVML says of a pool board, in one pass: its mode, and for the
-    types of ``type_ids`` and those its VFs hold, each one's size (as a
-    :class:`~vgpu_driver.nvml.Placements` without IDs) and maximum."""
-    held = {p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
-    wanted = sorted({*type_ids, *held}, key=names.vendor_type_number)
+    """What a pool board's types take, for the types of ``type_ids`` and
+    those its vGPUs hold: each one's size (as a
+    :class:`~vgpu_driver.nvml.Placements` without IDs) and its most vGPUs
+    per board.  Under vendor VFIO NVML's, with the board's mode, in one
+    pass; for mdevs, their types' descriptions (``framebuffer=``,
+    ``max_instance=``, which NVIDIA's vGPU manager writes in sysfs)."""
+    wanted = sorted({*type_ids, *gpu.vgpu_types_in_use()}, key=names.vendor_type_number)
+    if gpu.mode == discovery.MODE_MDEV:
+        return _described(gpu, wanted)
     try:
         if _mixed_sizes(host, gpu.address):
             return framebuffer.BoardReading(mixed=True)
         found = host.vgpu_equal_sizes(gpu.address, [names.vendor_type_number(t) for t in wanted])
     except (exception.NvmlUnavailable, exception.MixedSizeModeRefused) as exc:
         return framebuffer.BoardReading(error=str(exc))
+    return _reading({names.vendor_type_id(n): found[n] for n in found})
+
+
+def _described(gpu: PhysicalGPU, type_ids: Collection[str]) -> BoardReading:
+    """:func:`read_board` of a GPU whose vGPUs are mdevs, from sysfs."""
+    found = {}
+    for type_id in type_ids:
+        info = gpu.type_info(type_id)
+        if info is not None and info.framebuffer_mb and info.max_instance:
+            found[type_id] = (info.framebuffer_mb, info.max_instance)
+    return _reading(found)
+
+
+def _reading(found: Mapping[str, tuple[int, int]]) -> BoardReading:
+    """The reading of ``{type id: (MiB, most)}``; a size that is no whole
+    number of slots cannot be a size class, so its type is left out."""
     sizes: dict[str, nvml.Placements] = {}
     maxima: dict[str, int] = {}
-    for number, (mib, most) in found.items():
+    for type_id, (mib, most) in found.items():
         if mib > 0 and not mib % SLOT_MIB:
-            sizes[names.vendor_type_id(number)] = nvml.Placements(mib // SLOT_MIB, (), ())
-            maxima[names.vendor_type_id(number)] = most
+            sizes[type_id] = nvml.Placements(mib // SLOT_MIB, (), ())
+            maxima[type_id] = most
     return framebuffer.BoardReading(
         placements=types.MappingProxyType(sizes), maxima=types.MappingProxyType(maxima)
     )
@@ -100,23 +129,30 @@ def pool_provider(
     if why_not or reading is None:
         return None, why_not
     size_of = {t: reading.placements[t].size for t in type_ids}
-    typed = {p.name: p.current_vgpu_type for p in gpu.parents if p.current_vgpu_type}
-    taken = collections.Counter(reading.placements[t].size for t in typed.values())
-    if len(taken) > 1:
+    vgpus = _vgpus(gpu)
+    of_type = collections.Counter(t for _id, t in vgpus)
+    taken = collections.Counter(reading.placements[t].size for _id, t in vgpus)
+    # A GPU whose vGPUs share it by time slices hosts one type at a time
+    # (NVIDIA's rule before mixed sizes); an SR-IOV board, one size.
+    one_type = not vf_room.one_per_vf(gpu)
+    if len(taken) > 1 or (one_type and len(of_type) > 1):
         return None, (
-            "its VFs hold vGPUs of several sizes, which equal-size mode does not "
-            "allow: is the board in mixed-size mode?"
+            "its vGPUs are of several sizes or types, which equal-size mode does "
+            "not allow: is the board in mixed-size mode?"
         )
     held = collections.Counter(
-        reading.placements[t].size for vf, t in typed.items() if in_use is None or vf in in_use
+        reading.placements[t].size for v, t in vgpus if in_use is None or v in in_use
     )
-    free_vfs = sum(
-        1
-        for p in gpu.parents
-        if not p.current_vgpu_type and (in_use is None or p.name not in in_use)
+    vfs = len(gpu.parents) if not one_type else None
+    free_vfs = (
+        sum(1 for p in gpu.parents if not p.busy and (in_use is None or p.name not in in_use))
+        if vfs is not None
+        else max(reading.maxima.values())
     )
-    most = most_by_size(size_of, reading.maxima, len(gpu.parents))
-    room = room_by_size(most, taken, free_vfs)
+    most = most_by_size(size_of, reading.maxima, vfs)
+    current = next(iter(of_type), None) if one_type else None
+    limits = most if current is None else _one_type_limits(most, reading, current, vfs)
+    room = room_by_size(limits, taken, free_vfs)
     if not isinstance(unallocated, Mapping):
         unallocated = {framebuffer.RESOURCE_CLASS: unallocated or 0}
     by_size = _size_inventories(most, held, room, unallocated)
@@ -140,8 +176,8 @@ def pool_provider(
         min_unit=min(most) * SLOT_MIB,
         max_unit=board * SLOT_MIB,
         step_size=math.gcd(*most) * SLOT_MIB,
-        traits=_traits(snapshot, gpu, type_ids),
-        reason=_pool_reason(type_ids, next(iter(taken), None), room),
+        traits=_traits(snapshot, gpu, (current,) if current else type_ids),
+        reason=_pool_reason(type_ids, next(iter(taken), None), room, current),
         reserved_for=reserved_for,
         sizes=tuple((t, size_of[t] * SLOT_MIB) for t in type_ids),
         size_inventories=tuple(sorted(by_size.items())),
@@ -149,13 +185,33 @@ def pool_provider(
     ), None
 
 
-def most_by_size(size_of: Mapping[str, int], maxima: Mapping[str, int], vfs: int) -> dict[int, int]:
+def most_by_size(
+    size_of: Mapping[str, int], maxima: Mapping[str, int], vfs: int | None
+) -> dict[int, int]:
     """``{size: most vGPUs of it the board holds}``: the largest maximum
-    among the types of that size, and one VF each."""
+    among the types of that size, and on an SR-IOV board (``vfs``) one VF
+    each."""
     most: dict[int, int] = {}
     for type_id, size in size_of.items():
-        most[size] = max(most.get(size, 0), min(maxima[type_id], vfs))
+        count = maxima[type_id] if vfs is None else min(maxima[type_id], vfs)
+        most[size] = max(most.get(size, 0), count)
     return most
+
+
+def _one_type_limits(
+    most: Mapping[int, int], reading: BoardReading, current: str, vfs: int | None
+) -> dict[int, int]:
+    """The limits of a GPU of one type at a time holding ``current``: its
+    maximum in its size, nothing in the others."""
+    size = reading.placements[current].size
+    limit = reading.maxima[current] if vfs is None else min(reading.maxima[current], vfs)
+    return {s: limit if s == size else 0 for s in {*most, size}}
+
+
+def _vgpus(gpu: PhysicalGPU) -> list[tuple[str, str]]:
+    """``[(vGPU id, type id)]`` of the GPU: its mdevs and its typed VFs."""
+    found = [(m.uuid, m.type_id) for m in gpu.mdevs]
+    return found + [(p.name, p.current_vgpu_type) for p in gpu.parents if p.current_vgpu_type]
 
 
 def room_by_size(
@@ -196,17 +252,20 @@ def _traits(snapshot: HostSnapshot, gpu: PhysicalGPU, type_ids: Sequence[str]) -
     return tuple(sorted(found))
 
 
-def _pool_reason(type_ids: Sequence[str], taken: int | None, room: Mapping[int, int]) -> str:
-    """What a pool board can still take, for the operator's views."""
+def _pool_reason(
+    type_ids: Sequence[str], taken: int | None, room: Mapping[int, int], current: str | None
+) -> str:
+    """What a pool board can still take, for the operator's views
+    (``current``: the one type a GPU of one type at a time holds)."""
     listed = ", ".join(type_ids)
     if taken is None:
         fits = ", ".join(
             f"{count} x {size * SLOT_MIB} MiB" for size, count in sorted(room.items()) if count
         )
         return f"type pool ({listed}), empty: fit {fits or 'nothing (no free VF)'}"
-    if not room[taken]:
-        return f"type pool ({listed}) of {taken * SLOT_MIB} MiB vGPUs: full"
-    return f"type pool ({listed}) of {taken * SLOT_MIB} MiB vGPUs: fit {room[taken]} more"
+    held = f"{current} vGPUs" if current else "vGPUs"
+    state = f"fit {room[taken]} more" if room[taken] else "full"
+    return f"type pool ({listed}) of {taken * SLOT_MIB} MiB {held}: {state}"
 
 
 def _why_not_pool(
@@ -229,13 +288,7 @@ def _why_not_pool(
             f"cannot serve {', '.join(unknown)} in a type pool: not a vGPU type of "
             "this board (see vgpu-manage types)"
         )
-    held = sorted(
-        {
-            p.current_vgpu_type
-            for p in gpu.parents
-            if p.current_vgpu_type and p.current_vgpu_type not in reading.placements
-        }
-    )
+    held = sorted(t for t in gpu.vgpu_types_in_use() if t not in reading.placements)
     if held:
         return (
             f"its VFs hold {', '.join(held)}, whose size NVML does not tell; it "

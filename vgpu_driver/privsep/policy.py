@@ -40,20 +40,21 @@ if TYPE_CHECKING:
 NVIDIA_VENDOR = device.NVIDIA_VENDOR
 
 
-def _can_mix(gpu: device.Gpu, type_ids: Sequence[str]) -> bool:
+def _can_mix(gpu: device.Gpu, type_ids: Sequence[str], pools: bool) -> bool:
     """As the inventory: NVIDIA's types, on a board whose VFs serve
-    vendor-VFIO vGPUs (or are not there yet to tell)."""
-    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in (
-        device.MODE_VENDOR_VFIO,
-        device.MODE_VFS_PENDING,
-    )
+    vendor-VFIO vGPUs (or are not there yet to tell); in a type pool, on
+    a GPU whose vGPUs are mdevs too."""
+    modes = {device.MODE_VENDOR_VFIO, device.MODE_VFS_PENDING}
+    if pools:
+        modes.add(device.MODE_MDEV)
+    return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in modes
 
 
 def configured_types(gpu: device.Gpu, config: mdev_settings.MdevConfig) -> tuple[str, ...]:
     """The types ``config`` gives ``gpu`` (the inventory's rule), or ().
     ``gpu``'s mode is needed only where it is given more than one type."""
     assigned = config.types_for(gpu.addresses)
-    if len(assigned) > 1 and not _can_mix(gpu, assigned):
+    if len(assigned) > 1 and not _can_mix(gpu, assigned, config.pools):
         return ()
     if assigned:
         return tuple(assigned)
