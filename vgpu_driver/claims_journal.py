@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from vgpu_driver import claims as claims_mod
 from vgpu_driver import exception
+from vgpu_driver import journal_connections
 from vgpu_driver import journal_files
 from vgpu_driver import journal_lock
 
@@ -127,7 +128,7 @@ class Journal:
         try:
             self._open_checked(create, created, found[""].st_size)
         except sqlite3.DatabaseError as exc:
-            raise journal_files.refused(self.path, exc) from exc
+            raise journal_connections.refused(self.path, exc) from exc
 
     def _access(self, found: dict[str, os.stat_result | None], create: bool) -> str | None:
         why = journal_files.why_not_readable(self._place, found)
@@ -209,10 +210,10 @@ class Journal:
 
         if self.read_only:
             version, tables = journal_lock.patiently(
-                lambda: journal_files.read(self._place, check), self._busy_timeout
+                lambda: journal_connections.read(self._place, check), self._busy_timeout
             )
         else:
-            db = journal_files.connect(self._place, "mode=ro", timeout=self._busy_timeout)
+            db = journal_connections.connect(self._place, "mode=ro", timeout=self._busy_timeout)
             try:
                 version, tables = check(db)
             finally:
@@ -243,9 +244,9 @@ class Journal:
 
     def _read(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         """``action(db)`` on this thread's connection, or, read-only, on one
-        that writes nothing (see :func:`journal_files.read`)."""
+        that writes nothing (see :func:`journal_connections.read`)."""
         if self.read_only:
-            return journal_files.read(self._place, action)
+            return journal_connections.read(self._place, action)
         return action(self._db())
 
     def _db(self) -> sqlite3.Connection:
@@ -257,7 +258,7 @@ class Journal:
         if getattr(local, "pid", None) != os.getpid():
             # mode=rw: sqlite never creates the file (that is done above,
             # following no link); the file it opened is checked.
-            db = journal_files.connect(
+            db = journal_connections.connect(
                 self._place,
                 "mode=rw",
                 timeout=journal_lock.BUSY_POLL,

@@ -5,15 +5,17 @@ link where the journal or one of sqlite's side files (``-wal``, ``-shm``,
 ``-journal``) goes.  sqlite opens its files by path, and resolves a link at
 the journal's own name (its side files it opens with ``O_NOFOLLOW``).  So
 each file is checked here by fd before sqlite opens it, and the file sqlite
-opened is checked after: a link, anything but a regular file, or a file of
-another user than the directory's owner or root is refused.
+opened is checked after (:mod:`vgpu_driver.journal_connections`): a link,
+anything but a regular file, or a file of another user than the directory's
+owner or root is refused.
 
 The journal is created here (``O_EXCL | O_NOFOLLOW``) and given to the
 directory's owner and group, mode 0640: nova-compute (the owner) writes its
 claims, the group (operators, monitoring) reads them, nobody else.  Run as
 root, sqlite gives the side files it creates the journal's owner and mode.
 A process that cannot write the journal reads it through connections that
-write nothing (:func:`read`), which work with side files of another user.
+write nothing (:func:`vgpu_driver.journal_connections.read`), which work
+with side files of another user.
 """
 
 from __future__ import annotations
@@ -22,13 +24,8 @@ import dataclasses
 import grp
 import os
 import pwd
-import sqlite3
 import stat
-from collections.abc import Callable
 from collections.abc import Mapping
-from typing import Any
-from typing import TypeVar
-from urllib import parse
 
 from oslo_log import log as logging
 
@@ -39,7 +36,6 @@ LOG = logging.getLogger(__name__)
 MODE = 0o640
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
-_T = TypeVar("_T")
 # ``{suffix: stat or None}`` of the journal ('') and its side files.
 Found = Mapping[str, "os.stat_result | None"]
 
@@ -235,82 +231,6 @@ def why_not_readable(place: Place, found: Found) -> str | None:
 
 def _may(path: str, mode: int) -> bool:
     return os.access(path, mode, effective_ids=True, follow_symlinks=False)
-
-
-def connect(place: Place, mode: str, **kwargs: Any) -> sqlite3.Connection:
-    """A sqlite connection to the checked journal (``mode``: sqlite's URI
-    parameters, ``rw`` or ``ro``...); refused if sqlite reached another file."""
-    before = inspect(place, place.path)
-    db: sqlite3.Connection = sqlite3.connect(
-        f"file:{parse.quote(place.path)}?{mode}", uri=True, **kwargs
-    )
-    try:
-        opened = db.execute("PRAGMA database_list").fetchone()[2]
-        after = inspect(place, place.path)
-        expected = os.path.join(os.path.realpath(place.state_dir), os.path.basename(place.path))
-        if (
-            opened != expected
-            or before is None
-            or after is None
-            or (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino)
-        ):
-            raise exception.JournalUnsafe(
-                path=place.path, file=place.path, reason=f"sqlite reached {opened} through it"
-            )
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-def read(place: Place, action: Callable[[sqlite3.Connection], _T], tries: int = 3) -> _T:
-    """``action(db)`` on a connection that writes nothing, for a process
-    that cannot write the journal.
-
-    With a WAL file there (a writer has the journal open, or left it
-    unfinished), sqlite reads it through the writer's ``-shm`` (read-only;
-    it must be readable).  Without one every committed claim is in the
-    journal itself, which is read as ``immutable`` (sqlite needs no
-    ``-shm`` then, which a reader could not create); if a writer started
-    meanwhile (a WAL file appeared, or the file changed), it is read again.
-    """
-    wal = place.path + "-wal"
-    for _ in range(tries):
-        if os.path.lexists(wal):
-            db = connect(place, "mode=ro")
-            try:
-                return action(db)
-            finally:
-                db.close()
-        before = _version(place.path)
-        db = connect(place, "mode=ro&immutable=1")
-        try:
-            result = action(db)
-        finally:
-            db.close()
-        if not os.path.lexists(wal) and _version(place.path) == before:
-            return result
-    raise sqlite3.OperationalError("the journal kept changing while it was read")
-
-
-def _version(path: str) -> tuple[int, int, int]:
-    found = os.lstat(path)
-    return found.st_ino, found.st_size, found.st_mtime_ns
-
-
-_CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-
-
-def refused(path: str, exc: sqlite3.Error) -> exception.JournalError:
-    """The typed error of a sqlite error met while opening: only a broken
-    file is "unusable" (whose advice is to move it away); anything else
-    (permissions, a file sqlite cannot open, the disk) leaves it be."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in _CORRUPT:
-        return exception.JournalUnreadable(path=path, reason=str(exc))
-    return exception.JournalError(
-        path=path, reason=f"sqlite cannot use it ({exc}); it was left as it was"
-    )
 
 
 _NOTICED: set[tuple[int, str]] = set()

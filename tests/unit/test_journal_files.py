@@ -13,6 +13,7 @@ import pytest
 
 from vgpu_driver import claims_journal
 from vgpu_driver import exception
+from vgpu_driver import journal_connections
 from vgpu_driver import journal_files
 from vgpu_driver import metrics
 from vgpu_driver import state_files
@@ -116,19 +117,21 @@ def test_sqlite_reaching_another_file_than_the_checked_one_is_refused(tmp_path, 
 
     monkeypatch.setattr(sqlite3, "connect", swap_then_connect)
     with pytest.raises(exception.JournalUnsafe, match="sqlite reached .*/real/claims.sqlite"):
-        journal_files.connect(place, "mode=ro")
+        journal_connections.connect(place, "mode=ro")
 
 
 def test_an_error_that_is_no_corruption_never_advises_moving_the_journal(tmp_path):
     """Only a broken file gets the "move it away" advice."""
     error = sqlite3.OperationalError("attempt to write a readonly database")
     error.sqlite_errorcode = sqlite3.SQLITE_READONLY
-    refused = journal_files.refused("/x/claims.sqlite", error)
+    refused = journal_connections.refused("/x/claims.sqlite", error)
     assert type(refused) is exception.JournalError
     assert "move it away" not in str(refused) and "left as it was" in str(refused)
     error = sqlite3.DatabaseError("database disk image is malformed")
     error.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
-    assert isinstance(journal_files.refused("/x/claims.sqlite", error), exception.JournalUnreadable)
+    assert isinstance(
+        journal_connections.refused("/x/claims.sqlite", error), exception.JournalUnreadable
+    )
 
 
 def test_a_link_at_a_state_files_temporary_name_is_not_followed(tmp_path):
