@@ -5,8 +5,9 @@ Only the vGPU concerns are replaced, each by a call into
 (one provider per physical GPU, traits, reserved inventory, stale providers
 removed, nova's per-VF providers taken over), and the vGPUs an instance gets
 and keeps, claims first, through spawn, resize, hard reboot, rescue, resume
-and live migration (:mod:`vgpu_driver.nova.live_migration`).  Everything
-else is nova's.
+and live migration (:mod:`vgpu_driver.nova.live_migration`).  What the host
+reconciler does for nova-compute is :mod:`vgpu_driver.nova.reconciler_steps`.
+Everything else is nova's.
 """
 
 import collections
@@ -21,12 +22,10 @@ from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
-from vgpu_driver import host_reconciler
 from vgpu_driver import sriov_notices
 from vgpu_driver.conf import devices as devices_conf
 from vgpu_driver.conf import mdev_types
 from vgpu_driver.conf import vgpu as vgpu_conf
-from vgpu_driver.nova import abandoned
 from vgpu_driver.nova import allocation
 from vgpu_driver.nova import compat
 from vgpu_driver.nova import events
@@ -34,6 +33,7 @@ from vgpu_driver.nova import hostdevs as nova_hostdevs
 from vgpu_driver.nova import nodedevs
 from vgpu_driver.nova import operations
 from vgpu_driver.nova import providers
+from vgpu_driver.nova import reconciler_steps
 from vgpu_driver.nova import reshape
 from vgpu_driver.nova import startup
 from vgpu_driver.nova import usage
@@ -127,14 +127,8 @@ class LibvirtVGPUDriver(allocation.Allocation):
         super().init_host(host)
         # nova's event loop runs now: domain events keep the index current.
         self.vgpu.domains.event_driven = True
-        # No pass, the start-up one first, drops the claims of an instance
-        # nova is mid-operation on (one this service was killed in, which
-        # nova resumes next), nor those a stopped guest keeps.
-        self.vgpu.worker.keeper = self._keep_claims_of
-        # libvirt's mdev definitions are settled by the host reconciler too,
-        # at each periodic update's pass.
-        self.vgpu.worker.add_step("libvirt definitions", self._settle_definitions)
-        self.vgpu.worker.add_step("forgotten live migrations", self.end_forgotten_migrations)
+        # nova-compute's keeper and steps, before the start-up pass below.
+        reconciler_steps.attach(self)
         for outcome in self.vgpu.init_host():
             if outcome.result == "waiting":
                 LOG.warning(
@@ -152,24 +146,6 @@ class LibvirtVGPUDriver(allocation.Allocation):
         if self._vgpu is not None:
             self._vgpu.close()
         super().cleanup_host(host)
-
-    def _keep_claims_of(self, instance_uuids):
-        """The host reconciler's keeper: of ``instance_uuids`` (instances
-        holding claims no domain here uses), those nova is mid-operation
-        on, and those nova keeps on this node, not in ERROR, with no domain
-        here (a stopped guest whose next start defines it from its claims).
-        A guest whose domain here uses other vGPUs keeps only those."""
-        busy = self.operations.busy(instance_uuids)
-        rest = set(instance_uuids) - busy
-        if not rest:
-            return busy
-        defined = self._domains.domain_uuids()
-        return busy | operations.kept_without_domain(rest - defined, self._host.get_hostname())
-
-    def _settle_definitions(self, reasons):
-        """mdevs removed through sysfs since: their definitions go too."""
-        if host_reconciler.PERIODIC in reasons:
-            self.definitions.settle_if_due(self._host.get_connection())
 
     def _start_inactive_mediated_devices(self):
         """Instead of nova's start of every defined mdev: undefine those no
@@ -307,36 +283,3 @@ class LibvirtVGPUDriver(allocation.Allocation):
         )
         if not self._keeps_claims(instance.uuid):
             self.vgpu.release(instance.uuid)
-
-    # -- vGPUs nobody comes back for -------------------------------------------------------
-
-    def end_forgotten_migrations(self, reasons):
-        """The host reconciler's step for what nova left unfinished here:
-        incoming live migrations (:class:`LiveMigration`'s), then guests a
-        move took away, or a failed step left, without the vGPUs they hold
-        here being released (:mod:`vgpu_driver.nova.abandoned`)."""
-        super().end_forgotten_migrations(reasons)
-        if host_reconciler.PERIODIC in reasons:
-            self.release_abandoned()
-
-    def release_abandoned(self):
-        """Undefine the domains and release the vGPUs that guests hold here
-        and nobody will come back for; their instance UUIDs."""
-        found = abandoned.abandoned(
-            self.vgpu.journal.claims(),
-            self._domains.domain_uuids(),
-            # Whether a domain runs is nova's to say; the index knows who uses what.
-            {g.uuid for g in self._host.list_guests(only_running=True)},
-            self._host.get_hostname(),
-            CONF.vgpu.claim_grace,
-        )
-        for instance in found:
-            LOG.warning(
-                "Instance %s holds vGPUs here that nothing will use (it left this "
-                "host, or a step failed on it, and no move of it is under way): "
-                "its domain here and its vGPUs are released",
-                instance.uuid,
-            )
-            self._undefine_domain(instance)
-            self.vgpu.release(instance.uuid)
-        return [instance.uuid for instance in found]
