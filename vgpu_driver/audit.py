@@ -31,8 +31,8 @@ from vgpu_driver import placement
 from vgpu_driver import state_files
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.domains import DomainRef
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.inventory import GpuProvider
     from vgpu_driver.inventory import ProviderTree
     from vgpu_driver.placement.sync import ProviderSync

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from vgpu_driver import config_check_boards as boards_mod
-from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import metrics_textfile
 from vgpu_driver.conf import devices
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
     from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.conf.mdev_settings import TypeConfig
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.inventory.vf_room import BoardRoom
     from vgpu_driver.sysfs.host_reads import PciFunction
 
@@ -126,7 +126,7 @@ def _pending_types(config: MdevConfig, snapshot: HostSnapshot) -> set[str]:
     return {
         type_id
         for gpu, _device_id, types, _how in fleet.gpu_map(resolved, snapshot)
-        if (found := snapshot.gpu(gpu)) is not None and found.mode == discovery.MODE_VFS_PENDING
+        if (found := snapshot.gpu(gpu)) is not None and found.mode == host_snapshot.MODE_VFS_PENDING
         for type_id in types
     }
 
@@ -164,7 +164,7 @@ def vfs_pending(config: MdevConfig, snapshot: HostSnapshot) -> Problems:
     problems = []
     for address, device_id, types, how in fleet.gpu_map(config.for_host(snapshot), snapshot):
         gpu = snapshot.gpu(address)
-        if not types or gpu is None or gpu.mode != discovery.MODE_VFS_PENDING:
+        if not types or gpu is None or gpu.mode != host_snapshot.MODE_VFS_PENDING:
             continue
         option, value = _serving_option(types[-1], device_id, how)
         listed = sorted(
@@ -225,7 +225,7 @@ def absent_addresses(
                         f"{_near_miss(address, addresses, cutoff=0.9)}",
                     )
                 )
-            elif gpu.mode == discovery.MODE_VFS_PENDING:
+            elif gpu.mode == host_snapshot.MODE_VFS_PENDING:
                 continue  # reported by vfs_pending()
             elif (
                 not gpu.offers(type_config.type_id)

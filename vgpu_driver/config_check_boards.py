@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import vgpu_scheduler
 from vgpu_driver.conf import devices
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.nvml import Placements
 
 Problems = list[exception.ConfigProblem]
@@ -34,7 +34,7 @@ def shared_boards(config: MdevConfig, snapshot: HostSnapshot) -> dict[str, tuple
         for gpu, types in inventory.configured_types(snapshot, config).items()
         if len(types) > 1
         and (found := snapshot.gpu(gpu)) is not None
-        and found.mode == discovery.MODE_VENDOR_VFIO
+        and found.mode == host_snapshot.MODE_VENDOR_VFIO
     }
 
 

@@ -31,7 +31,7 @@ from vgpu_driver import discovery
 from vgpu_driver import names
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.sysfs.base import MdevInfo
     from vgpu_driver.sysfs.base import ParentInfo
     from vgpu_driver.sysfs.base import PciDeviceInfo

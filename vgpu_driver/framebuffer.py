@@ -38,8 +38,8 @@ from vgpu_driver import exception
 from vgpu_driver import names
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.inventory import ProviderTree
     from vgpu_driver.nvml import Placements
     from vgpu_driver.sysfs.base import SysfsHost

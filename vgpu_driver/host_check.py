@@ -27,8 +27,8 @@ from vgpu_driver import service_check
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.exception import ConfigProblem
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.sysfs.host_reads import PciFunction
 
 OK, WARNING, ERROR = "ok", "warning", "error"

@@ -35,7 +35,7 @@ from vgpu_driver.sysfs import host_reads
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.sysfs.linux import LinuxSysfs
     from vgpu_driver.sysfs.paths import SysfsPaths
 

@@ -20,7 +20,7 @@ from vgpu_driver import inventory
 if TYPE_CHECKING:
     from vgpu_driver.claims import Claim
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.sysfs.base import SysfsHost
 
 

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from vgpu_driver.claims import Claim
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.domains import DomainRef
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.inventory import GpuProvider
     from vgpu_driver.inventory import ProviderTree
     from vgpu_driver.status import HostStatus

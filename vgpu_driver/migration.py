@@ -19,7 +19,7 @@ import collections
 from oslo_log import log as logging
 
 from vgpu_driver import claims
-from vgpu_driver import discovery
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import names
@@ -252,7 +252,7 @@ class Migrations:
         for rp_uuid in sorted(allocations):
             provider = providers.get(rp_uuid)
             gpu = snapshot.gpu(provider.gpu) if provider is not None else None
-            if gpu is not None and gpu.mode == discovery.MODE_VENDOR_VFIO:
+            if gpu is not None and gpu.mode == host_snapshot.MODE_VENDOR_VFIO:
                 raise MigrationPreCheckFailed(
                     instance=instance,
                     reason=f"the destination's GPU {gpu.address} serves vGPUs as "

@@ -19,9 +19,9 @@ from vgpu_driver import exception
 from vgpu_driver import names
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import Parent
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import Parent
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.sysfs.base import PciDeviceInfo
     from vgpu_driver.sysfs.base import SysfsReader
 

@@ -28,9 +28,9 @@ from vgpu_driver.status import SriovState
 from vgpu_driver.status_type_counts import type_counts
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
     from vgpu_driver.domains import DomainRef
     from vgpu_driver.framebuffer import BoardMap
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.inventory import ProviderTree
 
 

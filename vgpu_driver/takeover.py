@@ -32,7 +32,7 @@ from vgpu_driver import exception
 from vgpu_driver import names
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.host_snapshot import HostSnapshot
     from vgpu_driver.inventory import GpuProvider
     from vgpu_driver.inventory import ProviderTree
     from vgpu_driver.mdevs import MdevManager

@@ -12,6 +12,7 @@ import posixpath
 import pytest
 
 from vgpu_driver import discovery
+from vgpu_driver import host_snapshot
 from vgpu_driver.privsep import beneath
 from vgpu_driver.privsep import device
 
@@ -61,7 +62,7 @@ def test_each_pci_gpu_is_read_as_discovery_reads_it(make_host, walk, profiles):
     snapshot = discovery.discover(host)
     with beneath.SysfsRoot(host.paths.root, allow_fake=True) as root:
         for gpu in snapshot.gpus:
-            if gpu.mode == discovery.MODE_VIRTUAL:
+            if gpu.mode == host_snapshot.MODE_VIRTUAL:
                 continue
             pf = root.follow(posixpath.join("bus", "pci", "devices", gpu.address), gpu.address)
             expected = _expected(gpu)
@@ -77,7 +78,7 @@ def test_a_function_that_is_no_parent_is_on_no_gpu(make_host, walk):
         found = root.follow(posixpath.join("bus", "pci", "devices", pf), pf)
         # The PF of a board with its VFs off is no parent, though it is a GPU.
         assert device.gpu_of_parent(root, pf, found) is None
-        assert device.physical_gpu(root, pf, found).mode == discovery.MODE_VFS_PENDING
+        assert device.physical_gpu(root, pf, found).mode == host_snapshot.MODE_VFS_PENDING
 
 
 @pytest.mark.parametrize("profiles", HOSTS, ids="+".join)

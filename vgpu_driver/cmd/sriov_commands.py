@@ -12,6 +12,7 @@ import contextlib
 
 from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import sriov_apply
 from vgpu_driver import sriov_functions
@@ -34,7 +35,7 @@ def vgpu_sizes(host, snapshot, address, warn):
     (NVML's mode), None for any other; ``unknown`` when NVML cannot say,
     and ``warn(text)`` says why."""
     gpu = snapshot.gpu(address)
-    if gpu is None or gpu.mode != discovery.MODE_VENDOR_VFIO:
+    if gpu is None or gpu.mode != host_snapshot.MODE_VENDOR_VFIO:
         return None
     try:
         return SIZES_MIXED if host.mixed_sizes(address) else SIZES_EQUAL
@@ -302,7 +303,7 @@ class Sizes(base.Command):
         pf = sriov_functions.function(host, parsed_args.address, "switch the vGPU sizes of")
         snapshot = discovery.discover(host)
         gpu = snapshot.gpu(pf.address)
-        if gpu is None or gpu.mode != discovery.MODE_VENDOR_VFIO:
+        if gpu is None or gpu.mode != host_snapshot.MODE_VENDOR_VFIO:
             raise exception.SriovRefused(
                 action="switch the vGPU sizes of",
                 address=pf.address,

@@ -16,6 +16,7 @@ from cliff import columns as cliff_columns
 from vgpu_driver import discovery
 from vgpu_driver import framebuffer
 from vgpu_driver import host_probe
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import libvirt_host
 from vgpu_driver import reconciler_state
@@ -178,7 +179,7 @@ class Sources:
     view: status.HostStatus
     warning: str | None  # why libvirt could not be asked, if it could not
     config: object  # the resolved MdevConfig
-    snapshot: discovery.HostSnapshot
+    snapshot: host_snapshot.HostSnapshot
     claims: list
     users: dict | None
     tree: inventory.ProviderTree

@@ -35,8 +35,8 @@ from vgpu_driver import names
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
     from vgpu_driver.conf.mdev_settings import TypeConfig
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
 
 _DEVICE_ID = re.compile(r"^(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})$")
 

@@ -19,7 +19,7 @@ from vgpu_driver import framebuffer
 from vgpu_driver.conf import fleet
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
+    from vgpu_driver.host_snapshot import HostSnapshot
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 from typing import Any
 
-from vgpu_driver import discovery
 from vgpu_driver import framebuffer
+from vgpu_driver import host_snapshot
 from vgpu_driver import names
 from vgpu_driver.inventory import capacity
 from vgpu_driver.inventory import mixed
@@ -62,9 +62,9 @@ from vgpu_driver.inventory.unallocated import unallocated_claims
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.inventory.vf_room import BoardRoom
     from vgpu_driver.sysfs.base import SysfsHost
     from vgpu_driver.sysfs.base import SysfsReader
@@ -147,9 +147,9 @@ def _can_mix(gpu: PhysicalGPU, type_ids: Collection[str], pools: bool = False) -
     """Whether ``gpu`` may serve several types: NVIDIA's, on a board whose
     VFs serve vendor-VFIO vGPUs (or are not there yet to tell); in a type
     pool, on a GPU whose vGPUs are mdevs too."""
-    modes = {discovery.MODE_VENDOR_VFIO, discovery.MODE_VFS_PENDING}
+    modes = {host_snapshot.MODE_VENDOR_VFIO, host_snapshot.MODE_VFS_PENDING}
     if pools:
-        modes.add(discovery.MODE_MDEV)
+        modes.add(host_snapshot.MODE_MDEV)
     return all(map(names.is_vendor_type_id, type_ids)) and gpu.mode in modes
 
 
@@ -226,7 +226,7 @@ def compute(
         if not types:
             unserved.append((gpu.address, why_not or ""))
             continue
-        if gpu.mode == discovery.MODE_VFS_PENDING:
+        if gpu.mode == host_snapshot.MODE_VFS_PENDING:
             unserved.append((gpu.address, vfs_pending_reason(gpu)))
             pending.add(gpu.address)
             continue

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
-from vgpu_driver import discovery
+from vgpu_driver import host_snapshot
 from vgpu_driver.inventory import providers
 from vgpu_driver.inventory import vf_room
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.inventory.vf_room import BoardRoom
     from vgpu_driver.sysfs.base import MdevTypeInfo
 
@@ -81,7 +81,7 @@ def hidden_by_other_vgpus(gpu: PhysicalGPU, type_id: str) -> bool:
     a GPU holding vGPUs of another size lists none of the served type's
     size: it is draining (or blocked), not a GPU that never offers the type.
     """
-    return gpu.mode == discovery.MODE_VENDOR_VFIO and any(
+    return gpu.mode == host_snapshot.MODE_VENDOR_VFIO and any(
         p.current_vgpu_type and p.current_vgpu_type != type_id for p in gpu.parents
     )
 

@@ -17,10 +17,10 @@ from vgpu_driver import size_classes
 from vgpu_driver.inventory import providers
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
     from vgpu_driver.framebuffer import FramebufferInventory
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
 
 
 def mixed_size_provider(

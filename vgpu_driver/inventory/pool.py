@@ -38,9 +38,9 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import framebuffer
+from vgpu_driver import host_snapshot
 from vgpu_driver import names
 from vgpu_driver import nvml
 from vgpu_driver import size_classes
@@ -48,9 +48,9 @@ from vgpu_driver.inventory import providers
 from vgpu_driver.inventory import vf_room
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.framebuffer import BoardReading
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.sysfs.base import SysfsReader
 
 SLOT_MIB = framebuffer.SLOT_MIB
@@ -64,7 +64,7 @@ def read_board(host: SysfsReader, gpu: PhysicalGPU, type_ids: Collection[str]) -
     pass; for mdevs, their types' descriptions (``framebuffer=``,
     ``max_instance=``, which NVIDIA's vGPU manager writes in sysfs)."""
     wanted = sorted({*type_ids, *gpu.vgpu_types_in_use()}, key=names.vendor_type_number)
-    if gpu.mode == discovery.MODE_MDEV:
+    if gpu.mode == host_snapshot.MODE_MDEV:
         return _described(gpu, wanted)
     try:
         if _mixed_sizes(host, gpu.address):

@@ -18,8 +18,8 @@ from vgpu_driver import size_classes
 from vgpu_driver.placement import ownership
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
 
 TRAIT_MAX_LENGTH = 255
 TYPE_ID_TRAIT_PREFIX = "CUSTOM_MDEV_"

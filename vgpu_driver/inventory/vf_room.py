@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
-from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_snapshot
 from vgpu_driver import names
 from vgpu_driver import size_classes
 
 if TYPE_CHECKING:
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.sysfs.base import SysfsReader
 
 LOG = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def read_boards(
         type_ids = tuple(served.get(gpu.address, ()))
         if (
             len(type_ids) == 1
-            and gpu.mode == discovery.MODE_VENDOR_VFIO
+            and gpu.mode == host_snapshot.MODE_VENDOR_VFIO
             and names.is_vendor_type_id(type_ids[0])
         ):
             rooms[gpu.address] = read_board(host, gpu, type_ids[0])
@@ -103,7 +103,7 @@ def read_boards(
 
 def one_per_vf(gpu: PhysicalGPU) -> bool:
     """Whether each vGPU of ``gpu`` takes a VF of its own (SR-IOV)."""
-    return gpu.sriov or gpu.mode == discovery.MODE_VENDOR_VFIO
+    return gpu.sriov or gpu.mode == host_snapshot.MODE_VENDOR_VFIO
 
 
 def maximum(gpu: PhysicalGPU, type_id: str, room: BoardRoom | None) -> int | None:

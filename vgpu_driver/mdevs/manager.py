@@ -29,9 +29,9 @@ from vgpu_driver.mdevs import strategies
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import HostSnapshot
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.domains import DomainReferences
+    from vgpu_driver.host_snapshot import HostSnapshot
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.inventory import GpuProvider
     from vgpu_driver.sysfs.writes import WritableSysfs
 

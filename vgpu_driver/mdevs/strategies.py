@@ -20,8 +20,8 @@ from collections.abc import Container
 from typing import TYPE_CHECKING
 from typing import ClassVar
 
-from vgpu_driver import discovery
 from vgpu_driver import exception
+from vgpu_driver import host_snapshot
 from vgpu_driver import inventory
 from vgpu_driver import names
 from vgpu_driver import size_classes
@@ -29,8 +29,8 @@ from vgpu_driver.mdevs import planner
 
 if TYPE_CHECKING:
     from vgpu_driver.conf.mdev_settings import MdevConfig
-    from vgpu_driver.discovery import PhysicalGPU
     from vgpu_driver.domains import DomainReferences
+    from vgpu_driver.host_snapshot import PhysicalGPU
     from vgpu_driver.sysfs.writes import WritableSysfs
 
 _CONSISTENT_READ_TRIES = 5
@@ -264,7 +264,7 @@ def for_gpu(
 ) -> _Strategy:
     """The strategy of a GPU's mode (mdev and virtual parents alike)."""
     cls: type[_Strategy] = (
-        VendorVfioStrategy if gpu.mode == discovery.MODE_VENDOR_VFIO else MdevParentStrategy
+        VendorVfioStrategy if gpu.mode == host_snapshot.MODE_VENDOR_VFIO else MdevParentStrategy
     )
     return cls(host, domains, config)
 

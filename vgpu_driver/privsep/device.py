@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from vgpu_driver.privsep.beneath import SysfsRoot
 
-MODE_MDEV = "mdev"  # the values of vgpu_driver.discovery
+MODE_MDEV = "mdev"  # the values of vgpu_driver.host_snapshot
 MODE_VENDOR_VFIO = "vendor-vfio"
 MODE_VIRTUAL = "virtual"
 MODE_VFS_PENDING = "vfs-pending"
