@@ -208,6 +208,17 @@ whole each time.  Empty: not written (``vgpu-manage metrics serve`` or
 ``metrics --output`` still work).
 """,
     ),
+    cfg.FloatOpt(
+        "board_weight_multiplier",
+        default=1.0,
+        help="""
+In the scheduler, when ``vgpu_driver.nova.scheduler.VGPUBoardWeigher`` is in
+``[filter_scheduler] weight_classes``: how much it counts beside nova's
+weighers (whose multipliers default to 1.0; nova's RAM and CPU weighers
+spread guests, this one packs vGPUs on boards already broken).  Negative
+values invert it.
+""",
+    ),
     cfg.StrOpt(
         "libvirt_uri",
         default="qemu:///system",

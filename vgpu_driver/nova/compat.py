@@ -131,8 +131,18 @@ HOOKS = (
         ("self", "context", "rp_uuid"),
     ),
     Hook("nova.context", "get_admin_context"),
-    # The scheduler filter (vgpu_driver.nova.scheduler).
+    # The scheduler filter and weigher (vgpu_driver.nova.scheduler), and
+    # the stat the weigher reads (digested by nova's resource tracker from
+    # get_available_resource's "stats").
     Hook("nova.scheduler.client.report", "report_client_singleton"),
+    Hook(
+        "nova.scheduler.weights:BaseHostWeigher",
+        "_weigh_object",
+        ("self", "host_state", "weight_properties"),
+    ),
+    Hook("nova.scheduler.weights:BaseHostWeigher", "weight_multiplier", ("self", "host_state")),
+    Hook("nova.compute.stats:Stats", "digest_stats", ("self", "stats")),
+    Hook(_DRIVER, "get_available_resource", ("self", "nodename")),
     Hook(
         "nova.scheduler.filters:BaseHostFilter",
         "host_passes",

@@ -18,6 +18,7 @@ from nova import exception as nova_exception
 from oslo_log import log as logging
 from oslo_utils import excutils
 
+from vgpu_driver import board_stats
 from vgpu_driver import claims as vgpu_claims
 from vgpu_driver import driver as core
 from vgpu_driver import exception
@@ -180,6 +181,15 @@ class LibvirtVGPUDriver(allocation.Allocation):
                 lambda name: usage.allocations_in(allocations, provider_tree, name),
             )
         providers.prune(provider_tree, nodename, tree, self.vgpu.journal, reportclient)
+
+    def get_available_resource(self, nodename):
+        """nova's, with the boards of the last inventory written as a stat
+        (:mod:`vgpu_driver.board_stats`), for the scheduler's weigher."""
+        resources = super().get_available_resource(nodename)
+        published = board_stats.encode(self._gpu_tree) if self._gpu_tree else None
+        if published:
+            resources["stats"] = {**(resources.get("stats") or {}), board_stats.STAT: published}
+        return resources
 
     def _write_gpu_providers(self, provider_tree, nodename, allocations_on):
         tree = self.vgpu.provider_tree(nodename, allocations_on)

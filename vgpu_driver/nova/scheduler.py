@@ -1,5 +1,7 @@
 """A nova scheduler filter that puts first, on each host, the board a
-vGPU request fragments least (:mod:`vgpu_driver.board_choice`).
+vGPU request fragments least (:mod:`vgpu_driver.board_choice`), and a
+weigher that prefers the host whose best board fits it so
+(:mod:`vgpu_driver.board_stats`).
 
 nova's scheduler claims the first of the chosen host's allocation
 candidates, in Placement's order, which among one host's boards is
@@ -22,13 +24,21 @@ from __future__ import annotations
 
 import urllib.parse
 
+import nova.conf
 from keystoneauth1 import exceptions as ks_exceptions
 from nova.scheduler import filters
+from nova.scheduler import weights
 from nova.scheduler.client import report
 from oslo_log import log as logging
 
 from vgpu_driver import board_choice
+from vgpu_driver import board_stats
+from vgpu_driver.conf import vgpu as vgpu_conf
 from vgpu_driver.nova import compat
+
+CONF = nova.conf.CONF
+# The weigher's multiplier, in [vgpu], registered as the compute's are.
+vgpu_conf.register_opts(CONF)
 
 LOG = logging.getLogger(__name__)
 
@@ -172,3 +182,27 @@ class VGPUBoardFilter(filters.BaseHostFilter):
                 candidates, host_state.uuid, self._counts
             )
         return True
+
+
+class VGPUBoardWeigher(weights.BaseHostWeigher):
+    """Prefers the host whose best board for a request of vGPU size
+    classes breaks the fewest large rooms, then leaves the least free
+    room, from what each host publishes of its boards
+    (:data:`vgpu_driver.board_stats.STAT`, as old as its last periodic
+    update).  A host that publishes none, or none that fits, weighs least;
+    a request without size classes weighs every host the same."""
+
+    def __init__(self):
+        super().__init__()
+        compat.check()
+
+    def weight_multiplier(self, host_state):
+        return CONF.vgpu.board_weight_multiplier
+
+    def _weigh_object(self, host_state, weight_properties):
+        flavor = getattr(weight_properties, "flavor", None)
+        wanted = board_stats.requested_sizes(getattr(flavor, "extra_specs", None) or {})
+        if not wanted:
+            return 0.0
+        boards = board_stats.decode((host_state.stats or {}).get(board_stats.STAT))
+        return board_stats.host_weight(boards.values(), wanted) or 0.0
