@@ -202,7 +202,8 @@ def test_config_check_lists_each_problem(make_host, run):
         "error: [mdev_nvidia-36] device_addresses = '0000:84:00.0': GPU 0000:84:00.0 gets "
         "no provider: its addresses are listed under several types (nvidia-35, "
         "nvidia-36); a GPU serves one type, unless it is a board serving vendor-VFIO "
-        "vGPUs, which mixes sizes: fix device_addresses",
+        "vGPUs, which mixes sizes, or an NVIDIA GPU in a type pool ([devices] "
+        "shared_board_mode = pool): fix device_addresses",
     ]
 
 

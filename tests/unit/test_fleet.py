@@ -165,8 +165,8 @@ def test_uncounted_nvidia_types_on_one_model_share_its_boards(make_host, make_co
     assert tree.providers == ()
     assert {why for _gpu, why in tree.unserved} == {
         "its addresses are listed under several types (nvidia-319, nvidia-320); a GPU serves "
-        "one type, unless it is a board serving vendor-VFIO vGPUs, which mixes sizes: fix "
-        "device_addresses"
+        "one type, unless it is a board serving vendor-VFIO vGPUs, which mixes sizes, or an "
+        "NVIDIA GPU in a type pool ([devices] shared_board_mode = pool): fix device_addresses"
     }
 
 

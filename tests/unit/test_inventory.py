@@ -143,7 +143,8 @@ def test_vfs_of_one_gpu_under_two_types_are_refused(make_host, tree_of):
             "0000:41:00.0",
             "its addresses are listed under several "
             "types (nvidia-468, nvidia-469); a GPU serves one type, unless "
-            "it is a board serving vendor-VFIO vGPUs, which mixes sizes: "
+            "it is a board serving vendor-VFIO vGPUs, which mixes sizes, or an "
+            "NVIDIA GPU in a type pool ([devices] shared_board_mode = pool): "
             "fix device_addresses",
         ),
     )

@@ -190,7 +190,8 @@ class TestInventory:
         assert dict(tree.unserved)[t4] == (
             "its addresses are listed under several types (nvidia-222, nvidia-223); a GPU "
             "serves one type, unless it is a board serving vendor-VFIO vGPUs, which mixes "
-            "sizes: fix device_addresses"
+            "sizes, or an NVIDIA GPU in a type pool ([devices] shared_board_mode = pool): "
+            "fix device_addresses"
         )
 
     def test_equal_size_mode_gets_no_provider_and_says_how_to_fix(self, board):
