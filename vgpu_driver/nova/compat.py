@@ -138,7 +138,7 @@ HOOKS = (
     Hook(
         "nova.scheduler.weights:BaseHostWeigher",
         "_weigh_object",
-        ("self", "host_state", "weight_properties"),
+        ("self", "obj", "weight_properties"),
     ),
     Hook("nova.scheduler.weights:BaseHostWeigher", "weight_multiplier", ("self", "host_state")),
     Hook("nova.compute.stats:Stats", "digest_stats", ("self", "stats")),
