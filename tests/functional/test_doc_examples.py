@@ -195,20 +195,22 @@ L40S = "0000:c1:00.0"
 MIXED_GUESTS = (("0000:c1:00.4", 1155), ("0000:c1:00.5", 1157), ("0000:c1:00.6", 1156))
 
 
-def setup_l40s_mixed(workdir):
-    """An L40S in mixed-size mode serving 4, 8, 12 and 24 GB, with three
-    guests (4, 12 and 8 GB) as mixed-size.rst describes; the fake vendor
-    driver answers NVML."""
+def _l40s_host(workdir, guests, mixed):
+    """An L40S serving 4, 8, 12 and 24 GB with ``guests`` (``((VF, type
+    number), ...)``, each in a domain of the node file), in mixed-size
+    mode or as a type pool; the fake vendor driver answers NVML."""
     kernel = fakekernel.FakeKernel.build(str(workdir / "sys"), profiles.load("l40s-vfio"))
-    kernel.set_heterogeneous_mode(L40S, True)
-    for vf, number in MIXED_GUESTS:
+    if mixed:
+        kernel.set_heterogeneous_mode(L40S, True)
+    for vf, number in guests:
         kernel.set_vendor_vgpu_type(vf, number)
     groups = "".join(
         f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n" for n in (1155, 1156, 1157, 1159)
     )
+    mode_line = "" if mixed else "shared_board_mode = pool\n"
     (workdir / "nova.conf").write_text(
         "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
-        f"{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
+        f"{mode_line}{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
         f"test_only_fake_nvml_host = {workdir / 'sys'}\n"
     )
     claims_journal.Journal(str(workdir / "state")).close()
@@ -218,38 +220,24 @@ def setup_l40s_mixed(workdir):
             libvirt_domains.domain_xml(
                 f"instance-0000000{number}", vfs=[vf], domain_uuid=str(uuid.uuid4())
             )
-            for number, (vf, _type) in enumerate(MIXED_GUESTS, 1)
+            for number, (vf, _type) in enumerate(guests, 1)
         ],
     )
+
+
+def setup_l40s_mixed(workdir):
+    """An L40S in mixed-size mode with three guests (4, 12 and 8 GB), as
+    mixed-size.rst describes."""
+    _l40s_host(workdir, MIXED_GUESTS, mixed=True)
 
 
 POOL_GUESTS = (("0000:c1:00.4", 1156), ("0000:c1:00.5", 1156))
 
 
 def setup_l40s_pool(workdir):
-    """An L40S in equal-size mode, a type pool of 4, 8, 12 and 24 GB, with
-    two 8 GB guests as type-pools.rst describes."""
-    kernel = fakekernel.FakeKernel.build(str(workdir / "sys"), profiles.load("l40s-vfio"))
-    for vf, number in POOL_GUESTS:
-        kernel.set_vendor_vgpu_type(vf, number)
-    groups = "".join(
-        f"[mdev_nvidia-{n}]\ndevice_addresses = {L40S}\n" for n in (1155, 1156, 1157, 1159)
-    )
-    (workdir / "nova.conf").write_text(
-        "[devices]\nenabled_mdev_types = nvidia-1155, nvidia-1156, nvidia-1157, nvidia-1159\n"
-        f"shared_board_mode = pool\n{groups}[vgpu]\ntest_only_fake_sysfs_root = true\n"
-        f"test_only_fake_nvml_host = {workdir / 'sys'}\n"
-    )
-    claims_journal.Journal(str(workdir / "state")).close()
-    libvirt_domains.node_file(
-        workdir / "node.xml",
-        [
-            libvirt_domains.domain_xml(
-                f"instance-0000000{number}", vfs=[vf], domain_uuid=str(uuid.uuid4())
-            )
-            for number, (vf, _type) in enumerate(POOL_GUESTS, 1)
-        ],
-    )
+    """An L40S in equal-size mode, a type pool, with two 8 GB guests, as
+    type-pools.rst describes."""
+    _l40s_host(workdir, POOL_GUESTS, mixed=False)
 
 
 SETUPS = {

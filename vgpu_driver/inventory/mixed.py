@@ -67,16 +67,7 @@ def mixed_size_provider(
     uncounted = {size: unallocated.get(size_classes.class_name(size), 0) for size in held}
     by_size = size_classes.inventories(configured, held, uncounted, free_vfs)
     room = fb.capacity - claims_mib - held_slots * framebuffer.SLOT_MIB
-    reserved_for = (((providers.FRAGMENTED, fb.reserved),) if fb.reserved else ()) + (
-        ((providers.CLAIMS, claims_mib),) if claims_mib else ()
-    )
-    traits = {
-        t
-        for type_id in types
-        for t in providers.provider_traits(
-            type_id, None, providers.gpu_manager_version(snapshot, gpu)
-        )
-    }
+    reserved_for = providers.shared_board_reserved(fb.reserved, claims_mib)
     return providers.GpuProvider(
         name=providers.provider_name(nodename, gpu),
         parent_provider=nodename,
@@ -89,7 +80,7 @@ def mixed_size_provider(
         min_unit=fb.min_unit,
         max_unit=fb.max_unit,
         step_size=fb.step_size,
-        traits=tuple(sorted(traits)),
+        traits=providers.shared_board_traits(snapshot, gpu, types),
         reason=_mixed_size_reason(listed, fb, room, size_classes.fitting(configured, free_vfs)),
         reserved_for=reserved_for,
         sizes=tuple((t, configured[t].size * framebuffer.SLOT_MIB) for t in types),

@@ -161,9 +161,7 @@ def pool_provider(
     # Free: just the room of the size the board can take the most of.
     spare = max(board - held_slots - max(count * size for size, count in room.items()), 0)
     claims_mib = min(unallocated.get(framebuffer.RESOURCE_CLASS, 0), held_slots * SLOT_MIB)
-    reserved_for = (((providers.FRAGMENTED, spare * SLOT_MIB),) if spare else ()) + (
-        ((providers.CLAIMS, claims_mib),) if claims_mib else ()
-    )
+    reserved_for = providers.shared_board_reserved(spare * SLOT_MIB, claims_mib)
     return providers.GpuProvider(
         name=providers.provider_name(nodename, gpu),
         parent_provider=nodename,
@@ -176,7 +174,7 @@ def pool_provider(
         min_unit=min(most) * SLOT_MIB,
         max_unit=board * SLOT_MIB,
         step_size=math.gcd(*most) * SLOT_MIB,
-        traits=_traits(snapshot, gpu, (current,) if current else type_ids),
+        traits=providers.shared_board_traits(snapshot, gpu, (current,) if current else type_ids),
         reason=_pool_reason(type_ids, next(iter(taken), None), room, current),
         reserved_for=reserved_for,
         sizes=tuple((t, size_of[t] * SLOT_MIB) for t in type_ids),
@@ -244,12 +242,6 @@ def _size_inventories(
             total=total, reserved=total - counted - room[size], available=room[size]
         )
     return found
-
-
-def _traits(snapshot: HostSnapshot, gpu: PhysicalGPU, type_ids: Sequence[str]) -> tuple[str, ...]:
-    version = providers.gpu_manager_version(snapshot, gpu)
-    found = {t for type_id in type_ids for t in providers.provider_traits(type_id, None, version)}
-    return tuple(sorted(found))
 
 
 def _pool_reason(

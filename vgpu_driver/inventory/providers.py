@@ -8,6 +8,7 @@ and, on an NVIDIA GPU, naming the host's vGPU manager version.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -167,3 +168,23 @@ def gpu_manager_version(snapshot: HostSnapshot, gpu: PhysicalGPU) -> str | None:
     """The host's vGPU manager version on an NVIDIA GPU, else None."""
     nvidia = gpu.pci is not None and gpu.pci.vendor == discovery.NVIDIA_VENDOR
     return snapshot.vgpu_manager_version if nvidia else None
+
+
+def shared_board_traits(
+    snapshot: HostSnapshot, gpu: PhysicalGPU, type_ids: Iterable[str]
+) -> tuple[str, ...]:
+    """The traits of a board serving ``type_ids`` in one framebuffer
+    inventory (mixed sizes, a type pool): each type's id trait, none of
+    their names (a type's name is listed only while it is creatable)."""
+    version = gpu_manager_version(snapshot, gpu)
+    return tuple(
+        sorted({t for type_id in type_ids for t in provider_traits(type_id, None, version)})
+    )
+
+
+def shared_board_reserved(fragmented: int, claims: int) -> tuple[tuple[str, int], ...]:
+    """``reserved_for`` of such a board: MiB no configured type can take
+    now, and MiB of claims Placement does not count."""
+    return (((FRAGMENTED, fragmented),) if fragmented else ()) + (
+        ((CLAIMS, claims),) if claims else ()
+    )
