@@ -37,7 +37,9 @@ GB = framebuffer.SLOT_MIB
 PIN = test_board_choice.PIN
 
 
-class TypePoolTests(test_vgpu.VGPUDriverTestBase):
+class TypePoolTestBase(test_vgpu.VGPUDriverTestBase):
+    """Two hosts of two L40S pool boards each, the board filter on."""
+
     ENABLED_TYPES = ",".join(SIZES)
 
     def _setup_scheduler_service(self):
@@ -170,6 +172,8 @@ class TypePoolTests(test_vgpu.VGPUDriverTestBase):
         for host in HOSTS:
             self.assertEqual([], host_audit.audit_of(self, host), host)
 
+
+class TypePoolTests(TypePoolTestBase):
     def test_a_board_takes_the_size_of_its_first_vgpu_until_its_last_goes(self):
         for host in HOSTS:
             for board in BOARDS:
