@@ -17,6 +17,7 @@ the host whose best board fits the request worst and the one it fits best.
 """
 
 import json
+import os
 
 from nova import context as nova_context
 from nova import objects
@@ -27,6 +28,19 @@ from vgpu_driver import size_classes
 
 WEIGHER = "vgpu_driver.nova.scheduler.VGPUBoardWeigher"
 NOVAS = "nova.scheduler.weights.all_weighers"
+FOUR, EIGHT, TWENTY_FOUR = (size_classes.class_name(gb) for gb in (4, 8, 24))
+EMPTY = {
+    "free": {FOUR: 12, EIGHT: 6, TWENTY_FOUR: 2},
+    "used": {FOUR: 0, EIGHT: 0, TWENTY_FOUR: 0},
+}
+
+
+def four_gb_board(used):
+    """A board typed 4 GB holding ``used`` vGPUs, as published."""
+    return {
+        "free": {FOUR: 12 - used, EIGHT: 0, TWENTY_FOUR: 0},
+        "used": {FOUR: used, EIGHT: 0, TWENTY_FOUR: 0},
+    }
 
 
 class BoardWeigherTestBase(test_type_pools.TypePoolTestBase):
@@ -43,6 +57,7 @@ class BoardWeigherTestBase(test_type_pools.TypePoolTestBase):
         ctx = nova_context.get_admin_context()
         with nova_context.target_cell(ctx, self.host_mappings[host].cell_mapping) as cctxt:
             node = objects.ComputeNode.get_by_uuid(cctxt, self.compute_rp_uuids[host])
+        self.assertIn(board_stats.STAT, node.stats, host)
         stat = json.loads(node.stats[board_stats.STAT])
         return {
             board: stat[f"{host}_pci_" + board.replace(":", "_").replace(".", "_")]
@@ -70,30 +85,30 @@ class BoardWeigherTests(BoardWeigherTestBase):
         self.assert_audit_clean()
 
     def test_each_host_publishes_its_boards_at_its_periodic_update(self):
-        four, eight, twenty_four = (size_classes.class_name(gb) for gb in (4, 8, 24))
-        empty = {
-            "free": {four: 12, eight: 6, twenty_four: 2},
-            "used": {four: 0, eight: 0, twenty_four: 0},
-        }
         self._run_periodics()
         for host in test_type_pools.HOSTS:
-            self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, empty), self.published(host))
+            self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, EMPTY), self.published(host))
         _host, typed, _vf = self.placed(self.boot(4, host="host1"))
         (other,) = set(test_type_pools.BOARDS) - {typed}
         # As old as the last periodic update: the boot does not refresh it.
-        self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, empty), self.published("host1"))
+        self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, EMPTY), self.published("host1"))
         self._run_periodics()
-        self.assertEqual(
-            {
-                typed: {
-                    "free": {four: 11, eight: 0, twenty_four: 0},
-                    "used": {four: 1, eight: 0, twenty_four: 0},
-                },
-                other: empty,
-            },
-            self.published("host1"),
+        self.assertEqual({typed: four_gb_board(1), other: EMPTY}, self.published("host1"))
+        self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, EMPTY), self.published("host2"))
+
+    def test_a_compute_started_again_publishes_its_boards_at_once(self):
+        _host, typed, _vf = self.placed(self.boot(4, host="host1"))
+        (other,) = set(test_type_pools.BOARDS) - {typed}
+        # The computes share one CONF: point [vgpu] back at host1's.
+        self.flags(
+            sysfs_root=os.path.join(self.tmp, "host1", "sys"),
+            state_dir=os.path.join(self.tmp, "host1", "state"),
+            group="vgpu",
         )
-        self.assertEqual(dict.fromkeys(test_type_pools.BOARDS, empty), self.published("host2"))
+        self.restart_compute_service("host1")
+        # Its update at start, not a periodic one a minute later, publishes
+        # the board it holds: until then the weigher would put it last.
+        self.assertEqual({typed: four_gb_board(1), other: EMPTY}, self.published("host1"))
 
 
 class NovaWeighersTests(BoardWeigherTestBase):

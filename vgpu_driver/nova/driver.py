@@ -184,9 +184,13 @@ class LibvirtVGPUDriver(allocation.Allocation):
 
     def get_available_resource(self, nodename):
         """nova's, with the boards of the last inventory written as a stat
-        (:mod:`vgpu_driver.board_stats`), for the scheduler's weigher."""
+        (:mod:`vgpu_driver.board_stats`), for the scheduler's weigher.  At
+        start, before nova has asked for an inventory, the boards as the
+        host is now: nova's update at start publishes them, not a periodic
+        one a minute later (nova clears a node's stats at each update)."""
         resources = super().get_available_resource(nodename)
-        published = board_stats.encode(self._gpu_tree) if self._gpu_tree else None
+        tree = self._gpu_tree if self._gpu_tree is not None else self.vgpu.inventory_now(nodename)
+        published = board_stats.encode(tree)
         if published:
             resources["stats"] = {**(resources.get("stats") or {}), board_stats.STAT: published}
         return resources
