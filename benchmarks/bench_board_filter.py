@@ -1,4 +1,5 @@
-"""The scheduler latency ``VGPUBoardFilter`` adds, at 1000 hosts, against nova's own.
+"""The scheduler latency ``VGPUBoardFilter`` and ``VGPUBoardWeigher`` add, at
+1000 hosts, against nova's own.
 
 nova's scheduler, for each boot, asks Placement for allocation candidates,
 builds a ``HostState`` per host named, runs its filters over them and claims
@@ -7,7 +8,9 @@ by default).  ``vgpu_driver.nova.scheduler.VGPUBoardFilter`` adds two costs:
 its ``host_passes`` on every host (it wraps a host's candidates when they
 name more than one board), and the boards' read from Placement (one
 allocation-candidates request in the host's tree) when the scheduler takes
-``[0]`` of a wrapped host.
+``[0]`` of a wrapped host.  ``VGPUBoardWeigher`` adds its weighing of every
+host that passed, from the boards each host publishes in its compute node's
+stats (``board_stats.STAT``).
 
 The fleet: ``--hosts`` hosts of 4 L40S boards in mixed-size mode (one fake
 host, built and read once per usage pattern, its tree computed under each
@@ -16,7 +19,9 @@ into one upstream Placement on a private PostgreSQL cluster
 (``tests/postgres.py``).  Each compute node has ``VCPU``, ``MEMORY_MB`` and
 ``DISK_GB``; on two boards of every host vGPUs are held (typed on the fake
 board, so the inventory counts them, and allocated in Placement), on
-different boards for even and odd hosts.
+different boards for even and odd hosts.  Each ``HostState``'s compute node
+carries the stat its host would publish: ``board_stats.encode`` of its tree,
+whose typed VFs count as held (its 4 boards, 1.2 KB of JSON).
 
 The request: one 4 GB vGPU (``size_classes.flavor_spec``) with
 ``VCPU:1,MEMORY_MB:512,DISK_GB:1``, as a nova ``RequestSpec`` of that
@@ -28,16 +33,23 @@ flavor.  Each round, timed apart:
 * **nova: filters**: each host's candidates copied onto its ``HostState``
   (``alloc_reqs_by_rp_uuid[host.uuid]``, as ``_schedule`` does) and nova's
   default ``enabled_filters`` through ``HostFilterHandler``;
+* **nova: weighers**: nova's default ``weight_classes`` through
+  ``HostWeightHandler`` on the hosts that passed;
 * **ours: filter**: ``VGPUBoardFilter`` through ``HostFilterHandler`` on
   the same hosts;
+* **ours: weigher**: ``VGPUBoardWeigher`` through ``HostWeightHandler`` on
+  the hosts ours passed;
 * **ours: reads**: ``allocation_candidates[0]`` of 3 wrapped hosts (the one
-  claimed and 2 alternates), the boards read through ``PlacementCounts`` with
-  nova's own ``SchedulerReportClient``, its ``[placement]`` options set to
-  the embedded Placement (``auth_type = admin_token``).
+  claimed and 2 alternates: the weigher's first 3), the boards read through
+  ``PlacementCounts`` with nova's own ``SchedulerReportClient``, its
+  ``[placement]`` options set to the embedded Placement (``auth_type =
+  admin_token``).
 
 Every host must pass both, and the first candidate of each wrapped host must
 be on a board ``board_choice.order`` puts first, from the counts set up here
-(the tree's inventories less the allocations made); otherwise it exits 1.
+(the tree's inventories less the allocations made), and the weigher must
+put first exactly the hosts whose best board ranks best by the same counts;
+otherwise it exits 1.
 Run ``python benchmarks/bench_board_filter.py [--hosts N] [--rounds N]
 [--json FILE] [--tmpdir DIR]``; it needs root and PostgreSQL's server.
 """
@@ -58,6 +70,7 @@ import bench_placement
 import common
 
 from vgpu_driver import board_choice
+from vgpu_driver import board_stats
 from vgpu_driver import discovery
 from vgpu_driver import framebuffer
 from vgpu_driver import inventory
@@ -164,11 +177,10 @@ def furnish(client, syncs, fleet):
             print(f"  ... {index} hosts given compute inventories and vGPUs", flush=True)
 
 
-def expected_firsts(syncs, fleet):
-    """``{compute node uuid: {board rp uuid, ...}}``: the boards
-    ``board_choice.order`` ranks first, from the tree's inventories less the
-    allocations :func:`furnish` made (ties: any of them)."""
-    wanted = {}
+def _ranks(syncs, fleet):
+    """``{compute node uuid: {board rp uuid: rank}}`` by ``board_choice.rank``,
+    from the tree's inventories less the allocations :func:`furnish` made."""
+    ranks = {}
     for sync, (tree, pfs, pattern) in zip(syncs, fleet, strict=True):
         counts = {}
         for board, pf in enumerate(pfs):
@@ -178,13 +190,25 @@ def expected_firsts(syncs, fleet):
                 provider.inventory(), used
             )
         shares = board_choice.demand(counts.values())
-        best = min(board_choice.rank(board_counts, shares) for board_counts in counts.values())
-        wanted[sync.root_uuid] = {
-            rp
-            for rp, board_counts in counts.items()
-            if board_choice.rank(board_counts, shares) == best
+        ranks[sync.root_uuid] = {
+            rp: board_choice.rank(board_counts, shares) for rp, board_counts in counts.items()
         }
-    return wanted
+    return ranks
+
+
+def expected_firsts(syncs, fleet):
+    """``({compute node uuid: {board rp uuid, ...}}, {compute node uuid,
+    ...})``: the boards ``board_choice.order`` ranks first on each host
+    (ties: any of them), and the hosts whose first board ranks best, which
+    the weigher must put first."""
+    ranks = _ranks(syncs, fleet)
+    best = {node: min(boards.values()) for node, boards in ranks.items()}
+    top = min(best.values())
+    boards = {
+        node: {rp for rp, rank in by_board.items() if rank == best[node]}
+        for node, by_board in ranks.items()
+    }
+    return boards, {node for node, rank in best.items() if rank == top}
 
 
 # -- nova's side ------------------------------------------------------------------------------
@@ -265,6 +289,9 @@ def host_states(syncs, fleet):
     states = []
     for sync, (tree, _pfs, _pattern) in zip(syncs, fleet, strict=True):
         name = tree.root_name
+        published = board_stats.encode(tree)
+        if published is None:
+            raise SystemExit(f"{name} publishes no boards")
         node = objects.ComputeNode(
             uuid=sync.root_uuid,
             host=name,
@@ -285,7 +312,7 @@ def host_states(syncs, fleet):
             hypervisor_version=9002000,
             cpu_info="{}",
             supported_hv_specs=[],
-            stats={},
+            stats={board_stats.STAT: published},
             metrics="[]",
             cpu_allocation_ratio=1.0,
             ram_allocation_ratio=1.0,
@@ -312,6 +339,16 @@ def nova_filters(conf):
     return handler, defaults, [classes["VGPUBoardFilter"]()]
 
 
+def nova_weighers(conf):
+    """nova's default ``weight_classes``, and ours, as the scheduler loads them."""
+    from nova.scheduler import weights
+
+    handler = weights.HostWeightHandler()
+    defaults = [cls() for cls in handler.get_matching_classes(conf.filter_scheduler.weight_classes)]
+    ours = handler.get_matching_classes(["vgpu_driver.nova.scheduler.VGPUBoardWeigher"])
+    return handler, defaults, [cls() for cls in ours]
+
+
 class Scheduler:
     """One boot's scheduling, in nova's steps, each timed apart."""
 
@@ -324,8 +361,18 @@ class Scheduler:
         self.client = report.report_client_singleton()
         self.resources = scheduler_utils.ResourceRequest.from_request_spec(spec)
         self.handler, self.defaults, self.ours = nova_filters(conf)
+        self.weighing, self.nova_weighers, self.our_weighers = nova_weighers(conf)
         self.states, self.spec = states, spec
         self.candidates = None
+
+    def heartbeat(self):
+        """Every host's service seen up now, as ``HostManager`` reads the
+        services at each request: ``ComputeFilter`` refuses a host last seen
+        longer ago than ``[DEFAULT] service_down_time`` (60 s), which a run
+        of 1000 hosts on a busy machine outlasts."""
+        now = datetime.datetime.now(datetime.UTC)
+        for state in self.states:
+            state.update(service={**state.service, "updated_at": now, "last_seen_up": now})
 
     def ask_placement(self):
         """nova's ``get_allocation_candidates``, grouped by compute node as
@@ -350,6 +397,12 @@ class Scheduler:
     def our_filter(self, hosts):
         return self.handler.get_filtered_objects(self.ours, hosts, self.spec)
 
+    def nova_weigh(self, hosts):
+        return self.weighing.get_weighed_objects(self.nova_weighers, hosts, self.spec)
+
+    def our_weigh(self, hosts):
+        return self.weighing.get_weighed_objects(self.our_weighers, hosts, self.spec)
+
     @staticmethod
     def first_candidates(hosts):
         return [host.allocation_candidates[0] for host in hosts]
@@ -360,6 +413,19 @@ def _timed(func, *args):
     start = time.perf_counter()
     result = func(*args)
     return result, (time.perf_counter() - start) * 1000
+
+
+def check_weighing(label, weighed, top):
+    """The weigher's first hosts are exactly ``top``, each weighing more
+    than every other host."""
+    first = {host.obj.uuid for host in weighed[: len(top)]}
+    rest = [host.weight for host in weighed[len(top) :]]
+    if first != top or (rest and min(h.weight for h in weighed[: len(top)]) <= max(rest)):
+        return [
+            f"{label}: the weigher put first {len(first & top)} of the {len(top)} hosts "
+            "whose best board ranks best"
+        ]
+    return []
 
 
 def check_round(label, scheduler, passed, ours, claimed, firsts, wanted):
@@ -385,22 +451,27 @@ def check_round(label, scheduler, passed, ours, claimed, firsts, wanted):
     return problems
 
 
-def measure(args, scheduler, wanted):
+def measure(args, scheduler, expected):
     """``--rounds`` boots' steps (after one untimed), their samples."""
-    samples = {"candidates": [], "nova_filters": [], "our_filter": [], "our_reads": []}
+    wanted, top = expected
+    samples = {key: [] for key in LABELS}
     problems = []
     for index in range(args.rounds + 1):
-        found, candidates_ms = _timed(scheduler.ask_placement)
-        passed, filters_ms = _timed(scheduler.nova_filters)
-        ours, ours_ms = _timed(scheduler.our_filter, passed)
-        claimed = ours[:CLAIMED]
-        firsts, reads_ms = _timed(scheduler.first_candidates, claimed)
-        problems += check_round(f"round {index}", scheduler, passed, ours, claimed, firsts, wanted)
+        ms = {}
+        scheduler.heartbeat()
+        found, ms["candidates"] = _timed(scheduler.ask_placement)
+        passed, ms["nova_filters"] = _timed(scheduler.nova_filters)
+        _weighed, ms["nova_weighers"] = _timed(scheduler.nova_weigh, passed)
+        ours, ms["our_filter"] = _timed(scheduler.our_filter, passed)
+        weighed, ms["our_weigher"] = _timed(scheduler.our_weigh, ours)
+        claimed = [host.obj for host in weighed[:CLAIMED]]
+        firsts, ms["our_reads"] = _timed(scheduler.first_candidates, claimed)
+        label = f"round {index}"
+        problems += check_round(label, scheduler, passed, ours, claimed, firsts, wanted)
+        problems += check_weighing(label, weighed, top)
         if index:
-            for key, ms in zip(
-                samples, (candidates_ms, filters_ms, ours_ms, reads_ms), strict=True
-            ):
-                samples[key].append(ms)
+            for key, values in samples.items():
+                values.append(ms[key])
     return samples, len(found), problems
 
 
@@ -443,8 +514,9 @@ def run(args, tmp):
         rows, settings = bench_placement.count_rows(cluster)
         data_fs = common.fs_type(cluster.workdir)
     parts = {key: _stats(values) for key, values in samples.items()}
-    baseline = parts["candidates"]["median"] + parts["nova_filters"]["median"]
+    baseline = sum(parts[key]["median"] for key in ("candidates", "nova_filters", "nova_weighers"))
     added = parts["our_filter"]["median"] + parts["our_reads"]["median"]
+    weigher = parts["our_weigher"]["median"]
     return {
         "hosts": args.hosts,
         "boards_per_host": BOARDS,
@@ -460,6 +532,8 @@ def run(args, tmp):
         "baseline_ms": baseline,
         "added_ms": added,
         "ratio": added / baseline,
+        "weigher_ms": weigher,
+        "weigher_ratio": weigher / baseline,
     }, problems
 
 
@@ -469,7 +543,9 @@ def run(args, tmp):
 LABELS = {
     "candidates": "nova: GET /allocation_candidates",
     "nova_filters": "nova: candidates copied + default filters",
+    "nova_weighers": "nova: default weighers",
     "our_filter": "ours: VGPUBoardFilter on every host",
+    "our_weigher": "ours: VGPUBoardWeigher on every host",
     "our_reads": f"ours: [0] of {CLAIMED} hosts (board reads)",
 }
 
@@ -493,6 +569,10 @@ def report_numbers(results):
     print(
         f"  nova's own {results['baseline_ms']:.1f} ms, the filter adds "
         f"{results['added_ms']:.1f} ms: added / nova = {results['ratio']:.3f}"
+    )
+    print(
+        f"  the weigher adds {results['weigher_ms']:.1f} ms: "
+        f"weigher / nova = {results['weigher_ratio']:.3f}"
     )
 
 

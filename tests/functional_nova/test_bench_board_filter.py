@@ -3,9 +3,10 @@ at a small size.
 
 The benchmark runs 1000 hosts for minutes in the bench lane; this runs its
 whole path on three hosts, in this lane because it runs nova's scheduler
-pieces: the fleet synced into Placement on PostgreSQL, nova's request and
-filters, ours, and the board reads through nova's report client, every
-claimed host's first candidate on the board the rule puts first.
+pieces: the fleet synced into Placement on PostgreSQL, nova's request,
+filters and weighers, ours, and the board reads through nova's report
+client, every claimed host's first candidate on the board the rule puts
+first and the weigher's first hosts those whose best board ranks best.
 """
 
 import json
@@ -19,7 +20,14 @@ from tests.functional_nova import deadline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "benchmarks", "bench_board_filter.py")
-STEPS = ("candidates", "nova_filters", "our_filter", "our_reads")
+STEPS = (
+    "candidates",
+    "nova_filters",
+    "nova_weighers",
+    "our_filter",
+    "our_weigher",
+    "our_reads",
+)
 
 
 class BenchBoardFilterTest(deadline.TestCase):
@@ -61,7 +69,18 @@ class BenchBoardFilterTest(deadline.TestCase):
         self.assertAlmostEqual(
             numbers["ratio"], numbers["added_ms"] / numbers["baseline_ms"], places=6
         )
+        self.assertAlmostEqual(
+            numbers["weigher_ratio"],
+            numbers["ms"]["our_weigher"]["median"] / numbers["baseline_ms"],
+            places=6,
+        )
+        self.assertAlmostEqual(
+            numbers["baseline_ms"],
+            sum(numbers["ms"][step]["median"] for step in STEPS[:3]),
+            places=6,
+        )
         self.assertIn("added / nova =", done.stdout)
+        self.assertIn("weigher / nova =", done.stdout)
 
     def test_too_few_hosts_is_refused_before_anything_runs(self):
         done, out, tmp = self.run_bench("--hosts", "2")
