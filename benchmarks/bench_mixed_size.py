@@ -18,6 +18,14 @@ strategy writing each VF's type on the fake board:
     each request asking for its MiB, its size class and its type's trait
     (:func:`vgpu_driver.size_classes.flavor_spec`).
 
+With ``--shared pool``, side (b) is instead every board a **type pool**
+of every type of the mix (``[devices] shared_board_mode = pool``,
+:mod:`vgpu_driver.inventory.pool`): left in equal-size mode, an empty
+board offers every size, its first vGPU fixes the size until its last one
+goes; same flavors and encoding as (b).  Also reported, on the static
+side's count model: (c) the **operator's split**, boards divided among the
+sizes from the average mix alone (:func:`operator_split` says the rule).
+
 A share of the requests (``--multi``, 15 % by default) asks two vGPUs of
 its size, as a flavor of two vGPUs does: both on one board.
 
@@ -33,13 +41,17 @@ come one at a time: Placement granting what the board then refuses is
 counted (it must not happen outside a concurrent window).
 
 Reported per side: requests rejected, and of each size; framebuffer in
-use at the first rejection; grants the board refused.  Goal: mixed-size
-rejects at most half as many requests as the best static split.  Run
+use at the first rejection; grants the board refused; on pools, how many
+times a board was retyped (emptied, then taken by another size).  Goal:
+mixed-size rejects at most half as many requests as the best static
+split; type pools at most 1.1 times the best static split's and at most
+0.9 times the operator's split's.  Run
 ``python benchmarks/bench_mixed_size.py [--seed N] [--boards N]
 [--arrivals N] [--load F] [--mix GB:SHARE,...] [--choose fit|first]
-[--static real|model] [--json FILE]``; it exits
+[--static real|model] [--shared mixed|pool] [--json FILE]``; it exits
 1 only on a wrong result (the real static run disagreeing with its
-model, a grant the board refused).
+model, a grant the board refused, a request neither served nor
+rejected).
 """
 
 import abc
@@ -88,7 +100,10 @@ MIX = {
 SEED, BOARDS, ARRIVALS, LOAD, MULTI = 20261125, 8, 600, 0.9, 0.15
 PROGRESS_EVERY = 200
 PROJECT = USER = "0" * 32
-GOAL = 0.5
+GOAL = 0.5  # mixed / static
+# Type pools: at most 1.1 x the best static split's rejections, and at most
+# 0.9 x the operator's split's (clearly below it).
+POOL_GOAL, POOL_OPERATOR_GOAL = 1.1, 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +230,36 @@ def best_split(requests, boards, per_board):
     return best[1], best[0]
 
 
+def operator_split(boards):
+    """The split an operator makes from the average mix alone: boards in
+    proportion to each size's framebuffer demand.
+
+    Each size's weight is its share of requests times its GB (the mean
+    framebuffer it holds is that times the mean number of requests alive,
+    the same for every size: lifetimes and two-vGPU requests do not depend
+    on the size).  Its quota is ``boards * weight / sum of weights``; each
+    size gets the whole part of its quota but at least one board; boards
+    still free go one at a time to the size with the largest quota less
+    boards given (the smaller size on a tie), boards over go one at a time
+    from the size with the most boards given over its quota among those
+    with two or more (the larger size on a tie).  With fewer boards than
+    sizes, the sizes of the largest weight get one each."""
+    weight = {size: round(share * size, 9) for size, (_type, share) in MIX.items()}
+    if boards < len(weight):
+        heaviest = sorted(weight, key=lambda size: (-weight[size], size))[:boards]
+        return {size: int(size in heaviest) for size in MIX}
+    total = sum(weight.values())
+    quota = {size: boards * w / total for size, w in weight.items()}
+    split = {size: max(1, int(q)) for size, q in quota.items()}
+    while sum(split.values()) < boards:
+        size = min(split, key=lambda s: (-(quota[s] - split[s]), s))
+        split[size] += 1
+    while sum(split.values()) > boards:
+        size = min((s for s in split if split[s] > 1), key=lambda s: (quota[s] - split[s], -s))
+        split[size] -= 1
+    return split
+
+
 # -- serving a trace ---------------------------------------------------------------------------
 
 
@@ -236,6 +281,8 @@ class Side(abc.ABC):
         self.stats = collections.Counter()
         self.first_rejection_used = None
         self.rejected_by_size = collections.Counter()
+        self.sizes_by_board = collections.defaultdict(set)  # board -> sizes it served
+        self.size_of_board = {}  # board -> the size it last served
 
     @abc.abstractmethod
     def board_providers(self, snapshot, boards):
@@ -294,7 +341,16 @@ class Side(abc.ABC):
             return
         self.vgpus[request.id] = (vfs, pf)
         self.stats["served"] += 1
+        self._count_size(pf, request.size)
         self.resync([pf])
+
+    def _count_size(self, pf, size):
+        """A board taking another size than its last vGPU's: on a pool
+        board, one emptied and taken by another size (``retyped``)."""
+        if self.size_of_board.get(pf, size) != size:
+            self.stats["retyped"] += 1
+        self.size_of_board[pf] = size
+        self.sizes_by_board[pf].add(size)
 
     def choose(self, found):
         """``(board, allocations)`` of the candidate taken.  ``first``: the
@@ -430,6 +486,25 @@ class MixedSide(Side):
         return size_classes.candidates_query(specs)
 
 
+class PoolSide(MixedSide):
+    """Every board a type pool of every type of the mix
+    (``[devices] shared_board_mode = pool``): left in equal-size mode,
+    each taking the size of its first vGPU until its last one goes,
+    served in the mixed-size encoding (:mod:`vgpu_driver.inventory.pool`)."""
+
+    label = "pool"
+
+    def __init__(self, kernel, client, pfs, policy):
+        Side.__init__(self, kernel, client, pfs)
+        self.policy = policy
+        types = tuple(t for t, _share in MIX.values())
+        self.config = MdevConfig(
+            types=tuple(TypeConfig(t, device_addresses=tuple(pfs)) for t in types),
+            mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)),
+            pools=True,
+        )
+
+
 def type_trait(size):
     """The trait a flavor of that size requires: its type's (every GPU
     provider carries ``CUSTOM_MDEV_<type>``, :func:`inventory.type_traits`)."""
@@ -471,11 +546,24 @@ def run(args, tmp):
     print(
         f"best static split: {_split_text(split)}, the model rejects {model_rejected}", flush=True
     )
+    operator = operator_split(args.boards)
+    operator_rejected = static_rejections(requests, operator, per_board)
+    print(
+        f"operator's split from the average mix: {_split_text(operator)}, "
+        f"the model rejects {operator_rejected}",
+        flush=True,
+    )
     results, wrong = (
-        {"mean_lifetime": mean_life, "split": split, "model_rejected": model_rejected},
+        {
+            "mean_lifetime": mean_life,
+            "split": split,
+            "model_rejected": model_rejected,
+            "operator_split": operator,
+            "operator_rejected": operator_rejected,
+        },
         [],
     )
-    labels = ("static", "mixed") if args.static == "real" else ("mixed",)
+    labels = ("static", args.shared) if args.static == "real" else (args.shared,)
     if args.static == "model":
         results["static"] = _model_only(model_rejected)
     for label in labels:
@@ -483,11 +571,12 @@ def run(args, tmp):
         kernel = fakekernel.FakeKernel.build(root, profile)
         with EmbeddedPlacement() as service:
             client = placement.Client(service.connection())
-            side = (
-                StaticSide(kernel, client, pfs, split)
-                if label == "static"
-                else MixedSide(kernel, client, pfs, fake_nvml.Bindings(root), args.choose)
-            )
+            if label == "static":
+                side = StaticSide(kernel, client, pfs, split)
+            elif label == "mixed":
+                side = MixedSide(kernel, client, pfs, fake_nvml.Bindings(root), args.choose)
+            else:
+                side = PoolSide(kernel, client, pfs, args.choose)
             stats, seconds = serve_trace(side, requests)
         capacity = args.boards * BOARD_SLOTS
         results[label] = {
@@ -500,7 +589,19 @@ def run(args, tmp):
                 None if side.first_rejection_used is None else side.first_rejection_used / capacity
             ),
             "seconds": seconds,
+            "retyped": stats["retyped"],
+            "sizes_by_board": {pf: sorted(side.sizes_by_board[pf]) for pf in pfs},
         }
+        if label == "pool":
+            switched = [pf for pf in pfs if kernel.mixed_sizes(pf)]
+            results[label]["boards_in_mixed_size_mode"] = len(switched)
+            if switched:
+                wrong.append(f"pool: {', '.join(switched)} in mixed-size mode")
+        if stats["served"] + stats["rejected"] != len(requests):
+            wrong.append(
+                f"{label}: {stats['served']} served and {stats['rejected']} rejected "
+                f"of {len(requests)} requests"
+            )
         if stats["granted_then_refused"]:
             wrong.append(
                 f"{label}: the board refused {stats['granted_then_refused']} "
@@ -543,13 +644,15 @@ def report(results, args):
         + f"; {args.multi:.0%} of requests ask two vGPUs"
     )
     print(f"static split (best of every split, by its model): {_split_text(results['split'])}")
-    print(f"mixed side's choice of board: {args.choose}")
+    print(f"operator's split (from the average mix): {_split_text(results['operator_split'])}")
+    print(f"{args.shared} side's choice of board: {args.choose}")
     by_size = "/".join(str(size) for size in MIX)
     print(
         f"{'':8} {'rejected':>9} {f'of {by_size} GB':>16} {'served':>7} "
         f"{'used at 1st rejection':>22} {'grants refused':>15} {'seconds':>8}"
     )
-    for label in ("static", "mixed"):
+    print(f"{'operator':8} {results['operator_rejected']:>9} {'(its count model only)':>40}")
+    for label in ("static", args.shared):
         row = results[label]
         first = row["used_at_first_rejection"]
         first_text = (
@@ -563,9 +666,21 @@ def report(results, args):
             f"{label:8} {row['rejected']:>9} {sizes:>16} {row['served']:>7} "
             f"{first_text:>22} {row['granted_then_refused']:>15} {row['seconds']:>8.1f}"
         )
-    ratio = results["ratio"]
+    if args.shared == "pool":
+        print(f"boards retyped (emptied, then taken by another size): {results['pool']['retyped']}")
     verdict = "PASS" if results["goal_ok"] else "MISS"
-    print(f"mixed / static rejections: {ratio:.2f} (goal <= {GOAL}): {verdict}")
+    if args.shared == "mixed":
+        print(f"mixed / static rejections: {results['ratio']:.2f} (goal <= {GOAL}): {verdict}")
+        return
+    print(
+        f"pool / static rejections: {results['ratio']:.2f} (goal <= {POOL_GOAL}), "
+        f"pool / operator: {results['ratio_operator']:.2f} (goal <= {POOL_OPERATOR_GOAL}): "
+        f"{verdict}"
+    )
+
+
+def _ratio(ours, theirs):
+    return ours / theirs if theirs else (0.0 if not ours else float("inf"))
 
 
 def main(argv=None):
@@ -596,7 +711,7 @@ def main(argv=None):
         "--choose",
         choices=("fit", "first"),
         default="fit",
-        help="the mixed side's choice among Placement's candidates: the board "
+        help="side (b)'s choice among Placement's candidates: the board "
         "vgpu_driver.board_choice puts first (default), or the first by address",
     )
     parser.add_argument(
@@ -605,6 +720,13 @@ def main(argv=None):
         default="real",
         help="serve the static split for real and check it against its count "
         "model (default), or take the model's count alone",
+    )
+    parser.add_argument(
+        "--shared",
+        choices=("mixed", "pool"),
+        default="mixed",
+        help="side (b)'s boards: in mixed-size mode (default), or type pools "
+        "left in equal-size mode, each taking the size of its first vGPU",
     )
     parser.add_argument("--json", metavar="FILE", help="Also write the numbers to FILE.")
     parser.add_argument("--tmpdir", metavar="DIR", help="Where to write the fake trees.")
@@ -621,9 +743,16 @@ def main(argv=None):
     if wrong:
         print("WRONG RESULTS:\n  " + "\n  ".join(wrong))
         return 1
-    static, mixed = results["static"]["rejected"], results["mixed"]["rejected"]
-    results["ratio"] = mixed / static if static else (0.0 if not mixed else float("inf"))
-    results["goal_ok"] = mixed <= GOAL * static
+    static, shared = results["static"]["rejected"], results[args.shared]["rejected"]
+    operator = results["operator_rejected"]
+    results["ratio"] = _ratio(shared, static)
+    results["ratio_operator"] = _ratio(shared, operator)
+    if args.shared == "mixed":
+        results["goal_ok"] = shared <= GOAL * static
+    else:
+        results["goal_ok"] = (
+            shared <= POOL_GOAL * static and shared <= POOL_OPERATOR_GOAL * operator
+        )
     results.update(
         benchmark="mixed_size",
         seed=args.seed,
@@ -632,6 +761,7 @@ def main(argv=None):
         load=args.load,
         multi=args.multi,
         choose=args.choose,
+        shared=args.shared,
         static_side=args.static,
         python=platform.python_version(),
         mix={size: share for size, (_t, share) in MIX.items()},
