@@ -171,15 +171,15 @@ def events(requests):
 # -- the fleet ---------------------------------------------------------------------------------
 
 
-def fleet_profile(boards):
-    """``boards`` copies of the l40s-vfio board, one per bus."""
+def fleet_profile(boards, hostname=NODENAME, first_bus=0xC1):
+    """``boards`` copies of the l40s-vfio board, one per bus from ``first_bus``."""
     one = profiles.load("l40s-vfio")
     copies = []
     for index in range(boards):
         board = copy.deepcopy(one)
-        board["gpus"][0]["address"] = f"0000:{0xC1 + index:02x}:00.0"
+        board["gpus"][0]["address"] = f"0000:{first_bus + index:02x}:00.0"
         copies.append(board)
-    return profiles.combine("mixed-bench", *copies, description=f"{boards} x L40S (48 GB, 16 VFs)")
+    return profiles.combine(hostname, *copies, description=f"{boards} x L40S (48 GB, 16 VFs)")
 
 
 def equal_size_max(profile):

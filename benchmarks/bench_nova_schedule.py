@@ -43,7 +43,6 @@ os.environ.setdefault("OS_NOVA_DISABLE_EVENTLET_PATCHING", "1")
 
 import argparse  # noqa: E402 - nova's concurrency mode is chosen first
 import collections  # noqa: E402
-import copy  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -62,7 +61,6 @@ from nova.tests.functional.api import client as api_client  # noqa: E402
 from tests.functional_nova import test_mixed_size  # noqa: E402
 from tests.functional_nova import test_vgpu  # noqa: E402
 from vgpu_driver.fake import fakekernel  # noqa: E402
-from vgpu_driver.fake import profiles  # noqa: E402
 
 CONF = nova_conf.CONF
 FILTER = "vgpu_driver.nova.scheduler.VGPUBoardFilter"
@@ -74,17 +72,6 @@ POLL = 0.1  # seconds between two reads of a server's state
 WAIT = 120  # seconds a boot or a delete may take before the run gives up
 PROGRESS_EVERY = 50
 SCHEDULERS = {"ours": "nova + VGPUBoardFilter + VGPUBoardWeigher", "nova": "nova alone"}
-
-
-def host_profile(hostname, boards, first_bus):
-    """``boards`` copies of the l40s-vfio board, on buses from ``first_bus``."""
-    one = profiles.load("l40s-vfio")
-    copies = []
-    for index in range(boards):
-        board = copy.deepcopy(one)
-        board["gpus"][0]["address"] = f"0000:{first_bus + index:02x}:00.0"
-        copies.append(board)
-    return profiles.combine(hostname, *copies)
 
 
 class TraceThroughNova(test_vgpu.VGPUDriverTestBase):
@@ -115,7 +102,7 @@ class TraceThroughNova(test_vgpu.VGPUDriverTestBase):
         self.boards = {}  # host -> its boards' addresses
         for index, host in enumerate(self.hostnames):
             first_bus = 0xC1 + index * self.args.boards
-            profile = host_profile(host, self.args.boards, first_bus)
+            profile = traces.fleet_profile(self.args.boards, host, first_bus)
             self.boards[host] = [gpu["address"] for gpu in profile["gpus"]]
             self.kernels[host] = fakekernel.FakeKernel.build(
                 os.path.join(self.tmp, host, "sys"), profile
