@@ -18,7 +18,7 @@ from tests.functional_nova import deadline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "benchmarks", "bench_nova_schedule.py")
-ARRIVALS = 10
+ARRIVALS = 6
 
 
 class BenchNovaScheduleTest(deadline.TestCase):
