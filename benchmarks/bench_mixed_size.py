@@ -458,17 +458,20 @@ class MixedSide(Side):
     framebuffer inventory each, as nova-compute reports it."""
 
     label = "mixed"
+    pools = False
 
-    def __init__(self, kernel, client, pfs, bindings, policy):
+    def __init__(self, kernel, client, pfs, policy, bindings=None):
         super().__init__(kernel, client, pfs)
         self.policy = policy
         types = tuple(t for t, _share in MIX.values())
         self.config = MdevConfig(
             types=tuple(TypeConfig(t, device_addresses=tuple(pfs)) for t in types),
             mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)),
+            pools=self.pools,
         )
-        for pf in pfs:
-            nvml.set_heterogeneous_mode(pf, True, bindings)
+        if not self.pools:
+            for pf in pfs:
+                nvml.set_heterogeneous_mode(pf, True, bindings)
 
     def board_providers(self, snapshot, boards):
         tree = inventory.compute(
@@ -493,16 +496,7 @@ class PoolSide(MixedSide):
     served in the mixed-size encoding (:mod:`vgpu_driver.inventory.pool`)."""
 
     label = "pool"
-
-    def __init__(self, kernel, client, pfs, policy):
-        Side.__init__(self, kernel, client, pfs)
-        self.policy = policy
-        types = tuple(t for t, _share in MIX.values())
-        self.config = MdevConfig(
-            types=tuple(TypeConfig(t, device_addresses=tuple(pfs)) for t in types),
-            mixed_by_address=MappingProxyType(dict.fromkeys(pfs, types)),
-            pools=True,
-        )
+    pools = True
 
 
 def type_trait(size):
@@ -574,7 +568,7 @@ def run(args, tmp):
             if label == "static":
                 side = StaticSide(kernel, client, pfs, split)
             elif label == "mixed":
-                side = MixedSide(kernel, client, pfs, fake_nvml.Bindings(root), args.choose)
+                side = MixedSide(kernel, client, pfs, args.choose, fake_nvml.Bindings(root))
             else:
                 side = PoolSide(kernel, client, pfs, args.choose)
             stats, seconds = serve_trace(side, requests)
