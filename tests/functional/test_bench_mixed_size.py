@@ -18,32 +18,24 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCH = os.path.join(REPO, "benchmarks", "bench_mixed_size.py")
 
 
-def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path):
+def run_bench(tmp_path, *args):
+    """The benchmark on three boards and 60 requests of seed 7, with
+    ``args``; its completed process and the numbers it wrote."""
     out = tmp_path / "numbers.json"
     done = subprocess.run(
-        [
-            sys.executable,
-            BENCH,
-            "--boards",
-            "3",
-            "--arrivals",
-            "60",
-            "--load",
-            "1.2",
-            "--seed",
-            "7",
-            "--json",
-            str(out),
-            "--tmpdir",
-            str(tmp_path),
-        ],
+        [sys.executable, BENCH, "--boards", "3", "--arrivals", "60", "--seed", "7", *args]
+        + ["--json", str(out), "--tmpdir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    numbers = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path):
+    done, numbers = run_bench(tmp_path, "--load", "1.2")
     for side in ("static", "mixed"):
         assert numbers[side]["granted_then_refused"] == 0
         assert numbers[side]["served"] + numbers[side]["rejected"] == 60
@@ -55,35 +47,7 @@ def test_both_sides_serve_the_trace_and_placement_grants_only_what_fits(tmp_path
 
 
 def test_type_pools_take_another_size_once_emptied_and_stay_equal_size(tmp_path):
-    out = tmp_path / "numbers.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            BENCH,
-            "--shared",
-            "pool",
-            "--static",
-            "model",
-            "--boards",
-            "3",
-            "--arrivals",
-            "60",
-            "--load",
-            "0.3",
-            "--seed",
-            "7",
-            "--json",
-            str(out),
-            "--tmpdir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    numbers = json.loads(out.read_text())
+    done, numbers = run_bench(tmp_path, "--shared", "pool", "--static", "model", "--load", "0.3")
     pool = numbers["pool"]
     assert numbers["shared"] == "pool" and "mixed" not in numbers
     assert pool["granted_then_refused"] == 0
