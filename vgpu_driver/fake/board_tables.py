@@ -42,6 +42,8 @@ API for tests and the fake vendor driver: :data:`BOARDS`, :func:`board`,
 :func:`board_of_gpu` (a fake host profile's GPU entry as a :class:`Board`).
 """
 
+import functools
+from types import MappingProxyType
 from typing import NamedTuple
 
 AMPERE, ADA, HOPPER, BLACKWELL = "ampere", "ada", "hopper", "blackwell"
@@ -214,16 +216,23 @@ def _evenly_spaced(board_, vgpu_type):
     return tuple(region * j // most for j in range(most))
 
 
+# The tables depend on the board alone, and the fake reads them for every
+# VF and type after every change: each board's are worked out once, and
+# handed out read-only.
+@functools.lru_cache(maxsize=128)
 def supported(board_):
     """``{type name: Placeable}``: where each type may sit in mixed-size mode."""
     rule = _evenly_spaced if board_.architecture == BLACKWELL else _halving
-    return {t.name: Placeable(t, placement_size(board_, t), rule(board_, t)) for t in board_.types}
+    return MappingProxyType(
+        {t.name: Placeable(t, placement_size(board_, t), rule(board_, t)) for t in board_.types}
+    )
 
 
+@functools.lru_cache(maxsize=128)
 def homogeneous(board_):
     """``{type name: Placeable}`` in equal-size mode; empty before Ada."""
     if board_.architecture == AMPERE:
-        return {}
+        return MappingProxyType({})
     if board_.architecture == BLACKWELL:
         return supported(board_)
     found = {}
@@ -231,7 +240,7 @@ def homogeneous(board_):
         size = placement_size(board_, t)
         count = min(board_.framebuffer_gb // size, t.max_instances)
         found[t.name] = Placeable(t, size, tuple(j * size for j in range(count)))
-    return found
+    return MappingProxyType(found)
 
 
 def occupied(board_, used):
@@ -245,6 +254,13 @@ def creatable(board_, used, mixed=True):
     given ``used`` (``(type name, placement ID)`` pairs); ``mixed`` False
     gives equal-size mode's homogeneous placements (where a used size is
     the only size left)."""
+    return list(_creatable(board_, tuple(sorted(used)), mixed))
+
+
+# After a change the fake asks this for each VF and type of the board with
+# the same vGPUs: the answer depends on the set of them, not their order.
+@functools.lru_cache(maxsize=256)
+def _creatable(board_, used, mixed):
     taken = occupied(board_, used)
     table = supported(board_) if mixed else homogeneous(board_)
     used_sizes = {t.framebuffer_gb for t in board_.types for name, _ in used if name == t.name}
@@ -255,7 +271,7 @@ def creatable(board_, used, mixed=True):
             continue
         free = tuple(p for p in entry.placements if taken.isdisjoint(range(p, p + entry.size)))
         found.append(entry._replace(placements=free))
-    return found
+    return tuple(found)
 
 
 def host_profile(
