@@ -7,10 +7,13 @@ set -euo pipefail
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$TOP/tools/bootstrap.sh" test
 cd "$TOP"
-# The nova lanes' fake hosts and claims journals on tmpfs, where there is room.
+# The tests' fake hosts and claims journals on tmpfs, where there is room;
+# there, pytest removes each passed test's directory as the test ends, so
+# that memory holds a test's trees, not a run's (tox.ini says more).
 if [ -z "${VGPU_TEST_TMPDIR:-}" ] && [ -w /dev/shm ] &&
         [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -ge $((2 * 1024 * 1024)) ]; then
     export VGPU_TEST_TMPDIR=/dev/shm
+    export VGPU_TEST_TMP_KEPT="${VGPU_TEST_TMP_KEPT:-failed}"
 fi
 # Without an argument, tox runs its envlist, two environments at a time (the
 # machines it runs on have two cores), printing each lane's output as it comes.
