@@ -18,7 +18,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -27,52 +26,9 @@ from vgpu_driver import exception
 from vgpu_driver import journal_connections
 from vgpu_driver import journal_files
 from vgpu_driver import journal_lock
+from vgpu_driver import state_dir as state_dir_mod
 
 _T = TypeVar("_T")
-
-
-def _make_state_dir(state_dir: str, path: str) -> None:
-    try:
-        os.makedirs(state_dir, mode=0o750, exist_ok=True)
-    except OSError as exc:
-        raise exception.JournalMissing(
-            path=path, reason=f"cannot create {state_dir}: {exc.strerror}"
-        ) from exc
-
-
-def _check_state_dir(state_dir: str, path: str) -> None:
-    """Refuse a state dir that is not there: reading it as empty would make
-    every claimed mdev look free."""
-    if not os.path.isdir(state_dir):
-        reason = (
-            "the state directory is not a directory"
-            if os.path.exists(state_dir)
-            else "the state directory does not exist"
-        )
-        raise exception.JournalMissing(path=path, reason=reason)
-
-
-def check_new_state_dir(state_dir: str, also_ours: Iterable[str] = ()) -> None:
-    """Refuse to start a journal in a directory that holds other programs'
-    files: ``claims init`` with a mistyped ``--state-dir`` (``/var/lib/nova``,
-    a home directory) would otherwise put the host's claims among them.
-    sqlite's side files, ``also_ours`` (the driver's other state files, and
-    their temporary copies) and a new filesystem's ``lost+found`` are not
-    another program's."""
-    try:
-        entries = sorted(os.listdir(state_dir))
-    except (FileNotFoundError, NotADirectoryError):
-        return  # created, or refused, when the journal is made
-    if Journal.FILENAME in entries:
-        return
-    ours = (Journal.FILENAME, *also_ours)
-    others = [
-        e for e in entries if e != "lost+found" and not any(e.startswith(name) for name in ours)
-    ]
-    if others:
-        raise exception.NotAStateDirectory(
-            state_dir=state_dir, count=len(others), examples=", ".join(others[:3])
-        )
 
 
 class Journal:
@@ -88,9 +44,9 @@ class Journal:
         write the journal reads it (:attr:`read_only` says why)."""
         self.path = os.path.join(state_dir, self.FILENAME)
         if create:
-            _make_state_dir(state_dir, self.path)
+            state_dir_mod.make(state_dir, self.path)
         else:
-            _check_state_dir(state_dir, self.path)
+            state_dir_mod.check(state_dir, self.path)
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._place = journal_files.Place.of(state_dir, self.path)

@@ -15,6 +15,7 @@ from vgpu_driver import discovery
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver import reconciler_state
+from vgpu_driver import state_dir
 from vgpu_driver.cmd import base
 from vgpu_driver.cmd import columns
 from vgpu_driver.cmd import host_view
@@ -66,8 +67,10 @@ class InitClaims(base.Command):
     """
 
     def take_action(self, parsed_args):
-        claims_journal.check_new_state_dir(
-            self.app.conf.vgpu.state_dir, also_ours=(reconciler_state.STATE_FILE, audit.RECORD_FILE)
+        state_dir.check_new(
+            self.app.conf.vgpu.state_dir,
+            claims_journal.Journal.FILENAME,
+            also_ours=(reconciler_state.STATE_FILE, audit.RECORD_FILE),
         )
         journal = self.app.journal(create=True)
         count = len(journal.claims())
