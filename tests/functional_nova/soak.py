@@ -101,8 +101,6 @@ REFUSALS = ("No valid host", "NoValidHost", "MigrationPreCheckError")
 # beyond the old claims left are then nova's).  nova never frees those by
 # itself; they are reported, not counted.
 NOVA_LEAK = "nova-leak:"
-# An inventory drift on a host where a udev event was lost.
-LOST_EVENT = "audit-after-lost-udev-event:"
 # A request nova's own code failed, told by its traceback in nova's log;
 # reported with the leaks, not counted.  Those known:
 # - a compute started while Placement failed has no provider tree in its
@@ -1352,36 +1350,17 @@ class SoakTestBase(
         update leaves it.  A host's capacity may change between its update
         and the audit (a vGPU the kernel was still releasing when the update
         read the type's free count): Placement then lags by one update,
-        which no operator would see twice.  On a host where a udev event
-        was lost, that update reads every GPU again."""
+        which no operator would see twice."""
         findings = self._audit_findings()
         if not any(f.category.endswith(":inventory") for f in findings):
             return findings
         self._settle_host_work()
-        if any(f.category.startswith(LOST_EVENT) for f in findings):
-            self._periodics_after_full_refresh()
         again = {(f.category, f.subject) for f in self._audit_findings()}
         return [
             f
             for f in findings
             if not f.category.endswith(":inventory") or (f.category, f.subject) in again
         ]
-
-    def _periodics_after_full_refresh(self):
-        """A periodic update on every compute, as one that comes once
-        ``[vgpu] full_refresh_interval`` has passed: every GPU is read again.
-        A change whose udev event was lost is seen by then at the latest,
-        as the option promises (sooner when another event names its GPU);
-        drift that stays after it is the driver's."""
-        caches = [compute.driver.vgpu.discovery for compute in self.computes.values()]
-        intervals = [cache.full_every for cache in caches]
-        for cache in caches:
-            cache.full_every = 0
-        try:
-            self._run_periodics()
-        finally:
-            for cache, interval in zip(caches, intervals, strict=True):
-                cache.full_every = interval
 
     def _settle_host_work(self):
         """The removals the last updates started finished, and reported.
@@ -1416,7 +1395,7 @@ class SoakTestBase(
         if drift.consumer in pending:
             return f"audit-pending-resize:{drift.kind}"
         if host in self._lost_events and drift.kind == "inventory":
-            return f"{LOST_EVENT}{drift.kind}"
+            return f"audit-after-lost-udev-event:{drift.kind}"
         return f"audit:{drift.kind}"
 
     def _audit(self, host):
