@@ -11,6 +11,16 @@ names under ``class/mdev_bus`` (a parent registered or gone) and under
 events named, are read), and NVIDIA's vendor-VFIO VFs (a VF's vGPU type
 changes without a uevent).
 
+An event can come before the change it announces is whole: the kernel
+sends an mdev's ``remove`` uevent from ``device_del``, and gives its
+instance back to the type's ``available_instances`` only in the release
+after the last reference is put (``mdev_device_release``,
+``drivers/vfio/mdev/mdev_core.c``), with no event of its own.  A read in
+between finds the mdev gone and its room not back.  So what an event named
+is read at the snapshot that took the event and once more at the next one;
+and when one of the driver's own removals returns (the room is back by
+then), its GPU is read again at the next snapshot (:meth:`vgpu_removed`).
+
 A full discovery is made instead whenever the monitor cannot vouch for its
 changes (not running, events lost to an overflow) and at least every
 ``full_every`` seconds, so a missed event costs at most that long.  The
@@ -23,12 +33,14 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Container
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from oslo_log import log as logging
 
 from vgpu_driver import discovery
 from vgpu_driver import names
+from vgpu_driver.sysfs import changes as changes_mod
 
 if TYPE_CHECKING:
     from vgpu_driver.host_snapshot import HostSnapshot
@@ -71,6 +83,12 @@ class CachedDiscovery:
         self._mdevs: dict[str, MdevInfo] = {}  # by uuid
         # PciDeviceInfo of each SR-IOV physical function.
         self._sriov_pfs: list[PciDeviceInfo] = []
+        # The changes the last snapshot took, read again at the next one.
+        self._taken: Changes = changes_mod.Changes()
+        # What the driver's own removals changed since, for the next one.
+        self._removed: Changes = changes_mod.Changes()
+        # The parents of the mdevs gone since the last full read, by uuid.
+        self._gone: dict[str, str] = {}
         #: How the last snapshot was made: "full" or "partial" (for logs, tests).
         self.last: str | None = None
         # The periodic update and the host reconciler both read through it.
@@ -87,8 +105,27 @@ class CachedDiscovery:
         with self._lock:
             return self._snapshot_now()
 
+    def vgpu_removed(self, vgpu: str) -> None:
+        """One of the driver's removals of ``vgpu`` returned: the next
+        snapshot reads its GPU again, its room being back only now (a
+        snapshot may have taken the removal's event before).  A vGPU this
+        cache never saw makes that snapshot a full read."""
+        with self._lock:
+            if names.is_vf_vgpu_id(vgpu):
+                parent: str | None = vgpu
+            else:
+                mdev = self._mdevs.get(vgpu)
+                parent = mdev.parent if mdev is not None else self._gone.pop(vgpu, None)
+            self._removed |= (
+                changes_mod.Changes(parents=frozenset({parent}))
+                if parent is not None
+                else changes_mod.EVERYTHING
+            )
+
     def _snapshot_now(self) -> HostSnapshot:
-        changes = self.monitor.take_changes()
+        taken = self.monitor.take_changes()
+        changes = taken | self._taken | self._removed
+        self._taken, self._removed = taken, changes_mod.Changes()
         now = self.clock()
         if (
             changes.everything
@@ -107,7 +144,8 @@ class CachedDiscovery:
         mdevs = tuple(host.list_mdevs())
         infos = host.list_parents(self.wanted)
         vendor_vfs = host.list_vendor_vfio(discovery.parent_names(infos))
-        self._mdevs = {mdev.uuid: mdev for mdev in mdevs}
+        self._gone = {}
+        self._keep(mdevs)
         self._parents = {info.name: info for info in infos}
         self._gpu_of = {info.name: discovery.gpu_key(host, info) for info in infos}
         self._vendor = {str(vf.address): str(vf.physfn or vf.address) for vf in vendor_vfs}
@@ -198,8 +236,16 @@ class CachedDiscovery:
                 mdev = self.host.read_mdev(uuid)
             if mdev is not None:
                 found[uuid] = mdev
-        self._mdevs = found
+        self._keep(found.values())
         return tuple(found.values())
+
+    def _keep(self, mdevs: Iterable[MdevInfo]) -> None:
+        """``mdevs`` as the ones there are; the parents of those gone kept
+        for :meth:`vgpu_removed`."""
+        found = {mdev.uuid: mdev for mdev in mdevs}
+        for uuid in self._mdevs.keys() - found.keys():
+            self._gone[uuid] = self._mdevs[uuid].parent
+        self._mdevs = found
 
     def _reread(self, name: str) -> ParentInfo | None:
         info = self.host.read_parent(name, self.wanted)

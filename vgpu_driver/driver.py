@@ -80,7 +80,8 @@ class VGPUDriver:
             state_dir=conf.vgpu.state_dir,
         )
         # A removal the kernel blocked past its caller's wait is finished
-        # as soon as it returns.
+        # as soon as it returns; the GPU it was on is read again then.
+        self.manager.vgpu_removed = self.discovery.vgpu_removed
         self.manager.removals.on_done = lambda vgpu: self.worker.poke(host_reconciler.REMOVAL_DONE)
 
     def close(self):

@@ -195,6 +195,89 @@ def test_lost_events_mean_a_full_read(announced, monitor):
     assert cached.last == "full"
 
 
+def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, monitor, monkeypatch):
+    """The removal's uevent comes before the type's count has the instance
+    back (the kernel's release comes after ``device_del``'s event): a
+    snapshot taken in between finds the mdev gone and no room for it, and
+    no event follows the count.  The next snapshot reads that GPU again."""
+    reader = linux.LinuxSysfs(announced.paths.root)
+    cached = discovery_cache.CachedDiscovery(reader, monitor, full_every=1e9)
+    mdev = str(uuid.uuid4())
+    announced.create_mdev(T4, "nvidia-222", mdev)
+    settled(monitor)
+    cached.snapshot()
+    cached.snapshot()
+    in_between, go_on = threading.Event(), threading.Event()
+    give_back = announced._refresh
+
+    def released_late(gpu):
+        in_between.set()
+        assert go_on.wait(10)
+        give_back(gpu)
+
+    monkeypatch.setattr(announced, "_refresh", released_late)
+    removal = threading.Thread(target=announced.remove_mdev, args=(mdev,))
+    removal.start()
+    try:
+        assert in_between.wait(10)
+        torn = cached.snapshot()
+    finally:
+        go_on.set()
+        removal.join(10)
+    assert mdev not in {m.uuid for m in torn.mdevs}
+    free = discovery.discover(reader).gpu(T4).type_info("nvidia-222").available_instances
+    assert torn.gpu(T4).type_info("nvidia-222").available_instances == free - 1
+    assert not settled(monitor)  # the count came back without an event
+    assert cached.snapshot() == discovery.discover(reader)
+    assert cached.last == "partial"
+
+
+def test_a_removal_of_ours_is_read_again_when_it_returns(make_host, make_conf, tmp_path):
+    """However many snapshots take the removal's event before the kernel
+    gives the instance back, the first one after the driver's removal
+    returned reads the GPU again."""
+    host = make_host("t4x8")
+    host.enable_uevents()
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = nvidia-222
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        hotplug_events = udev
+        """)
+    vgpu = driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
+    try:
+        assert isinstance(vgpu.changes, udev.UdevMonitor)
+        mdev = str(uuid.uuid4())
+        host.create_mdev(T4, "nvidia-222", mdev)
+        settled(vgpu.changes)
+        vgpu.discovery.snapshot()
+        in_between, go_on = threading.Event(), threading.Event()
+        give_back = vgpu.host._refresh
+
+        def released_late(gpu):
+            in_between.set()
+            assert go_on.wait(10)
+            give_back(gpu)
+
+        vgpu.host._refresh = released_late
+        assert vgpu.manager.finish_release([mdev], wait=0) == []
+        assert in_between.wait(10)
+        for _ in range(3):
+            torn = vgpu.discovery.snapshot()
+            assert mdev not in {m.uuid for m in torn.mdevs}
+        go_on.set()
+        assert vgpu.manager.removals.join(10)
+        now = discovery.discover(linux.LinuxSysfs(host.paths.root), {"nvidia-222"})
+        assert vgpu.discovery.snapshot() == now
+    finally:
+        go_on.set()
+        vgpu.close()
+
+
 # -- late VFs after a reboot ------------------------------------------------------
 
 

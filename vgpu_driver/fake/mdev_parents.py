@@ -177,5 +177,8 @@ class MdevParents:
                 raise tree.os_error(errno.ENODEV, mdev_dir)
             dev = os.path.dirname(mdev_dir)
             gpu = self._gpu_of(dev)
+            # The uevent first, the room after: device_del announces the
+            # removal, mdev_device_release gives the instance back to the
+            # type's count (drivers/vfio/mdev/mdev_core.c).
             self._destroy_mdev(dev, uuid)
             self._refresh(gpu)

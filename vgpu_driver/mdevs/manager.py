@@ -11,6 +11,7 @@ this call added are dropped again; those the instance held before stay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Container
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -60,6 +61,9 @@ class MdevManager:
         self.remove_timeout = remove_timeout
         #: The removal writers in flight (one per vGPU at most).
         self.removals = removals or removals_mod.Removals()
+        #: Told each vGPU whose removal returned, before those waiting for
+        #: the removal are (the cached discovery reads its GPU again).
+        self.vgpu_removed: Callable[[str], object] = lambda vgpu: None
         self._snapshot: HostSnapshot | None = None
         # vGPUs whose removal waits for a domain to let go, already logged.
         self._held_by_domain: set[str] = set()
@@ -287,7 +291,10 @@ class MdevManager:
     def _destroy(self, vgpu_id: str) -> None:
         # No timeout: the writer is the removal's own thread, and the
         # kernel's block cannot be cut short anyway.
-        self._for_vgpu(vgpu_id).destroy(vgpu_id, None)
+        try:
+            self._for_vgpu(vgpu_id).destroy(vgpu_id, None)
+        finally:
+            self.vgpu_removed(vgpu_id)
 
     def _removed(self, uuid: str, removal: removals_mod.Removal | None) -> bool:
         if removal is None:

@@ -31,6 +31,13 @@ class Changes:
     def __bool__(self) -> bool:
         return self.everything or bool(self.parents or self.gpus)
 
+    def __or__(self, other: Changes) -> Changes:
+        return Changes(
+            everything=self.everything or other.everything,
+            parents=self.parents | other.parents,
+            gpus=self.gpus | other.gpus,
+        )
+
 
 EVERYTHING = Changes(everything=True)
 
