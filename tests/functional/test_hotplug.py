@@ -6,6 +6,7 @@ on a real socket, and each event crossed the kernel's netlink layer.  Sending
 to udev's group needs root (CAP_NET_ADMIN); CI runs as root.
 """
 
+import contextlib
 import os
 import random
 import threading
@@ -195,7 +196,52 @@ def test_lost_events_mean_a_full_read(announced, monitor):
     assert cached.last == "full"
 
 
-def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, monitor, monkeypatch):
+@contextlib.contextmanager
+def room_given_back_late(kernel):
+    """``kernel`` gives a removed mdev's instance back to its type's count
+    only as the block ends, its removal announced before; yields an event
+    set once a removal is in between."""
+    in_between, go_on = threading.Event(), threading.Event()
+    give_back = kernel._refresh
+
+    def released_late(gpu):
+        in_between.set()
+        assert go_on.wait(10)
+        give_back(gpu)
+
+    kernel._refresh = released_late
+    try:
+        yield in_between
+    finally:
+        go_on.set()
+        del kernel._refresh
+
+
+def make_driver(make_conf, host, tmp_path, extra="", types="nvidia-468"):
+    conf = make_conf(f"""
+        [devices]
+        enabled_mdev_types = {types}
+        [vgpu]
+        sysfs_root = {host.paths.root}
+        state_dir = {tmp_path / "state"}
+        hotplug_events = udev
+        restore_wait = 60
+        {extra}
+        """)
+    return driver.VGPUDriver(
+        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
+    )
+
+
+def t4_driver(make_host, make_conf, tmp_path):
+    """``(host, driver)``: a T4 host announcing its devices, and a driver
+    serving nvidia-222 there with udev events."""
+    host = make_host("t4x8")
+    host.enable_uevents()
+    return host, make_driver(make_conf, host, tmp_path, types="nvidia-222")
+
+
+def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, monitor):
     """The removal's uevent comes before the type's count has the instance
     back (the kernel's release comes after ``device_del``'s event): a
     snapshot taken in between finds the mdev gone and no room for it, and
@@ -207,23 +253,12 @@ def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, mon
     settled(monitor)
     cached.snapshot()
     cached.snapshot()
-    in_between, go_on = threading.Event(), threading.Event()
-    give_back = announced._refresh
-
-    def released_late(gpu):
-        in_between.set()
-        assert go_on.wait(10)
-        give_back(gpu)
-
-    monkeypatch.setattr(announced, "_refresh", released_late)
     removal = threading.Thread(target=announced.remove_mdev, args=(mdev,))
-    removal.start()
-    try:
+    with room_given_back_late(announced) as in_between:
+        removal.start()
         assert in_between.wait(10)
         torn = cached.snapshot()
-    finally:
-        go_on.set()
-        removal.join(10)
+    removal.join(10)
     assert mdev not in {m.uuid for m in torn.mdevs}
     free = discovery.discover(reader).gpu(T4).type_info("nvidia-222").available_instances
     assert torn.gpu(T4).type_info("nvidia-222").available_instances == free - 1
@@ -236,65 +271,27 @@ def test_a_removal_of_ours_is_read_again_when_it_returns(make_host, make_conf, t
     """However many snapshots take the removal's event before the kernel
     gives the instance back, the first one after the driver's removal
     returned reads the GPU again."""
-    host = make_host("t4x8")
-    host.enable_uevents()
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-222
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        hotplug_events = udev
-        """)
-    vgpu = driver.VGPUDriver(
-        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
-    )
+    host, vgpu = t4_driver(make_host, make_conf, tmp_path)
     try:
         assert isinstance(vgpu.changes, udev.UdevMonitor)
         mdev = str(uuid.uuid4())
         host.create_mdev(T4, "nvidia-222", mdev)
         settled(vgpu.changes)
         vgpu.discovery.snapshot()
-        in_between, go_on = threading.Event(), threading.Event()
-        give_back = vgpu.host._refresh
-
-        def released_late(gpu):
-            in_between.set()
-            assert go_on.wait(10)
-            give_back(gpu)
-
-        vgpu.host._refresh = released_late
-        assert vgpu.manager.finish_release([mdev], wait=0) == []
-        assert in_between.wait(10)
-        for _ in range(3):
-            torn = vgpu.discovery.snapshot()
-            assert mdev not in {m.uuid for m in torn.mdevs}
-        go_on.set()
+        with room_given_back_late(vgpu.host) as in_between:
+            assert vgpu.manager.finish_release([mdev], wait=0) == []
+            assert in_between.wait(10)
+            for _ in range(3):
+                torn = vgpu.discovery.snapshot()
+                assert mdev not in {m.uuid for m in torn.mdevs}
         assert vgpu.manager.removals.join(10)
         now = discovery.discover(linux.LinuxSysfs(host.paths.root), {"nvidia-222"})
         assert vgpu.discovery.snapshot() == now
     finally:
-        go_on.set()
         vgpu.close()
 
 
 # -- late VFs after a reboot ------------------------------------------------------
-
-
-def make_driver(make_conf, host, tmp_path, extra=""):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-468
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        hotplug_events = udev
-        restore_wait = 60
-        {extra}
-        """)
-    return driver.VGPUDriver(
-        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
-    )
 
 
 def wait_for(predicate, timeout):
@@ -362,19 +359,7 @@ def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path)
 def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tmp_path):
     """An mdev another tool makes for its guest (of another type: the GPU is
     then blocked) shows in the next refresh, which re-read only that GPU."""
-    host = make_host("t4x8")
-    host.enable_uevents()
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-222
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        hotplug_events = udev
-        """)
-    vgpu = driver.VGPUDriver(
-        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
-    )
+    host, vgpu = t4_driver(make_host, make_conf, tmp_path)
     try:
         before = vgpu.provider_tree("cn1").by_gpu(T4)
         assert (before.total, before.reserved) == (16, 0)
