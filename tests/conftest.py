@@ -3,6 +3,7 @@
 import os
 import sys
 import textwrap
+import threading
 
 import pytest
 from oslo_config import cfg
@@ -15,6 +16,21 @@ from vgpu_driver.fake import domains as domains_mod
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 from vgpu_driver.privsep import beneath
+
+
+@pytest.fixture(autouse=True)
+def no_host_reconciler_left_running():
+    """Each driver a test makes is closed by the test: a host reconciler
+    left running goes on writing into the test's removed directory, and
+    its warnings land in the output of the tests after it."""
+    before = set(threading.enumerate())
+    yield
+    left = sorted(
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("vgpu-reconciler") and t.is_alive()
+    )
+    assert not left, f"the test left {left} running: close its driver"
 
 
 @pytest.fixture(autouse=True)

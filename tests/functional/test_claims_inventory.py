@@ -7,7 +7,6 @@ import uuid
 import pytest
 
 from tests.functional.test_placement_sync import run_cli
-from tests.unit.test_driver import make_driver
 from vgpu_driver import claims
 from vgpu_driver import claims_journal
 from vgpu_driver import exception
@@ -48,8 +47,8 @@ def largest_offer(client, limit):
     return found
 
 
-def test_placement_offers_what_the_allocator_hands_out(make_host, make_conf, tmp_path, service):
-    vgpu = make_driver(make_conf, make_host("a100-sriov"), tmp_path)
+def test_placement_offers_what_the_allocator_hands_out(make_host, make_driver, service):
+    vgpu = make_driver(make_host("a100-sriov"), "restore_wait = 5")
     client = placement.Client(service.connection())
     sync = placement.ProviderSync(client)
     client.request("POST", "/resource_providers", {"name": "cn1"})
@@ -98,8 +97,8 @@ def test_placement_offers_what_the_allocator_hands_out(make_host, make_conf, tmp
     assert largest_offer(client, 6) == 3
 
 
-def test_unknown_allocations_reserve_every_claim(make_host, make_conf, tmp_path):
-    vgpu = make_driver(make_conf, make_host("a100-sriov"), tmp_path)
+def test_unknown_allocations_reserve_every_claim(make_host, make_driver):
+    vgpu = make_driver(make_host("a100-sriov"), "restore_wait = 5")
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 2}}}, providers)
     assert vgpu.provider_tree("cn1").provider(PROVIDER).reserved == 0

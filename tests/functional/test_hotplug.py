@@ -18,13 +18,10 @@ import pytest
 from tests import served_host
 from vgpu_driver import discovery
 from vgpu_driver import discovery_cache
-from vgpu_driver import driver
 from vgpu_driver import exception
 from vgpu_driver import names
 from vgpu_driver import sriov_functions
 from vgpu_driver import sriov_wait
-from vgpu_driver.fake import domains
-from vgpu_driver.fake import fakekernel
 from vgpu_driver.sysfs import changes
 from vgpu_driver.sysfs import linux
 from vgpu_driver.sysfs import udev
@@ -217,28 +214,17 @@ def room_given_back_late(kernel):
         del kernel._refresh
 
 
-def make_driver(make_conf, host, tmp_path, extra="", types="nvidia-468"):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = {types}
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        hotplug_events = udev
-        restore_wait = 60
-        {extra}
-        """)
-    return driver.VGPUDriver(
-        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
-    )
+# The drivers below: conftest's make_driver, each closed as its test ends.
+ON_UDEV = ("hotplug_events = udev", "restore_wait = 60")
+POLLING = ("hotplug_events = off", "restore_wait = 60")
 
 
-def t4_driver(make_host, make_conf, tmp_path):
+def t4_driver(make_host, make_driver):
     """``(host, driver)``: a T4 host announcing its devices, and a driver
     serving nvidia-222 there with udev events."""
     host = make_host("t4x8")
     host.enable_uevents()
-    return host, make_driver(make_conf, host, tmp_path, types="nvidia-222")
+    return host, make_driver(host, ON_UDEV, types="nvidia-222")
 
 
 def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, monitor):
@@ -267,11 +253,11 @@ def test_a_read_before_a_removal_gave_its_room_back_is_read_again(announced, mon
     assert cached.last == "partial"
 
 
-def test_a_removal_of_ours_is_read_again_when_it_returns(make_host, make_conf, tmp_path):
+def test_a_removal_of_ours_is_read_again_when_it_returns(make_host, make_driver):
     """However many snapshots take the removal's event before the kernel
     gives the instance back, the first one after the driver's removal
     returned reads the GPU again."""
-    host, vgpu = t4_driver(make_host, make_conf, tmp_path)
+    host, vgpu = t4_driver(make_host, make_driver)
     try:
         assert isinstance(vgpu.changes, udev.UdevMonitor)
         mdev = str(uuid.uuid4())
@@ -303,13 +289,13 @@ def wait_for(predicate, timeout):
     return True
 
 
-def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_path):
+def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_driver):
     """After a reboot the vendor enables the VFs seconds after the service
     started: by then a backoff would sleep for seconds, the monitor's
     waiter wakes the restore at the VFs' first events."""
     host = make_host("a100-sriov")
     host.enable_uevents()
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, ON_UDEV)
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     guest = str(uuid.uuid4())
     got = vgpu.allocate(guest, {"rp": {"resources": {"VGPU": 2}}}, providers)
@@ -318,7 +304,7 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
     vgpu.close()
     host.reboot()
 
-    restarted = make_driver(make_conf, host, tmp_path)
+    restarted = make_driver(host, ON_UDEV)
     try:
         assert isinstance(restarted.changes, udev.UdevMonitor)
         restarted.domains.define(guest, got)
@@ -340,26 +326,26 @@ def test_mdevs_come_back_as_soon_as_late_vfs_appear(make_host, make_conf, tmp_pa
         restarted.close()
 
 
-def test_polling_when_udev_is_off_still_restores(make_host, make_conf, tmp_path):
+def test_polling_when_udev_is_off_still_restores(make_host, make_driver):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
+    vgpu = make_driver(host, POLLING)
     assert isinstance(vgpu.changes, changes.Polling)
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     got = vgpu.allocate("g", {"rp": {"resources": {"VGPU": 1}}}, providers)
     vgpu.domains.define("g", got)
     vgpu.instance_defined("g")
     host.reboot()
-    restarted = make_driver(make_conf, host, tmp_path, "hotplug_events = off")
+    restarted = make_driver(host, POLLING)
     restarted.domains.define("g", got)
     restarted.init_host()
     threading.Timer(0.2, host.set_vfs, (A100, 16)).start()
     assert wait_for(lambda: {m.uuid for m in host.list_mdevs()} == set(got), 10.0)
 
 
-def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_conf, tmp_path):
+def test_the_refresh_sees_mdevs_made_outside_the_driver(make_host, make_driver):
     """An mdev another tool makes for its guest (of another type: the GPU is
     then blocked) shows in the next refresh, which re-read only that GPU."""
-    host, vgpu = t4_driver(make_host, make_conf, tmp_path)
+    host, vgpu = t4_driver(make_host, make_driver)
     try:
         before = vgpu.provider_tree("cn1").by_gpu(T4)
         assert (before.total, before.reserved) == (16, 0)

@@ -130,21 +130,32 @@ def served_by_daemon(tmp_path, *profile_names, fake_root=True):
             )
 
 
-def make_driver(make_conf, host, tmp_path, extra=""):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-222
-        [vgpu]
-        sysfs_root = {host.mount}
-        state_dir = {tmp_path / "state"}
-        restore_wait = 5
-        {extra}
-        """)
-    return driver.VGPUDriver(conf, domains.InProcessDomains())
+@pytest.fixture
+def daemon_driver(served, make_conf, tmp_path):
+    """A driver on the served host, writing through the privileged daemon;
+    ``extra``: more ``[vgpu]`` lines.  Each one made is closed as the test ends."""
+    made = []
+
+    def make(extra=""):
+        conf = make_conf(f"""
+            [devices]
+            enabled_mdev_types = nvidia-222
+            [vgpu]
+            sysfs_root = {served.mount}
+            state_dir = {tmp_path / "state"}
+            restore_wait = 5
+            {extra}
+            """)
+        made.append(driver.VGPUDriver(conf, domains.InProcessDomains()))
+        return made[-1]
+
+    yield make
+    for vgpu in made:
+        vgpu.close()
 
 
-def test_allocate_reuse_release_and_restore_through_the_daemon(served, make_conf, tmp_path):
-    vgpu = make_driver(make_conf, served, tmp_path)
+def test_allocate_reuse_release_and_restore_through_the_daemon(served, daemon_driver):
+    vgpu = daemon_driver()
     assert type(vgpu.host) is writes.WritableSysfs
     assert vgpu.host.writer is privsep.call
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(T4)}
@@ -160,7 +171,7 @@ def test_allocate_reuse_release_and_restore_through_the_daemon(served, make_conf
     vgpu.domains.define("i-2", again)
     vgpu.instance_defined("i-2")
     served.kernel.reboot()
-    restarted = make_driver(make_conf, served, tmp_path, "claim_grace = 0")
+    restarted = daemon_driver("claim_grace = 0")
     restarted.domains.define("i-2", again)
     assert {o.result for o in restarted.init_host()} == {"restored"}
     assert {m.uuid for m in restarted.host.list_mdevs()} == set(again)

@@ -10,24 +10,9 @@ from vgpu_driver.fake import fakekernel
 A100 = "0000:41:00.0"
 
 
-def make_driver(make_conf, host, tmp_path, extra=""):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-468
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        restore_wait = 5
-        {extra}
-        """)
-    return driver.VGPUDriver(
-        conf, domains.InProcessDomains(), host=fakekernel.FakeKernel(host.paths.root)
-    )
-
-
-def test_spawn_delete_round_trip(make_host, make_conf, tmp_path):
+def test_spawn_delete_round_trip(make_host, make_driver):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     tree = vgpu.provider_tree("cn1")
     providers = {"rp-a100": tree.by_gpu(A100)}
     instance = str(uuid.uuid4())
@@ -40,9 +25,9 @@ def test_spawn_delete_round_trip(make_host, make_conf, tmp_path):
     assert sorted(vgpu.release(instance)) == sorted(got)
 
 
-def test_init_host_after_a_reboot(make_host, make_conf, tmp_path):
+def test_init_host_after_a_reboot(make_host, make_driver):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     kept = str(uuid.uuid4())
     got = vgpu.allocate(kept, {"rp": {"resources": {"VGPU": 1}}}, providers)
@@ -51,7 +36,7 @@ def test_init_host_after_a_reboot(make_host, make_conf, tmp_path):
     vgpu.allocate("crashed-boot", {"rp": {"resources": {"VGPU": 1}}}, providers)
     host.reboot()
     host.set_vfs(A100, 16)
-    restarted = make_driver(make_conf, host, tmp_path, "claim_grace = 0")
+    restarted = make_driver(host, ("restore_wait = 5", "claim_grace = 0"))
     restarted.domains.define(kept, got)
     outcomes = restarted.init_host()
     assert {o.result for o in outcomes} == {"restored"}
@@ -89,9 +74,9 @@ def test_hostdevs_follow_the_type_settings(make_host, make_conf, tmp_path):
     } == {("vfio-pci", "on", "on")}
 
 
-def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf, tmp_path):
+def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_driver):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     old = vgpu.allocate("i-1", {"rp": {"resources": {"VGPU": 1}}}, providers)
     with vgpu.journal.transaction() as txn:  # a resize on the same host: a 2nd mdev
@@ -101,13 +86,11 @@ def test_release_unused_keeps_exactly_what_the_domain_uses(make_host, make_conf,
     assert [c.mdev_uuid for c in vgpu.journal.claims("i-1")] == kept
 
 
-def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
-    make_host, make_conf, tmp_path
-):
+def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(make_host, make_driver):
     """What a restart used to be needed for happens at the next update."""
     host = make_host("a100-sriov")
     options = ("remove_mdevs_on_release = true", "mdev_remove_timeout = 1", "claim_grace = 0")
-    vgpu = make_driver(make_conf, host, tmp_path, extra="\n        ".join(options))
+    vgpu = make_driver(host, ("restore_wait = 5", *options))
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     allocation = {"rp": {"resources": {"VGPU": 1}}}
     (busy,) = vgpu.allocate("deleted", allocation, providers)
@@ -129,16 +112,16 @@ def test_inventory_updates_finish_refused_removals_and_drop_unused_claims(
     assert busy not in {m.uuid for m in host.list_mdevs()}
 
 
-def test_start_up_does_not_wait_for_late_vfs(make_host, make_conf, tmp_path):
+def test_start_up_does_not_wait_for_late_vfs(make_host, make_driver):
     """The service starts at once; the guest's vGPU comes back once the
     vendor enables the VFs, and a late one is reported meanwhile."""
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     got = vgpu.allocate("guest", {"rp": {"resources": {"VGPU": 1}}}, providers)
     vgpu.instance_defined("guest")
     host.reboot()  # VFs come back later
-    restarted = make_driver(make_conf, host, tmp_path, "restore_wait = 30")
+    restarted = make_driver(host, "restore_wait = 30")
     restarted.domains.define("guest", got)
     started = time.monotonic()
     try:

@@ -13,28 +13,16 @@ import uuid
 
 from tests import libvirt_domains
 from vgpu_driver import claims
-from vgpu_driver import driver
 from vgpu_driver import libvirt_host
-from vgpu_driver.fake import fakekernel
 
 A100 = "0000:41:00.0"
 MONTH = 31 * 86400.0
 
 
-def make_driver(make_conf, host, tmp_path, extra=""):
-    conf = make_conf(f"""
-        [devices]
-        enabled_mdev_types = nvidia-468
-        [vgpu]
-        sysfs_root = {host.paths.root}
-        state_dir = {tmp_path / "state"}
-        restore_wait = 0
-        {extra}
-        """)
+def a100_driver(make_driver, host, tmp_path, extra=""):
     node = tmp_path / "node.xml"
     uri = f"test://{node}" if node.exists() else libvirt_domains.node_file(node, [])
-    domains = libvirt_host.LibvirtHost(uri)
-    return driver.VGPUDriver(conf, domains, host=fakekernel.FakeKernel(host.paths.root))
+    return make_driver(host, ("restore_wait = 0", extra), domains=libvirt_host.LibvirtHost(uri))
 
 
 def incoming(vgpu, instance):
@@ -71,10 +59,10 @@ def states(vgpu):
 
 
 def test_the_periodic_update_drops_a_month_old_unreferenced_migrating_in_claim(
-    make_host, make_conf, tmp_path, caplog
+    make_host, make_driver, tmp_path, caplog
 ):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = a100_driver(make_driver, host, tmp_path)
     dead, young, arrived = (str(uuid.uuid4()) for _ in range(3))
     dead_vgpu = incoming(vgpu, dead)
     incoming(vgpu, young)
@@ -98,21 +86,21 @@ def test_the_periodic_update_drops_a_month_old_unreferenced_migrating_in_claim(
     assert dead_vgpu in {m.uuid for m in host.list_mdevs()}
 
 
-def test_start_up_drops_it_too(make_host, make_conf, tmp_path):
+def test_start_up_drops_it_too(make_host, make_driver, tmp_path):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = a100_driver(make_driver, host, tmp_path)
     dead, young = str(uuid.uuid4()), str(uuid.uuid4())
     incoming(vgpu, dead)
     incoming(vgpu, young)
     age(vgpu, dead, MONTH)
-    restarted = make_driver(make_conf, host, tmp_path)
+    restarted = a100_driver(make_driver, host, tmp_path)
     restarted.init_host()
     assert states(restarted) == {young: claims.MIGRATING_IN}
 
 
-def test_the_timeout_is_the_option(make_host, make_conf, tmp_path):
+def test_the_timeout_is_the_option(make_host, make_driver, tmp_path):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path, "migration_claim_timeout = 60")
+    vgpu = a100_driver(make_driver, host, tmp_path, "migration_claim_timeout = 60")
     minutes_old, seconds_old = str(uuid.uuid4()), str(uuid.uuid4())
     incoming(vgpu, minutes_old)
     incoming(vgpu, seconds_old)
@@ -122,9 +110,9 @@ def test_the_timeout_is_the_option(make_host, make_conf, tmp_path):
     assert states(vgpu) == {seconds_old: claims.MIGRATING_IN}
 
 
-def test_zero_keeps_them_for_the_migration_or_the_operator(make_host, make_conf, tmp_path):
+def test_zero_keeps_them_for_the_migration_or_the_operator(make_host, make_driver, tmp_path):
     host = make_host("a100-sriov")
-    vgpu = make_driver(make_conf, host, tmp_path, "migration_claim_timeout = 0")
+    vgpu = a100_driver(make_driver, host, tmp_path, "migration_claim_timeout = 0")
     instance = str(uuid.uuid4())
     incoming(vgpu, instance)
     age(vgpu, instance, 10 * 365 * 86400.0)

@@ -5,7 +5,6 @@ import uuid
 import pytest
 
 from tests import confs
-from tests.unit.test_driver import make_driver
 from vgpu_driver import discovery
 from vgpu_driver import inventory
 from vgpu_driver import takeover
@@ -158,9 +157,9 @@ def nova_made_mdevs(make_host, count):
     return host, made
 
 
-def test_mdevs_guests_use_are_adopted_as_attached(make_host, make_conf, tmp_path):
+def test_mdevs_guests_use_are_adopted_as_attached(make_host, make_driver):
     host, made = nova_made_mdevs(make_host, 3)
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     vgpu.domains.define("guest-a", made[:2])
     vgpu.domains.define("guest-b", made[2:3])
     adopted = takeover.adopt(vgpu.manager)
@@ -177,9 +176,9 @@ def test_mdevs_guests_use_are_adopted_as_attached(make_host, make_conf, tmp_path
     assert takeover.adopt(vgpu.manager) == []  # once only
 
 
-def test_unused_and_claimed_mdevs_are_left_alone(make_host, make_conf, tmp_path):
+def test_unused_and_claimed_mdevs_are_left_alone(make_host, make_driver):
     host, made = nova_made_mdevs(make_host, 2)
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     providers = {"rp": vgpu.provider_tree("cn1").by_gpu(A100)}
     # Ours: the allocation reuses one of the free mdevs and claims it.
     (ours,) = vgpu.allocate("guest-ours", {"rp": {"resources": {"VGPU": 1}}}, providers)
@@ -188,16 +187,16 @@ def test_unused_and_claimed_mdevs_are_left_alone(make_host, make_conf, tmp_path)
     assert [c.instance_uuid for c in vgpu.journal.claims()] == ["guest-ours"]
 
 
-def test_init_host_adopts_and_a_reboot_then_restores_them(make_host, make_conf, tmp_path):
+def test_init_host_adopts_and_a_reboot_then_restores_them(make_host, make_driver):
     host, made = nova_made_mdevs(make_host, 2)
-    vgpu = make_driver(make_conf, host, tmp_path)
+    vgpu = make_driver(host, "restore_wait = 5")
     vgpu.domains.define("guest-a", made)
     vgpu.init_host()
     assert sorted(c.mdev_uuid for c in vgpu.journal.claims("guest-a")) == sorted(made)
     # Claimed, they outlive a host reboot: the next start creates them again.
     host.reboot()
     host.set_vfs(A100, 16)
-    restarted = make_driver(make_conf, host, tmp_path)
+    restarted = make_driver(host, "restore_wait = 5")
     restarted.domains.define("guest-a", made)
     outcomes = restarted.init_host()
     assert {o.result for o in outcomes} == {"restored"}
