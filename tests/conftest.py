@@ -8,6 +8,7 @@ import threading
 import pytest
 from oslo_config import cfg
 
+from tests import collector
 from vgpu_driver import conf as vgpu_conf
 from vgpu_driver import driver
 from vgpu_driver import privsep
@@ -16,6 +17,12 @@ from vgpu_driver.fake import domains as domains_mod
 from vgpu_driver.fake import fakekernel
 from vgpu_driver.fake import profiles
 from vgpu_driver.privsep import beneath
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported: what lives now lives to the end."""
+    collector.tune()
+    collector.freeze_what_lives()
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,8 @@ import time
 import fixtures
 import testtools
 
+from tests import collector
+
 # Time left to the gentle alarm before the watchdog ends the process.
 GRACE = 30
 
@@ -60,6 +62,7 @@ class TestCase(testtools.TestCase):
 
     def setUp(self):
         arm_watchdog(self)
+        collector.tune_for_nova(self)
         super().setUp()
         if seconds() > 0:
             self.useFixture(fixtures.Timeout(seconds(), gentle=True))

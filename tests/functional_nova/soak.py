@@ -385,9 +385,6 @@ class SoakTestBase(
     def setUp(self):
         super().setUp()
         self.flags(instances=-1, cores=-1, ram=-1, group="quota")
-        # nova's own API contract is not under test here; checking each
-        # response against its schema was a tenth of a long run's time.
-        self.flags(response_validation="ignore", group="api")
         self.flavors = {
             f.label: self._create_flavor(
                 name=f.label,

@@ -22,6 +22,7 @@ from nova.tests.functional.libvirt import base
 from prometheus_client import parser as prometheus_parser
 
 import vgpu_driver.nova  # noqa: F401 - registers [vgpu] in nova's CONF
+from tests import collector
 from tests.functional_nova import deadline
 from tests.functional_nova import libvirt_nodedevs
 from vgpu_driver import claims_journal
@@ -59,6 +60,7 @@ class VGPUDriverTestBase(base.ServersTestBase):
 
     def setUp(self):
         deadline.arm_watchdog(self)  # oslotest's base class gives the gentle alarm
+        collector.tune_for_nova(self)
         super().setUp()
         nova_alias.install()  # what vgpu-nova-compute does before nova-compute runs
         self.flags(compute_driver="vgpu_driver.nova.LibvirtVGPUDriver")
@@ -75,6 +77,10 @@ class VGPUDriverTestBase(base.ServersTestBase):
         # Room for a dozen small guests on the fake host's two cores.
         self.flags(cpu_allocation_ratio=16.0)
         self.flags(instances=20, cores=40, group="quota")
+        # nova's own API contract is not under test here; checking each of
+        # its responses against the API's schema (every poll of a server's
+        # state) is about a twentieth of the lane's CPU.
+        self.flags(response_validation="ignore", group="api")
         self.tmp = tempfile.mkdtemp(prefix="vgpu-nova-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.kernels = {}
