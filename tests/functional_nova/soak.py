@@ -62,6 +62,7 @@ CHECKPOINT_EVERY = 50  # operations between two audits
 OP_TIMEOUT = 30.0  # seconds an operation may take to settle
 SETTLE_TIMEOUT = 3.0  # seconds a new finding may take to go away
 POLL = 0.05
+SETTLE_PAUSE_MAX = 0.4  # seconds between two looks at findings still new
 
 HOSTS = ("src", "dest")  # the names LiveMigrationTestBase gives them
 PROFILES = ("t4x8", "a100-sriov")
@@ -1276,6 +1277,7 @@ class SoakTestBase(
         too: nothing else tells a host that a guest left it."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
         periodic_run = False
+        pause = POLL * 2
         while True:
             findings = self._findings()
             new = [
@@ -1294,7 +1296,10 @@ class SoakTestBase(
                 continue
             if not new or time.monotonic() > deadline:
                 return findings
-            time.sleep(POLL * 2)
+            # Each look reads both hosts in full and asks nova and Placement:
+            # looked at less often the longer nova takes to finish.
+            time.sleep(pause)
+            pause = min(pause * 2, SETTLE_PAUSE_MAX)
 
     def _periodics_after_grace(self):
         """A periodic update on every compute, as one that comes once
