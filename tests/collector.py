@@ -6,12 +6,13 @@ test has run nova's services, fewer in pytest's.  With CPython's default
 thresholds every full collection walks all of them again, and the tests
 make enough long-lived garbage (nova's and Placement's engines, RPC servers,
 thread pools, versioned objects) to start one every few seconds: in the
-nova lane's ``test_vgpu``, 25 full collections in 16 tests took 12 s of its
-77 s of CPU, and a tenth of the functional lane's CPU went to collections.
-So what is alive once the imports (pytest) or the first test (the nova
-lanes) are done is frozen, never walked again, and a full collection waits
-for ten times as many younger collections as by default: 5.6 s for the
-same 16 nova tests.  Garbage is still collected, a little later.
+nova lane's ``test_vgpu``, collections took 11 to 12 s of its 77 s of CPU
+(25 full ones, 9 s), and a tenth of the functional lane's CPU went to
+collections.  So what is alive once the imports (pytest) or the first test
+(the nova lanes) are done is frozen, never walked again, and a full
+collection waits for ten times as many younger collections as by default:
+about 5 s for the same 16 nova tests (9 full ones, 3 s).  Garbage is still
+collected, a little later.
 """
 
 import gc
