@@ -36,8 +36,7 @@ def tune_for_nova(test):
     clean-up runs after nova's fixtures have stopped the test's services.
     The process's first test freezes what it leaves alive."""
     tune()
-    if not gc.get_freeze_count():
-        test.addCleanup(_freeze_once)
+    test.addCleanup(_freeze_once)
 
 
 def _freeze_once():
